@@ -1,0 +1,37 @@
+# Every target creates the environment it needs on a fresh machine.
+# torch is a test-only reference, pinned to the local CPU build (an unpinned torch pulls a CUDA build).
+VENV   ?= .venv
+PYTHON ?= python3
+BIN     = $(VENV)/bin
+STAMP   = $(VENV)/.installed
+
+.PHONY: venv demo test lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## demo: the main job (built-in tiny model, no downloads)
+demo: $(STAMP)
+	$(BIN)/wanjax demo --output_dir out/demo
+
+## test: the whole test suite (parity against diffusers on tiny models)
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check src tests benchmarks
+
+## bench: side-by-side DiT benchmark against diffusers (not part of the tests)
+bench: $(STAMP)
+	$(BIN)/python benchmarks/dit_vs_diffusers.py --layers 2 --repeats 5
+
+clean:
+	rm -rf $(VENV) out

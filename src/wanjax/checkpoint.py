@@ -1,0 +1,292 @@
+"""Loading diffusers-layout checkpoints (safetensors only) into params pytrees.
+
+A component directory (``transformer/``, ``vae/``, ``text_encoder/``) holds one
+``<stem>.safetensors`` file or shards plus ``<stem>.safetensors.index.json``. Files are memory-mapped:
+a tensor is a zero-copy NumPy view into the mapping, layout changes (transposes, reshapes) are views
+too, and bytes are read only when a leaf is materialised. Each leaf is built with
+``jax.make_array_from_callback``, so a caller that passes shardings gets every device's shard read
+straight from the file, with no full host copy per device.
+
+Models describe their checkpoint with a tree of :class:`LeafSource` (which tensor names feed each
+leaf, how to lay them out, whether they stay float32); :func:`load_params` checks the whole
+checkpoint against that tree before reading any bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import mmap
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+
+from wanjax.errors import CheckpointError
+
+# safetensors dtype tags -> NumPy dtypes (ml_dtypes supplies the ones NumPy lacks).
+_SAFETENSORS_DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+_PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
+_MAX_LISTED = 12
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorRef:
+    """One tensor of a safetensors file, readable as a zero-copy memory-mapped view."""
+
+    name: str
+    file: Path
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    buffer: np.ndarray = dataclasses.field(repr=False, compare=False)  # uint8 view of the tensor bytes
+
+    def array(self) -> np.ndarray:
+        """The tensor as a read-only NumPy view (no bytes are read until used)."""
+        return self.buffer.view(self.dtype).reshape(self.shape)
+
+
+def read_safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
+    """The JSON header of a safetensors file and the byte offset where tensor data starts."""
+    try:
+        with open(path, "rb") as f:
+            prefix = f.read(8)
+            if len(prefix) < 8:
+                raise CheckpointError(f"{path}: truncated safetensors file (no header)")
+            n = int.from_bytes(prefix, "little")
+            if n > 100_000_000:
+                raise CheckpointError(f"{path}: not a safetensors file (header length {n})")
+            header = json.loads(f.read(n))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise CheckpointError(f"{path}: corrupt safetensors header") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
+    header.pop("__metadata__", None)
+    return header, 8 + n
+
+
+def open_safetensors(path: Path) -> dict[str, TensorRef]:
+    """Memory-map one safetensors file; check every tensor lies inside the file."""
+    header, data_start = read_safetensors_header(path)
+    size = path.stat().st_size
+    if size == data_start:  # mmap cannot map zero bytes
+        mapped = np.zeros(0, np.uint8)
+    else:
+        with open(path, "rb") as f:
+            mapped = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+    refs = {}
+    for name, info in header.items():
+        dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
+        begin, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        if data_start + end > size:
+            raise CheckpointError(
+                f"{path}: truncated file: tensor {name} ends at byte {data_start + end} "
+                f"but the file has {size} bytes; download it again"
+            )
+        if end - begin != int(np.prod(shape)) * dtype.itemsize:
+            raise CheckpointError(f"{path}: corrupt header: tensor {name} byte range does not match its shape")
+        refs[name] = TensorRef(name, path, dtype, shape, mapped[data_start + begin : data_start + end])
+    return refs
+
+
+def open_component(directory: str | Path, stems: Iterable[str]) -> dict[str, TensorRef]:
+    """All tensors of a component directory, single-file or sharded.
+
+    ``stems`` are the weight file names to look for, in order (e.g. ``diffusion_pytorch_model`` for
+    diffusers models, ``model`` for transformers models).
+    """
+    directory = Path(directory)
+    stems = tuple(stems)
+    for stem in stems:
+        index = directory / f"{stem}.safetensors.index.json"
+        if index.exists():
+            return _open_sharded(index)
+        single = directory / f"{stem}.safetensors"
+        if single.exists():
+            return open_safetensors(single)
+    pickles = sorted(p.name for p in directory.glob("*") if p.suffix in _PICKLE_SUFFIXES)
+    if pickles:
+        raise CheckpointError(
+            f"{directory}: only pickle weights ({', '.join(pickles)}); wanjax loads safetensors only "
+            "(convert with diffusers: save_pretrained(..., safe_serialization=True))"
+        )
+    expected = " or ".join(f"{s}.safetensors[.index.json]" for s in stems)
+    raise CheckpointError(f"{directory}: no weights found (expected {expected})")
+
+
+def _open_sharded(index_path: Path) -> dict[str, TensorRef]:
+    try:
+        weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
+    except (json.JSONDecodeError, KeyError):
+        raise CheckpointError(f"{index_path}: not a valid shard index (no weight_map)") from None
+    files = sorted(set(weight_map.values()))
+    missing = [f for f in files if not (index_path.parent / f).exists()]
+    if missing:
+        raise CheckpointError(f"{index_path}: shard file(s) missing: {_listing(missing)}")
+    refs: dict[str, TensorRef] = {}
+    for f in files:
+        refs.update(open_safetensors(index_path.parent / f))
+    unindexed = [name for name in weight_map if name not in refs]
+    if unindexed:
+        raise CheckpointError(f"{index_path}: tensors named in the index but absent from the shards: "
+                              f"{_listing(unindexed)}")
+    return refs
+
+
+# ----------------------------------------------------------------------------------------------
+# Mapping checkpoint tensors to params leaves
+
+
+def identity(a: np.ndarray) -> np.ndarray:
+    return a
+
+
+def linear_kernel(a: np.ndarray) -> np.ndarray:
+    """PyTorch ``Linear.weight`` (out, in) -> our kernel (in, out): ``y = x @ kernel``."""
+    return a.T
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafSource:
+    """How one params leaf is built from checkpoint tensors.
+
+    ``names`` holds one tensor name, or one per layer when ``stacked`` (the leaf then gets a leading
+    layer axis). ``layout`` turns a tensor of ``shape`` (checkpoint layout) into our layout using
+    NumPy views only. ``keep_fp32`` leaves stay float32 when the model is loaded in a low precision,
+    as diffusers' ``_keep_in_fp32_modules`` does.
+    """
+
+    names: tuple[str, ...]
+    shape: tuple[int, ...]
+    layout: Callable[[np.ndarray], np.ndarray] = identity
+    stacked: bool = False
+    keep_fp32: bool = False
+
+    def target_shape(self) -> tuple[int, ...]:
+        per_tensor = self.layout(np.empty(self.shape, np.uint8)).shape
+        return (len(self.names), *per_tensor) if self.stacked else per_tensor
+
+    def read(self, refs: Mapping[str, TensorRef], index: tuple[slice, ...], dtype: np.dtype) -> np.ndarray:
+        """The slice ``index`` of the leaf, read from the mapped files and cast to ``dtype``."""
+        if not self.stacked:
+            return np.asarray(self.layout(refs[self.names[0]].array())[index], dtype=dtype)
+        layers = range(len(self.names))[index[0]]
+        out = np.empty((len(layers), *self.target_shape()[1:]), dtype)[(slice(None), *index[1:])]
+        for j, layer in enumerate(layers):
+            out[j] = self.layout(refs[self.names[layer]].array())[index[1:]]
+        return out
+
+
+def stacked(name_template: str, num_layers: int, shape: tuple[int, ...], **kwargs: Any) -> LeafSource:
+    """A leaf stacked over layers from names like ``blocks.{i}.attn1.to_q.weight``."""
+    names = tuple(name_template.format(i=i) for i in range(num_layers))
+    return LeafSource(names, shape, stacked=True, **kwargs)
+
+
+def leaf_dtype(source: LeafSource, dtype: np.dtype) -> np.dtype:
+    low_precision = np.dtype(dtype).itemsize < 4
+    return np.dtype(np.float32) if source.keep_fp32 and low_precision else np.dtype(dtype)
+
+
+def check_checkpoint(refs: Mapping[str, TensorRef], spec: Any, where: str,
+                     ignore: Callable[[str], bool] = lambda name: False) -> None:
+    """Raise one CheckpointError listing missing, unexpected and wrongly-shaped tensors."""
+    sources = jax.tree.leaves(spec, is_leaf=_is_source)
+    expected = {name: s.shape for s in sources for name in s.names}
+    missing = [n for n in expected if n not in refs]
+    unexpected = [n for n in refs if n not in expected and not ignore(n)]
+    wrong = [f"{n} {refs[n].shape} (expected {expected[n]})"
+             for n in expected if n in refs and refs[n].shape != expected[n]]
+    problems = []
+    if missing:
+        problems.append(f"missing tensors: {_listing(missing)}")
+    if unexpected:
+        problems.append(f"unexpected tensors: {_listing(unexpected)}")
+    if wrong:
+        problems.append(f"shape mismatch: {_listing(wrong)}")
+    if problems:
+        raise CheckpointError(f"{where}: checkpoint does not match its config.json: " + "; ".join(problems))
+
+
+ShardingFn = Callable[[tuple[str, ...], tuple[int, ...]], jax.sharding.Sharding]
+
+
+def load_params(refs: Mapping[str, TensorRef], spec: Any, dtype: Any, where: str,
+                sharding: ShardingFn | None = None,
+                ignore: Callable[[str], bool] = lambda name: False) -> Any:
+    """Materialise a params pytree from a spec tree of LeafSource.
+
+    ``sharding(path, shape)`` gives each leaf's target sharding (default: the first device); every
+    addressable shard is read directly from the memory-mapped file.
+    """
+    check_checkpoint(refs, spec, where, ignore)
+    dtype = np.dtype(dtype)
+    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+    def build(path: tuple[Any, ...], source: LeafSource) -> jax.Array:
+        keys = tuple(str(getattr(k, "key", k)) for k in path)
+        shape = source.target_shape()
+        target = sharding(keys, shape) if sharding else default
+        ldtype = leaf_dtype(source, dtype)
+        return jax.make_array_from_callback(shape, target, lambda idx: source.read(refs, idx, ldtype))
+
+    return jax.tree_util.tree_map_with_path(build, spec, is_leaf=_is_source)
+
+
+def _listing(items: list[str]) -> str:
+    shown = ", ".join(items[:_MAX_LISTED])
+    more = len(items) - _MAX_LISTED
+    return shown + (f" (+{more} more)" if more > 0 else "")
+
+
+def resolve_component_dir(path: str | Path, component: str) -> Path:
+    """``path`` may be a model root (with ``model_index.json``) or the component folder itself."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: model path does not exist")
+    if (path / component / "config.json").exists():
+        return path / component
+    if (path / "config.json").exists():
+        return path
+    raise CheckpointError(
+        f"{path}: no {component}/config.json; pass a diffusers model directory or its {component}/ folder"
+    )
+
+
+def _is_source(x: Any) -> bool:
+    return isinstance(x, LeafSource)
+
+
+def abstract_params(spec: Any, dtype: Any) -> Any:
+    """The params tree as ``jax.ShapeDtypeStruct`` leaves: for lowering, planning and tests, no weights."""
+    dtype = np.dtype(dtype)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.target_shape(), leaf_dtype(s, dtype)), spec,
+                        is_leaf=_is_source)
+
+
+def random_params(spec: Any, dtype: Any, seed: int = 0, std: float = 0.02) -> Any:
+    """Random params of the spec's shapes (benchmarks and demos; never a substitute for a checkpoint)."""
+    abstract = abstract_params(spec, dtype)
+    leaves, treedef = jax.tree.flatten(abstract)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(treedef, [(jax.random.normal(k, a.shape, jnp.float32) * std).astype(a.dtype)
+                                        for k, a in zip(keys, leaves, strict=True)])

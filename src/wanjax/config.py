@@ -1,0 +1,135 @@
+"""Model configurations, parsed from a checkpoint's ``config.json``.
+
+Every dimension comes from the checkpoint directory; the named presets at the bottom exist only so
+tests and benchmarks can build random models of the real shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from wanjax.errors import ConfigError
+
+C = TypeVar("C", bound="ComponentConfig")
+
+
+@dataclasses.dataclass(frozen=True)
+class ComponentConfig:
+    """Base for configs read from a diffusers/transformers ``config.json``.
+
+    Fields starting with ``_`` in the file (``_class_name``, ``_diffusers_version``, ...) are kept in
+    ``metadata``. Any other field the class does not know is rejected: it may change the architecture,
+    and silently ignoring it would produce wrong outputs.
+    """
+
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    # Fields that the reference accepts but that do not change the computation.
+    _IGNORED_FIELDS: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def from_dict(cls: type[C], raw: dict[str, Any], source: str = "config") -> C:
+        # JSON lists become tuples so configs stay hashable (usable as static jit arguments).
+        known = {f.name: f for f in dataclasses.fields(cls) if f.name != "metadata"}
+        metadata = {k: v for k, v in raw.items() if k.startswith("_")}
+        values = {k: v for k, v in raw.items() if not k.startswith("_") and k not in cls._IGNORED_FIELDS}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown field(s) {', '.join(unknown)} for {cls.__name__}; "
+                "this checkpoint may need a newer wanjax"
+            )
+        converted = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+        cfg = cls(metadata=metadata, **converted)
+        cfg.validate(source)
+        return cfg
+
+    @classmethod
+    def from_file(cls: type[C], path: str | Path) -> C:
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        return cls.from_dict(raw, source=str(path))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as ``config.json`` would hold it (metadata included)."""
+        out = dict(self.metadata)
+        for f in dataclasses.fields(self):
+            if f.name != "metadata":
+                value = getattr(self, f.name)
+                out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def validate(self, source: str) -> None:  # pragma: no cover - overridden
+        """Raise ConfigError when the values describe a model wanjax cannot run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig(ComponentConfig):
+    """``transformer/config.json`` of a ``WanTransformer3DModel``."""
+
+    patch_size: tuple[int, int, int] = (1, 2, 2)
+    num_attention_heads: int = 40
+    attention_head_dim: int = 128
+    in_channels: int = 16
+    out_channels: int = 16
+    text_dim: int = 4096
+    freq_dim: int = 256
+    ffn_dim: int = 13824
+    num_layers: int = 40
+    cross_attn_norm: bool = True
+    qk_norm: str | None = "rms_norm_across_heads"
+    eps: float = 1e-6
+    image_dim: int | None = None
+    added_kv_proj_dim: int | None = None
+    rope_max_seq_len: int = 1024
+    pos_embed_seq_len: int | None = None
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_attention_heads * self.attention_head_dim
+
+    @property
+    def patch_volume(self) -> int:
+        pt, ph, pw = self.patch_size
+        return pt * ph * pw
+
+    def validate(self, source: str) -> None:
+        if self.image_dim is not None or self.added_kv_proj_dim is not None:
+            raise ConfigError(
+                f"{source}: image conditioning (image_dim/added_kv_proj_dim) is an image-to-video model; "
+                "wanjax runs text-to-video checkpoints"
+            )
+        if len(self.patch_size) != 3:
+            raise ConfigError(f"{source}: patch_size must have 3 entries, got {self.patch_size}")
+        if self.attention_head_dim % 2:
+            raise ConfigError(f"{source}: attention_head_dim must be even for RoPE, got {self.attention_head_dim}")
+        if self.qk_norm not in (None, "rms_norm_across_heads"):
+            # diffusers 0.42 always applies RMSNorm over the full inner dim, whatever this says.
+            raise ConfigError(f"{source}: qk_norm={self.qk_norm!r} is not supported (only 'rms_norm_across_heads')")
+
+
+# Named presets: for tests and benchmarks only. Real runs always read the checkpoint's config.json.
+PRESETS: dict[str, TransformerConfig] = {
+    "1.3B": TransformerConfig(num_attention_heads=12, ffn_dim=8960, num_layers=30),
+    "14B": TransformerConfig(num_attention_heads=40, ffn_dim=13824, num_layers=40),
+    "tiny": TransformerConfig(
+        num_attention_heads=2, attention_head_dim=12, text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2
+    ),
+}
+
+
+def transformer_preset(name: str, **overrides: Any) -> TransformerConfig:
+    """A named architecture (``1.3B``, ``14B``, ``tiny``) with optional field overrides."""
+    try:
+        base = PRESETS[name]
+    except KeyError:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+    return dataclasses.replace(base, **overrides)

@@ -1,0 +1,264 @@
+"""The Wan 2.1 diffusion transformer (``WanTransformer3DModel``) as pure functions.
+
+``forward(params, cfg, latents, timestep, prompt_embeds)`` maps diffusers-layout latents
+``(B, C, T, H, W)`` to the flow-matching velocity of the same shape. Inside, tokens are
+``(B, L, D)`` with ``L = T/pt * H/ph * W/pw`` in row-major (frame, row, column) order. The blocks'
+params are stacked on a leading layer axis and run with ``lax.scan``, so compile time does not
+depend on depth.
+
+Precision follows the reference bf16 pipeline: the time embedder, modulation tables and the affine
+cross-attention norm stay float32; norms and modulation are computed in float32 and rounded to the
+activation dtype; matmuls accumulate in float32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wanjax.attention import attention
+from wanjax.checkpoint import (
+    LeafSource,
+    ShardingFn,
+    linear_kernel,
+    load_params,
+    open_component,
+    resolve_component_dir,
+    stacked,
+)
+from wanjax.config import TransformerConfig
+from wanjax.errors import ConfigError
+from wanjax.models.layers import (
+    Params,
+    apply_rope,
+    gelu_tanh,
+    layer_norm,
+    linear,
+    rms_norm,
+    rope_tables,
+    silu,
+    timestep_embedding,
+)
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoint layout
+
+
+def _patch_kernel(weight: np.ndarray) -> np.ndarray:
+    """Conv3d weight ``(D, C, pt, ph, pw)`` -> ``(C*pt*ph*pw, D)``; patch vectors ordered (c, t, h, w)."""
+    return weight.reshape(weight.shape[0], -1).T
+
+
+def _squeeze_leading(a: np.ndarray) -> np.ndarray:
+    return a[0]
+
+
+def checkpoint_spec(cfg: TransformerConfig) -> Params:
+    """Which diffusers tensors build each params leaf (see :class:`wanjax.checkpoint.LeafSource`)."""
+    d, ff, n = cfg.inner_dim, cfg.ffn_dim, cfg.num_layers
+    keep = {"keep_fp32": True}
+
+    def lin(name: str, n_in: int, n_out: int, **kw) -> Params:
+        return {"kernel": LeafSource((f"{name}.weight",), (n_out, n_in), linear_kernel, **kw),
+                "bias": LeafSource((f"{name}.bias",), (n_out,), **kw)}
+
+    def block_lin(name: str, n_in: int, n_out: int) -> Params:
+        return {"kernel": stacked(f"blocks.{{i}}.{name}.weight", n, (n_out, n_in), layout=linear_kernel),
+                "bias": stacked(f"blocks.{{i}}.{name}.bias", n, (n_out,))}
+
+    def block_vec(name: str, **kw) -> LeafSource:
+        return stacked(f"blocks.{{i}}.{name}", n, (d,), **kw)
+
+    def attn(name: str) -> Params:
+        return {
+            **{proj: block_lin(f"{name}.{proj}", d, d) for proj in ("to_q", "to_k", "to_v")},
+            "to_out": block_lin(f"{name}.to_out.0", d, d),
+            "norm_q": {"scale": block_vec(f"{name}.norm_q.weight")},
+            "norm_k": {"scale": block_vec(f"{name}.norm_k.weight")},
+        }
+
+    blocks: Params = {
+        "scale_shift_table": stacked("blocks.{i}.scale_shift_table", n, (1, 6, d),
+                                     layout=_squeeze_leading, **keep),
+        "attn1": attn("attn1"),
+        "attn2": attn("attn2"),
+        "ffn": {"proj_in": block_lin("ffn.net.0.proj", d, ff), "proj_out": block_lin("ffn.net.2", ff, d)},
+    }
+    if cfg.cross_attn_norm:
+        blocks["norm2"] = {"scale": block_vec("norm2.weight", **keep), "bias": block_vec("norm2.bias", **keep)}
+    return {
+        "patch_embedding": {
+            "kernel": LeafSource(("patch_embedding.weight",), (d, cfg.in_channels, *cfg.patch_size),
+                                 _patch_kernel),
+            "bias": LeafSource(("patch_embedding.bias",), (d,)),
+        },
+        "time_embedder": {"linear_1": lin("condition_embedder.time_embedder.linear_1", cfg.freq_dim, d, **keep),
+                          "linear_2": lin("condition_embedder.time_embedder.linear_2", d, d, **keep)},
+        "time_proj": lin("condition_embedder.time_proj", d, 6 * d),
+        "text_embedder": {"linear_1": lin("condition_embedder.text_embedder.linear_1", cfg.text_dim, d),
+                          "linear_2": lin("condition_embedder.text_embedder.linear_2", d, d)},
+        "blocks": blocks,
+        "scale_shift_table": LeafSource(("scale_shift_table",), (1, 2, d), _squeeze_leading, **keep),
+        "proj_out": lin("proj_out", d, cfg.out_channels * cfg.patch_volume),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+
+
+def patchify(latents: jax.Array, patch: tuple[int, int, int]) -> jax.Array:
+    """``(B, C, T, H, W)`` -> ``(B, L, C*pt*ph*pw)`` with patch vectors ordered (c, t, h, w)."""
+    b, c, t, h, w = latents.shape
+    pt, ph, pw = patch
+    x = latents.reshape(b, c, t // pt, pt, h // ph, ph, w // pw, pw)
+    x = x.transpose(0, 2, 4, 6, 1, 3, 5, 7)
+    return x.reshape(b, (t // pt) * (h // ph) * (w // pw), c * pt * ph * pw)
+
+
+def unpatchify(tokens: jax.Array, grid: tuple[int, int, int], patch: tuple[int, int, int]) -> jax.Array:
+    """``(B, L, pt*ph*pw*C)`` (channel fastest) -> ``(B, C, T, H, W)``."""
+    b = tokens.shape[0]
+    (f, h, w), (pt, ph, pw) = grid, patch
+    x = tokens.reshape(b, f, h, w, pt, ph, pw, -1)
+    x = x.transpose(0, 7, 1, 4, 2, 5, 3, 6)
+    return x.reshape(b, -1, f * pt, h * ph, w * pw)
+
+
+def _modulate(x: jax.Array, shift: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """``LayerNorm(x) * (1 + scale) + shift`` in float32, rounded to x's dtype."""
+    return (layer_norm(x, eps) * (1.0 + scale) + shift).astype(x.dtype)
+
+
+def _attention_block(p: Params, x: jax.Array, context: jax.Array, heads: int, eps: float,
+                     rope: tuple[jax.Array, jax.Array] | None, attention_backend: str) -> jax.Array:
+    b, length, d = x.shape
+
+    def project(name: str, src: jax.Array) -> jax.Array:
+        y = linear(src, p[name])
+        if name in ("to_q", "to_k"):
+            y = rms_norm(y, p["norm_" + name[-1]]["scale"], eps)
+        return y.reshape(b, src.shape[1], heads, d // heads)
+
+    q, k, v = project("to_q", x), project("to_k", context), project("to_v", context)
+    if rope is not None:
+        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    out = attention(q, k, v, backend=attention_backend)
+    return linear(out.reshape(b, length, d), p["to_out"])
+
+
+def _block(p: Params, x: jax.Array, context: jax.Array, time_mod: jax.Array,
+           rope: tuple[jax.Array, jax.Array], cfg: TransformerConfig, attention_backend: str) -> jax.Array:
+    mod = p["scale_shift_table"].astype(jnp.float32)[None] + time_mod.astype(jnp.float32)  # (B, 6, D)
+    shift, scale, gate, c_shift, c_scale, c_gate = (mod[:, i : i + 1] for i in range(6))
+    heads, eps, dtype = cfg.num_attention_heads, cfg.eps, x.dtype
+
+    n = _modulate(x, shift, scale, eps)
+    a = _attention_block(p["attn1"], n, n, heads, eps, rope, attention_backend)
+    x = (x.astype(jnp.float32) + a * gate).astype(dtype)
+
+    n = layer_norm(x, eps, p["norm2"]["scale"], p["norm2"]["bias"]).astype(dtype) if "norm2" in p else x
+    x = x + _attention_block(p["attn2"], n, context, heads, eps, None, attention_backend)
+
+    n = _modulate(x, c_shift, c_scale, eps)
+    f = linear(gelu_tanh(linear(n, p["ffn"]["proj_in"])), p["ffn"]["proj_out"])
+    return (x.astype(jnp.float32) + f.astype(jnp.float32) * c_gate).astype(dtype)
+
+
+def forward(params: Params, cfg: TransformerConfig, latents: jax.Array, timestep: jax.Array,
+            prompt_embeds: jax.Array, *, dtype: jnp.dtype = jnp.float32,
+            attention_backend: str = "auto") -> jax.Array:
+    """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``.
+
+    Activations run in ``dtype``; the result is returned in ``dtype`` as the reference does.
+    """
+    b, _, t, h, w = latents.shape
+    pt, ph, pw = cfg.patch_size
+    grid = (t // pt, h // ph, w // pw)
+    d = cfg.inner_dim
+
+    x = linear(patchify(latents.astype(dtype), cfg.patch_size), params["patch_embedding"])
+
+    # Condition embedding: the time embedder runs in its own (float32) dtype, then is cast like the text.
+    t_emb = timestep_embedding(timestep, cfg.freq_dim)
+    te = params["time_embedder"]
+    temb = linear(silu(linear(t_emb, te["linear_1"])), te["linear_2"]).astype(dtype)
+    time_mod = linear(silu(temb), params["time_proj"]).reshape(b, 6, d)
+    tx = params["text_embedder"]
+    context = linear(gelu_tanh(linear(prompt_embeds.astype(dtype), tx["linear_1"])), tx["linear_2"])
+
+    rope = rope_tables(grid, cfg.attention_head_dim, cfg.rope_max_seq_len)
+
+    def body(carry: jax.Array, block_params: Params) -> tuple[jax.Array, None]:
+        return _block(block_params, carry, context, time_mod, rope, cfg, attention_backend), None
+
+    x, _ = jax.lax.scan(body, x, params["blocks"])
+
+    out_mod = params["scale_shift_table"].astype(jnp.float32)[None] + temb.astype(jnp.float32)[:, None]
+    x = _modulate(x, out_mod[:, 0:1], out_mod[:, 1:2], cfg.eps)
+    x = linear(x, params["proj_out"])
+    return unpatchify(x, grid, cfg.patch_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading and the callable model
+
+
+class WanTransformer:
+    """A loaded Wan transformer: ``model(latents, timestep, prompt_embeds) -> velocity``.
+
+    Inputs use the diffusers layout (``latents (B, C, T, H, W)``, ``timestep (B,)``,
+    ``prompt_embeds (B, L, text_dim)``); the forward is compiled once per input shape.
+    """
+
+    def __init__(self, cfg: TransformerConfig, params: Params, dtype: jnp.dtype,
+                 attention_backend: str = "auto"):
+        self.cfg = cfg
+        self.params = params
+        self.dtype = jnp.dtype(dtype)
+        self.attention_backend = attention_backend
+        self._forward = jax.jit(forward, static_argnames=("cfg", "dtype", "attention_backend"))
+
+    def __call__(self, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array) -> jax.Array:
+        self.check_shape(tuple(latents.shape))
+        timestep = jnp.broadcast_to(jnp.asarray(timestep), (latents.shape[0],))
+        return self._forward(self.params, self.cfg, latents, timestep, prompt_embeds, dtype=self.dtype,
+                             attention_backend=self.attention_backend)
+
+    def check_shape(self, shape: tuple[int, ...]) -> None:
+        """Raise ConfigError unless ``shape`` is a latent shape this model can run."""
+        cfg = self.cfg
+        if len(shape) != 5 or shape[1] != cfg.in_channels:
+            raise ConfigError(f"latents must be (B, {cfg.in_channels}, T, H, W), got {shape}")
+        for size, p, axis in zip(shape[2:], cfg.patch_size, "THW", strict=True):
+            if size % p:
+                raise ConfigError(f"latent {axis}={size} is not a multiple of the patch size {p}")
+            if size // p > cfg.rope_max_seq_len:
+                raise ConfigError(f"latent {axis}={size} exceeds the RoPE table "
+                                  f"({cfg.rope_max_seq_len} positions of patch {p}); use a smaller size")
+
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def parse_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
+    """``"bfloat16"``/``"bf16"``/``jnp.bfloat16``... -> a JAX dtype; ConfigError for anything else."""
+    aliases = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16"}
+    name = aliases.get(dtype.lower(), dtype.lower()) if isinstance(dtype, str) else jnp.dtype(dtype).name
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return jnp.dtype(DTYPES[name])
+
+
+def load_transformer(path: str | Path, dtype: str | jnp.dtype = "bfloat16", *,
+                     attention_backend: str = "auto", sharding: ShardingFn | None = None) -> WanTransformer:
+    """Load ``transformer/`` of a diffusers-layout Wan model (``path`` = model root or that folder)."""
+    directory = resolve_component_dir(path, "transformer")
+    cfg = TransformerConfig.from_file(directory / "config.json")
+    dtype = parse_dtype(dtype)
+    refs = open_component(directory, ("diffusion_pytorch_model", "model"))
+    params = load_params(refs, checkpoint_spec(cfg), dtype, str(directory), sharding=sharding)
+    return WanTransformer(cfg, params, dtype, attention_backend)

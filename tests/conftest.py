@@ -1,0 +1,43 @@
+"""Shared fixtures: tiny reference models built with diffusers and saved in the diffusers layout."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+
+def randomize_(module: torch.nn.Module, seed: int, std: float = 0.3) -> torch.nn.Module:
+    """Give every parameter random values (norm weights and modulation tables included)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * std)
+    return module
+
+
+def save_transformer(root, seed: int = 0, max_shard_size: str | None = None, **config):
+    """Build a random WanTransformer3DModel, save it under ``root/transformer``; return the torch model."""
+    from diffusers import WanTransformer3DModel
+
+    model = randomize_(WanTransformer3DModel(**config), seed).eval()
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(root / "transformer", **kwargs)
+    return model
+
+
+TINY_DIT = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
+                out_channels=16, text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32)
+
+
+@pytest.fixture(scope="session")
+def tiny_transformer_dir(tmp_path_factory):
+    """A tiny diffusers transformer saved to disk, with its torch model."""
+    root = tmp_path_factory.mktemp("tiny_dit")
+    model = save_transformer(root, seed=0, **TINY_DIT)
+    return root, model

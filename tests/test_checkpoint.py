@@ -1,0 +1,149 @@
+"""Checkpoint loading: every kind of mismatch between files and config is a clear CheckpointError."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import wanjax
+from wanjax.checkpoint import open_component
+from wanjax.errors import CheckpointError, ConfigError
+
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+
+
+@pytest.fixture
+def model_copy(tmp_path, tiny_transformer_dir):
+    root, _ = tiny_transformer_dir
+    shutil.copytree(root, tmp_path / "model")
+    return tmp_path / "model"
+
+
+def rewrite(model_dir, edit):
+    path = model_dir / "transformer" / WEIGHTS
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path)
+
+
+def test_missing_key(model_copy):
+    rewrite(model_copy, lambda t: t.pop("blocks.1.attn2.to_k.bias"))
+    with pytest.raises(CheckpointError, match=r"missing tensors: blocks\.1\.attn2\.to_k\.bias"):
+        wanjax.load_transformer(model_copy)
+
+
+def test_unexpected_key(model_copy):
+    rewrite(model_copy, lambda t: t.update({"blocks.0.attn1.extra.weight": torch.zeros(3)}))
+    with pytest.raises(CheckpointError, match=r"unexpected tensors: blocks\.0\.attn1\.extra\.weight"):
+        wanjax.load_transformer(model_copy)
+
+
+def test_wrong_shape(model_copy):
+    rewrite(model_copy, lambda t: t.update({"proj_out.bias": torch.zeros(65)}))
+    with pytest.raises(CheckpointError, match=r"shape mismatch: proj_out\.bias \(65,\) \(expected \(64,\)\)"):
+        wanjax.load_transformer(model_copy)
+
+
+def test_all_problems_reported_together(model_copy):
+    def edit(t):
+        t.pop("proj_out.weight")
+        t["unknown"] = torch.zeros(1)
+    rewrite(model_copy, edit)
+    with pytest.raises(CheckpointError, match=r"missing tensors: proj_out\.weight; unexpected tensors: unknown"):
+        wanjax.load_transformer(model_copy)
+
+
+def test_missing_weights_file(model_copy):
+    (model_copy / "transformer" / WEIGHTS).unlink()
+    with pytest.raises(CheckpointError, match="no weights found"):
+        wanjax.load_transformer(model_copy)
+
+
+def test_missing_shard_file(tmp_path, tiny_transformer_dir):
+    _, model = tiny_transformer_dir
+    model.save_pretrained(tmp_path / "transformer", max_shard_size="20KB")
+    shards = sorted((tmp_path / "transformer").glob("*-of-*.safetensors"))
+    shards[1].unlink()
+    with pytest.raises(CheckpointError, match=f"shard file\\(s\\) missing: {shards[1].name}"):
+        wanjax.load_transformer(tmp_path)
+
+
+def test_truncated_file(model_copy):
+    path = model_copy / "transformer" / WEIGHTS
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100])
+    with pytest.raises(CheckpointError, match="truncated file"):
+        wanjax.load_transformer(model_copy)
+
+
+def test_corrupt_header(model_copy):
+    path = model_copy / "transformer" / WEIGHTS
+    path.write_bytes((16).to_bytes(8, "little") + b"{not json at all" + b"\0" * 64)
+    with pytest.raises(CheckpointError, match="corrupt safetensors header"):
+        wanjax.load_transformer(model_copy)
+
+
+def test_pickle_weights_refused(model_copy):
+    (model_copy / "transformer" / WEIGHTS).rename(model_copy / "transformer" / "diffusion_pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="safetensors only"):
+        wanjax.load_transformer(model_copy)
+
+
+def test_model_path_missing(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        wanjax.load_transformer(tmp_path / "nope")
+
+
+def test_directory_without_transformer(tmp_path):
+    with pytest.raises(CheckpointError, match=r"no transformer/config\.json"):
+        wanjax.load_transformer(tmp_path)
+
+
+def test_config_unknown_field_rejected(model_copy):
+    cfg_path = model_copy / "transformer" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["num_experts"] = 8
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match=r"unknown field.*num_experts"):
+        wanjax.load_transformer(model_copy)
+
+
+def test_config_image_to_video_rejected(model_copy):
+    cfg_path = model_copy / "transformer" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["image_dim"] = 1280
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="image-to-video"):
+        wanjax.load_transformer(model_copy)
+
+
+def test_config_round_trip_keeps_metadata(tiny_transformer_dir):
+    root, model = tiny_transformer_dir
+    cfg = wanjax.TransformerConfig.from_file(root / "transformer" / "config.json")
+    assert cfg.metadata["_class_name"] == "WanTransformer3DModel"
+    assert cfg.num_layers == model.config.num_layers and cfg.patch_size == (1, 2, 2)
+    on_disk = json.loads((root / "transformer" / "config.json").read_text())
+    assert {k: v for k, v in cfg.to_dict().items() if k in on_disk} == on_disk
+
+
+def test_tensors_are_memory_mapped_views(tiny_transformer_dir):
+    root, model = tiny_transformer_dir
+    refs = open_component(root / "transformer", ["diffusion_pytorch_model"])
+    array = refs["proj_out.weight"].array()
+    assert not array.flags.owndata and not array.flags.writeable
+    np.testing.assert_array_equal(array, model.proj_out.weight.detach().numpy())
+
+
+def test_bfloat16_checkpoint_is_read(tmp_path, tiny_transformer_dir):
+    """Real Wan text encoders ship in bf16: the reader must decode bf16 without torch."""
+    _, model = tiny_transformer_dir
+    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(tmp_path / "transformer")
+    refs = open_component(tmp_path / "transformer", ["diffusion_pytorch_model"])
+    ours = refs["proj_out.weight"].array().astype(np.float32)
+    np.testing.assert_array_equal(ours, model.proj_out.weight.detach().bfloat16().float().numpy())
