@@ -30,7 +30,9 @@ def timed(fn) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
@@ -40,8 +42,9 @@ def main() -> None:
     torch.set_num_threads(torch.get_num_threads())
 
     torch.manual_seed(0)
-    ref = WanTransformer3DModel(num_attention_heads=12, attention_head_dim=128, ffn_dim=8960,
-                                num_layers=args.layers).eval()
+    ref = WanTransformer3DModel(
+        num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=args.layers
+    ).eval()
     with torch.no_grad():
         for p in ref.parameters():
             p.normal_(0, 0.02)
@@ -49,8 +52,10 @@ def main() -> None:
     timestep = torch.tensor([500] * args.latent[0])
     text = torch.randn(args.latent[0], args.text_len, 4096)
 
-    print(f"machine: {jax.devices()[0].device_kind}, torch threads {torch.get_num_threads()}, "
-          f"jax {jax.__version__}, torch {torch.__version__}")
+    print(
+        f"machine: {jax.devices()[0].device_kind}, torch threads {torch.get_num_threads()}, "
+        f"jax {jax.__version__}, torch {torch.__version__}"
+    )
     print(f"DiT 1.3B dims, {args.layers} layers, latent {args.latent}, text {args.text_len} tokens")
     with tempfile.TemporaryDirectory() as tmp:
         ref.save_pretrained(Path(tmp) / "transformer")
@@ -58,8 +63,14 @@ def main() -> None:
             compare(Path(tmp), dtype, latents, timestep, text, args.repeats)
 
 
-def compare(model_dir: Path, dtype: str, latents: torch.Tensor, timestep: torch.Tensor, text: torch.Tensor,
-            repeats: int) -> None:
+def compare(
+    model_dir: Path,
+    dtype: str,
+    latents: torch.Tensor,
+    timestep: torch.Tensor,
+    text: torch.Tensor,
+    repeats: int,
+) -> None:
     """Alternate diffusers and wanjax forwards on the same weights; print medians and the ratio."""
     tdtype = getattr(torch, dtype)
     ref_model = WanTransformer3DModel.from_pretrained(model_dir / "transformer", torch_dtype=tdtype)
@@ -84,10 +95,13 @@ def compare(model_dir: Path, dtype: str, latents: torch.Tensor, timestep: torch.
     out = np.asarray(run_ours().astype(jnp.float32))
     rel = np.linalg.norm(out - out_ref) / np.linalg.norm(out_ref)
     med_ref, med_ours = statistics.median(t_ref), statistics.median(t_ours)
-    print(f"{dtype:9s} diffusers median {med_ref:.3f}s (min {min(t_ref):.3f}, first {ref_first:.2f}) | "
-          f"wanjax median {med_ours:.3f}s (min {min(t_ours):.3f}, compile+first {compile_s:.2f}) | "
-          f"ratio wanjax/diffusers {med_ours / med_ref:.2f} (min-based {min(t_ours) / min(t_ref):.2f}) | "
-          f"rel diff {rel:.1e}")
+    print(
+        f"{dtype:9s} diffusers median {med_ref:.3f}s (min {min(t_ref):.3f}, first {ref_first:.2f}) | "
+        f"wanjax median {med_ours:.3f}s (min {min(t_ours):.3f}, compile+first {compile_s:.2f}) | "
+        f"ratio wanjax/diffusers {med_ours / med_ref:.2f} (min-based {min(t_ours) / min(t_ref):.2f}) | "
+        f"rel diff {rel:.1e}"
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -31,8 +31,18 @@ def save_transformer(root, seed: int = 0, max_shard_size: str | None = None, **c
     return model
 
 
-TINY_DIT = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
-                out_channels=16, text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2, rope_max_seq_len=32)
+TINY_DIT = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=12,
+    in_channels=16,
+    out_channels=16,
+    text_dim=32,
+    freq_dim=16,
+    ffn_dim=32,
+    num_layers=2,
+    rope_max_seq_len=32,
+)
 
 
 @pytest.fixture(scope="session")

@@ -54,8 +54,11 @@ def test_all_problems_reported_together(model_copy):
     def edit(t):
         t.pop("proj_out.weight")
         t["unknown"] = torch.zeros(1)
+
     rewrite(model_copy, edit)
-    with pytest.raises(CheckpointError, match=r"missing tensors: proj_out\.weight; unexpected tensors: unknown"):
+    with pytest.raises(
+        CheckpointError, match=r"missing tensors: proj_out\.weight; unexpected tensors: unknown"
+    ):
         wanjax.load_transformer(model_copy)
 
 

@@ -23,15 +23,49 @@ from wanjax.errors import ConfigError
 
 BACKENDS = ("auto", "xla")
 DENSE_LIMIT = 1 << 26  # score elements (256 MiB in float32) above which the blockwise path is used
+PER_HEAD_MIN_KEYS = 1024
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, *, scale: float | None = None,
-              backend: str = "auto", block_q: int = 512, block_k: int = 1024,
-              dense_limit: int = DENSE_LIMIT) -> jax.Array:
-    """Softmax attention ``softmax(q k^T * scale) v`` over ``(B, L, H, D)`` arrays."""
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    scale: float | None = None,
+    backend: str = "auto",
+    block_q: int = 512,
+    block_k: int = 1024,
+    dense_limit: int = DENSE_LIMIT,
+    per_head: bool | None = None,
+) -> jax.Array:
+    """Softmax attention ``softmax(q k^T * scale) v`` over ``(B, L, H, D)`` arrays.
+
+    ``per_head`` loops over (batch, head) pairs with 2-D matmuls: on CPU this is ~1.4x faster for long
+    key sequences (and keeps one head's score tile in memory), slower for short ones such as the 512
+    text keys. By default it is on for the CPU backend when there are at least ``PER_HEAD_MIN_KEYS`` keys.
+    """
     if backend not in BACKENDS:
         raise ConfigError(f"unknown attention backend {backend!r}; available: {', '.join(BACKENDS)}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if per_head is None:
+        per_head = jax.default_backend() == "cpu" and k.shape[1] >= PER_HEAD_MIN_KEYS
+    if not per_head:
+        return _attend(q, k, v, scale, block_q, block_k, dense_limit)
+    batch, q_len, heads, dim = q.shape
+
+    def head_major(x: jax.Array) -> jax.Array:  # (B, L, H, D) -> (B*H, 1, L, 1, D)
+        return x.transpose(0, 2, 1, 3).reshape(batch * heads, 1, x.shape[1], 1, dim)
+
+    def one_head(qkv: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
+        return _attend(*qkv, scale, block_q, block_k, dense_limit)
+
+    out = jax.lax.map(one_head, (head_major(q), head_major(k), head_major(v)))
+    return out.reshape(batch, heads, q_len, dim).transpose(0, 2, 1, 3)
+
+
+def _attend(
+    q: jax.Array, k: jax.Array, v: jax.Array, scale: float, block_q: int, block_k: int, dense_limit: int
+) -> jax.Array:
     batch, q_len, heads, _ = q.shape
     if batch * heads * q_len * k.shape[1] <= dense_limit:
         return _dense(q, k, v, scale)
@@ -68,8 +102,9 @@ def _blocks(x: jax.Array, size: int) -> jax.Array:
     return x.reshape(b, length // size, size, h, d).swapaxes(0, 1)
 
 
-def _blockwise(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, block_q: int,
-               block_k: int) -> jax.Array:
+def _blockwise(
+    q: jax.Array, k: jax.Array, v: jax.Array, scale: float, block_q: int, block_k: int
+) -> jax.Array:
     batch, q_len, heads, dim = q.shape
     k_len = k.shape[1]
     q_blocks = _blocks(_pad_to(q, 1, block_q), block_q)
@@ -89,9 +124,11 @@ def _blockwise(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, block_q: 
             pv = _einsum("bhqk,bkhd->bhqd", p.astype(v.dtype), vb)
             return (new_max, denom, acc * correction[..., None] + pv), None
 
-        init = (jnp.full((batch, heads, block_q), -jnp.inf, jnp.float32),
-                jnp.zeros((batch, heads, block_q), jnp.float32),
-                jnp.zeros((batch, heads, block_q, dim), jnp.float32))
+        init = (
+            jnp.full((batch, heads, block_q), -jnp.inf, jnp.float32),
+            jnp.zeros((batch, heads, block_q), jnp.float32),
+            jnp.zeros((batch, heads, block_q, dim), jnp.float32),
+        )
         (_, denom, acc), _ = jax.lax.scan(step, init, (k_blocks, v_blocks, valid))
         return (acc / denom[..., None]).transpose(0, 2, 1, 3).astype(q.dtype)  # (B, bq, H, D)
 

@@ -103,7 +103,9 @@ def open_safetensors(path: Path) -> dict[str, TensorRef]:
                 f"but the file has {size} bytes; download it again"
             )
         if end - begin != int(np.prod(shape)) * dtype.itemsize:
-            raise CheckpointError(f"{path}: corrupt header: tensor {name} byte range does not match its shape")
+            raise CheckpointError(
+                f"{path}: corrupt header: tensor {name} byte range does not match its shape"
+            )
         refs[name] = TensorRef(name, path, dtype, shape, mapped[data_start + begin : data_start + end])
     return refs
 
@@ -147,8 +149,9 @@ def _open_sharded(index_path: Path) -> dict[str, TensorRef]:
         refs.update(open_safetensors(index_path.parent / f))
     unindexed = [name for name in weight_map if name not in refs]
     if unindexed:
-        raise CheckpointError(f"{index_path}: tensors named in the index but absent from the shards: "
-                              f"{_listing(unindexed)}")
+        raise CheckpointError(
+            f"{index_path}: tensors named in the index but absent from the shards: {_listing(unindexed)}"
+        )
     return refs
 
 
@@ -207,15 +210,19 @@ def leaf_dtype(source: LeafSource, dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float32) if source.keep_fp32 and low_precision else np.dtype(dtype)
 
 
-def check_checkpoint(refs: Mapping[str, TensorRef], spec: Any, where: str,
-                     ignore: Callable[[str], bool] = lambda name: False) -> None:
+def check_checkpoint(
+    refs: Mapping[str, TensorRef], spec: Any, where: str, ignore: Callable[[str], bool] = lambda name: False
+) -> None:
     """Raise one CheckpointError listing missing, unexpected and wrongly-shaped tensors."""
     sources = jax.tree.leaves(spec, is_leaf=_is_source)
     expected = {name: s.shape for s in sources for name in s.names}
     missing = [n for n in expected if n not in refs]
     unexpected = [n for n in refs if n not in expected and not ignore(n)]
-    wrong = [f"{n} {refs[n].shape} (expected {expected[n]})"
-             for n in expected if n in refs and refs[n].shape != expected[n]]
+    wrong = [
+        f"{n} {refs[n].shape} (expected {expected[n]})"
+        for n in expected
+        if n in refs and refs[n].shape != expected[n]
+    ]
     problems = []
     if missing:
         problems.append(f"missing tensors: {_listing(missing)}")
@@ -230,9 +237,14 @@ def check_checkpoint(refs: Mapping[str, TensorRef], spec: Any, where: str,
 ShardingFn = Callable[[tuple[str, ...], tuple[int, ...]], jax.sharding.Sharding]
 
 
-def load_params(refs: Mapping[str, TensorRef], spec: Any, dtype: Any, where: str,
-                sharding: ShardingFn | None = None,
-                ignore: Callable[[str], bool] = lambda name: False) -> Any:
+def load_params(
+    refs: Mapping[str, TensorRef],
+    spec: Any,
+    dtype: Any,
+    where: str,
+    sharding: ShardingFn | None = None,
+    ignore: Callable[[str], bool] = lambda name: False,
+) -> Any:
     """Materialise a params pytree from a spec tree of LeafSource.
 
     ``sharding(path, shape)`` gives each leaf's target sharding (default: the first device); every
@@ -279,8 +291,9 @@ def _is_source(x: Any) -> bool:
 def abstract_params(spec: Any, dtype: Any) -> Any:
     """The params tree as ``jax.ShapeDtypeStruct`` leaves: for lowering, planning and tests, no weights."""
     dtype = np.dtype(dtype)
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.target_shape(), leaf_dtype(s, dtype)), spec,
-                        is_leaf=_is_source)
+    return jax.tree.map(
+        lambda s: jax.ShapeDtypeStruct(s.target_shape(), leaf_dtype(s, dtype)), spec, is_leaf=_is_source
+    )
 
 
 def random_params(spec: Any, dtype: Any, seed: int = 0, std: float = 0.02) -> Any:
@@ -288,5 +301,10 @@ def random_params(spec: Any, dtype: Any, seed: int = 0, std: float = 0.02) -> An
     abstract = abstract_params(spec, dtype)
     leaves, treedef = jax.tree.flatten(abstract)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree.unflatten(treedef, [(jax.random.normal(k, a.shape, jnp.float32) * std).astype(a.dtype)
-                                        for k, a in zip(keys, leaves, strict=True)])
+    return jax.tree.unflatten(
+        treedef,
+        [
+            (jax.random.normal(k, a.shape, jnp.float32) * std).astype(a.dtype)
+            for k, a in zip(keys, leaves, strict=True)
+        ],
+    )

@@ -110,10 +110,14 @@ class TransformerConfig(ComponentConfig):
         if len(self.patch_size) != 3:
             raise ConfigError(f"{source}: patch_size must have 3 entries, got {self.patch_size}")
         if self.attention_head_dim % 2:
-            raise ConfigError(f"{source}: attention_head_dim must be even for RoPE, got {self.attention_head_dim}")
+            raise ConfigError(
+                f"{source}: attention_head_dim must be even for RoPE, got {self.attention_head_dim}"
+            )
         if self.qk_norm not in (None, "rms_norm_across_heads"):
             # diffusers 0.42 always applies RMSNorm over the full inner dim, whatever this says.
-            raise ConfigError(f"{source}: qk_norm={self.qk_norm!r} is not supported (only 'rms_norm_across_heads')")
+            raise ConfigError(
+                f"{source}: qk_norm={self.qk_norm!r} is not supported (only 'rms_norm_across_heads')"
+            )
 
 
 # Named presets: for tests and benchmarks only. Real runs always read the checkpoint's config.json.

@@ -62,12 +62,16 @@ def checkpoint_spec(cfg: TransformerConfig) -> Params:
     keep = {"keep_fp32": True}
 
     def lin(name: str, n_in: int, n_out: int, **kw) -> Params:
-        return {"kernel": LeafSource((f"{name}.weight",), (n_out, n_in), linear_kernel, **kw),
-                "bias": LeafSource((f"{name}.bias",), (n_out,), **kw)}
+        return {
+            "kernel": LeafSource((f"{name}.weight",), (n_out, n_in), linear_kernel, **kw),
+            "bias": LeafSource((f"{name}.bias",), (n_out,), **kw),
+        }
 
     def block_lin(name: str, n_in: int, n_out: int) -> Params:
-        return {"kernel": stacked(f"blocks.{{i}}.{name}.weight", n, (n_out, n_in), layout=linear_kernel),
-                "bias": stacked(f"blocks.{{i}}.{name}.bias", n, (n_out,))}
+        return {
+            "kernel": stacked(f"blocks.{{i}}.{name}.weight", n, (n_out, n_in), layout=linear_kernel),
+            "bias": stacked(f"blocks.{{i}}.{name}.bias", n, (n_out,)),
+        }
 
     def block_vec(name: str, **kw) -> LeafSource:
         return stacked(f"blocks.{{i}}.{name}", n, (d,), **kw)
@@ -81,25 +85,34 @@ def checkpoint_spec(cfg: TransformerConfig) -> Params:
         }
 
     blocks: Params = {
-        "scale_shift_table": stacked("blocks.{i}.scale_shift_table", n, (1, 6, d),
-                                     layout=_squeeze_leading, **keep),
+        "scale_shift_table": stacked(
+            "blocks.{i}.scale_shift_table", n, (1, 6, d), layout=_squeeze_leading, **keep
+        ),
         "attn1": attn("attn1"),
         "attn2": attn("attn2"),
         "ffn": {"proj_in": block_lin("ffn.net.0.proj", d, ff), "proj_out": block_lin("ffn.net.2", ff, d)},
     }
     if cfg.cross_attn_norm:
-        blocks["norm2"] = {"scale": block_vec("norm2.weight", **keep), "bias": block_vec("norm2.bias", **keep)}
+        blocks["norm2"] = {
+            "scale": block_vec("norm2.weight", **keep),
+            "bias": block_vec("norm2.bias", **keep),
+        }
     return {
         "patch_embedding": {
-            "kernel": LeafSource(("patch_embedding.weight",), (d, cfg.in_channels, *cfg.patch_size),
-                                 _patch_kernel),
+            "kernel": LeafSource(
+                ("patch_embedding.weight",), (d, cfg.in_channels, *cfg.patch_size), _patch_kernel
+            ),
             "bias": LeafSource(("patch_embedding.bias",), (d,)),
         },
-        "time_embedder": {"linear_1": lin("condition_embedder.time_embedder.linear_1", cfg.freq_dim, d, **keep),
-                          "linear_2": lin("condition_embedder.time_embedder.linear_2", d, d, **keep)},
+        "time_embedder": {
+            "linear_1": lin("condition_embedder.time_embedder.linear_1", cfg.freq_dim, d, **keep),
+            "linear_2": lin("condition_embedder.time_embedder.linear_2", d, d, **keep),
+        },
         "time_proj": lin("condition_embedder.time_proj", d, 6 * d),
-        "text_embedder": {"linear_1": lin("condition_embedder.text_embedder.linear_1", cfg.text_dim, d),
-                          "linear_2": lin("condition_embedder.text_embedder.linear_2", d, d)},
+        "text_embedder": {
+            "linear_1": lin("condition_embedder.text_embedder.linear_1", cfg.text_dim, d),
+            "linear_2": lin("condition_embedder.text_embedder.linear_2", d, d),
+        },
         "blocks": blocks,
         "scale_shift_table": LeafSource(("scale_shift_table",), (1, 2, d), _squeeze_leading, **keep),
         "proj_out": lin("proj_out", d, cfg.out_channels * cfg.patch_volume),
@@ -133,8 +146,15 @@ def _modulate(x: jax.Array, shift: jax.Array, scale: jax.Array, eps: float) -> j
     return (layer_norm(x, eps) * (1.0 + scale) + shift).astype(x.dtype)
 
 
-def _attention_block(p: Params, x: jax.Array, context: jax.Array, heads: int, eps: float,
-                     rope: tuple[jax.Array, jax.Array] | None, attention_backend: str) -> jax.Array:
+def _attention_block(
+    p: Params,
+    x: jax.Array,
+    context: jax.Array,
+    heads: int,
+    eps: float,
+    rope: tuple[jax.Array, jax.Array] | None,
+    attention_backend: str,
+) -> jax.Array:
     b, length, d = x.shape
 
     def project(name: str, src: jax.Array) -> jax.Array:
@@ -150,8 +170,15 @@ def _attention_block(p: Params, x: jax.Array, context: jax.Array, heads: int, ep
     return linear(out.reshape(b, length, d), p["to_out"])
 
 
-def _block(p: Params, x: jax.Array, context: jax.Array, time_mod: jax.Array,
-           rope: tuple[jax.Array, jax.Array], cfg: TransformerConfig, attention_backend: str) -> jax.Array:
+def _block(
+    p: Params,
+    x: jax.Array,
+    context: jax.Array,
+    time_mod: jax.Array,
+    rope: tuple[jax.Array, jax.Array],
+    cfg: TransformerConfig,
+    attention_backend: str,
+) -> jax.Array:
     mod = p["scale_shift_table"].astype(jnp.float32)[None] + time_mod.astype(jnp.float32)  # (B, 6, D)
     shift, scale, gate, c_shift, c_scale, c_gate = (mod[:, i : i + 1] for i in range(6))
     heads, eps, dtype = cfg.num_attention_heads, cfg.eps, x.dtype
@@ -168,9 +195,16 @@ def _block(p: Params, x: jax.Array, context: jax.Array, time_mod: jax.Array,
     return (x.astype(jnp.float32) + f.astype(jnp.float32) * c_gate).astype(dtype)
 
 
-def forward(params: Params, cfg: TransformerConfig, latents: jax.Array, timestep: jax.Array,
-            prompt_embeds: jax.Array, *, dtype: jnp.dtype = jnp.float32,
-            attention_backend: str = "auto") -> jax.Array:
+def forward(
+    params: Params,
+    cfg: TransformerConfig,
+    latents: jax.Array,
+    timestep: jax.Array,
+    prompt_embeds: jax.Array,
+    *,
+    dtype: jnp.dtype = jnp.float32,
+    attention_backend: str = "auto",
+) -> jax.Array:
     """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``.
 
     Activations run in ``dtype``; the result is returned in ``dtype`` as the reference does.
@@ -214,8 +248,9 @@ class WanTransformer:
     ``prompt_embeds (B, L, text_dim)``); the forward is compiled once per input shape.
     """
 
-    def __init__(self, cfg: TransformerConfig, params: Params, dtype: jnp.dtype,
-                 attention_backend: str = "auto"):
+    def __init__(
+        self, cfg: TransformerConfig, params: Params, dtype: jnp.dtype, attention_backend: str = "auto"
+    ):
         self.cfg = cfg
         self.params = params
         self.dtype = jnp.dtype(dtype)
@@ -225,8 +260,29 @@ class WanTransformer:
     def __call__(self, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array) -> jax.Array:
         self.check_shape(tuple(latents.shape))
         timestep = jnp.broadcast_to(jnp.asarray(timestep), (latents.shape[0],))
-        return self._forward(self.params, self.cfg, latents, timestep, prompt_embeds, dtype=self.dtype,
-                             attention_backend=self.attention_backend)
+        return self._forward(
+            self.params,
+            self.cfg,
+            latents,
+            timestep,
+            prompt_embeds,
+            dtype=self.dtype,
+            attention_backend=self.attention_backend,
+        )
+
+    def apply(
+        self, params: Params, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array
+    ) -> jax.Array:
+        """The forward for use inside a caller's ``jit``; pass ``params`` as a traced argument there."""
+        return forward(
+            params,
+            self.cfg,
+            latents,
+            timestep,
+            prompt_embeds,
+            dtype=self.dtype,
+            attention_backend=self.attention_backend,
+        )
 
     def check_shape(self, shape: tuple[int, ...]) -> None:
         """Raise ConfigError unless ``shape`` is a latent shape this model can run."""
@@ -237,8 +293,10 @@ class WanTransformer:
             if size % p:
                 raise ConfigError(f"latent {axis}={size} is not a multiple of the patch size {p}")
             if size // p > cfg.rope_max_seq_len:
-                raise ConfigError(f"latent {axis}={size} exceeds the RoPE table "
-                                  f"({cfg.rope_max_seq_len} positions of patch {p}); use a smaller size")
+                raise ConfigError(
+                    f"latent {axis}={size} exceeds the RoPE table "
+                    f"({cfg.rope_max_seq_len} positions of patch {p}); use a smaller size"
+                )
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
@@ -253,8 +311,13 @@ def parse_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
     return jnp.dtype(DTYPES[name])
 
 
-def load_transformer(path: str | Path, dtype: str | jnp.dtype = "bfloat16", *,
-                     attention_backend: str = "auto", sharding: ShardingFn | None = None) -> WanTransformer:
+def load_transformer(
+    path: str | Path,
+    dtype: str | jnp.dtype = "bfloat16",
+    *,
+    attention_backend: str = "auto",
+    sharding: ShardingFn | None = None,
+) -> WanTransformer:
     """Load ``transformer/`` of a diffusers-layout Wan model (``path`` = model root or that folder)."""
     directory = resolve_component_dir(path, "transformer")
     cfg = TransformerConfig.from_file(directory / "config.json")

@@ -31,8 +31,9 @@ def linear(x: jax.Array, p: Params, out_dtype: jnp.dtype | None = None) -> jax.A
     return y.astype(out_dtype or x.dtype)
 
 
-def layer_norm(x: jax.Array, eps: float, scale: jax.Array | None = None,
-               bias: jax.Array | None = None) -> jax.Array:
+def layer_norm(
+    x: jax.Array, eps: float, scale: jax.Array | None = None, bias: jax.Array | None = None
+) -> jax.Array:
     """LayerNorm over the last axis in float32 (biased variance), optionally affine; returns float32."""
     x = x.astype(jnp.float32)
     mean = jnp.mean(x, axis=-1, keepdims=True)
