@@ -100,8 +100,9 @@ def cmd_demo(args: argparse.Namespace) -> None:
     import jax.numpy as jnp
     from safetensors.numpy import save_file
 
+    from wanjax.config import parse_dtype
     from wanjax.demo_model import DEMO_TRANSFORMER, write_demo_model
-    from wanjax.models.dit import load_transformer, parse_dtype
+    from wanjax.models.dit import load_transformer
     from wanjax.sampling import denoise
     from wanjax.scheduler import make_scheduler
 

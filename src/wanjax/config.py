@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+import jax.numpy as jnp
+
 from wanjax.errors import ConfigError
 
 C = TypeVar("C", bound="ComponentConfig")
@@ -118,6 +120,18 @@ class TransformerConfig(ComponentConfig):
             raise ConfigError(
                 f"{source}: qk_norm={self.qk_norm!r} is not supported (only 'rms_norm_across_heads')"
             )
+
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def parse_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
+    """``"bfloat16"``/``"bf16"``/``jnp.bfloat16``... -> a JAX dtype; ConfigError for anything else."""
+    aliases = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16"}
+    name = aliases.get(dtype.lower(), dtype.lower()) if isinstance(dtype, str) else jnp.dtype(dtype).name
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
+    return jnp.dtype(DTYPES[name])
 
 
 # Named presets: for tests and benchmarks only. Real runs always read the checkpoint's config.json.

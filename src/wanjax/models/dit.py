@@ -29,7 +29,7 @@ from wanjax.checkpoint import (
     resolve_component_dir,
     stacked,
 )
-from wanjax.config import TransformerConfig
+from wanjax.config import TransformerConfig, parse_dtype
 from wanjax.errors import ConfigError
 from wanjax.models.layers import (
     Params,
@@ -297,18 +297,6 @@ class WanTransformer:
                     f"latent {axis}={size} exceeds the RoPE table "
                     f"({cfg.rope_max_seq_len} positions of patch {p}); use a smaller size"
                 )
-
-
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-def parse_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
-    """``"bfloat16"``/``"bf16"``/``jnp.bfloat16``... -> a JAX dtype; ConfigError for anything else."""
-    aliases = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16"}
-    name = aliases.get(dtype.lower(), dtype.lower()) if isinstance(dtype, str) else jnp.dtype(dtype).name
-    if name not in DTYPES:
-        raise ConfigError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
-    return jnp.dtype(DTYPES[name])
 
 
 def load_transformer(
