@@ -13,42 +13,13 @@ import wanjax
 # (name, diffusers config, latent shape, text length)
 CASES = [
     ("tiny", TINY_DIT, (2, 16, 3, 6, 8), 7),
-    (
-        "head128",
-        dict(
-            patch_size=(1, 2, 2),
-            num_attention_heads=2,
-            attention_head_dim=128,
-            in_channels=16,
-            out_channels=16,
-            text_dim=24,
-            freq_dim=32,
-            ffn_dim=96,
-            num_layers=3,
-            rope_max_seq_len=64,
-        ),
-        (2, 16, 4, 4, 10),
-        9,
-    ),
-    (
-        "no_cross_norm_patch2",
-        dict(
-            patch_size=(2, 2, 2),
-            num_attention_heads=3,
-            attention_head_dim=16,
-            in_channels=8,
-            out_channels=4,
-            text_dim=16,
-            freq_dim=16,
-            ffn_dim=40,
-            num_layers=1,
-            cross_attn_norm=False,
-            rope_max_seq_len=16,
-        ),
-        (2, 8, 4, 6, 4),
-        5,
-    ),
-]
+    ("head128", {**TINY_DIT, "attention_head_dim": 128, "text_dim": 24, "freq_dim": 32, "ffn_dim": 96,
+                 "num_layers": 3, "rope_max_seq_len": 64}, (2, 16, 4, 4, 10), 9),
+    ("no_cross_norm_patch2", {**TINY_DIT, "patch_size": (2, 2, 2), "num_attention_heads": 3,
+                              "attention_head_dim": 16, "in_channels": 8, "out_channels": 4, "text_dim": 16,
+                              "ffn_dim": 40, "num_layers": 1, "cross_attn_norm": False, "rope_max_seq_len": 16},
+     (2, 8, 4, 6, 4), 5),
+]  # fmt: skip
 
 
 def relative_error(ours, ref) -> float:

@@ -255,20 +255,12 @@ class WanTransformer:
         self.params = params
         self.dtype = jnp.dtype(dtype)
         self.attention_backend = attention_backend
-        self._forward = jax.jit(forward, static_argnames=("cfg", "dtype", "attention_backend"))
+        self._forward = jax.jit(self.apply)
 
     def __call__(self, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array) -> jax.Array:
         self.check_shape(tuple(latents.shape))
         timestep = jnp.broadcast_to(jnp.asarray(timestep), (latents.shape[0],))
-        return self._forward(
-            self.params,
-            self.cfg,
-            latents,
-            timestep,
-            prompt_embeds,
-            dtype=self.dtype,
-            attention_backend=self.attention_backend,
-        )
+        return self._forward(self.params, latents, timestep, prompt_embeds)
 
     def apply(
         self, params: Params, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array
