@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from wanjax.atomic import atomic_path
 from wanjax.errors import WanjaxError
 
 COMPONENT_WEIGHTS = {
@@ -135,10 +134,8 @@ def cmd_demo(args: argparse.Namespace) -> None:
 
     final, times = denoise(model, scheduler, latents, text[:1], text[1:], args.guidance_scale, report)
     path = out / "latents.safetensors"
-    with tempfile.NamedTemporaryFile(dir=out, suffix=".tmp", delete=False) as tmp:
-        tmp_path = Path(tmp.name)
-    save_file({"latents": jax.device_get(final)}, str(tmp_path))
-    os.replace(tmp_path, path)
+    with atomic_path(path) as tmp:
+        save_file({"latents": jax.device_get(final)}, str(tmp))
     steady = statistics.median(times.steady) if times.steady else float("nan")
     print(
         f"model: {model_dir} ({DEMO_TRANSFORMER.num_layers} layers, dim {DEMO_TRANSFORMER.inner_dim}, "

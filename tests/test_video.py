@@ -1,0 +1,61 @@
+"""mp4 and preview output: decodable, right size and frame count, atomic."""
+
+from __future__ import annotations
+
+import av
+import numpy as np
+import pytest
+from PIL import Image
+
+from wanjax.atomic import atomic_path
+from wanjax.video import contact_sheet, write_mp4, write_preview
+
+
+def gradient_frames(t=9, h=48, w=80):
+    frames = np.zeros((t, h, w, 3), np.uint8)
+    for i in range(t):
+        frames[i, ..., 0] = i * 25
+        frames[i, ..., 1] = np.linspace(0, 255, w, dtype=np.uint8)[None, :]
+        frames[i, ..., 2] = np.linspace(0, 255, h, dtype=np.uint8)[:, None]
+    return frames
+
+
+def test_mp4_round_trip(tmp_path):
+    frames = gradient_frames()
+    path = write_mp4(frames, tmp_path / "v.mp4", fps=16)
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        assert stream.codec_context.name == "h264"
+        assert stream.codec_context.pix_fmt == "yuv420p"
+        assert float(stream.average_rate) == 16
+        decoded = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+    assert decoded.shape == frames.shape
+    # Lossy yuv420p: close on average, not bit-exact.
+    assert np.abs(decoded.astype(int) - frames).mean() < 4
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_mp4_rejects_float_frames(tmp_path):
+    with pytest.raises(ValueError, match="uint8"):
+        write_mp4(np.zeros((2, 16, 16, 3), np.float32), tmp_path / "v.mp4")
+    assert not list(tmp_path.iterdir())
+
+
+def test_preview_is_a_contact_sheet(tmp_path):
+    frames = gradient_frames(t=5, h=16, w=24)
+    sheet = contact_sheet(frames)
+    assert sheet.shape == (2 * 16, 3 * 24, 3)
+    np.testing.assert_array_equal(sheet[16:32, 24:48], frames[4])
+    assert not sheet[16:, 48:].any()
+    path = write_preview(frames, tmp_path / "p.png")
+    np.testing.assert_array_equal(np.asarray(Image.open(path)), sheet)
+
+
+def test_interrupted_write_keeps_previous_file(tmp_path):
+    target = tmp_path / "out.bin"
+    target.write_bytes(b"previous")
+    with pytest.raises(KeyboardInterrupt), atomic_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise KeyboardInterrupt
+    assert target.read_bytes() == b"previous"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
