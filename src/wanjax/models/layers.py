@@ -9,6 +9,7 @@ AMX/MXU/tensor cores. Norm statistics are always computed in float32.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -122,3 +123,27 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]
     out = jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
     return out.reshape(x.shape).astype(x.dtype)
+
+
+def scan_layers(
+    body: Callable[[jax.Array, Params], jax.Array], carry: jax.Array, layers: Params
+) -> jax.Array:
+    """``carry = body(carry, layer_params)`` for each layer of the stacked ``layers`` (``lax.scan``).
+
+    On CPU, XLA upcasts a bf16/f16 operand of the per-layer dynamic-slice to float32 and hoists that
+    conversion out of the loop, so every call would convert all stacked weights (a float32 copy of
+    the model). There the 16-bit leaves cross the loop as uint16 bit patterns, bitcast back (free).
+    """
+    dtypes = jax.tree.map(lambda a: a.dtype, layers)
+
+    def packed(a: jax.Array) -> jax.Array:
+        is_half = jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize == 2
+        return jax.lax.bitcast_convert_type(a, jnp.uint16) if is_half else a
+
+    def step(c: jax.Array, p: Params) -> tuple[jax.Array, None]:
+        p = jax.tree.map(lambda a, dt: a if a.dtype == dt else jax.lax.bitcast_convert_type(a, dt), p, dtypes)
+        return body(c, p), None
+
+    if jax.default_backend() == "cpu":
+        layers = jax.tree.map(packed, layers)
+    return jax.lax.scan(step, carry, layers)[0]

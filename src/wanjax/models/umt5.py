@@ -1,0 +1,423 @@
+"""The UMT5 text encoder (transformers ``UMT5EncoderModel``, google/umt5-xxl) and prompt encoding.
+
+``forward(params, cfg, input_ids, attention_mask)`` is the encoder's ``last_hidden_state``:
+token embedding (no scaling), then per layer a pre-norm self-attention with its own relative
+position bias (T5 buckets, no ``1/sqrt(d)`` score scaling, padded keys masked) and a pre-norm gated
+tanh-GELU feed-forward, then a final T5 RMSNorm. Layers are stacked and run with ``lax.scan``.
+
+:class:`UMT5Encoder` adds what ``WanPipeline.encode_prompt`` does around it: prompt cleaning,
+tokenisation to ``max_sequence_length`` and exact zeros at positions past each prompt's length.
+Precision follows a transformers model loaded in that dtype: bf16 weights and activations, norm
+statistics, softmax and matmul accumulation in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wanjax.checkpoint import (
+    LeafSource,
+    ShardingFn,
+    linear_kernel,
+    load_params,
+    open_component,
+    resolve_component_dir,
+    stacked,
+)
+from wanjax.config import ComponentConfig, parse_dtype
+from wanjax.errors import CheckpointError, ConfigError, WanjaxError
+from wanjax.models.layers import Params, gelu_tanh, linear, matmul, scan_layers
+from wanjax.tokenizer import Tokenizer, load_tokenizer
+
+# ----------------------------------------------------------------------------------------------
+# Config
+
+
+@dataclasses.dataclass(frozen=True)
+class UMT5Config(ComponentConfig):
+    """``text_encoder/config.json`` of a transformers ``UMT5EncoderModel``.
+
+    Defaults are transformers' ``UMT5Config`` defaults (what it assumes for a missing field);
+    :data:`UMT5_XXL` is the encoder Wan 2.1 uses.
+    """
+
+    vocab_size: int = 250112
+    d_model: int = 512
+    d_kv: int = 64
+    d_ff: int = 1024
+    num_layers: int = 8
+    num_heads: int = 6
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    layer_norm_epsilon: float = 1e-6
+    feed_forward_proj: str = "gated-gelu"
+    model_type: str = "umt5"
+    is_decoder: bool = False
+
+    # Accepted and deliberately ignored: they do not change the encoder's output.
+    _IGNORED_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {
+            # derived by transformers from feed_forward_proj (any stored value is overwritten)
+            "dense_act_fn",
+            "is_gated_act",
+            # training only
+            "dropout_rate",
+            "classifier_dropout",
+            "initializer_factor",
+            # decoder / generation side of the encoder-decoder model
+            "is_encoder_decoder",
+            "num_decoder_layers",
+            "decoder_start_token_id",
+            "use_cache",
+            "output_past",
+            # the encoder's input embedding is always the shared one (transformers forces the tie)
+            "tie_word_embeddings",
+            # token ids the tokenizer uses; the encoder has no padding_idx
+            "pad_token_id",
+            "eos_token_id",
+            "bos_token_id",
+            # bookkeeping: the loader's dtype argument decides the precision
+            "architectures",
+            "dtype",
+            "torch_dtype",
+            "transformers_version",
+            "tokenizer_class",
+            # T5X training option that transformers' UMT5 does not read
+            "scalable_attention",
+            # generic PretrainedConfig outputs/heads that an encoder forward does not use
+            "output_attentions",
+            "output_hidden_states",
+            "return_dict",
+            "torchscript",
+            "use_bfloat16",
+            "id2label",
+            "label2id",
+            "problem_type",
+            "finetuning_task",
+            "task_specific_params",
+            "prefix",
+        }
+    )
+
+    @property
+    def inner_dim(self) -> int:
+        return self.num_heads * self.d_kv
+
+    def validate(self, source: str) -> None:
+        if self.model_type != "umt5":
+            raise ConfigError(
+                f"{source}: model_type {self.model_type!r} is not supported; wanjax runs UMT5 encoders "
+                "('umt5', one relative position bias per layer)"
+            )
+        if self.is_decoder:
+            raise ConfigError(f"{source}: is_decoder=true; the text encoder must be an encoder")
+        if self.feed_forward_proj not in ("gated-gelu", "gated-gelu_new"):
+            raise ConfigError(
+                f"{source}: feed_forward_proj {self.feed_forward_proj!r} is not supported "
+                "(only the gated tanh-GELU feed-forward of UMT5, 'gated-gelu')"
+            )
+        sizes = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
+        for name in sizes:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{source}: {name} must be positive, got {getattr(self, name)}")
+        buckets, distance = self.relative_attention_num_buckets, self.relative_attention_max_distance
+        if buckets < 4 or distance <= buckets // 4:
+            raise ConfigError(
+                f"{source}: relative_attention_num_buckets={buckets} must be >= 4 and "
+                f"relative_attention_max_distance={distance} greater than num_buckets // 4"
+            )
+
+
+UMT5_XXL = UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64)
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoint layout
+
+# The embedding is tied, so a checkpoint may hold either name or both; when both are stored,
+# transformers 5 runs the encoder with encoder.embed_tokens.weight.
+_EMBEDDING_NAMES = ("encoder.embed_tokens.weight", "shared.weight")
+
+
+def checkpoint_spec(cfg: UMT5Config, embedding: str = "shared.weight") -> Params:
+    """Which transformers tensors build each params leaf; ``embedding`` names the stored embedding."""
+    n, d, inner, ff = cfg.num_layers, cfg.d_model, cfg.inner_dim, cfg.d_ff
+
+    def lin(name: str, n_in: int, n_out: int) -> Params:
+        return {
+            "kernel": stacked(f"encoder.block.{{i}}.{name}.weight", n, (n_out, n_in), layout=linear_kernel)
+        }
+
+    def norm(name: str) -> Params:
+        return {"scale": stacked(f"encoder.block.{{i}}.{name}.weight", n, (d,))}
+
+    attn = "layer.0.SelfAttention"
+    ffn = "layer.1.DenseReluDense"
+    return {
+        "embedding": LeafSource((embedding,), (cfg.vocab_size, d)),
+        "layers": {
+            "attn_norm": norm("layer.0.layer_norm"),
+            "q": lin(f"{attn}.q", d, inner),
+            "k": lin(f"{attn}.k", d, inner),
+            "v": lin(f"{attn}.v", d, inner),
+            "o": lin(f"{attn}.o", inner, d),
+            "rel_bias": stacked(
+                f"encoder.block.{{i}}.{attn}.relative_attention_bias.weight",
+                n,
+                (cfg.relative_attention_num_buckets, cfg.num_heads),
+            ),
+            "ffn_norm": norm("layer.1.layer_norm"),
+            "wi_0": lin(f"{ffn}.wi_0", d, ff),
+            "wi_1": lin(f"{ffn}.wi_1", d, ff),
+            "wo": lin(f"{ffn}.wo", ff, d),
+        },
+        "final_norm": {"scale": LeafSource(("encoder.final_layer_norm.weight",), (d,))},
+    }
+
+
+def _ignored_tensor(name: str) -> bool:
+    """The second copy of the tied embedding and decoder-side weights of a full UMT5 checkpoint."""
+    return name in _EMBEDDING_NAMES or name.startswith(("decoder.", "lm_head."))
+
+
+# ----------------------------------------------------------------------------------------------
+# Forward
+
+
+def relative_position_buckets(length: int, num_buckets: int, max_distance: int) -> np.ndarray:
+    """``(length, length)`` int32 bucket of ``key - query`` for a bidirectional T5 encoder.
+
+    transformers' ``_relative_position_bucket``, computed host-side the same way: the log ratio in
+    float32, truncated toward zero.
+    """
+    pos = np.arange(length, dtype=np.int64)
+    rel = pos[None, :] - pos[:, None]
+    half = num_buckets // 2
+    buckets = (rel > 0).astype(np.int64) * half
+    dist = np.abs(rel)
+    max_exact = half // 2
+    with np.errstate(divide="ignore"):  # log(0) on the small distances, discarded below
+        ratio = np.log(dist.astype(np.float32) / np.float32(max_exact))
+    ratio = ratio / np.float32(math.log(max_distance / max_exact)) * np.float32(half - max_exact)
+    large = np.minimum(max_exact + np.trunc(np.where(dist < max_exact, 0, ratio)).astype(np.int64), half - 1)
+    return (buckets + np.where(dist < max_exact, dist, large)).astype(np.int32)
+
+
+def t5_rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+    """T5 LayerNorm: ``x * rsqrt(mean(x²) + eps)`` in float32, rounded to the weight dtype, times the weight."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(jnp.square(x32), axis=-1, keepdims=True) + eps)
+    return scale * y.astype(scale.dtype)
+
+
+def _heads(x: jax.Array, heads: int) -> jax.Array:
+    """``(B, L, H*D)`` -> ``(B, H, L, D)``."""
+    b, length, _ = x.shape
+    return x.reshape(b, length, heads, -1).transpose(0, 2, 1, 3)
+
+
+def _attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, key_mask: jax.Array) -> jax.Array:
+    """``softmax(q kᵀ + bias) v`` over valid keys, ``(B, H, L, D)`` in and out; scores in float32."""
+    scores = matmul(q, k.swapaxes(-1, -2)) + bias.astype(jnp.float32)[None]
+    scores = jnp.where(key_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    return matmul(probs.astype(v.dtype), v).astype(q.dtype)
+
+
+def _layer(p: Params, x: jax.Array, buckets: jax.Array, key_mask: jax.Array, cfg: UMT5Config) -> jax.Array:
+    b, length, _ = x.shape
+    heads, eps = cfg.num_heads, cfg.layer_norm_epsilon
+
+    n = t5_rms_norm(x, p["attn_norm"]["scale"], eps)
+    q, k, v = (_heads(linear(n, p[name]), heads) for name in ("q", "k", "v"))
+    bias = jnp.take(p["rel_bias"].T, buckets, axis=1)  # (H, L, L)
+    a = _attention(q, k, v, bias, key_mask).transpose(0, 2, 1, 3).reshape(b, length, cfg.inner_dim)
+    x = x + linear(a, p["o"])
+
+    n = t5_rms_norm(x, p["ffn_norm"]["scale"], eps)
+    h = gelu_tanh(linear(n, p["wi_0"])) * linear(n, p["wi_1"])
+    return x + linear(h, p["wo"])
+
+
+def forward(params: Params, cfg: UMT5Config, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+    """``last_hidden_state (B, L, d_model)`` for ``input_ids (B, L)`` and ``attention_mask (B, L)``.
+
+    Activations run in the params' dtype. Keys with mask 0 are ignored; padded query rows are still
+    computed (as in the reference) and are not meaningful.
+    """
+    length = input_ids.shape[1]
+    buckets = jnp.asarray(
+        relative_position_buckets(
+            length, cfg.relative_attention_num_buckets, cfg.relative_attention_max_distance
+        )
+    )
+    key_mask = attention_mask.astype(bool)
+    x = jnp.take(params["embedding"], input_ids, axis=0)
+
+    x = scan_layers(lambda h, p: _layer(p, h, buckets, key_mask, cfg), x, params["layers"])
+    return t5_rms_norm(x, params["final_norm"]["scale"], cfg.layer_norm_epsilon)
+
+
+def prompt_embeddings(
+    params: Params, cfg: UMT5Config, input_ids: jax.Array, attention_mask: jax.Array
+) -> jax.Array:
+    """``forward`` with positions at or past each row's length (``mask.sum()``) set to exact zeros."""
+    hidden = forward(params, cfg, input_ids, attention_mask)
+    lengths = attention_mask.astype(jnp.int32).sum(axis=-1)
+    keep = jnp.arange(input_ids.shape[1])[None, :] < lengths[:, None]
+    return jnp.where(keep[..., None], hidden, jnp.zeros((), hidden.dtype))
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading and prompt encoding
+
+MIN_BUCKET = 32
+
+
+def compute_length(longest: int, max_length: int) -> int:
+    """Sequence length actually run: the next power of two >= ``longest`` (>= 32), capped at ``max_length``.
+
+    Positions past the longest prompt are masked keys for every row and zeros in the output, and the
+    relative bias depends on distances only, so a shorter padded batch gives the same embeddings
+    (to float rounding) for a fraction of the cost, with at most log2(max_length) compiled shapes.
+    """
+    return min(max_length, max(MIN_BUCKET, 1 << max(longest - 1, 0).bit_length()))
+
+
+class UMT5Encoder:
+    """A loaded UMT5 encoder with its tokenizer.
+
+    ``encode(prompts)`` equals diffusers' ``WanPipeline.encode_prompt`` (``[B, max_sequence_length,
+    d_model]`` in the model dtype); ``model(ids, mask)`` is the bare ``last_hidden_state``.
+    With ``trim_padding`` (default) the encoder runs on the shortest power-of-two length holding
+    every prompt of the batch and the result is zero-padded, which gives the same embeddings.
+    """
+
+    def __init__(
+        self, cfg: UMT5Config, params: Params, tokenizer: Tokenizer | None, *, trim_padding: bool = True
+    ):
+        self.cfg = cfg
+        self.params = params
+        self.tokenizer = tokenizer
+        self.trim_padding = trim_padding
+        self._forward = jax.jit(self.apply)
+        self._embed = jax.jit(self._embed_impl, static_argnames="out_length")
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        return self.params["embedding"].dtype
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        return self._forward(self.params, input_ids, attention_mask)
+
+    def apply(self, params: Params, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        """The forward for use inside a caller's ``jit``; pass ``params`` as a traced argument there."""
+        return forward(params, self.cfg, input_ids, attention_mask)
+
+    def _embed_impl(self, params: Params, ids: jax.Array, mask: jax.Array, out_length: int) -> jax.Array:
+        emb = prompt_embeddings(params, self.cfg, ids, mask)
+        return jnp.pad(emb, ((0, 0), (0, out_length - ids.shape[1]), (0, 0)))
+
+    def encode_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> jax.Array:
+        """Prompt embeddings of tokenised, right-padded prompts (``(B, L)`` ids and mask)."""
+        input_ids, attention_mask = np.asarray(input_ids), np.asarray(attention_mask)
+        if input_ids.shape != attention_mask.shape or input_ids.ndim != 2:
+            raise WanjaxError(f"ids {input_ids.shape} and mask {attention_mask.shape} must both be (B, L)")
+        if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= self.cfg.vocab_size):
+            raise WanjaxError(f"token ids must lie in [0, {self.cfg.vocab_size}), got {input_ids.max()}")
+        out_length = input_ids.shape[1]
+        run = out_length
+        if self.trim_padding:
+            run = compute_length(int(attention_mask.astype(bool).sum(-1).max()), out_length)
+            # Trimming keeps every valid key only if the padding is on the right.
+            if attention_mask[:, run:].any():
+                run = out_length
+        ids = jnp.asarray(input_ids[:, :run], jnp.int32)
+        mask = jnp.asarray(attention_mask[:, :run], jnp.int32)
+        return self._embed(self.params, ids, mask, out_length=out_length)
+
+    def encode(self, prompts: str | Sequence[str], max_sequence_length: int = 512) -> jax.Array:
+        """``[B, max_sequence_length, d_model]`` embeddings of cleaned, tokenised prompts (model dtype)."""
+        if self.tokenizer is None:
+            raise WanjaxError("this text encoder was built without a tokenizer; use encode_ids")
+        tokens = self.tokenizer(prompts, max_sequence_length)
+        return self.encode_ids(tokens.ids, tokens.mask)
+
+    def encode_prompt(
+        self,
+        prompt: str | Sequence[str],
+        negative_prompt: str | Sequence[str] | None = None,
+        max_sequence_length: int = 512,
+    ) -> tuple[jax.Array, jax.Array]:
+        """Positive and negative embeddings in one batched call, as ``WanPipeline.encode_prompt`` with CFG.
+
+        The negative prompt defaults to ``""``; one string is used for every prompt, a list must
+        have one entry per prompt.
+        """
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        negative = "" if negative_prompt is None else negative_prompt
+        negatives = [negative] * len(prompts) if isinstance(negative, str) else list(negative)
+        if len(negatives) != len(prompts):
+            raise WanjaxError(
+                f"{len(negatives)} negative prompts for {len(prompts)} prompts; give one per prompt or one string"
+            )
+        both = self.encode(prompts + negatives, max_sequence_length)
+        return both[: len(prompts)], both[len(prompts) :]
+
+
+def load_encoder_params(
+    path: str | Path, dtype: str | jnp.dtype = "bfloat16", *, sharding: ShardingFn | None = None
+) -> tuple[UMT5Config, Params]:
+    """Config and params of ``text_encoder/`` (``path`` = model root or that folder), no tokenizer."""
+    directory = resolve_component_dir(path, "text_encoder")
+    cfg = UMT5Config.from_file(directory / "config.json")
+    dtype = parse_dtype(dtype)
+    if dtype == jnp.float16:
+        raise ConfigError(
+            "float16 is not supported for the UMT5 encoder (its activations overflow float16); "
+            "use bfloat16 or float32"
+        )
+    refs = open_component(directory, ("model",))
+    embedding = next((name for name in _EMBEDDING_NAMES if name in refs), "shared.weight")
+    spec = checkpoint_spec(cfg, embedding)
+    return cfg, load_params(refs, spec, dtype, str(directory), sharding=sharding, ignore=_ignored_tensor)
+
+
+def load_text_encoder(
+    path: str | Path,
+    dtype: str | jnp.dtype = "bfloat16",
+    *,
+    tokenizer: str | Path | Tokenizer | None = None,
+    sharding: ShardingFn | None = None,
+    trim_padding: bool = True,
+) -> UMT5Encoder:
+    """Load ``text_encoder/`` and its tokenizer from a diffusers-layout Wan model.
+
+    ``path`` is the model root or the ``text_encoder`` folder; the tokenizer is read from
+    ``tokenizer`` when given, else from the ``tokenizer/`` folder next to the text encoder.
+    """
+    directory = resolve_component_dir(path, "text_encoder")
+    if tokenizer is None:
+        tokenizer = directory.parent / "tokenizer"
+        if not tokenizer.is_dir():
+            raise CheckpointError(
+                f"{directory.parent}: no tokenizer/ folder next to text_encoder/; pass tokenizer=<its path>"
+            )
+    if not isinstance(tokenizer, Tokenizer):
+        tokenizer = load_tokenizer(tokenizer)
+    cfg = UMT5Config.from_file(directory / "config.json")
+    if tokenizer.vocab_size > cfg.vocab_size:
+        raise CheckpointError(
+            f"{directory}: the tokenizer has {tokenizer.vocab_size} tokens but the encoder embeds only "
+            f"{cfg.vocab_size}; they belong to different models"
+        )
+    cfg, params = load_encoder_params(directory, dtype, sharding=sharding)
+    return UMT5Encoder(cfg, params, tokenizer, trim_padding=trim_padding)
