@@ -39,6 +39,7 @@ from wanjax.models.layers import (
     linear,
     rms_norm,
     rope_tables,
+    scan_layers,
     silu,
     timestep_embedding,
 )
@@ -226,10 +227,11 @@ def forward(
 
     rope = rope_tables(grid, cfg.attention_head_dim, cfg.rope_max_seq_len)
 
-    def body(carry: jax.Array, block_params: Params) -> tuple[jax.Array, None]:
-        return _block(block_params, carry, context, time_mod, rope, cfg, attention_backend), None
-
-    x, _ = jax.lax.scan(body, x, params["blocks"])
+    x = scan_layers(
+        lambda h, block: _block(block, h, context, time_mod, rope, cfg, attention_backend),
+        x,
+        params["blocks"],
+    )
 
     out_mod = params["scale_shift_table"].astype(jnp.float32)[None] + temb.astype(jnp.float32)[:, None]
     x = _modulate(x, out_mod[:, 0:1], out_mod[:, 1:2], cfg.eps)
