@@ -1,0 +1,673 @@
+"""The Wan 2.1 causal 3D VAE (``AutoencoderKLWan``): chunked, static-shape decode and encode.
+
+Two latent conventions, never to be mixed up:
+
+* **VAE latents** (``vae_latents``): what diffusers' ``vae.decode`` takes and ``vae.encode`` returns.
+* **Normalised latents** (``normalized_latents``): what the transformer denoises and produces,
+  ``(vae_latents - latents_mean) / latents_std`` per channel.
+
+:class:`WanVAE` ``.decode`` takes VAE latents (diffusers' convention) and returns float video;
+``.decode_uint8`` takes normalised latents (the transformer's output), de-normalises them as the
+reference pipeline does (``latents / (1 / std) + mean``) and returns ``uint8 [B, T, H, W, 3]`` frames
+computed on the device; ``.encode`` returns the posterior mean as VAE latents.
+
+Time runs as a ``lax.scan`` over fixed-size chunks of latent frames (``decode_chunk``) or groups of 4
+video frames (``encode_chunk``) with the causal cache as a fixed-shape carry; the first latent frame /
+video frame is its own chunk, as in the reference. Inputs are padded to whole chunks and outputs
+trimmed, so the scan body has one shape whatever the video length, and memory does not grow with the
+number of frames beyond the output. Inside a chunk, the layers after the last temporal upsampling
+(decoder) / before the first temporal downsampling (encoder) run in steps of ``frames_per_step``
+frames, which bounds the full-resolution activations. Results equal the reference's per-frame loop
+(whole-sequence causal convolutions with its first-frame rules) up to float32 rounding.
+
+Compilation: each input shape gets one program (the scan's trip count is static); its size,
+compile time (~2 s on CPU for the real VAE) and memory do not depend on the number of frames.
+Memory at 240x416: 280 MiB of float32 decoder weights, 830 MiB of causal cache (two frames at each
+of the 32 cache sites, the same state the reference keeps) and ~370 MiB of per-step activations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wanjax.checkpoint import (
+    LeafSource,
+    ShardingFn,
+    check_checkpoint,
+    load_params,
+    open_component,
+    resolve_component_dir,
+)
+from wanjax.config import parse_dtype
+from wanjax.errors import ConfigError
+from wanjax.models.layers import Params
+from wanjax.models.vae_blocks import (
+    CONV_IMPLS,
+    UPSAMPLE_IMPLS,
+    Cache,
+    Numerics,
+    pointwise,
+    run_layers,
+    run_layers_in_steps,
+)
+from wanjax.models.vae_config import Layer, VAEConfig, decoder_plan, encoder_plan
+
+__all__ = ["Tiling", "VAEConfig", "WanVAE", "checkpoint_spec", "load_vae"]
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoint layout (PyTorch conv weights -> channel-last kernels, NumPy views only)
+
+
+def _conv3d_kernel(a: np.ndarray) -> np.ndarray:
+    return a.transpose(2, 3, 4, 1, 0)  # (O, I, kt, kh, kw) -> (kt, kh, kw, I, O)
+
+
+def _conv2d_kernel(a: np.ndarray) -> np.ndarray:
+    return a.transpose(2, 3, 1, 0)  # (O, I, kh, kw) -> (kh, kw, I, O)
+
+
+def _time_kernel(a: np.ndarray) -> np.ndarray:
+    return a[:, :, :, 0, 0].transpose(2, 1, 0)  # (O, I, 3, 1, 1) -> (3, I, O)
+
+
+def _pointwise_kernel(a: np.ndarray) -> np.ndarray:
+    return a.reshape(a.shape[0], a.shape[1]).T  # (O, I, 1, 1[, 1]) -> (I, O)
+
+
+def _vector(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1)  # RMS gamma (C, 1, 1[, 1]) -> (C,)
+
+
+def _conv(name: str, shape: tuple[int, ...], layout: Callable[[np.ndarray], np.ndarray]) -> Params:
+    return {
+        "kernel": LeafSource((f"{name}.weight",), shape, layout),
+        "bias": LeafSource((f"{name}.bias",), (shape[0],)),
+    }
+
+
+def _gamma(name: str, dim: int, images: bool = False) -> LeafSource:
+    return LeafSource((f"{name}.gamma",), (dim, 1, 1) if images else (dim, 1, 1, 1), _vector)
+
+
+def _layer_spec(layer: Layer) -> Params:
+    name, d_in, d_out = layer.name, layer.dim_in, layer.dim_out
+    if layer.kind == "conv":
+        return _conv(name, (d_out, d_in, 3, 3, 3), _conv3d_kernel)
+    if layer.kind == "res":
+        spec = {
+            "norm1": _gamma(f"{name}.norm1", d_in),
+            "conv1": _conv(f"{name}.conv1", (d_out, d_in, 3, 3, 3), _conv3d_kernel),
+            "norm2": _gamma(f"{name}.norm2", d_out),
+            "conv2": _conv(f"{name}.conv2", (d_out, d_out, 3, 3, 3), _conv3d_kernel),
+        }
+        if d_in != d_out:
+            spec["conv_shortcut"] = _conv(f"{name}.conv_shortcut", (d_out, d_in, 1, 1, 1), _pointwise_kernel)
+        return spec
+    if layer.kind == "attn":
+        return {
+            "norm": _gamma(f"{name}.norm", d_in, images=True),
+            "to_qkv": _conv(f"{name}.to_qkv", (3 * d_in, d_in, 1, 1), _pointwise_kernel),
+            "proj": _conv(f"{name}.proj", (d_in, d_in, 1, 1), _pointwise_kernel),
+        }
+    if layer.kind == "head":
+        return {
+            "norm_out": _gamma(name.replace("conv_out", "norm_out"), d_in),
+            "conv_out": _conv(name, (d_out, d_in, 3, 3, 3), _conv3d_kernel),
+        }
+    spec = {"resample": _conv(f"{name}.resample.1", (d_out, d_in, 3, 3), _conv2d_kernel)}
+    if layer.kind == "up3d":
+        spec["time_conv"] = _conv(f"{name}.time_conv", (2 * d_in, d_in, 3, 1, 1), _time_kernel)
+    elif layer.kind == "down3d":
+        spec["time_conv"] = _conv(f"{name}.time_conv", (d_in, d_in, 3, 1, 1), _time_kernel)
+    return spec
+
+
+def checkpoint_spec(cfg: VAEConfig, part: str = "all") -> Params:
+    """Spec tree (module name -> params) of the ``decoder`` (+ ``post_quant_conv``), the ``encoder``
+    (+ ``quant_conv``), or ``all``. Module names are the checkpoint prefixes."""
+    z = cfg.z_dim
+    spec: Params = {}
+    if part in ("decoder", "all"):
+        spec["post_quant_conv"] = _conv("post_quant_conv", (z, z, 1, 1, 1), _pointwise_kernel)
+        spec.update({layer.name: _layer_spec(layer) for layer in decoder_plan(cfg)})
+    if part in ("encoder", "all"):
+        spec["quant_conv"] = _conv("quant_conv", (2 * z, 2 * z, 1, 1, 1), _pointwise_kernel)
+        spec.update({layer.name: _layer_spec(layer) for layer in encoder_plan(cfg)})
+    return spec
+
+
+# ----------------------------------------------------------------------------------------------
+# Chunked decode / encode (pure functions; cfg, numerics and chunking are static)
+
+
+def _decoder_chunk(
+    params: Params, cfg: VAEConfig, z: jax.Array, cache: Cache, first: bool, nm: Numerics, frames: int
+) -> tuple[jax.Array, Cache]:
+    """VAE latents of one chunk ``(B, t, h, w, z)`` -> decoded frames (unclamped) and new caches.
+
+    The layers after the last temporal upsampling -- from its spatial half on -- run in steps of
+    ``frames`` frames."""
+    plan = decoder_plan(cfg)
+    last_up = max((i for i, layer in enumerate(plan) if layer.kind == "up3d"), default=None)
+    if last_up is None:
+        split = 0
+    else:
+        up = plan[last_up]
+        time_half = dataclasses.replace(up, kind="up_time", dim_out=up.dim_in)
+        plan = (*plan[:last_up], time_half, dataclasses.replace(up, kind="up2d"), *plan[last_up + 1 :])
+        split = last_up + 1
+    x = pointwise(z, params["post_quant_conv"], nm)
+    x, new = run_layers(params, plan[:split], x, cache, first, nm)
+    y, new_tail = run_layers_in_steps(params, plan[split:], x, cache, first, nm, frames)
+    return y, {**new, **new_tail}
+
+
+def _encoder_chunk(
+    params: Params, cfg: VAEConfig, video: jax.Array, cache: Cache, first: bool, nm: Numerics, frames: int
+) -> tuple[jax.Array, Cache]:
+    """Video frames of one chunk -> encoder output (``2 z`` channels, before ``quant_conv``), caches."""
+    plan = encoder_plan(cfg)
+    split = next((i for i, layer in enumerate(plan) if layer.kind == "down3d"), len(plan))
+    x, new = run_layers_in_steps(params, plan[:split], video, cache, first, nm, frames)
+    x, new_rest = run_layers(params, plan[split:], x, cache, first, nm)
+    return x, {**new, **new_rest}
+
+
+def _scan_chunks(
+    step: Callable[[Cache, jax.Array], tuple[Cache, jax.Array]],
+    cache: Cache,
+    x: jax.Array,
+    chunk: int,
+    out_len: int,
+) -> jax.Array:
+    """Scan ``step`` over ``x (B, t, ...)`` in chunks of ``chunk`` frames (padded at the end, which
+    causality makes harmless), returning the concatenated outputs trimmed to ``out_len`` frames."""
+    b, t = x.shape[:2]
+    n = -(-t // chunk)
+    x = jnp.pad(x, ((0, 0), (0, n * chunk - t)) + ((0, 0),) * (x.ndim - 2))
+    steps = jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), 1, 0)
+    _, ys = jax.lax.scan(step, cache, steps)
+    ys = jnp.moveaxis(ys, 0, 1)
+    return ys.reshape(b, -1, *ys.shape[3:])[:, :out_len]
+
+
+def decode_frames(
+    params: Params,
+    cfg: VAEConfig,
+    vae_latents: jax.Array,
+    finish: Callable[[jax.Array], jax.Array],
+    *,
+    nm: Numerics,
+    chunk: int | None,
+    frames: int,
+) -> jax.Array:
+    """Channel-last VAE latents ``(B, T', h, w, z)`` -> ``finish(frames)`` for ``1 + r (T' - 1)`` frames.
+
+    ``finish`` (clamp, post-processing) runs inside each chunk, so only its result is stacked.
+    ``chunk``: latent frames per scan step after the first (``None``: all in one step).
+    """
+    z = vae_latents.astype(nm.dtype)
+    t = z.shape[1]
+    y0, cache = _decoder_chunk(params, cfg, z[:, :1], {}, True, nm, frames)
+    if t == 1:
+        return finish(y0)
+    chunk = t - 1 if chunk is None else min(chunk, t - 1)
+    per_step = math.gcd(frames, cfg.temporal_factor * chunk)
+
+    def step(carry: Cache, zs: jax.Array) -> tuple[Cache, jax.Array]:
+        y, new = _decoder_chunk(params, cfg, zs, carry, False, nm, per_step)
+        return new, finish(y)
+
+    rest = _scan_chunks(step, cache, z[:, 1:], chunk, cfg.temporal_factor * (t - 1))
+    return jnp.concatenate([finish(y0), rest], axis=1)
+
+
+def encode_frames(
+    params: Params, cfg: VAEConfig, video: jax.Array, *, nm: Numerics, chunk: int | None, frames: int
+) -> jax.Array:
+    """Channel-last video ``(B, T, H, W, C)`` -> posterior mean ``(B, T', h, w, z)`` (VAE latents).
+
+    Frame 0 is encoded alone, then groups of 4 frames, ``chunk`` groups per scan step (``None``: all);
+    frames after the last complete group are dropped, as in the reference.
+    """
+    x = video.astype(nm.dtype)
+    groups = (x.shape[1] - 1) // 4
+    y, cache = _encoder_chunk(params, cfg, x[:, :1], {}, True, nm, frames)
+    if groups:
+        chunk = groups if chunk is None else min(chunk, groups)
+
+        def step(carry: Cache, xs: jax.Array) -> tuple[Cache, jax.Array]:
+            out, new = _encoder_chunk(params, cfg, xs, carry, False, nm, math.gcd(frames, 4 * chunk))
+            return new, out
+
+        out_len = groups * 4 // cfg.temporal_factor
+        rest = _scan_chunks(step, cache, x[:, 1 : 1 + 4 * groups], 4 * chunk, out_len)
+        y = jnp.concatenate([y, rest], axis=1)
+    z = cfg.z_dim
+    quant = params["quant_conv"]
+    mean = pointwise(y, {"kernel": quant["kernel"][:, :z], "bias": quant["bias"][:z]}, nm)
+    return mean
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiling:
+    """Spatial tiling of the decode, as diffusers' ``enable_tiling()`` (sizes in pixels).
+
+    Latent tiles of ``size // 8`` start every ``stride // 8`` latents (the last ones clipped at the
+    border); each is decoded on its own, with its own causal cache, over all frames. In raster order
+    each tile's first ``size - stride`` pixel rows are blended with the (already blended) tile above,
+    ``row[y] = above[y - blend] * (1 - y / blend) + row[y] * (y / blend)``, then its first columns
+    likewise with the tile to its left; then it is cropped to ``stride x stride`` and the mosaic to
+    the frame size. Used only when the frame is larger than ``size`` in either dimension. Numbers
+    equal diffusers' tiled decode; they are not equal to an untiled decode (seams are blended, and
+    each tile sees zero padding at its borders). Memory: one tile's decode plus every tile's float
+    frames until they are blended (about twice the float video), so it grows with the length.
+    """
+
+    size: int = 256
+    stride: int = 192
+
+    def __post_init__(self) -> None:
+        if not 0 < self.stride <= self.size:
+            raise ConfigError(f"tiling needs 0 < stride <= size, got size={self.size}, stride={self.stride}")
+
+
+def _blend(before: jax.Array, tile: jax.Array, axis: int, extent: int) -> jax.Array:
+    """diffusers ``blend_v``/``blend_h``: ramp ``tile``'s first ``extent`` rows/columns from the end
+    of ``before`` into its own, along ``axis``."""
+    extent = min(before.shape[axis], tile.shape[axis], extent)
+    if extent == 0:
+        return tile
+    y = np.arange(extent, dtype=np.float64)
+    shape = [1] * tile.ndim
+    shape[axis] = extent
+    keep = (1 - y / extent).astype(np.float32).reshape(shape)
+    take = (y / extent).astype(np.float32).reshape(shape)
+    head = jax.lax.slice_in_dim(before, before.shape[axis] - extent, before.shape[axis], axis=axis)
+    first = jax.lax.slice_in_dim(tile, 0, extent, axis=axis)
+    blended = (head * keep + first * take).astype(tile.dtype)
+    return jnp.concatenate([blended, jax.lax.slice_in_dim(tile, extent, tile.shape[axis], axis=axis)], axis)
+
+
+def decode_frames_tiled(
+    params: Params,
+    cfg: VAEConfig,
+    vae_latents: jax.Array,
+    *,
+    nm: Numerics,
+    chunk: int | None,
+    frames: int,
+    tiling: Tiling,
+) -> jax.Array:
+    """:func:`decode_frames` (unclamped float frames) through :class:`Tiling`. Tiles of one shape
+    run one after another under ``lax.map``, so each tile shape is compiled once."""
+    h, w = vae_latents.shape[2:4]
+    scale = cfg.spatial_factor
+    size, stride = tiling.size // scale, tiling.stride // scale
+    grid = [(i, j) for i in range(0, h, stride) for j in range(0, w, stride)]
+    groups: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for i, j in grid:
+        groups.setdefault((min(size, h - i), min(size, w - j)), []).append((i, j))
+    decoded: dict[tuple[int, int], jax.Array] = {}
+    for (th, tw), starts in groups.items():
+        tiles = jnp.stack([vae_latents[:, :, i : i + th, j : j + tw] for i, j in starts])
+        outs = jax.lax.map(
+            lambda z: decode_frames(params, cfg, z, lambda v: v, nm=nm, chunk=chunk, frames=frames), tiles
+        )
+        decoded.update({start: outs[n] for n, start in enumerate(starts)})
+    blend = tiling.size - tiling.stride
+    rows = []
+    for i in range(0, h, stride):
+        row = []
+        for j in range(0, w, stride):
+            tile = decoded[(i, j)]
+            if i > 0:
+                tile = _blend(decoded[(i - stride, j)], tile, 2, blend)
+            if j > 0:
+                tile = _blend(decoded[(i, j - stride)], tile, 3, blend)
+            decoded[(i, j)] = tile  # later neighbours blend with the blended, uncropped tile
+            row.append(tile[:, :, : tiling.stride, : tiling.stride])
+        rows.append(jnp.concatenate(row, axis=3))
+    return jnp.concatenate(rows, axis=2)[:, :, : h * scale, : w * scale]
+
+
+def _decode_any(
+    params: Params,
+    cfg: VAEConfig,
+    z: jax.Array,
+    finish: Callable[[jax.Array], jax.Array],
+    *,
+    nm: Numerics,
+    chunk: int | None,
+    frames: int,
+    tiling: Tiling | None,
+) -> jax.Array:
+    """Channel-last VAE latents -> ``finish(frames)``, tiled when ``tiling`` applies to this size."""
+    size = None if tiling is None else tiling.size // cfg.spatial_factor
+    if size is None or (z.shape[2] <= size and z.shape[3] <= size):
+        return decode_frames(params, cfg, z, finish, nm=nm, chunk=chunk, frames=frames)
+    video = decode_frames_tiled(params, cfg, z, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
+    return finish(video)
+
+
+def denormalize_latents(cfg: VAEConfig, normalized_latents: jax.Array) -> jax.Array:
+    """Transformer-space ``(B, z, T', h, w)`` -> VAE latents, exactly as the reference pipeline:
+    ``latents / (1 / std) + mean`` in float32."""
+    mean, inv_std = _latent_stats(cfg)
+    return normalized_latents.astype(jnp.float32) / inv_std + mean
+
+
+def normalize_latents(cfg: VAEConfig, vae_latents: jax.Array) -> jax.Array:
+    """VAE latents ``(B, z, T', h, w)`` -> transformer space: ``(latents - mean) * (1 / std)``."""
+    mean, inv_std = _latent_stats(cfg)
+    return (vae_latents.astype(jnp.float32) - mean) * inv_std
+
+
+def _latent_stats(cfg: VAEConfig) -> tuple[np.ndarray, np.ndarray]:
+    shape = (1, cfg.z_dim, 1, 1, 1)
+    mean = np.asarray(cfg.latents_mean, np.float32).reshape(shape)
+    inv_std = (np.float32(1.0) / np.asarray(cfg.latents_std, np.float32)).reshape(shape)
+    return mean, inv_std
+
+
+def clamp(video: jax.Array) -> jax.Array:
+    return jnp.clip(video, -1.0, 1.0)
+
+
+def to_uint8(video: jax.Array) -> jax.Array:
+    """Clamped video in [-1, 1] -> uint8, as diffusers' post-processing:
+    ``round(clamp(v * 0.5 + 0.5, 0, 1) * 255)`` in float32."""
+    v = jnp.clip(video.astype(jnp.float32) * 0.5 + 0.5, 0.0, 1.0)
+    return jnp.round(v * 255.0).astype(jnp.uint8)
+
+
+def _to_channels_last(x: jax.Array) -> jax.Array:
+    return jnp.moveaxis(x, 1, -1)
+
+
+def _to_channels_first(x: jax.Array) -> jax.Array:
+    return jnp.moveaxis(x, -1, 1)
+
+
+def decode(
+    params: Params,
+    cfg: VAEConfig,
+    vae_latents: jax.Array,
+    *,
+    nm: Numerics,
+    chunk: int | None,
+    frames: int,
+    tiling: Tiling | None = None,
+) -> jax.Array:
+    """diffusers ``vae.decode``: VAE latents ``(B, z, T', h, w)`` -> video ``(B, 3, T, H, W)`` in [-1, 1]."""
+    z = _to_channels_last(vae_latents)
+    video = _decode_any(params, cfg, z, clamp, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
+    return _to_channels_first(video)
+
+
+def decode_uint8(
+    params: Params,
+    cfg: VAEConfig,
+    normalized_latents: jax.Array,
+    *,
+    nm: Numerics,
+    chunk: int | None,
+    frames: int,
+    tiling: Tiling | None = None,
+) -> jax.Array:
+    """Transformer output ``(B, z, T', h, w)`` -> ``uint8 (B, T, H, W, 3)`` frames, all on the device."""
+    z = _to_channels_last(denormalize_latents(cfg, normalized_latents))
+    finish = lambda v: to_uint8(clamp(v))  # noqa: E731
+    return _decode_any(params, cfg, z, finish, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
+
+
+def encode(
+    params: Params, cfg: VAEConfig, video: jax.Array, *, nm: Numerics, chunk: int | None, frames: int
+) -> jax.Array:
+    """diffusers ``vae.encode(video).latent_dist.mean``: ``(B, 3, T, H, W)`` in [-1, 1] -> VAE latents."""
+    mean = encode_frames(params, cfg, _to_channels_last(video), nm=nm, chunk=chunk, frames=frames)
+    return _to_channels_first(mean)
+
+
+# ----------------------------------------------------------------------------------------------
+# Loading and the callable model
+
+
+def compiler_options() -> dict[str, Any] | None:
+    """Per-program XLA options: on CPU, the memory-minimising scheduler (XLA's default orders
+    independent full-frame convolutions for concurrency and keeps several frames' worth of outputs
+    alive at once; this one lowers the chunk's peak by hundreds of MiB at 480p)."""
+    if jax.default_backend() == "cpu":
+        return {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
+    return None
+
+
+@functools.cache
+def _jitted(name: str) -> Callable[..., jax.Array]:
+    """The jitted entry point; compiled programs are shared by every WanVAE with the same settings."""
+    fn = {"decode": decode, "decode_uint8": decode_uint8, "encode": encode}[name]
+    static = ("cfg", "nm", "chunk", "frames") + (("tiling",) if name != "encode" else ())
+    return jax.jit(fn, static_argnames=static, compiler_options=compiler_options())
+
+
+_INPUT = {"decode": "vae_latents", "decode_uint8": "normalized_latents", "encode": "video"}
+
+
+def _signature(tree: Any) -> tuple[Any, tuple[tuple[Any, ...], ...]]:
+    leaves, treedef = jax.tree.flatten(tree)
+    return treedef, tuple((a.shape, jnp.dtype(a.dtype), getattr(a, "sharding", None)) for a in leaves)
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(name: str, statics: tuple[tuple[str, Any], ...], params_sig: Any, x_sig: Any) -> Any:
+    """Compile one program ahead of its first run (shared by every WanVAE with the same settings),
+    then hand the compiler's freed heap back to the OS before the program allocates its own."""
+    treedef, leaves = params_sig
+    params = jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(s, d, sharding=sh) for s, d, sh in leaves])
+    x = jax.ShapeDtypeStruct(x_sig[0], x_sig[1], sharding=x_sig[2])
+    compiled = _jitted(name).lower(params, **{_INPUT[name]: x}, **dict(statics)).compile()
+    release_free_heap()
+    return compiled
+
+
+def release_free_heap() -> None:
+    """``malloc_trim(0)`` where glibc provides it: XLA's compiler frees ~200 MiB on the real VAE that
+    glibc would otherwise keep mapped (and counted in the process's memory) for the whole run."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _chunk_option(value: int | str | None, name: str) -> int | None:
+    if value is None or value == "all":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer or 'all', got {value!r}")
+    return value
+
+
+class WanVAE:
+    """A loaded Wan 2.1 VAE. See the module docstring for the two latent conventions.
+
+    * ``decode(vae_latents)``: ``(B, z, T', h, w)`` VAE latents (diffusers' ``vae.decode`` input)
+      -> float video ``(B, 3, 1 + 4 (T'-1), H, W)`` in [-1, 1], in the activation dtype.
+    * ``decode_uint8(normalized_latents)``: the transformer's output -> ``uint8 (B, T, H, W, 3)``.
+    * ``encode(video)``: ``(B, 3, T, H, W)`` in [-1, 1] -> posterior mean ``(B, z, T', h, w)``
+      (VAE latents; :meth:`normalize_latents` maps them to the transformer's space).
+
+    Each method is compiled once per input shape; the encoder's weights are read on first use.
+    ``tiling`` (a :class:`Tiling`) decodes large frames in blended spatial tiles, as diffusers'
+    ``enable_tiling()``.
+    """
+
+    def __init__(
+        self,
+        cfg: VAEConfig,
+        params: Params,
+        dtype: Any = jnp.float32,
+        *,
+        encoder_params: Callable[[], Params] | Params | None = None,
+        decode_chunk: int | str | None = 1,
+        encode_chunk: int | str | None = 1,
+        frames_per_step: int = 1,
+        conv: str = "auto",
+        upsample: str = "subpixel",
+        tiling: Tiling | None = None,
+    ):
+        if conv == "auto":
+            conv = "taps" if jax.default_backend() == "cpu" else "conv3d"
+        if conv not in CONV_IMPLS:
+            raise ConfigError(f"unknown conv formulation {conv!r}; use one of auto, {', '.join(CONV_IMPLS)}")
+        if upsample not in UPSAMPLE_IMPLS:
+            raise ConfigError(
+                f"unknown upsample formulation {upsample!r}; use one of {', '.join(UPSAMPLE_IMPLS)}"
+            )
+        if isinstance(frames_per_step, bool) or not isinstance(frames_per_step, int) or frames_per_step < 1:
+            raise ConfigError(f"frames_per_step must be a positive integer, got {frames_per_step!r}")
+        self.cfg = cfg
+        self.params = params
+        self.dtype = jnp.dtype(dtype)
+        self.numerics = Numerics(self.dtype, conv, upsample)
+        self.decode_chunk = _chunk_option(decode_chunk, "decode_chunk")
+        self.encode_chunk = _chunk_option(encode_chunk, "encode_chunk")
+        self.frames_per_step = frames_per_step
+        self._encoder_params = encoder_params
+        opts = {"cfg": cfg, "nm": self.numerics, "frames": frames_per_step}
+        self.tiling = tiling
+        dec = {"chunk": self.decode_chunk, "tiling": tiling, **opts}
+        enc = {"chunk": self.encode_chunk, **opts}
+        self._statics = {
+            name: tuple(sorted(kw.items()))
+            for name, kw in (("decode", dec), ("decode_uint8", dec), ("encode", enc))
+        }
+
+    @functools.cached_property
+    def encoder_params(self) -> Params:
+        source = self._encoder_params
+        if source is None:
+            raise ConfigError("this WanVAE was built without encoder weights")
+        return source() if callable(source) else source
+
+    def decode(self, vae_latents: jax.Array) -> jax.Array:
+        """VAE latents (diffusers ``vae.decode`` convention) -> float video ``(B, 3, T, H, W)``."""
+        self._check_latents(vae_latents)
+        return self._run("decode", self.params, vae_latents)
+
+    def decode_uint8(self, normalized_latents: jax.Array) -> jax.Array:
+        """Normalised latents (transformer output) -> ``uint8 (B, T, H, W, 3)`` frames."""
+        self._check_latents(normalized_latents)
+        return self._run("decode_uint8", self.params, normalized_latents)
+
+    def encode(self, video: jax.Array) -> jax.Array:
+        """Video ``(B, 3, T, H, W)`` in [-1, 1] -> posterior mean ``(B, z, T', h, w)`` (VAE latents)."""
+        shape = tuple(video.shape)
+        if len(shape) != 5 or shape[1] != self.cfg.in_channels or shape[2] < 1:
+            raise ConfigError(f"video must be (B, {self.cfg.in_channels}, T, H, W), got {shape}")
+        if any(layer.kind == "attn" and "down_blocks" in layer.name for layer in encoder_plan(self.cfg)):
+            # diffusers 0.42 (and the original Wan code) crash when encoding with attention blocks
+            # in down_blocks, so there is no reference to be exact against.
+            raise ConfigError(
+                f"attn_scales={list(self.cfg.attn_scales)} puts attention in the encoder's down_blocks, "
+                "which the reference cannot run; encoding such a checkpoint is not supported"
+            )
+        return self._run("encode", self.encoder_params, video)
+
+    def lower(self, method: str, x: jax.Array | jax.ShapeDtypeStruct) -> jax.stages.Lowered:
+        """The program ``method`` (``decode``, ``decode_uint8`` or ``encode``) runs for inputs shaped
+        like ``x``; ``.compile().memory_analysis()`` gives its memory before running anything."""
+        params = self.encoder_params if method == "encode" else self.params
+        return _jitted(method).lower(params, **{_INPUT[method]: x}, **dict(self._statics[method]))
+
+    def compile(self, method: str, x: jax.Array) -> jax.stages.Compiled:
+        """The compiled program ``method`` runs for ``x`` (compiled on first use, then cached);
+        e.g. ``vae.compile("decode_uint8", latents).memory_analysis()``."""
+        x = jnp.asarray(x)
+        params = self.encoder_params if method == "encode" else self.params
+        return _compiled(method, self._statics[method], _signature(params), (x.shape, x.dtype, x.sharding))
+
+    def _run(self, method: str, params: Params, x: jax.Array) -> jax.Array:
+        x = jnp.asarray(x)
+        compiled = _compiled(
+            method, self._statics[method], _signature(params), (x.shape, x.dtype, x.sharding)
+        )
+        return compiled(params, **{_INPUT[method]: x})
+
+    def normalize_latents(self, vae_latents: jax.Array) -> jax.Array:
+        """VAE latents -> the transformer's normalised latents."""
+        return normalize_latents(self.cfg, jnp.asarray(vae_latents))
+
+    def denormalize_latents(self, normalized_latents: jax.Array) -> jax.Array:
+        """The transformer's normalised latents -> VAE latents (as the reference pipeline)."""
+        return denormalize_latents(self.cfg, jnp.asarray(normalized_latents))
+
+    def _check_latents(self, latents: jax.Array) -> None:
+        shape = tuple(latents.shape)
+        if len(shape) != 5 or shape[1] != self.cfg.z_dim or shape[2] < 1:
+            raise ConfigError(f"latents must be (B, {self.cfg.z_dim}, T', h, w), got {shape}")
+
+
+def load_vae(
+    path: str | Path,
+    dtype: str | jnp.dtype = "float32",
+    weights_dtype: str | jnp.dtype | None = None,
+    *,
+    decode_chunk: int | str | None = 1,
+    encode_chunk: int | str | None = 1,
+    frames_per_step: int = 1,
+    conv: str = "auto",
+    upsample: str = "subpixel",
+    tiling: Tiling | None = None,
+    sharding: ShardingFn | None = None,
+) -> WanVAE:
+    """Load ``vae/`` of a diffusers-layout Wan 2.1 model (``path`` = model root or that folder).
+
+    ``dtype``: activations; ``weights_dtype``: how the weights are stored (default: ``dtype``);
+    weights are cast to ``dtype`` at use. ``decode_chunk``: latent frames per decode step;
+    ``encode_chunk``: groups of 4 frames per encode step (an int or ``"all"``).
+    ``frames_per_step``: frames per step in the full-frame-rate layers (memory vs. speed).
+    ``conv``/``upsample``: convolution formulations (see :class:`~wanjax.models.vae_blocks.Numerics`).
+    ``tiling``: decode large frames in blended spatial tiles (:class:`Tiling`; off by default).
+    """
+    directory = resolve_component_dir(path, "vae")
+    cfg = VAEConfig.from_file(directory / "config.json")
+    dtype = parse_dtype(dtype)
+    weights_dtype = parse_dtype(weights_dtype) if weights_dtype is not None else dtype
+    stems = ("diffusion_pytorch_model", "model")
+    check_checkpoint(open_component(directory, stems), checkpoint_spec(cfg), str(directory))
+
+    def load(part: str) -> Params:
+        """One part's weights; the files are mapped only while they are read."""
+        other = "encoder" if part == "decoder" else "decoder"
+        other_names = {n for s in jax.tree.leaves(checkpoint_spec(cfg, other)) for n in s.names}
+        params = load_params(
+            open_component(directory, stems),
+            checkpoint_spec(cfg, part),
+            weights_dtype,
+            str(directory),
+            sharding=sharding,
+            ignore=other_names.__contains__,
+        )
+        return jax.block_until_ready(params)  # transfers done: the file mapping is released now
+
+    return WanVAE(
+        cfg,
+        load("decoder"),
+        dtype,
+        encoder_params=lambda: load("encoder"),
+        decode_chunk=decode_chunk,
+        encode_chunk=encode_chunk,
+        frames_per_step=frames_per_step,
+        conv=conv,
+        upsample=upsample,
+        tiling=tiling,
+    )

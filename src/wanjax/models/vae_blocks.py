@@ -1,0 +1,387 @@
+"""Building blocks of the Wan 2.1 causal 3D VAE, channel-last (``[B, T, H, W, C]``), one chunk at a time.
+
+Every function maps one chunk of frames plus the causal cache of the frames before it to the chunk's
+output plus the updated cache. The cache is a flat dict ``{site name: (frame, frame)}`` of separate
+``(B, H, W, C)`` frames (a one-frame step then reads them directly, no concatenation); a missing
+entry means "nothing before this chunk" (zero frames), which is how the first chunk runs.
+
+Cache rules (diffusers ``feat_cache``, exact): a causal 3x3x3 conv sees its input with the last two
+frames of everything before it in front (zeros at the start) and keeps the last two frames of that
+concatenation; ``upsample3d``'s ``time_conv`` skips the first chunk entirely (frame 0 stays one
+frame and is not cached); ``downsample3d``'s stride-2 ``time_conv`` keeps one frame and skips the
+first chunk. Norms, attention and the 2-D convs are per frame.
+
+Convolutions accumulate in float32 and run at full float32 precision for float32 activations.
+Weights are stored in their own dtype and cast to the activation dtype at use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from wanjax.attention import attention
+from wanjax.models.layers import Params
+from wanjax.models.vae_config import Layer
+
+_FLOAT32 = np.dtype(np.float32)
+
+Frames = tuple[jax.Array, ...]  # one cache entry: the frames before a chunk, each (B, H, W, C)
+Cache = dict[str, Frames]  # cache site name -> frames
+CONV_IMPLS = ("taps", "conv3d")
+UPSAMPLE_IMPLS = ("subpixel", "repeat")
+
+
+@dataclasses.dataclass(frozen=True)
+class Numerics:
+    """How a chunk is computed: activation dtype and the convolution formulation (static under jit).
+
+    ``conv``: ``taps`` runs a 3x3x3 causal conv as three 2-D convs over frames (one per temporal tap,
+    frames folded into the batch), which XLA:CPU runs ~2x faster than its 3-D convolution;
+    ``conv3d`` is a plain ``conv_general_dilated``. ``upsample``: ``subpixel`` runs nearest-x2 +
+    3x3 conv as four 2x2 convs on the low-resolution input (2.25x fewer FLOPs, no upsampled copy);
+    ``repeat`` upsamples then convolves, as the reference does.
+    """
+
+    dtype: jnp.dtype = _FLOAT32
+    conv: str = "taps"
+    upsample: str = "subpixel"
+
+    @property
+    def precision(self) -> lax.Precision | None:
+        return lax.Precision.HIGHEST if self.dtype == jnp.float32 else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Primitives
+
+
+def rms_norm(x: jax.Array, gamma: jax.Array) -> jax.Array:
+    """``WanRMS_norm``: ``x / max(||x||_2, 1e-12) * sqrt(C) * gamma`` over channels (normalised in f32)."""
+    x32 = x.astype(jnp.float32)
+    norm = jnp.sqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True))
+    normalized = (x32 / jnp.maximum(norm, 1e-12)).astype(x.dtype)
+    scale = jnp.asarray(math.sqrt(x.shape[-1]), x.dtype)
+    return normalized * scale * gamma.astype(x.dtype)
+
+
+def silu(x: jax.Array) -> jax.Array:
+    return jax.nn.silu(x.astype(jnp.float32)).astype(x.dtype)
+
+
+def norm_silu(x: jax.Array, gamma: jax.Array) -> jax.Array:
+    return silu(rms_norm(x, gamma))
+
+
+def per_frame(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
+    """``fn`` (an image op on ``(N, H, W, C)``) applied to every frame of ``x (B, T, H, W, C)``,
+    frames folded into the batch."""
+    y = fn(x.reshape(-1, *x.shape[2:]))
+    return y.reshape(*x.shape[:2], *y.shape[1:])
+
+
+def matmul(x: jax.Array, w: jax.Array, nm: Numerics) -> jax.Array:
+    """``x @ w`` over the channel axis, float32 result."""
+    return jnp.matmul(x, w.astype(x.dtype), precision=nm.precision, preferred_element_type=jnp.float32)
+
+
+def pointwise(x: jax.Array, p: Params, nm: Numerics) -> jax.Array:
+    """1x1(x1) convolution = ``x @ kernel + bias`` over the channel axis of ``(B, T, H, W, C)``."""
+    return (matmul(x, p["kernel"], nm) + p["bias"].astype(jnp.float32)).astype(x.dtype)
+
+
+def conv2d(
+    x: jax.Array,
+    kernel: jax.Array,
+    nm: Numerics,
+    *,
+    stride: int = 1,
+    padding: Sequence[tuple[int, int]] = ((1, 1), (1, 1)),
+) -> jax.Array:
+    """Per-image 2-D convolution of ``(N, H, W, C)`` with an ``(kh, kw, C, O)`` kernel; float32 result."""
+    return lax.conv_general_dilated(
+        x,
+        kernel.astype(x.dtype),
+        (stride, stride),
+        tuple(padding),
+        dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        precision=nm.precision,
+        preferred_element_type=jnp.float32,
+    )
+
+
+def zero_frames(x: jax.Array, n: int) -> Frames:
+    return tuple(jnp.zeros((x.shape[0], *x.shape[2:]), x.dtype) for _ in range(n))
+
+
+def last_frames(prev: Frames | None, x: jax.Array, n: int) -> Frames:
+    """The last ``n`` frames of ``concat(prev, x)`` as separate arrays (``None``: zero frames)."""
+    t = x.shape[1]
+    if t < n and prev is None:
+        prev = zero_frames(x, n - t)
+    prev = prev or ()
+    return (*prev[max(len(prev) - (n - t), 0) :], *(x[:, i] for i in range(max(t - n, 0), t)))
+
+
+def frame_window(prev: Frames | None, x: jax.Array, start: int, length: int, n_prev: int) -> jax.Array | None:
+    """Frames ``[start, start + length)`` of ``concat(prev, x)`` as one ``(B, length, H, W, C)`` array,
+    where ``prev`` holds ``n_prev`` frames (``None``: zeros). ``None`` if the window is all zeros."""
+    lo, hi = max(start - n_prev, 0), start + length - n_prev
+    if prev is None:
+        if hi <= 0:
+            return None
+        prev = zero_frames(x, n_prev)
+    parts = [f[:, None] for f in prev[start : start + length]]
+    if hi > lo:
+        parts.append(x[:, lo:hi])
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
+
+
+def after(w: jax.Array, x: jax.Array) -> jax.Array:
+    """``w`` made data-dependent on ``x`` (plus ``0 * x[0]``), so XLA cannot run the op reading
+    ``w`` before ``x`` exists. Used on the small kernels of convolutions over cached frames, which
+    would otherwise all be hoisted to the start of a step, each holding a full-frame output."""
+    return w + (x.reshape(-1)[0] * 0).astype(w.dtype)
+
+
+def conv3d_causal(prev: Frames | None, x: jax.Array, kernel: jax.Array, nm: Numerics) -> jax.Array:
+    """3x3x3 conv over ``concat(prev, x)`` (two frames in front, ``None``: zeros), valid in time,
+    zero-padded by 1 in H and W. Returns float32 ``(B, T, H, W, O)`` without bias."""
+    t = x.shape[1]
+    if nm.conv == "conv3d":
+        return lax.conv_general_dilated(
+            frame_window(prev, x, 0, t + 2, 2),
+            kernel.astype(x.dtype),
+            (1, 1, 1),
+            ((0, 0), (1, 1), (1, 1)),
+            dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
+            precision=nm.precision,
+            preferred_element_type=jnp.float32,
+        )
+    out = None
+    for kt in (2, 1, 0):  # one 2-D conv per temporal tap, frames folded into the batch
+        window = frame_window(prev, x, kt, t, 2)
+        if window is None:
+            continue
+        k = kernel[kt] if kt + t > 2 else after(kernel[kt], x)  # taps on cached frames only: keep order
+        y = per_frame(lambda f, k=k: conv2d(f, k, nm), window)
+        out = y if out is None else out + y
+    return out
+
+
+def causal_conv3d(x: jax.Array, cache: Frames | None, p: Params, nm: Numerics) -> tuple[jax.Array, Frames]:
+    """``WanCausalConv3d`` (3x3x3, padding 1) on a chunk; returns (output, new 2-frame cache).
+
+    Only time is padded explicitly (the cache, or two zero frames, in front); H and W are padded by
+    the convolution itself.
+    """
+    kernel = p["kernel"]
+    if nm.conv == "taps" and kernel.shape[-1] < kernel.shape[-2]:
+        y, new = _conv3d_output_side(cache, x, kernel, nm)
+    else:
+        y, new = conv3d_causal(cache, x, kernel, nm), last_frames(cache, x, 2)
+    return (y + p["bias"].astype(jnp.float32)).astype(x.dtype), new
+
+
+def _conv3d_output_side(
+    cache: Frames | None, x: jax.Array, kernel: jax.Array, nm: Numerics
+) -> tuple[jax.Array, Frames]:
+    """The causal conv for fewer outputs than inputs (``conv_out``: 96 -> 3): each input frame goes
+    through all three temporal taps at once (one 2-D conv, ``3 O`` outputs), and the cache holds the
+    two partial sums owed to the next frames (``O`` channels) instead of two input frames (``C``).
+
+    ``y_t = q2_t + q1_{t-1} + q0_{t-2}``; cache ``(q1_{-1} + q0_{-2}, q0_{-1})``, zeros at the start.
+    """
+    b, t, h, w, c = x.shape
+    o = kernel.shape[-1]
+    taps = jnp.moveaxis(kernel, 0, 3).reshape(3, 3, c, 3 * o)  # (kh, kw, C, [kt, O])
+    q = per_frame(lambda f: conv2d(f, taps, nm), x).reshape(b, t, h, w, 3, o)
+    q0, q1, q2 = q[..., 0, :], q[..., 1, :], q[..., 2, :]
+    owed, owed_next = cache if cache is not None else (jnp.zeros((b, h, w, o), jnp.float32),) * 2
+    later = q1 + jnp.concatenate([owed_next[:, None], q0[:, :-1]], axis=1)  # owed to frames 1..t
+    owed_all = jnp.concatenate([owed[:, None], later], axis=1)
+    return q2 + owed_all[:, :t], (owed_all[:, t], q0[:, t - 1])
+
+
+def time_conv(prev: Frames | None, x: jax.Array, p: Params, nm: Numerics, stride: int) -> jax.Array:
+    """``(3, 1, 1)`` conv over ``concat(prev, x)`` in time (valid, given stride): pointwise matmuls."""
+    n_prev = 1 if stride == 2 else 2
+    t_out = (n_prev + x.shape[1] - 3) // stride + 1
+    kernel = p["kernel"].astype(x.dtype)  # (3, C, O)
+    out = p["bias"].astype(jnp.float32)
+    for k in range(3):
+        length = stride * (t_out - 1) + 1
+        window = frame_window(prev, x, k, length, n_prev)
+        if window is None:
+            continue
+        w = kernel[k] if k + length > n_prev else after(kernel[k], x)
+        out = out + matmul(window[:, ::stride], w, nm)
+    return out.astype(x.dtype)
+
+
+def upsample_conv(x: jax.Array, p: Params, nm: Numerics) -> jax.Array:
+    """Per frame: nearest x2 upsampling then 3x3 conv (padding 1): ``(N, h, w, C) -> (N, 2h, 2w, O)``."""
+    kernel = p["kernel"]
+    if nm.upsample == "repeat":
+        up = jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
+        y = conv2d(up, kernel, nm)
+    else:
+        y = _subpixel_upsample_conv(x, kernel, nm)
+    return (y + p["bias"].astype(jnp.float32)).astype(x.dtype)
+
+
+def _subpixel_upsample_conv(x: jax.Array, kernel: jax.Array, nm: Numerics) -> jax.Array:
+    """Nearest-x2 + 3x3 conv as four 2x2 convs on the low-resolution input (one per output phase).
+
+    Output pixel ``(2i+a, 2j+b)`` reads upsampled rows ``2i+a-1 .. 2i+a+1``, i.e. low-res rows
+    ``i-1, i`` (a=0; kernel rows 0 | 1+2) or ``i, i+1`` (a=1; kernel rows 0+1 | 2); same for columns.
+    """
+    n, h, w, _ = x.shape
+    k = kernel.astype(jnp.float32)
+    merge = {0: ((0,), (1, 2)), 1: ((0, 1), (2,))}  # phase -> kernel taps summed into each 2x2 tap
+    pads = {0: (1, 0), 1: (0, 1)}
+    phases = []
+    for a in (0, 1):
+        row = []
+        for b in (0, 1):
+            k_rows = jnp.stack([sum(k[r] for r in rows) for rows in merge[a]])  # (2, 3, C, O)
+            k2 = jnp.stack([sum(k_rows[:, c] for c in cols) for cols in merge[b]], axis=1)  # (2, 2, C, O)
+            row.append(conv2d(x, k2.astype(kernel.dtype), nm, padding=(pads[a], pads[b])))
+        phases.append(jnp.stack(row, axis=3))  # (N, h, w, 2[b], O)
+    y = jnp.stack(phases, axis=2)  # (N, h, 2[a], w, 2[b], O)
+    return y.reshape(n, 2 * h, 2 * w, -1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Modules
+
+
+def residual_block(
+    p: Params, layer: Layer, x: jax.Array, cache: Cache, new: Cache, nm: Numerics
+) -> jax.Array:
+    site1, site2 = layer.cache_sites
+    shortcut = pointwise(x, p["conv_shortcut"], nm) if layer.dim_in != layer.dim_out else x
+    h, new[site1] = causal_conv3d(norm_silu(x, p["norm1"]), cache.get(site1), p["conv1"], nm)
+    h, new[site2] = causal_conv3d(norm_silu(h, p["norm2"]), cache.get(site2), p["conv2"], nm)
+    return h + shortcut
+
+
+def attention_block(p: Params, x: jax.Array, nm: Numerics) -> jax.Array:
+    """Single-head self-attention over the pixels of each frame."""
+    qkv = pointwise(rms_norm(x, p["norm"]), p["to_qkv"], nm)
+
+    def frames(f: jax.Array) -> jax.Array:  # (N, h, w, 3C) -> (N, h, w, C); one head, L = h*w
+        n, h, w, c3 = f.shape
+        q, k, v = (f.reshape(n, h * w, 3, 1, c3 // 3)[:, :, i] for i in range(3))
+        return attention(q, k, v).reshape(n, h, w, c3 // 3)
+
+    return pointwise(per_frame(frames, qkv), p["proj"], nm) + x
+
+
+def upsample(
+    p: Params, layer: Layer, x: jax.Array, cache: Cache, new: Cache, first: bool, nm: Numerics
+) -> jax.Array:
+    """``WanResample`` upsample2d/upsample3d. upsample3d doubles frames except in the first chunk;
+    ``up_time`` is its temporal half alone (the spatial half then runs as ``up2d``)."""
+    if layer.kind in ("up3d", "up_time"):
+        (site,) = layer.cache_sites
+        b, t, h, w, c = x.shape
+        if first:  # the reference's "Rep" rule: frame 0 is neither doubled nor cached
+            new[site] = zero_frames(x, 2)
+        else:
+            prev = cache.get(site)
+            new[site] = last_frames(prev, x, 2)
+            y = time_conv(prev, x, p["time_conv"], nm, stride=1)  # (B, T, h, w, 2C): halves = frames
+            x = y.reshape(b, t, h, w, 2, c).transpose(0, 1, 4, 2, 3, 5).reshape(b, 2 * t, h, w, c)
+        if layer.kind == "up_time":
+            return x
+    return per_frame(lambda f: upsample_conv(f, p["resample"], nm), x)
+
+
+def downsample(
+    p: Params, layer: Layer, x: jax.Array, cache: Cache, new: Cache, first: bool, nm: Numerics
+) -> jax.Array:
+    """``WanResample`` downsample2d/downsample3d (pad right/bottom by 1, 3x3 stride-2 conv)."""
+    conv = functools.partial(
+        conv2d, kernel=p["resample"]["kernel"], nm=nm, stride=2, padding=((0, 1), (0, 1))
+    )
+    y = per_frame(conv, x) + p["resample"]["bias"].astype(jnp.float32)
+    x = y.astype(x.dtype)
+    if layer.kind == "down3d":
+        (site,) = layer.cache_sites
+        new[site] = last_frames((), x, 1)
+        if not first:  # first chunk: cache its (single) frame, no time conv
+            return time_conv(cache[site], x, p["time_conv"], nm, stride=2)
+    return x
+
+
+def head(p: Params, layer: Layer, x: jax.Array, cache: Cache, new: Cache, nm: Numerics) -> jax.Array:
+    """``norm_out`` -> SiLU -> ``conv_out``."""
+    (site,) = layer.cache_sites
+    y, new[site] = causal_conv3d(norm_silu(x, p["norm_out"]), cache.get(site), p["conv_out"], nm)
+    return y
+
+
+def run_layers(
+    params: Params, layers: Sequence[Layer], x: jax.Array, cache: Cache, first: bool, nm: Numerics
+) -> tuple[jax.Array, Cache]:
+    """Run ``layers`` in order on one chunk; returns the output and the caches of their sites."""
+    new: Cache = {}
+    for layer in layers:
+        p = params[layer.name]
+        if layer.kind == "conv":
+            x, new[layer.name] = causal_conv3d(x, cache.get(layer.name), p, nm)
+        elif layer.kind == "res":
+            x = residual_block(p, layer, x, cache, new, nm)
+        elif layer.kind == "attn":
+            x = attention_block(p, x, nm)
+        elif layer.kind in ("up2d", "up3d", "up_time"):
+            x = upsample(p, layer, x, cache, new, first, nm)
+        elif layer.kind in ("down2d", "down3d"):
+            x = downsample(p, layer, x, cache, new, first, nm)
+        else:
+            x = head(p, layer, x, cache, new, nm)
+    return x, new
+
+
+def run_layers_in_steps(
+    params: Params,
+    layers: Sequence[Layer],
+    x: jax.Array,
+    cache: Cache,
+    first: bool,
+    nm: Numerics,
+    frames: int,
+) -> tuple[jax.Array, Cache]:
+    """:func:`run_layers` over ``x`` in steps of ``frames`` frames (a ``fori_loop``), bounding memory.
+
+    Exact: the causal cache carries the context from one step to the next. Each step reads its
+    frames from ``x`` and writes its output into a preallocated result, so no stacked copy of ``x``
+    or of the per-step outputs is made. ``frames`` must divide the chunk's frame count.
+    """
+    t = x.shape[1]
+    if t <= frames:
+        return run_layers(params, layers, x, cache, first, nm)
+    if t % frames:
+        raise ValueError(f"{frames} frames per step do not divide a chunk of {t} frames")
+    # The first chunk never comes here with more than one frame, so all steps follow the same rules.
+    y_shape, state_shape = jax.eval_shape(lambda: run_layers(params, layers, x[:, :frames], cache, first, nm))
+    zeros = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
+    state = {k: cache[k] if k in cache else jax.tree.map(zeros, v) for k, v in state_shape.items()}
+    out = jnp.zeros((y_shape.shape[0], t * y_shape.shape[1] // frames, *y_shape.shape[2:]), y_shape.dtype)
+
+    def step(i: jax.Array, carry: tuple[Cache, jax.Array]) -> tuple[Cache, jax.Array]:
+        state, out = carry
+        xs = lax.dynamic_slice_in_dim(x, i * frames, frames, axis=1)
+        y, new = run_layers(params, layers, xs, state, first, nm)
+        return new, lax.dynamic_update_slice_in_dim(out, y, i * y.shape[1], axis=1)
+
+    state, out = lax.fori_loop(0, t // frames, step, (state, out))
+    return out, state
