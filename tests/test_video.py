@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 import av
 import numpy as np
 import pytest
 from PIL import Image
 
-from wanjax.atomic import atomic_path
+from wanjax.atomic import atomic_path, write_text
 from wanjax.video import contact_sheet, write_mp4, write_preview
 
 
@@ -59,3 +62,13 @@ def test_interrupted_write_keeps_previous_file(tmp_path):
         raise KeyboardInterrupt
     assert target.read_bytes() == b"previous"
     assert [p.name for p in tmp_path.iterdir()] == ["out.bin"]
+
+
+def test_atomic_output_follows_umask(tmp_path):
+    """Outputs get the permissions a plain open() would give (0o666 minus the umask), not mkstemp's 0o600."""
+    old = os.umask(0o022)
+    try:
+        path = write_text(tmp_path / "config.json", "{}")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,9 +17,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; it replaces ``path`` only if the block succeeds."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=f"{path.suffix}.tmp")
-    os.close(fd)
-    tmp_path = Path(tmp)
+    tmp_path = path.parent / f".{path.stem}.{secrets.token_hex(6)}{path.suffix}.tmp"
+    # Created with 0o666 minus the umask, as a plain open() would (mkstemp would give 0o600).
+    os.close(os.open(tmp_path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
     try:
         yield tmp_path
         os.replace(tmp_path, path)
