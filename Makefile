@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## demo: the main job (built-in tiny model, no downloads)
+## demo: the main job (built-in tiny random model, no downloads): prompt -> out/demo.mp4
 demo: $(STAMP)
-	$(BIN)/wanjax demo --output_dir out/demo
+	$(BIN)/wanjax generate --model demo --prompt "A cat plays the piano in a jazz club" \
+		--output_video out/demo.mp4 --preview out/demo.png --metrics_json out/demo.json
 
 ## test: the whole test suite (parity against diffusers on tiny models)
 test: $(STAMP)

@@ -1,71 +1,136 @@
-"""The command line: the demo runs end to end; user mistakes give one line and exit code 2."""
+"""The command line: ``info`` and model resolution; user mistakes give one line and exit code 2,
+before any work is done and without leaving partial files."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 
 import numpy as np
-from safetensors.numpy import load_file
+import pytest
+
+from wanjax import stages
+from wanjax.cli import main
 
 
-def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "wanjax.cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300
-    )
+@pytest.fixture(scope="module")
+def demo_env(tmp_path_factory):
+    """WANJAX_CACHE pointing at a fresh folder, so the demo model is generated there."""
+    cache = tmp_path_factory.mktemp("wanjax_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANJAX_CACHE", str(cache))
+        yield cache
 
 
-def test_demo_writes_latents_and_model(tmp_path):
-    result = run(
-        "demo",
-        "--output_dir",
-        str(tmp_path),
-        "--num_inference_steps",
-        "3",
-        "--frames",
-        "5",
-        "--height",
-        "32",
-        "--width",
-        "48",
-    )
-    assert result.returncode == 0, result.stderr
-    latents = load_file(tmp_path / "latents.safetensors")["latents"]
-    assert latents.shape == (1, 16, 2, 4, 6) and np.isfinite(latents).all()
-    assert "steady" in result.stdout
-    assert not list(tmp_path.glob("*.tmp"))
-    info = run("info", str(tmp_path / "model"))
-    assert info.returncode == 0, info.stderr
-    assert "WanTransformer3DModel" in info.stdout and "tensors" in info.stdout
+def run(capsys, *args) -> tuple[int, str, str]:
+    code = main([str(a) for a in args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
 
 
-def test_info_reads_a_diffusers_saved_model(tiny_transformer_dir):
-    root, _ = tiny_transformer_dir
-    result = run("info", str(root / "transformer"))
-    assert result.returncode == 0, result.stderr
-    assert "num_layers=2" in result.stdout
-
-
-def one_line_error(result: subprocess.CompletedProcess, *needles: str) -> None:
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+def one_line_error(capsys, args, *needles: str) -> str:
+    code, _, err = run(capsys, *args)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
     for needle in needles:
-        assert needle in lines[0]
+        assert needle in lines[0], lines[0]
+    return lines[0]
 
 
-def test_missing_model_path(tmp_path):
-    one_line_error(run("info", str(tmp_path / "missing")), "does not exist")
+def test_info_reads_a_diffusers_saved_model(tiny_transformer_dir, capsys):
+    root, _ = tiny_transformer_dir
+    code, out, _ = run(capsys, "info", root / "transformer")
+    assert code == 0 and "num_layers=2" in out and "tensors" in out
 
 
-def test_demo_bad_frames(tmp_path):
-    one_line_error(run("demo", "--output_dir", str(tmp_path), "--frames", "10"), "4n+1", "9 or 13")
-    assert not (tmp_path / "latents.safetensors").exists()
+def test_info_on_the_demo_model(demo_env, capsys):
+    code, out, _ = run(capsys, "info", "demo")
+    assert code == 0
+    assert "smoke model" in out
+    for component in ("[text_encoder]", "[tokenizer]", "[transformer]", "[vae]", "[scheduler]"):
+        assert component in out
+    assert "UMT5EncoderModel" in out and "AutoencoderKLWan" in out and "tokenizer.json" in out
 
 
-def test_demo_bad_size(tmp_path):
-    one_line_error(run("demo", "--output_dir", str(tmp_path), "--height", "70"), "multiples of 16")
+def test_hub_id_resolved_from_the_local_hf_cache(demo_env, tmp_path, monkeypatch, capsys):
+    """A repo id is read from the HF cache snapshot that refs/main names; absent, the error says how to get it."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    one_line_error(
+        capsys, ("info", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"), "not in the Hugging Face cache", "hf download"
+    )
+    assert run(capsys, "info", "demo")[0] == 0  # generates the demo model
+    demo_dir = next(demo_env.glob("demo-*"))
+    repo = tmp_path / "models--Wan-AI--Wan2.1-T2V-1.3B-Diffusers"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("abc123")
+    (repo / "snapshots").mkdir()
+    os.symlink(demo_dir, repo / "snapshots" / "abc123")
+    code, out, _ = run(capsys, "info", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
+    assert code == 0 and "snapshots/abc123" in out
 
 
-def test_demo_bad_dtype(tmp_path):
-    one_line_error(run("demo", "--output_dir", str(tmp_path), "--dtype", "float8"), "unknown dtype")
+def test_missing_model_path(tmp_path, capsys):
+    one_line_error(capsys, ("info", tmp_path / "missing"), "does not exist")
+    one_line_error(capsys, ("generate", "--model", tmp_path / "missing"), "does not exist")
+
+
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (("--frames", "10"), ("4n+1", "9 or 13")),
+        (("--height", "70"), ("height 70", "multiple of 16", "e.g. 64")),
+        (("--dtype", "float8"), ("unknown dtype",)),
+        (("--output_video", "x.avi"), ("must end in .mp4",)),
+        (("--frames-out", "x.png"), ("must end in .npy",)),
+        (("--num-inference-steps", "0"), ("at least 1",)),
+        (("--flow_shift", "-1"), ("--flow_shift must be positive",)),
+    ],
+)
+def test_generate_rejects_bad_flags(demo_env, tmp_path, capsys, flags, needles):
+    out = tmp_path / "v.mp4"
+    args = ("generate", "--model", "demo", "--output_video", out, "--jax_cache_dir", "off", *flags)
+    one_line_error(capsys, args, *needles)
+    assert not list(tmp_path.iterdir())  # nothing written, not even a partial file
+
+
+def test_stage_mistakes(demo_env, tmp_path, capsys):
+    d = tmp_path / "stages"
+    off = ("--jax_cache_dir", "off")
+    one_line_error(
+        capsys, ("denoise", "--input_dir", d, *off), "stage1_embeddings.safetensors", "run `wanjax encode"
+    )
+    one_line_error(
+        capsys, ("decode", "--input_dir", d, *off), "stage2_latents.safetensors", "run `wanjax denoise"
+    )
+
+    video = ("--height", "32", "--width", "48", "--frames", "5")
+    assert run(capsys, "encode", "--model", "demo", "--output_dir", d, *video, *off)[0] == 0
+    one_line_error(
+        capsys, ("denoise", "--input_dir", d, "--height", "64", *off), "--height 64 contradicts", "height 32"
+    )
+
+    bad = tmp_path / "noise.safetensors"
+    stages.save_latents(bad, np.zeros((1, 16, 3, 4, 6), np.float32))  # 9 frames, not 5
+    one_line_error(
+        capsys,
+        ("denoise", "--input_dir", d, "--init_latents", bad, *off),
+        "[1, 16, 3, 4, 6]",
+        "[1, 16, 2, 4, 6]",
+    )
+    one_line_error(
+        capsys,
+        ("denoise", "--input_dir", d, "--init_latents", tmp_path / "nope.safetensors", *off),
+        "not found",
+    )
+    assert not (d / stages.LATENTS_FILE).exists()
+
+    stages.save_latents(d / stages.LATENTS_FILE, np.zeros((1, 16, 2, 4, 6), np.float32))
+    one_line_error(
+        capsys,
+        ("decode", "--input_dir", d, "--frames", "9", *off),
+        "--frames 9 contradicts",
+        "5 frames of 48x32",
+    )
+    one_line_error(
+        capsys, ("decode", "--input_dir", d, "--output_video", d / "x.gif", *off), "must end in .mp4"
+    )
+    assert not list(d.glob("*.mp4")) and not list(d.glob("*.tmp"))

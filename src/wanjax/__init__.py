@@ -6,6 +6,7 @@ from wanjax.models.dit import WanTransformer, load_transformer
 from wanjax.models.umt5 import UMT5Config, UMT5Encoder, load_text_encoder
 from wanjax.models.vae import Tiling, WanVAE, load_vae
 from wanjax.models.vae_config import VAEConfig
+from wanjax.pipeline import WanPipeline
 from wanjax.scheduler import SchedulerConfig, make_scheduler
 from wanjax.tokenizer import Tokenizer, load_tokenizer, prompt_clean
 
@@ -21,6 +22,7 @@ __all__ = [
     "UMT5Config",
     "UMT5Encoder",
     "VAEConfig",
+    "WanPipeline",
     "WanTransformer",
     "WanVAE",
     "WanjaxError",

@@ -1,20 +1,17 @@
-"""The ``wanjax`` command line.
+"""The ``wanjax`` command line: ``generate``, the three stages ``encode | denoise | decode``, ``info``.
 
-User mistakes (bad flags, bad model directories) print one line naming the problem and exit with 2
-(1 for other runtime failures); ``--debug`` shows the traceback instead.
+Flags use the reference scripts' names (``--num_inference_steps``) and accept hyphenated spellings
+(``--num-inference-steps``). User mistakes (bad flags, bad model directories, contradicting stage
+files) print one line naming the problem and exit with 2; ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
 
-from wanjax.atomic import atomic_path
 from wanjax.errors import WanjaxError
 
 COMPONENT_WEIGHTS = {
@@ -22,45 +19,114 @@ COMPONENT_WEIGHTS = {
     "vae": ("diffusion_pytorch_model",),
     "text_encoder": ("model",),
 }
+STAGE_DIR = "stage_outputs"
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _flag(parser: argparse.ArgumentParser, name: str, **kwargs) -> None:
+    """``--name`` plus its hyphenated spelling."""
+    spellings = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+    parser.add_argument(*spellings, dest=name, **kwargs)
+
+
+def _common(
+    parser: argparse.ArgumentParser, *, model_help: str, dtype: bool = True, vae: bool = False
+) -> None:
+    _flag(parser, "model", help=model_help)
+    if dtype:
+        _flag(parser, "dtype", help="transformer / text encoder dtype: bfloat16 (default), float32")
+    if vae:
+        _flag(parser, "vae_dtype", default="float32", help="VAE dtype (default float32, as the reference)")
+    _flag(
+        parser,
+        "jax_cache_dir",
+        help="persistent compilation cache (default $WANJAX_JAX_CACHE_DIR or ~/.cache/wanjax/jax; 'off')",
+    )
+    _flag(parser, "metrics_json", help="also write the timing report as JSON to this file")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+
+
+def _prompt(parser: argparse.ArgumentParser) -> None:
+    from wanjax.commands import DEFAULT_PROMPT
+
+    _flag(parser, "prompt", default=DEFAULT_PROMPT, help="what the video shows")
+    _flag(parser, "negative_prompt", help='what to steer away from (default "")')
+    _flag(parser, "max_sequence_length", type=int, default=512, help="text tokens (default 512, as trained)")
+
+
+def _video(parser: argparse.ArgumentParser) -> None:
+    _flag(parser, "height", type=int, help="pixels, multiple of 16 (default 480; demo 128)")
+    _flag(parser, "width", type=int, help="pixels, multiple of 16 (default 832; demo 192)")
+    _flag(parser, "frames", type=int, help="4n+1 frames (default 81; demo 17)")
+    _flag(parser, "fps", type=float, help="mp4 frame rate (default 16)")
+
+
+def _sampling(parser: argparse.ArgumentParser) -> None:
+    _flag(parser, "num_inference_steps", type=int, help="denoising steps (default 50; demo 10)")
+    _flag(parser, "guidance_scale", type=float, help="classifier-free guidance (default 5.0; <= 1: off)")
+    _flag(parser, "seed", type=int, help="noise seed (default 42)")
+    _flag(parser, "flow_shift", type=float, help="UniPC flow shift (default: the checkpoint's, 3.0)")
+    _flag(parser, "init_latents", help="start from this noise (safetensors, key 'latents') instead of --seed")
+
+
+def _outputs(parser: argparse.ArgumentParser, default_video: str) -> None:
+    _flag(parser, "output_video", help=f"mp4 to write (default {default_video})")
+    _flag(parser, "frames_out", help="also save the uint8 [B,T,H,W,3] frames as .npy")
+    _flag(parser, "preview", help="also write a PNG contact sheet of the frames")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wanjax", description="Wan 2.1 text-to-video inference in JAX.")
     sub = parser.add_subparsers(dest="command", required=True)
+    model_help = "diffusers model directory, hub id in the local HF cache, or demo (default Wan2.1-T2V-1.3B)"
+    later_help = "model (default: the one the stage directory was made with)"
+
+    gen = sub.add_parser("generate", help="prompt to mp4 in one run")
+    _common(gen, model_help=model_help, vae=True)
+    _prompt(gen)
+    _video(gen)
+    _sampling(gen)
+    _outputs(gen, "YYYYMMDD_HHMMSS.mp4")
+
+    enc = sub.add_parser("encode", help="stage 1: prompt -> stage1_embeddings.safetensors")
+    _common(enc, model_help=model_help)
+    _prompt(enc)
+    _video(enc)
+    _flag(enc, "output_dir", default=STAGE_DIR, help=f"stage directory (default {STAGE_DIR})")
+
+    den = sub.add_parser("denoise", help="stage 2: embeddings -> stage2_latents.safetensors")
+    _common(den, model_help=later_help)
+    _video(den)
+    _sampling(den)
+    _flag(den, "input_dir", default=STAGE_DIR, help=f"stage directory (default {STAGE_DIR})")
+
+    dec = sub.add_parser("decode", help="stage 3: stage2_latents.safetensors -> mp4")
+    _common(dec, model_help=later_help, dtype=False, vae=True)
+    _video(dec)
+    _outputs(dec, "INPUT_DIR/output_video.mp4")
+    _flag(dec, "input_dir", default=STAGE_DIR, help=f"stage directory (default {STAGE_DIR})")
 
     info = sub.add_parser("info", help="what a diffusers-layout model directory holds")
-    info.add_argument("model", help="model root directory (with model_index.json) or one component folder")
-    _add_common(info)
-
-    demo = sub.add_parser("demo", help="denoise with the small built-in random model (no downloads)")
-    demo.add_argument("--output_dir", "--output-dir", default="out/demo")
-    demo.add_argument("--num_inference_steps", "--num-inference-steps", type=int, default=8)
-    demo.add_argument("--frames", type=int, default=9)
-    demo.add_argument("--height", type=int, default=64)
-    demo.add_argument("--width", type=int, default=96)
-    demo.add_argument("--guidance_scale", "--guidance-scale", type=float, default=5.0)
-    demo.add_argument("--dtype", default="float32")
-    demo.add_argument("--seed", type=int, default=42)
-    _add_common(demo)
+    info.add_argument(
+        "model", help="model directory (or one component folder), hub id in the HF cache, or demo"
+    )
+    info.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     return parser
 
 
 def cmd_info(args: argparse.Namespace) -> None:
     """Print components, their configs, tensor counts, sizes and dtypes."""
     from wanjax.checkpoint import open_component
+    from wanjax.hub import resolve_model
 
-    root = Path(args.model)
-    if not root.exists():
-        raise WanjaxError(f"{root}: model path does not exist")
+    source = resolve_model(args.model)
+    root = source.path
     index_path = root / "model_index.json"
     if index_path.exists():
         index = json.loads(index_path.read_text())
         components = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list)]
         print(f"{root}: {index.get('_class_name', 'model')}")
+        if source.is_demo:
+            print(f"  {index['_wanjax_demo']['note']}")
     elif (root / "config.json").exists():
         components, root = [root.name], root.parent
     else:
@@ -70,6 +136,9 @@ def cmd_info(args: argparse.Namespace) -> None:
     for name in components:
         folder = root / name
         print(f"\n[{name}]")
+        if not folder.is_dir():
+            print("  (missing)")
+            continue
         config = folder / "config.json"
         if config.exists():
             cfg = json.loads(config.read_text())
@@ -78,84 +147,33 @@ def cmd_info(args: argparse.Namespace) -> None:
         for json_file in sorted(folder.glob("*config.json")):
             if json_file.name != "config.json":
                 print(f"  {json_file.name}: {json_file.read_text().strip()[:400]}")
-        if name not in COMPONENT_WEIGHTS:
-            continue
-        refs = open_component(folder, COMPONENT_WEIGHTS[name])
-        counts: dict[str, int] = {}
-        total_bytes = 0
-        for ref in refs.values():
-            counts[str(ref.dtype)] = counts.get(str(ref.dtype), 0) + int(ref.array().size)
-            total_bytes += ref.array().nbytes
-        params = sum(counts.values())
-        dtypes = ", ".join(f"{k} {v / params:.0%}" for k, v in sorted(counts.items()))
-        print(
-            f"  weights: {len(refs)} tensors, {params / 1e6:.2f} M params, {total_bytes / 2**20:.1f} MiB ({dtypes})"
-        )
+        if name in COMPONENT_WEIGHTS:
+            print("  weights: " + _weights_summary(open_component(folder, COMPONENT_WEIGHTS[name])))
+        else:
+            files = sorted(p for p in folder.iterdir() if p.is_file())
+            print("  files: " + ", ".join(f"{p.name} ({p.stat().st_size / 1024:.0f} KiB)" for p in files))
 
 
-def cmd_demo(args: argparse.Namespace) -> None:
-    """Write the built-in model, load it like a real checkpoint, denoise random latents, save them."""
-    import jax
-    import jax.numpy as jnp
-    from safetensors.numpy import save_file
-
-    from wanjax.config import parse_dtype
-    from wanjax.demo_model import DEMO_TRANSFORMER, write_demo_model
-    from wanjax.models.dit import load_transformer
-    from wanjax.sampling import denoise
-    from wanjax.scheduler import make_scheduler
-
-    if (args.frames - 1) % 4:
-        raise WanjaxError(
-            f"--frames {args.frames} must be 4n+1 (e.g. {(args.frames - 1) // 4 * 4 + 1} or "
-            f"{(args.frames - 1) // 4 * 4 + 5})"
-        )
-    if args.height % 16 or args.width % 16:
-        raise WanjaxError(f"--height/--width must be multiples of 16, got {args.height}x{args.width}")
-    if args.num_inference_steps < 1:
-        raise WanjaxError("--num_inference_steps must be at least 1")
-    dtype = parse_dtype(args.dtype)
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    model_dir = write_demo_model(out / "model", seed=0)
-    start = time.perf_counter()
-    model = load_transformer(model_dir, dtype=dtype)
-    scheduler = make_scheduler(model_dir, args.num_inference_steps)
-    load_s = time.perf_counter() - start
-
-    key_latents, key_text = jax.random.split(jax.random.key(args.seed))
-    shape = (1, 16, (args.frames - 1) // 4 + 1, args.height // 8, args.width // 8)
-    latents = jax.random.normal(key_latents, shape, jnp.float32)
-    text = jax.random.normal(key_text, (2, 512, DEMO_TRANSFORMER.text_dim), jnp.float32).astype(model.dtype)
-    text = text.at[:, 16:].set(0)  # as the pipeline zeroes embeddings past the prompt length
-
-    def report(i: int, seconds: float) -> None:
-        print(f"  step {i + 1}/{args.num_inference_steps}: {seconds:.3f}s", file=sys.stderr)
-
-    final, times = denoise(model, scheduler, latents, text[:1], text[1:], args.guidance_scale, report)
-    path = out / "latents.safetensors"
-    with atomic_path(path) as tmp:
-        save_file({"latents": jax.device_get(final)}, str(tmp))
-    steady = statistics.median(times.steady) if times.steady else float("nan")
-    print(
-        f"model: {model_dir} ({DEMO_TRANSFORMER.num_layers} layers, dim {DEMO_TRANSFORMER.inner_dim}, "
-        f"random weights)"
-    )
-    print(f"latents {shape} -> {path}")
-    print(
-        f"load {load_s:.2f}s | first step (compile + run) {times.first:.2f}s | "
-        f"steady {steady:.4f}s/step over {len(times.steady)} steps | "
-        f"timesteps {scheduler.timesteps.tolist()}"
-    )
-
-
-COMMANDS = {"info": cmd_info, "demo": cmd_demo}
+def _weights_summary(refs: dict) -> str:
+    counts: dict[str, int] = {}
+    total_bytes = 0
+    for ref in refs.values():
+        counts[str(ref.dtype)] = counts.get(str(ref.dtype), 0) + int(ref.array().size)
+        total_bytes += ref.array().nbytes
+    params = sum(counts.values()) or 1
+    dtypes = ", ".join(f"{k} {v / params:.0%}" for k, v in sorted(counts.items()))
+    return f"{len(refs)} tensors, {params / 1e6:.2f} M params, {total_bytes / 2**20:.1f} MiB ({dtypes})"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        COMMANDS[args.command](args)
+        if args.command == "info":
+            cmd_info(args)
+        else:
+            from wanjax.commands import COMMANDS
+
+            COMMANDS[args.command](args)
     except WanjaxError as e:
         if args.debug:
             raise

@@ -1,23 +1,58 @@
-"""A small built-in model in the diffusers layout, with random weights, for demos and smoke runs.
+"""The built-in smoke model: a tiny Wan 2.1 pipeline with random weights, in the diffusers layout.
 
-It is written to disk as a real model directory (``model_index.json``, ``transformer/``,
-``scheduler/``) and loaded back through exactly the code path real checkpoints use. Its outputs are
-noise-like: it exercises the engine, it is not a trained model.
+``demo_model_dir(cache)`` writes it on first use into the cache folder (see
+:func:`wanjax.hub.cache_root`) as ``demo-<hash>/`` with ``model_index.json``,
+``tokenizer/``, ``text_encoder/``, ``transformer/``, ``vae/`` and ``scheduler/``, and it is then
+loaded through exactly the code real checkpoints use. Everything is generated deterministically
+from fixed seeds with the run-time dependencies only (NumPy, safetensors, ``tokenizers``); the hash
+covers the configs, the vocabulary and the generator, so a changed generator gets a new folder.
+The folder is assembled under a temporary name and renamed when complete.
+
+Its output is structured noise: it exercises the whole engine quickly, it is not a trained model.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import shutil
+import string
+import uuid
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
 from safetensors.numpy import save_file
+from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
+from tokenizers.models import Unigram
 
-import wanjax
 from wanjax.checkpoint import LeafSource
 from wanjax.config import TransformerConfig
-from wanjax.models.dit import checkpoint_spec
+from wanjax.models import dit, umt5, vae
+from wanjax.models.umt5 import UMT5Config
+from wanjax.models.vae_config import VAEConfig
+
+DEMO_NAME = "demo"
+SMOKE_NOTE = "wanjax built-in demo: tiny random weights, a smoke model (its videos are noise)"
+# Bump when the generator changes in a way the configs below do not show.
+GENERATOR_VERSION = 1
+SEED = 0
+
+# Special tokens first, with T5's ids: <pad>=0, </s>=1, <unk>=2.
+SPECIAL_TOKENS = ("<pad>", "</s>", "<unk>")
+_WORD_LIST = (
+    "a an the of and in on with at to is are by for from under over into its their this that "
+    "cat dog bird fish horse robot person man woman child people car boat train city street forest "
+    "river sea ocean beach mountain sky cloud sun moon snow rain fire water light night day garden "
+    "kitchen room house road park field flower tree grass piano guitar jazz club cake ball "
+    "walks runs plays dances flies swims jumps sits looks rides bakes sings "
+    "red blue green yellow white black golden bright dark small big old young happy slow fast "
+    "cinematic realistic detailed beautiful camera close shot view scene video high quality "
+    "blurry low static noise ugly"
+)
+WORDS = tuple(_WORD_LIST.split())
 
 DEMO_TRANSFORMER = TransformerConfig(
     num_attention_heads=4,
@@ -26,9 +61,18 @@ DEMO_TRANSFORMER = TransformerConfig(
     freq_dim=64,
     ffn_dim=256,
     num_layers=4,
+    rope_max_seq_len=1024,
     metadata={"_class_name": "WanTransformer3DModel"},
 )
-DEMO_SCHEDULER = {
+DEMO_VAE = VAEConfig(
+    base_dim=8,
+    z_dim=16,
+    dim_mult=(1, 2, 4, 4),
+    num_res_blocks=1,
+    temperal_downsample=(False, True, True),
+    metadata={"_class_name": "AutoencoderKLWan"},
+)
+DEMO_SCHEDULER: dict[str, Any] = {
     "_class_name": "UniPCMultistepScheduler",
     "num_train_timesteps": 1000,
     "solver_order": 2,
@@ -39,33 +83,163 @@ DEMO_SCHEDULER = {
     "solver_type": "bh2",
     "lower_order_final": True,
 }
+# What a demo run uses unless told otherwise: small enough to finish in seconds on a CPU.
+DEMO_DEFAULTS = {"height": 128, "width": 192, "frames": 17, "num_inference_steps": 10}
 
 
-def checkpoint_tensors(spec: object, seed: int, std: float = 0.05) -> dict[str, np.ndarray]:
-    """Random float32 tensors for every checkpoint name in a spec tree, in the checkpoint's layout."""
+def demo_vocabulary() -> list[tuple[str, float]]:
+    """Unigram pieces with log-probability scores: specials, single characters, then whole words."""
+    chars = sorted(set("".join(WORDS)) | set(string.ascii_uppercase + string.digits + ",.!?'-:;()"))
+    scores = {t: 0.0 for t in SPECIAL_TOKENS}
+    scores["▁"] = -2.0
+    for i, word in enumerate(WORDS):
+        scores.setdefault("▁" + word, -4.0 - 0.01 * i)
+    for c in chars:
+        scores.setdefault(c, -8.0)
+        scores.setdefault("▁" + c, -9.0)
+    return list(scores.items())
+
+
+def demo_text_encoder_config() -> UMT5Config:
+    return UMT5Config(
+        vocab_size=len(demo_vocabulary()),
+        d_model=DEMO_TRANSFORMER.text_dim,
+        d_kv=16,
+        d_ff=128,
+        num_layers=2,
+        num_heads=4,
+    )
+
+
+def _tokenizer_files() -> dict[str, str]:
+    """``tokenizer.json`` and ``tokenizer_config.json`` of a T5-style Unigram tokenizer."""
+    tok = Tokenizer(Unigram(demo_vocabulary(), unk_id=2, byte_fallback=False))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    config = {
+        "tokenizer_class": "T5Tokenizer",
+        "eos_token": "</s>",
+        "pad_token": "<pad>",
+        "unk_token": "<unk>",
+        "model_max_length": 512,
+    }
+    return {"tokenizer.json": tok.to_str(pretty=True), "tokenizer_config.json": json.dumps(config, indent=2)}
+
+
+def _init_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random values of a sensible scale for the tensor's role (so activations stay O(1))."""
+    noise = rng.standard_normal(shape)
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "gamma" or (leaf == "weight" and "norm" in name and len(shape) == 1):
+        values = 1.0 + 0.1 * noise  # RMS / layer norm scales
+    elif leaf == "bias":
+        values = 0.02 * noise
+    elif "scale_shift_table" in name:
+        values = noise / np.sqrt(shape[-1])
+    elif name in ("shared.weight", "encoder.embed_tokens.weight"):
+        values = noise
+    elif "relative_attention_bias" in name:
+        values = 0.5 * noise
+    else:  # linear / conv weights (out, in, ...): variance 1 / fan_in
+        values = noise / np.sqrt(int(np.prod(shape[1:])) or 1)
+    return values.astype(np.float32)
+
+
+def checkpoint_tensors(spec: Any, seed: int) -> dict[str, np.ndarray]:
+    """Random float32 tensors for every checkpoint name of a spec tree, in the checkpoint's layout."""
     rng = np.random.default_rng(seed)
     sources = jax.tree.leaves(spec, is_leaf=lambda x: isinstance(x, LeafSource))
+    return {name: _init_tensor(name, s.shape, rng) for s in sources for name in s.names}
+
+
+def _components() -> dict[str, tuple[Any, dict[str, Any], str, tuple[str, str]]]:
+    """component -> (weights spec, config.json, weights file name, model_index entry)."""
+    te = demo_text_encoder_config()
+    te_config = {**te.to_dict(), "architectures": ["UMT5EncoderModel"], "dtype": "float32"}
     return {
-        name: (rng.standard_normal(s.shape) * std).astype(np.float32) for s in sources for name in s.names
+        "text_encoder": (
+            umt5.checkpoint_spec(te),
+            te_config,
+            "model.safetensors",
+            ("transformers", "UMT5EncoderModel"),
+        ),
+        "transformer": (
+            dit.checkpoint_spec(DEMO_TRANSFORMER),
+            DEMO_TRANSFORMER.to_dict(),
+            "diffusion_pytorch_model.safetensors",
+            ("diffusers", "WanTransformer3DModel"),
+        ),
+        "vae": (
+            vae.checkpoint_spec(DEMO_VAE),
+            DEMO_VAE.to_dict(),
+            "diffusion_pytorch_model.safetensors",
+            ("diffusers", "AutoencoderKLWan"),
+        ),
     }
 
 
-def write_demo_model(directory: str | Path, seed: int = 0) -> Path:
-    """Write the demo model to ``directory`` (created if needed) and return its path."""
+def demo_fingerprint() -> str:
+    """Short hash of everything the generated files depend on."""
+    described = {
+        "generator": GENERATOR_VERSION,
+        "seed": SEED,
+        "configs": {name: c[1] for name, c in _components().items()},
+        "scheduler": DEMO_SCHEDULER,
+        "tokenizer": _tokenizer_files(),
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def write_demo_model(directory: str | Path) -> Path:
+    """Write the demo model into ``directory`` (created; existing files are overwritten)."""
     root = Path(directory)
-    (root / "transformer").mkdir(parents=True, exist_ok=True)
-    (root / "scheduler").mkdir(parents=True, exist_ok=True)
-    save_file(
-        checkpoint_tensors(checkpoint_spec(DEMO_TRANSFORMER), seed),
-        str(root / "transformer" / "diffusion_pytorch_model.safetensors"),
-    )
-    (root / "transformer" / "config.json").write_text(json.dumps(DEMO_TRANSFORMER.to_dict(), indent=2))
-    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(DEMO_SCHEDULER, indent=2))
-    index = {
+    index: dict[str, Any] = {
         "_class_name": "WanPipeline",
-        "_wanjax_version": wanjax.__version__,
-        "scheduler": ["diffusers", "UniPCMultistepScheduler"],
-        "transformer": ["diffusers", "WanTransformer3DModel"],
+        "_wanjax_demo": {"note": SMOKE_NOTE, "fingerprint": demo_fingerprint()},
     }
-    (root / "model_index.json").write_text(json.dumps(index, indent=2))
+    for i, (name, (spec, config, weights, entry)) in enumerate(sorted(_components().items())):
+        folder = root / name
+        folder.mkdir(parents=True, exist_ok=True)
+        save_file(checkpoint_tensors(spec, SEED + i), str(folder / weights), metadata={"format": "pt"})
+        (folder / "config.json").write_text(json.dumps(config, indent=2))
+        index[name] = list(entry)
+    (root / "tokenizer").mkdir(parents=True, exist_ok=True)
+    for file, text in _tokenizer_files().items():
+        (root / "tokenizer" / file).write_text(text)
+    index["tokenizer"] = ["transformers", "T5TokenizerFast"]
+    (root / "scheduler").mkdir(parents=True, exist_ok=True)
+    (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(DEMO_SCHEDULER, indent=2))
+    index["scheduler"] = ["diffusers", "UniPCMultistepScheduler"]
+    (root / "model_index.json").write_text(json.dumps(dict(sorted(index.items())), indent=2))
     return root
+
+
+def demo_model_dir(parent: str | Path) -> Path:
+    """The demo model's directory under ``parent``, generated on first use (atomically: built aside,
+    then renamed)."""
+    parent = Path(parent)
+    target = parent / f"{DEMO_NAME}-{demo_fingerprint()}"
+    if (target / "model_index.json").is_file():
+        return target
+    staging = parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    staging.mkdir(parents=True)
+    try:
+        write_demo_model(staging)
+        try:
+            staging.rename(target)
+        except OSError:  # another process finished first: keep its copy
+            if not (target / "model_index.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def is_demo_model(path: str | Path) -> bool:
+    """Whether ``path`` is a model directory written by :func:`write_demo_model`."""
+    index = Path(path) / "model_index.json"
+    try:
+        return "_wanjax_demo" in json.loads(index.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False

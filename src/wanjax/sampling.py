@@ -1,15 +1,17 @@
 """The denoising loop: DiT velocity with classifier-free guidance, advanced by a flow scheduler.
 
-One jitted step (model forward + guidance + scheduler update) is compiled once per shape and
-called for every step; the step index is a traced argument, so all steps share the program.
-The conditional and unconditional passes are batched into one forward.
+One jitted step (model forward + guidance + scheduler update) is compiled ahead of the loop and
+called for every step; the step index and the guidance scale are traced arguments, so all steps
+share one program. The conditional and unconditional passes are batched into one forward; with
+guidance <= 1 the unconditional pass is left out. A :class:`Sampler` keeps its compiled programs,
+so later calls with the same shapes compile nothing.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -17,14 +19,9 @@ import jax.numpy as jnp
 from wanjax.models.dit import WanTransformer
 from wanjax.models.layers import Params
 from wanjax.scheduler import Scheduler
+from wanjax.timing import StepTimes
 
-
-@dataclasses.dataclass
-class StepTimes:
-    """Wall time of the first step (compile + run) and of every later step, in seconds."""
-
-    first: float = 0.0
-    steady: list[float] = dataclasses.field(default_factory=list)
+__all__ = ["Sampler", "StepTimes", "denoise", "guided_velocity"]
 
 
 def guided_velocity(
@@ -34,12 +31,16 @@ def guided_velocity(
     timestep: jax.Array,
     prompt_embeds: jax.Array,
     negative_prompt_embeds: jax.Array | None,
-    guidance_scale: float,
+    guidance_scale: float | jax.Array,
 ) -> jax.Array:
-    """``uncond + g * (cond - uncond)`` in the model dtype; the unconditional pass only when ``g > 1``."""
+    """``uncond + g * (cond - uncond)`` in the model dtype; only the conditional pass without negatives.
+
+    Rounded as torch does it for the reference: the difference in the model dtype, the product with
+    the (float32) scale rounded to the model dtype, then the sum.
+    """
     x = latents.astype(model.dtype)
     batch = latents.shape[0]
-    if negative_prompt_embeds is None or guidance_scale <= 1.0:
+    if negative_prompt_embeds is None:
         return model.apply(params, x, jnp.full((batch,), timestep), prompt_embeds)
     both = model.apply(
         params,
@@ -48,7 +49,82 @@ def guided_velocity(
         jnp.concatenate([prompt_embeds, negative_prompt_embeds]),
     )
     cond, uncond = both[:batch], both[batch:]
-    return uncond + jnp.asarray(guidance_scale, model.dtype) * (cond - uncond)
+    scaled = jnp.asarray(guidance_scale, jnp.float32) * (cond - uncond).astype(jnp.float32)
+    return uncond + scaled.astype(model.dtype)
+
+
+def _signature(tree: Any) -> tuple[Any, ...]:
+    leaves, treedef = jax.tree.flatten(tree)
+    return (treedef, tuple((a.shape, jnp.dtype(a.dtype), getattr(a, "sharding", None)) for a in leaves))
+
+
+class Sampler:
+    """The denoising loop of one model, with its compiled step programs.
+
+    A program is built per (scheduler config and step count, guidance on/off, input shapes) and
+    kept, so repeated calls (several seeds, the same shape) compile nothing.
+    """
+
+    def __init__(self, model: WanTransformer):
+        self.model = model
+        self._programs: dict[tuple[Any, ...], jax.stages.Compiled] = {}
+
+    def _program(self, scheduler: Scheduler, args: tuple[Any, ...]) -> jax.stages.Compiled:
+        key = (scheduler.kind, scheduler.config, scheduler.num_inference_steps, _signature(args))
+        if key not in self._programs:
+            model = self.model
+
+            def step(params, state, index, cond, uncond, guidance):
+                timestep = scheduler.model_timestep(index)
+                velocity = guided_velocity(model, params, state.sample, timestep, cond, uncond, guidance)
+                return scheduler.step(state, velocity, index)[0]
+
+            self._programs[key] = jax.jit(step).lower(*args).compile()
+        return self._programs[key]
+
+    def __call__(
+        self,
+        scheduler: Scheduler,
+        latents: jax.Array,
+        prompt_embeds: jax.Array,
+        negative_prompt_embeds: jax.Array | None = None,
+        guidance_scale: float = 5.0,
+        on_step: Callable[[int, float], None] | None = None,
+    ) -> tuple[jax.Array, StepTimes]:
+        """Run all scheduler steps from ``latents`` (float32 noise); the final latents and timings.
+
+        The unconditional pass runs only when ``negative_prompt_embeds`` is given and
+        ``guidance_scale > 1``. ``on_step(i, seconds)`` is called after each step.
+        """
+        self.model.check_shape(tuple(latents.shape))
+        uncond = negative_prompt_embeds if guidance_scale > 1.0 else None
+        # Place every input on the params' device (one device), so the compiled program and the
+        # arrays it returns agree on placement from the first step on.
+        devices = jax.tree.leaves(self.model.params)[0].devices()
+        place = (lambda x: jax.device_put(x, next(iter(devices)))) if len(devices) == 1 else (lambda x: x)
+        state = place(scheduler.init_state(latents))
+        cond, uncond = (
+            place(jnp.asarray(prompt_embeds)),
+            place(None if uncond is None else jnp.asarray(uncond)),
+        )
+        guidance = place(jnp.float32(guidance_scale))
+        index0 = place(jnp.int32(0))
+        times = StepTimes()
+        start = time.perf_counter()
+        program = self._program(scheduler, (self.model.params, state, index0, cond, uncond, guidance))
+        times.compile = time.perf_counter() - start
+        for i in range(scheduler.num_inference_steps):
+            start = time.perf_counter()
+            state = program(self.model.params, state, place(jnp.int32(i)), cond, uncond, guidance)
+            jax.block_until_ready(state.sample)
+            elapsed = time.perf_counter() - start
+            if i == 0:
+                times.first = elapsed
+            else:
+                times.steady.append(elapsed)
+            if on_step:
+                on_step(i, elapsed)
+        return state.sample, times
 
 
 def denoise(
@@ -60,31 +136,8 @@ def denoise(
     guidance_scale: float = 5.0,
     on_step: Callable[[int, float], None] | None = None,
 ) -> tuple[jax.Array, StepTimes]:
-    """Run all scheduler steps from ``latents`` (float32 noise); returns the final latents and timings."""
-    model.check_shape(tuple(latents.shape))
+    """Run all scheduler steps from ``latents`` (float32 noise); returns the final latents and timings.
 
-    @jax.jit
-    def step(params, state, index, cond, uncond):
-        timestep = scheduler.model_timestep(index)
-        velocity = guided_velocity(model, params, state.sample, timestep, cond, uncond, guidance_scale)
-        return scheduler.step(state, velocity, index)[0]
-
-    # Commit the state to the params' device: otherwise the first call (uncommitted inputs) and the
-    # later ones (committed outputs) compile two programs.
-    devices = jax.tree.leaves(model.params)[0].devices()
-    state = scheduler.init_state(latents)
-    if len(devices) == 1:
-        state = jax.device_put(state, next(iter(devices)))
-    times = StepTimes()
-    for i in range(scheduler.num_inference_steps):
-        start = time.perf_counter()
-        state = step(model.params, state, jnp.int32(i), prompt_embeds, negative_prompt_embeds)
-        jax.block_until_ready(state.sample)
-        elapsed = time.perf_counter() - start
-        if i == 0:
-            times.first = elapsed
-        else:
-            times.steady.append(elapsed)
-        if on_step:
-            on_step(i, elapsed)
-    return state.sample, times
+    One-off form of :class:`Sampler` (keep a Sampler to reuse compiled programs across calls).
+    """
+    return Sampler(model)(scheduler, latents, prompt_embeds, negative_prompt_embeds, guidance_scale, on_step)

@@ -1,0 +1,338 @@
+"""What the ``generate``, ``encode``, ``denoise`` and ``decode`` commands do.
+
+``generate`` runs the three stages in memory; the stage commands run one each and pass their
+results through the files of a stage directory (:mod:`wanjax.stages`). Both paths call the same
+:class:`~wanjax.pipeline.WanPipeline` methods on the same values, so they give the same frames.
+Each command ends with a :class:`~wanjax.timing.RunReport`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wanjax import stages
+from wanjax.atomic import atomic_path
+from wanjax.errors import WanjaxError
+from wanjax.hub import DEMO, ModelSource
+from wanjax.pipeline import WanPipeline
+from wanjax.timing import RunReport
+
+DEFAULT_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+DEFAULT_PROMPT = "A cat walks on the grass, realistic"
+DEFAULTS: dict[str, Any] = {
+    "height": 480,
+    "width": 832,
+    "frames": 81,
+    "fps": 16,
+    "num_inference_steps": 50,
+    "guidance_scale": 5.0,
+    "seed": 42,
+    "dtype": "bfloat16",
+}
+OUTPUT_SUFFIXES = {"output_video": ".mp4", "frames_out": ".npy", "preview": ".png"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Shared pieces
+
+
+def model_defaults(source: ModelSource) -> dict[str, Any]:
+    """Defaults for this model: the reference's, or small ones for the demo model."""
+    if not source.is_demo:
+        return DEFAULTS
+    from wanjax.demo_model import DEMO_DEFAULTS
+
+    return {**DEFAULTS, **DEMO_DEFAULTS}
+
+
+def model_label(source: ModelSource) -> str:
+    """How a model is recorded in stage configs: ``demo``, a hub id, or an absolute path."""
+    if source.is_demo and source.name == DEMO:
+        return DEMO
+    return source.name if not Path(source.name).exists() else str(Path(source.name).resolve())
+
+
+def open_pipeline(args: argparse.Namespace, model: str | None, dtype: str | None) -> WanPipeline:
+    cache = args.jax_cache_dir if args.jax_cache_dir is not None else True
+    return WanPipeline.from_pretrained(
+        model or DEFAULT_MODEL,
+        dtype or DEFAULTS["dtype"],
+        vae_dtype=getattr(args, "vae_dtype", "float32"),
+        jax_cache_dir=cache,
+    )
+
+
+def check_output_names(args: argparse.Namespace) -> None:
+    """Reject output paths with the wrong extension before any work is done."""
+    for key, suffix in OUTPUT_SUFFIXES.items():
+        value = getattr(args, key, None)
+        if value and Path(value).suffix.lower() != suffix:
+            raise WanjaxError(f"--{key} {value} must end in {suffix}")
+
+
+def video_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k, None) for k in stages.VIDEO_KEYS}
+
+
+def resolve_video(
+    pipe: WanPipeline,
+    given: Mapping[str, Any],
+    earlier: Mapping[str, Any],
+    init: np.ndarray | None,
+    batch: int,
+    init_name: str | None,
+) -> dict[str, int]:
+    """Height, width and frames: flag > earlier stage > ``--init_latents`` shape > model default;
+    checked against the init latents' shape when there are some."""
+    from_init = pipe.geometry.video_size(init.shape) if init is not None else {}
+    defaults = model_defaults(pipe.source)
+    video = {}
+    for key in ("height", "width", "frames"):
+        for source in (given, earlier, from_init, defaults):
+            if source.get(key) is not None:
+                video[key] = int(source[key])
+                break
+    expected = pipe.geometry.latent_shape(batch, video["height"], video["width"], video["frames"])
+    if init is not None and tuple(init.shape) != expected:
+        raise WanjaxError(
+            f"--init_latents {init_name} has shape {list(init.shape)} but {batch} prompt(s) at "
+            f"{video['width']}x{video['height']}, {video['frames']} frames need {list(expected)}"
+        )
+    return video
+
+
+def write_outputs(frames: np.ndarray, args: argparse.Namespace, fps: float) -> dict[str, str]:
+    """mp4 (one per batch item), optional raw frames and preview; returns what was written."""
+    from wanjax.video import write_mp4, write_preview
+
+    def numbered(path: Path, i: int) -> Path:
+        return path if frames.shape[0] == 1 else path.with_name(f"{path.stem}_{i}{path.suffix}")
+
+    written: dict[str, str] = {}
+    video = Path(args.output_video)
+    for i, clip in enumerate(frames):
+        write_mp4(clip, numbered(video, i), fps=fps)
+    written["video"] = str(
+        video if frames.shape[0] == 1 else numbered(video, 0).with_name(f"{video.stem}_*.mp4")
+    )
+    if args.frames_out:
+        with atomic_path(args.frames_out) as tmp, open(tmp, "wb") as f:
+            np.save(f, frames)
+        written["frames"] = args.frames_out
+    if args.preview:
+        for i, clip in enumerate(frames):
+            write_preview(clip, numbered(Path(args.preview), i))
+        written["preview"] = args.preview
+    return written
+
+
+def timestamped_video_name() -> str:
+    """The default output name, as the reference scripts: ``YYYYMMDD_HHMMSS.mp4`` in the working directory."""
+    return datetime.datetime.now().strftime("%Y%m%d_%H%M%S") + ".mp4"
+
+
+def scheduler_flow_shift(pipe: WanPipeline, flow_shift: float | None) -> float:
+    from wanjax.scheduler import load_scheduler_config
+
+    return float(flow_shift) if flow_shift is not None else float(load_scheduler_config(pipe.path).flow_shift)
+
+
+def finish(report: RunReport, args: argparse.Namespace, start: float) -> RunReport:
+    import jax
+
+    from wanjax import __version__
+
+    report.total = time.perf_counter() - start
+    report.extra.update({"backend": jax.default_backend(), "wanjax_version": __version__})
+    print(report.table())
+    if args.metrics_json:
+        report.write_json(args.metrics_json)
+    return report
+
+
+def make_report(command: str, pipe: WanPipeline, video: dict[str, Any], outputs: dict[str, str]) -> RunReport:
+    order = [s for s in stages.STAGES if s in pipe.timings]
+    return RunReport(
+        command=command,
+        model=model_label(pipe.source),
+        smoke_model=pipe.source.is_demo,
+        stages={s: pipe.timings[s] for s in order},
+        steps=pipe.step_times,
+        video=video,
+        outputs=outputs,
+        extra={"dtype": str(pipe.dtype)},
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Commands
+
+
+def cmd_generate(args: argparse.Namespace) -> RunReport:
+    """Prompt to mp4 in one process."""
+    start = time.perf_counter()
+    check_output_names(args)
+    args.output_video = args.output_video or timestamped_video_name()
+    pipe = open_pipeline(args, args.model, args.dtype)
+    init = stages.load_latents(args.init_latents) if args.init_latents else None
+    batch = 1 if init is None else init.shape[0]
+    video = resolve_video(pipe, video_flags(args), {}, init, batch, args.init_latents)
+    params = sampling_params(pipe, args)
+    negative = args.negative_prompt if args.negative_prompt is not None else ""
+    pos, neg = pipe.encode_prompt([args.prompt] * batch, [negative] * batch, args.max_sequence_length)
+    latents = (
+        init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
+    )
+    final = denoise(pipe, pos, neg, latents, params)
+    frames = pipe.decode(final)
+    fps = args.fps or DEFAULTS["fps"]
+    outputs = write_outputs(frames, args, fps)
+    return finish(make_report("generate", pipe, {"batch": batch, **video, "fps": fps}, outputs), args, start)
+
+
+def cmd_encode(args: argparse.Namespace) -> RunReport:
+    """Stage 1: prompts -> ``stage1_embeddings.safetensors``."""
+    start = time.perf_counter()
+    out = Path(args.output_dir)
+    pipe = open_pipeline(args, args.model, args.dtype)
+    given = {k: v for k, v in video_flags(args).items() if v is not None}
+    if {"height", "width", "frames"} & given.keys():
+        defaults = model_defaults(pipe.source)
+        pipe.geometry.check(*(given.get(k, defaults[k]) for k in ("height", "width", "frames")))
+    negative = args.negative_prompt if args.negative_prompt is not None else ""
+    pos, neg = pipe.encode_prompt(args.prompt, negative, args.max_sequence_length)
+    path = stages.save_embeddings(out, pos, neg)
+    params = {
+        "model": model_label(pipe.source),
+        "dtype": pipe.text_encoder_dtype.name,
+        "prompt": args.prompt,
+        "negative_prompt": negative,
+        "max_sequence_length": args.max_sequence_length,
+        **given,
+    }
+    stages.write_config(out, stages.record_stage({}, "encode", params))
+    shape = {"batch": int(pos.shape[0]), "tokens": int(pos.shape[1]), "text_dim": int(pos.shape[2])}
+    return finish(make_report("encode", pipe, shape, {"embeddings": str(path)}), args, start)
+
+
+def cmd_denoise(args: argparse.Namespace) -> RunReport:
+    """Stage 2: embeddings (+ noise) -> ``stage2_latents.safetensors``."""
+    start = time.perf_counter()
+    directory = Path(args.input_dir)
+    config = stages.read_config(directory)
+    pos, neg = stages.load_embeddings(directory)
+    stages.check_video_flags(config, "denoise", video_flags(args), directory)
+    earlier = {k: v for k, (v, _) in stages.upstream(config, "denoise").items()}
+    pipe = open_pipeline(args, args.model or earlier.get("model"), args.dtype or earlier.get("dtype"))
+    init = stages.load_latents(args.init_latents) if args.init_latents else None
+    batch = pos.shape[0]
+    video = resolve_video(pipe, video_flags(args), earlier, init, batch, args.init_latents)
+    params = sampling_params(pipe, args)
+    latents = (
+        init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
+    )
+    final = denoise(pipe, pos, neg, latents, params)
+    path = stages.save_latents(directory / stages.LATENTS_FILE, final)
+    recorded = {
+        "model": model_label(pipe.source),
+        "dtype": pipe.dtype.name,
+        **video,
+        **({"fps": args.fps} if args.fps else {}),
+        **params,
+    }
+    stages.write_config(directory, stages.record_stage(config, "denoise", recorded))
+    return finish(
+        make_report("denoise", pipe, {"batch": batch, **video}, {"latents": str(path)}), args, start
+    )
+
+
+def cmd_decode(args: argparse.Namespace) -> RunReport:
+    """Stage 3: ``stage2_latents.safetensors`` -> mp4 (and raw frames / preview)."""
+    start = time.perf_counter()
+    check_output_names(args)
+    directory = Path(args.input_dir)
+    config = stages.read_config(directory)
+    latents_path = directory / stages.LATENTS_FILE
+    latents = stages.load_latents(latents_path)
+    stages.check_video_flags(config, "decode", {"fps": args.fps}, directory)
+    earlier = {k: v for k, (v, _) in stages.upstream(config, "decode").items()}
+    pipe = open_pipeline(args, args.model or earlier.get("model"), None)
+    size = pipe.geometry.video_size(latents.shape)
+    for key in ("height", "width", "frames"):
+        value = getattr(args, key)
+        if value is not None and value != size[key]:
+            raise WanjaxError(
+                f"--{key} {value} contradicts {latents_path} (latents {list(latents.shape)} decode to "
+                f"{size['frames']} frames of {size['width']}x{size['height']}); leave --{key} out"
+            )
+    args.output_video = args.output_video or str(directory / "output_video.mp4")
+    frames = pipe.decode(latents)
+    fps = args.fps or earlier.get("fps") or DEFAULTS["fps"]
+    outputs = write_outputs(frames, args, fps)
+    recorded = {
+        "model": model_label(pipe.source),
+        "vae_dtype": pipe.vae_dtype.name,
+        "fps": fps,
+        "output_video": outputs["video"],
+        "frames_out": args.frames_out,
+        "preview": args.preview,
+    }
+    stages.write_config(directory, stages.record_stage(config, "decode", recorded))
+    return finish(make_report("decode", pipe, {**size, "fps": fps}, outputs), args, start)
+
+
+# ----------------------------------------------------------------------------------------------
+# Denoising parameters
+
+
+def sampling_params(pipe: WanPipeline, args: argparse.Namespace) -> dict[str, Any]:
+    """Steps, guidance, flow shift (the checkpoint's unless given), seed (None with init latents)."""
+    defaults = model_defaults(pipe.source)
+    steps = (
+        args.num_inference_steps if args.num_inference_steps is not None else defaults["num_inference_steps"]
+    )
+    if steps < 1:
+        raise WanjaxError(f"--num_inference_steps must be at least 1, got {steps}")
+    if args.flow_shift is not None and not args.flow_shift > 0:
+        raise WanjaxError(
+            f"--flow_shift must be positive (3.0 for 480p, 5.0 for 720p), got {args.flow_shift}"
+        )
+    return {
+        "num_inference_steps": steps,
+        "guidance_scale": args.guidance_scale
+        if args.guidance_scale is not None
+        else defaults["guidance_scale"],
+        "flow_shift": scheduler_flow_shift(pipe, args.flow_shift),
+        "seed": None if args.init_latents else (args.seed if args.seed is not None else defaults["seed"]),
+        "init_latents": str(Path(args.init_latents).resolve()) if args.init_latents else None,
+    }
+
+
+def video_args(video: Mapping[str, int]) -> dict[str, int]:
+    return {"height": video["height"], "width": video["width"], "num_frames": video["frames"]}
+
+
+def denoise(pipe: WanPipeline, pos: Any, neg: Any, latents: Any, params: Mapping[str, Any]) -> Any:
+    return pipe.denoise(
+        pos,
+        neg,
+        latents,
+        num_inference_steps=params["num_inference_steps"],
+        guidance_scale=params["guidance_scale"],
+        flow_shift=params["flow_shift"],
+    )
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], Any]] = {
+    "generate": cmd_generate,
+    "encode": cmd_encode,
+    "denoise": cmd_denoise,
+    "decode": cmd_decode,
+}

@@ -1,0 +1,331 @@
+"""Text to video: ``WanPipeline``, the Python API, as three stages (encode, denoise, decode).
+
+``pipe(prompt)`` equals diffusers' ``WanPipeline.__call__`` (same defaults, same numerics; the noise
+is drawn with JAX's generator, so pass ``latents`` to reproduce a diffusers run) and returns
+``uint8 [B, T, H, W, 3]`` frames. The stages are also methods, so each can run on its own:
+
+* :meth:`WanPipeline.encode_prompt`: prompts -> ``prompt_embeds``, ``negative_prompt_embeds``
+  ``[B, max_sequence_length, text_dim]``;
+* :meth:`WanPipeline.denoise`: noise + embeddings -> the transformer's normalised latents
+  ``[B, 16, T', H/8, W/8]`` (diffusers' ``output_type="latent"``);
+* :meth:`WanPipeline.decode`: latents -> ``uint8`` frames.
+
+Components are loaded on first use, so a stage loads only its own weights. ``timings`` holds the
+load / compile / run seconds of each stage and ``step_times`` those of the denoising steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wanjax.checkpoint import resolve_component_dir
+from wanjax.config import TransformerConfig, parse_dtype
+from wanjax.errors import CheckpointError, WanjaxError
+from wanjax.hub import ModelSource, resolve_model
+from wanjax.jax_cache import enable_compilation_cache
+from wanjax.models.dit import WanTransformer, load_transformer
+from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
+from wanjax.models.vae import WanVAE, load_vae
+from wanjax.models.vae_config import VAEConfig
+from wanjax.sampling import Sampler
+from wanjax.scheduler import make_scheduler
+from wanjax.timing import StageTiming, StepTimes
+
+Prompt = str | Sequence[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoGeometry:
+    """How video sizes map to latent sizes for one model (from its VAE and transformer configs)."""
+
+    z_dim: int = 16
+    spatial: int = 8  # pixels per latent along H and W
+    temporal: int = 4  # frames per latent frame after the first
+    patch: tuple[int, int] = (2, 2)  # transformer patch along the latent H and W
+
+    def check(self, height: int, width: int, num_frames: int) -> None:
+        """Raise WanjaxError (naming valid values) unless the sizes can be generated."""
+        step_h, step_w = self.spatial * self.patch[0], self.spatial * self.patch[1]
+        for name, value, step in (("height", height, step_h), ("width", width, step_w)):
+            if value < step or value % step:
+                near = max(step, round(value / step) * step)
+                raise WanjaxError(f"{name} {value} must be a positive multiple of {step} (e.g. {near})")
+        if num_frames < 1 or (num_frames - 1) % self.temporal:
+            low = max(1, (num_frames - 1) // self.temporal * self.temporal + 1)
+            raise WanjaxError(
+                f"frames {num_frames} must be {self.temporal}n+1 (e.g. {low} or {low + self.temporal})"
+            )
+
+    def latent_shape(self, batch: int, height: int, width: int, num_frames: int) -> tuple[int, ...]:
+        self.check(height, width, num_frames)
+        return (
+            batch,
+            self.z_dim,
+            (num_frames - 1) // self.temporal + 1,
+            height // self.spatial,
+            width // self.spatial,
+        )
+
+    def video_size(self, latent_shape: Sequence[int]) -> dict[str, int]:
+        """``{"batch", "frames", "height", "width"}`` of the video a latent shape decodes to."""
+        b, _, t, h, w = latent_shape
+        return {
+            "batch": b,
+            "frames": 1 + self.temporal * (t - 1),
+            "height": h * self.spatial,
+            "width": w * self.spatial,
+        }
+
+
+class WanPipeline:
+    """Wan 2.1 text-to-video. Build it with :meth:`from_pretrained`; see the module docstring."""
+
+    def __init__(
+        self,
+        source: ModelSource,
+        dtype: Any = "bfloat16",
+        *,
+        text_encoder_dtype: Any = None,
+        vae_dtype: Any = "float32",
+        attention_backend: str = "auto",
+    ):
+        self.source = source
+        self.path = source.path
+        self.dtype = parse_dtype(dtype)
+        self.text_encoder_dtype = parse_dtype(text_encoder_dtype or dtype)
+        self.vae_dtype = parse_dtype(vae_dtype)
+        self.attention_backend = attention_backend
+        self.timings: dict[str, StageTiming] = {}
+        self.step_times: StepTimes | None = None
+        self._text_encoder: UMT5Encoder | None = None
+        self._transformer: WanTransformer | None = None
+        self._sampler: Sampler | None = None
+        self._vae: WanVAE | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model: str | Path,
+        dtype: Any = "bfloat16",
+        *,
+        text_encoder_dtype: Any = None,
+        vae_dtype: Any = "float32",
+        attention_backend: str = "auto",
+        jax_cache_dir: str | Path | bool = True,
+    ) -> WanPipeline:
+        """A pipeline for ``model``: a diffusers-layout directory, a hub repo id already in the local
+        Hugging Face cache, or ``"demo"`` (the built-in smoke model).
+
+        ``dtype``: transformer (and, unless ``text_encoder_dtype`` says otherwise, text encoder)
+        weights and activations; ``vae_dtype``: the VAE's. ``jax_cache_dir``: the persistent
+        compilation cache -- ``True`` for the default directory, a path, ``"off"``, or ``False`` to
+        leave JAX's configuration alone. Weights are read when a stage first needs them.
+        """
+        if jax_cache_dir is not False:
+            enable_compilation_cache(None if jax_cache_dir is True else jax_cache_dir)
+        return cls(
+            resolve_model(model),
+            dtype,
+            text_encoder_dtype=text_encoder_dtype,
+            vae_dtype=vae_dtype,
+            attention_backend=attention_backend,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # Components, loaded on first use
+
+    def stage_timing(self, stage: str) -> StageTiming:
+        return self.timings.setdefault(stage, StageTiming())
+
+    @property
+    def text_encoder(self) -> UMT5Encoder:
+        if self._text_encoder is None:
+            with self.stage_timing("encode").loading():
+                self._text_encoder = load_text_encoder(self.path, self.text_encoder_dtype)
+                jax.block_until_ready(self._text_encoder.params)
+        return self._text_encoder
+
+    @property
+    def transformer(self) -> WanTransformer:
+        if self._transformer is None:
+            with self.stage_timing("denoise").loading():
+                self._transformer = load_transformer(
+                    self.path, self.dtype, attention_backend=self.attention_backend
+                )
+                jax.block_until_ready(self._transformer.params)
+        return self._transformer
+
+    @property
+    def vae(self) -> WanVAE:
+        if self._vae is None:
+            with self.stage_timing("decode").loading():
+                self._vae = load_vae(self.path, self.vae_dtype)
+        return self._vae
+
+    @functools.cached_property
+    def geometry(self) -> VideoGeometry:
+        """Latent/video size relation, read from the configs only (no weights)."""
+        try:
+            vae_cfg = VAEConfig.from_file(resolve_component_dir(self.path, "vae") / "config.json")
+            geometry = VideoGeometry(vae_cfg.z_dim, vae_cfg.spatial_factor, vae_cfg.temporal_factor)
+        except CheckpointError:  # a model without vae/: Wan 2.1's VAE
+            geometry = VideoGeometry()
+        try:
+            dit_cfg = TransformerConfig.from_file(
+                resolve_component_dir(self.path, "transformer") / "config.json"
+            )
+        except CheckpointError:
+            return geometry
+        return dataclasses.replace(geometry, patch=tuple(dit_cfg.patch_size[1:]))
+
+    # ------------------------------------------------------------------------------------------
+    # The three stages
+
+    def encode_prompt(
+        self, prompt: Prompt, negative_prompt: Prompt | None = None, max_sequence_length: int = 512
+    ) -> tuple[jax.Array, jax.Array]:
+        """``(prompt_embeds, negative_prompt_embeds)``, each ``[B, max_sequence_length, text_dim]``
+        in the text encoder's dtype; as diffusers' ``encode_prompt`` (negative prompt ``""`` when None).
+        Both are encoded in one batch."""
+        encoder = self.text_encoder
+        with self.stage_timing("encode").running():
+            embeds = encoder.encode_prompt(prompt, negative_prompt, max_sequence_length)
+            jax.block_until_ready(embeds)
+        return embeds
+
+    def prepare_latents(self, batch: int, height: int, width: int, num_frames: int, seed: int) -> jax.Array:
+        """Standard normal float32 noise ``[B, z, T', H/8, W/8]`` from ``seed`` (JAX's generator)."""
+        shape = self.geometry.latent_shape(batch, height, width, num_frames)
+        with self.stage_timing("denoise").running():
+            noise = jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+            jax.block_until_ready(noise)
+        return noise
+
+    def denoise(
+        self,
+        prompt_embeds: jax.Array,
+        negative_prompt_embeds: jax.Array | None,
+        latents: jax.Array,
+        *,
+        num_inference_steps: int = 50,
+        guidance_scale: float = 5.0,
+        flow_shift: float | None = None,
+        progress: bool = True,
+    ) -> jax.Array:
+        """Denoise ``latents`` (float32 noise) with classifier-free guidance (skipped when
+        ``guidance_scale <= 1``); returns the transformer's normalised latents, float32.
+        ``flow_shift=None`` keeps the checkpoint's scheduler config."""
+        from tqdm import tqdm
+
+        model = self.transformer
+        self._check_embeddings(model, prompt_embeds, negative_prompt_embeds, latents, guidance_scale)
+        if self._sampler is None:
+            self._sampler = Sampler(model)
+        timing = self.stage_timing("denoise")
+        with timing.running():
+            scheduler = make_scheduler(self.path, num_inference_steps, flow_shift, kind="auto")
+            cond = jnp.asarray(prompt_embeds).astype(model.dtype)
+            uncond = (
+                None
+                if negative_prompt_embeds is None
+                else jnp.asarray(negative_prompt_embeds).astype(model.dtype)
+            )
+            with tqdm(
+                total=num_inference_steps, desc="denoise", unit="step", disable=None if progress else True
+            ) as bar:
+                out, times = self._sampler(
+                    scheduler,
+                    jnp.asarray(latents, jnp.float32),
+                    cond,
+                    uncond,
+                    guidance_scale,
+                    on_step=lambda i, seconds: bar.update(),
+                )
+        self.step_times = times
+        return out
+
+    def decode(self, latents: jax.Array) -> np.ndarray:
+        """The transformer's normalised latents ``[B, z, T', h, w]`` -> ``uint8 [B, T, H, W, 3]``."""
+        vae = self.vae
+        with self.stage_timing("decode").running():
+            frames = np.asarray(jax.device_get(vae.decode_uint8(jnp.asarray(latents, jnp.float32))))
+        return frames
+
+    def __call__(
+        self,
+        prompt: Prompt,
+        negative_prompt: Prompt | None = None,
+        height: int = 480,
+        width: int = 832,
+        num_frames: int = 81,
+        num_inference_steps: int = 50,
+        guidance_scale: float = 5.0,
+        flow_shift: float | None = None,
+        seed: int = 42,
+        latents: jax.Array | np.ndarray | None = None,
+        max_sequence_length: int = 512,
+        progress: bool = True,
+    ) -> np.ndarray:
+        """Generate videos: ``uint8 [B, num_frames, height, width, 3]``, one per prompt.
+
+        ``latents``: starting noise ``[B, 16, T', H/8, W/8]`` instead of drawing it from ``seed``.
+        """
+        self.timings, self.step_times = {}, None
+        self.geometry.check(height, width, num_frames)
+        prompt_embeds, negative_prompt_embeds = self.encode_prompt(
+            prompt, negative_prompt, max_sequence_length
+        )
+        batch = prompt_embeds.shape[0]
+        expected = self.geometry.latent_shape(batch, height, width, num_frames)
+        if latents is None:
+            latents = self.prepare_latents(batch, height, width, num_frames, seed)
+        elif tuple(latents.shape) != expected:
+            raise WanjaxError(
+                f"latents {tuple(latents.shape)} do not match {batch} prompt(s) at {width}x{height}, "
+                f"{num_frames} frames (expected {expected}); pass the matching height/width/num_frames"
+            )
+        final = self.denoise(
+            prompt_embeds,
+            negative_prompt_embeds,
+            latents,
+            num_inference_steps=num_inference_steps,
+            guidance_scale=guidance_scale,
+            flow_shift=flow_shift,
+            progress=progress,
+        )
+        return self.decode(final)
+
+    @staticmethod
+    def _check_embeddings(
+        model: WanTransformer,
+        prompt_embeds: Any,
+        negative_prompt_embeds: Any,
+        latents: Any,
+        guidance_scale: float,
+    ) -> None:
+        text_dim = model.cfg.text_dim
+        for name, e in (("prompt_embeds", prompt_embeds), ("negative_prompt_embeds", negative_prompt_embeds)):
+            if e is None:
+                continue
+            if len(e.shape) != 3 or e.shape[2] != text_dim:
+                raise WanjaxError(
+                    f"{name} {tuple(e.shape)} must be [B, L, {text_dim}] for this transformer (text_dim "
+                    f"{text_dim}); were they encoded for another model?"
+                )
+            if e.shape[0] != latents.shape[0]:
+                raise WanjaxError(f"{name} has batch {e.shape[0]} but the latents have {latents.shape[0]}")
+        if negative_prompt_embeds is None and guidance_scale > 1:
+            raise WanjaxError(f"guidance_scale {guidance_scale} > 1 needs negative_prompt_embeds")
+        if negative_prompt_embeds is not None and negative_prompt_embeds.shape != prompt_embeds.shape:
+            raise WanjaxError(
+                f"negative_prompt_embeds {tuple(negative_prompt_embeds.shape)} and prompt_embeds "
+                f"{tuple(prompt_embeds.shape)} differ in shape"
+            )

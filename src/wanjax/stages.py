@@ -1,0 +1,152 @@
+"""Stage files of the three-stage workflow (encode -> denoise -> decode) and their checks.
+
+A stage directory holds, with the reference's key names and layouts (so diffusers can read them):
+
+* ``stage1_embeddings.safetensors``: ``prompt_embeds`` and ``negative_prompt_embeds``,
+  ``[B, L, text_dim]`` in the text encoder's dtype (bf16 stored natively);
+* ``stage2_latents.safetensors``: ``latents``, float32 ``[B, 16, T', H/8, W/8]``, the transformer's
+  normalised latents (diffusers' ``output_type="latent"``);
+* ``generation_config.json``: every parameter (latest values, flat), the model and the wanjax
+  version, plus under ``stages`` what each stage was given. Re-running a stage drops the entries of
+  the stages after it.
+
+Every file is written atomically. A later stage checks its video flags against what the earlier
+stages fixed (:func:`check_video_flags`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from wanjax.atomic import atomic_path, write_text
+from wanjax.checkpoint import open_safetensors
+from wanjax.errors import WanjaxError
+
+EMBEDDINGS_FILE = "stage1_embeddings.safetensors"
+LATENTS_FILE = "stage2_latents.safetensors"
+CONFIG_FILE = "generation_config.json"
+STAGES = ("encode", "denoise", "decode")
+VIDEO_KEYS = ("height", "width", "frames", "fps")
+_PRODUCED_BY = {EMBEDDINGS_FILE: "encode --output_dir", LATENTS_FILE: "denoise --input_dir"}
+
+
+def _save(path: Path, tensors: Mapping[str, np.ndarray]) -> Path:
+    with atomic_path(path) as tmp:
+        save_file(
+            {k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"}
+        )
+    return path
+
+
+def _read(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The named tensors of a safetensors file (WanjaxError naming the problem otherwise)."""
+    if not path.is_file():
+        producer = _PRODUCED_BY.get(path.name)
+        hint = f"; run `wanjax {producer} {path.parent}` first" if producer else ""
+        raise WanjaxError(f"{path}: file not found{hint}")
+    refs = open_safetensors(path)
+    missing = [k for k in keys if k not in refs]
+    if missing:
+        raise WanjaxError(f"{path}: no tensor {', '.join(missing)} (has {', '.join(sorted(refs)) or 'none'})")
+    return {k: np.array(refs[k].array()) for k in keys}
+
+
+def save_embeddings(directory: str | Path, prompt_embeds: Any, negative_prompt_embeds: Any) -> Path:
+    """Write ``stage1_embeddings.safetensors`` (dtype kept as is, bf16 included)."""
+    tensors = {
+        "prompt_embeds": np.asarray(prompt_embeds),
+        "negative_prompt_embeds": np.asarray(negative_prompt_embeds),
+    }
+    return _save(Path(directory) / EMBEDDINGS_FILE, tensors)
+
+
+def load_embeddings(directory: str | Path) -> tuple[np.ndarray, np.ndarray]:
+    """``(prompt_embeds, negative_prompt_embeds)`` of a stage directory, checked to be ``[B, L, D]`` alike."""
+    path = Path(directory) / EMBEDDINGS_FILE
+    t = _read(path, ("prompt_embeds", "negative_prompt_embeds"))
+    pos, neg = t["prompt_embeds"], t["negative_prompt_embeds"]
+    if pos.ndim != 3 or pos.shape != neg.shape:
+        raise WanjaxError(
+            f"{path}: prompt_embeds {pos.shape} and negative_prompt_embeds {neg.shape} must both be [B, L, D]"
+        )
+    return pos, neg
+
+
+def save_latents(path: str | Path, latents: Any) -> Path:
+    """Write ``latents`` (float32 ``[B, z, T', h, w]``) to a safetensors file."""
+    return _save(Path(path), {"latents": np.asarray(latents, np.float32)})
+
+
+def load_latents(path: str | Path) -> np.ndarray:
+    """The float32 ``latents [B, z, T', h, w]`` of a safetensors file (stage 2 or ``--init_latents``)."""
+    path = Path(path)
+    latents = _read(path, ("latents",))["latents"]
+    if latents.ndim != 5 or not np.issubdtype(latents.dtype, np.floating):
+        raise WanjaxError(
+            f"{path}: latents must be a float [B, C, T', H/8, W/8] tensor, got {latents.dtype} {latents.shape}"
+        )
+    return latents.astype(np.float32)
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    """The directory's ``generation_config.json`` (``{}`` when there is none)."""
+    path = Path(directory) / CONFIG_FILE
+    if not path.exists():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise WanjaxError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(config, dict):
+        raise WanjaxError(f"{path}: expected a JSON object")
+    return config
+
+
+def record_stage(config: Mapping[str, Any], stage: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with ``params`` as ``stage``'s entry; later stages' entries dropped (they are stale
+    now) and the flat fields rebuilt from the stages in order."""
+    from wanjax import __version__
+
+    order = STAGES.index(stage)
+    stages = {k: v for k, v in config.get("stages", {}).items() if k in STAGES and STAGES.index(k) < order}
+    stages[stage] = dict(params)
+    flat: dict[str, Any] = {}
+    for name in STAGES:
+        flat.update(stages.get(name, {}))
+    return {**flat, "wanjax_version": __version__, "stages": stages}
+
+
+def write_config(directory: str | Path, config: Mapping[str, Any]) -> Path:
+    return write_text(Path(directory) / CONFIG_FILE, json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def upstream(config: Mapping[str, Any], stage: str) -> dict[str, tuple[Any, str]]:
+    """Values recorded by the stages before ``stage``: key -> (value, the stage that set it)."""
+    found: dict[str, tuple[Any, str]] = {}
+    for name in STAGES[: STAGES.index(stage)]:
+        for key, value in config.get("stages", {}).get(name, {}).items():
+            if value is not None:
+                found[key] = (value, name)
+    return found
+
+
+def check_video_flags(
+    config: Mapping[str, Any], stage: str, given: Mapping[str, Any], where: str | Path
+) -> None:
+    """Raise WanjaxError when a video flag given to ``stage`` contradicts an earlier stage's value."""
+    earlier = upstream(config, stage)
+    for key in VIDEO_KEYS:
+        value = given.get(key)
+        if value is None or key not in earlier or earlier[key][0] == value:
+            continue
+        recorded, by = earlier[key]
+        raise WanjaxError(
+            f"--{key} {value} contradicts {Path(where) / CONFIG_FILE} ({key} {recorded} from `wanjax {by}`); "
+            f"leave --{key} out or start a new stage directory"
+        )

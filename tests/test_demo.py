@@ -1,0 +1,96 @@
+"""The built-in demo model and whole runs with it: deterministic files in the diffusers layout, an mp4
+from ``wanjax generate --model demo`` (the README command), one compile per shape, and a second
+process that takes every program from the persistent compilation cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import av
+import numpy as np
+import pytest
+
+from wanjax import WanPipeline
+from wanjax.demo_model import DEMO_DEFAULTS, demo_model_dir, is_demo_model
+
+
+@pytest.fixture(scope="module")
+def demo_env(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("wanjax_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANJAX_CACHE", str(cache))
+        yield cache
+
+
+def test_demo_model_is_deterministic_and_complete(tmp_path):
+    first, second = demo_model_dir(tmp_path / "a"), demo_model_dir(tmp_path / "b")
+    assert first.name == second.name and is_demo_model(first)
+    files = sorted(p.relative_to(first) for p in first.rglob("*") if p.is_file())
+    assert [str(f) for f in files] == [
+        "model_index.json",
+        "scheduler/scheduler_config.json",
+        "text_encoder/config.json",
+        "text_encoder/model.safetensors",
+        "tokenizer/tokenizer.json",
+        "tokenizer/tokenizer_config.json",
+        "transformer/config.json",
+        "transformer/diffusion_pytorch_model.safetensors",
+        "vae/config.json",
+        "vae/diffusion_pytorch_model.safetensors",
+    ]
+    for f in files:
+        assert (first / f).read_bytes() == (second / f).read_bytes(), f
+    assert demo_model_dir(tmp_path / "a") == first  # reused, not rewritten
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.endswith(".tmp")]
+
+
+def test_python_api_compiles_once_per_shape(demo_env):
+    pipe = WanPipeline.from_pretrained("demo", dtype="float32", jax_cache_dir=False)
+    kwargs = dict(height=32, width=48, num_frames=5, num_inference_steps=2, progress=False)
+    a = pipe(["a red cat", "a dog"], **kwargs, seed=1)
+    assert a.shape == (2, 5, 32, 48, 3) and a.dtype == np.uint8
+    assert sum(t.programs for t in pipe.timings.values()) > 0
+    b = pipe(["a red cat", "a dog"], **kwargs, seed=2)
+    assert {s: t.programs for s, t in pipe.timings.items()} == {"encode": 0, "denoise": 0, "decode": 0}
+    assert not np.array_equal(a, b)
+
+
+def generate(tmp_path, name: str, *outputs) -> tuple[dict, str]:
+    """``wanjax generate --model demo`` in a new process (cwd ``tmp_path``); its metrics and stdout."""
+    env = {
+        **os.environ,
+        "WANJAX_CACHE": str(tmp_path / "cache"),
+        "WANJAX_JAX_CACHE_DIR": str(tmp_path / "jax"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "wanjax.cli", "generate", "--model", "demo", "--prompt", "A cat plays the piano",
+         *outputs, "--metrics_json", f"{name}.json"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return json.loads((tmp_path / f"{name}.json").read_text()), result.stdout
+
+
+def test_generate_demo_video_then_a_second_run_compiles_nothing(tmp_path):
+    first, out = generate(tmp_path, "first", "--output_video", "first.mp4", "--preview", "first.png")
+    assert "smoke model" in out and "compile s" in out and "first.mp4" in out
+    assert first["smoke_model"] and first["model"] == "demo"
+    assert first["denoise"]["steps"] == DEMO_DEFAULTS["num_inference_steps"]
+    with av.open(str(tmp_path / "first.mp4")) as container:
+        stream = container.streams.video[0]
+        assert (stream.codec_context.name, stream.codec_context.pix_fmt) == ("h264", "yuv420p")
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+    assert len(frames) == DEMO_DEFAULTS["frames"]
+    assert frames[0].shape == (DEMO_DEFAULTS["height"], DEMO_DEFAULTS["width"], 3)
+    assert (tmp_path / "first.png").stat().st_size > 0
+
+    second, _ = generate(tmp_path, "second")  # default output name: YYYYMMDD_HHMMSS.mp4
+    assert re.fullmatch(r"\d{8}_\d{6}\.mp4", second["outputs"]["video"]), second["outputs"]
+    assert (tmp_path / second["outputs"]["video"]).is_file()
+    for stage in ("encode", "denoise", "decode"):
+        assert second["stages"][stage]["programs"] == second["stages"][stage]["cache_hits"] > 0, second
+    assert second["compile_s"] < 0.25 * first["compile_s"], (first["compile_s"], second["compile_s"])
