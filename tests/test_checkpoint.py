@@ -6,13 +6,14 @@ import copy
 import json
 import shutil
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 import wanjax
-from wanjax.checkpoint import open_component
+from wanjax.checkpoint import copy_into, open_component
 from wanjax.errors import CheckpointError, ConfigError
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -145,3 +146,18 @@ def test_bfloat16_checkpoint_is_read(tmp_path, tiny_transformer_dir):
     refs = open_component(tmp_path / "transformer", ["diffusion_pytorch_model"])
     ours = refs["proj_out.weight"].array().astype(np.float32)
     np.testing.assert_array_equal(ours, model.proj_out.weight.detach().bfloat16().float().numpy())
+
+
+@pytest.mark.parametrize(
+    ("shape", "axes", "dtype"),
+    [
+        ((300, 259), (1, 0), np.float32),  # Linear weight.T, sizes not multiples of the tile
+        ((5, 130, 140), (0, 2, 1), ml_dtypes.bfloat16),  # stacked, bf16 kept
+        ((64, 48, 3, 3, 3), (2, 3, 4, 1, 0), np.float32),  # conv kernel to (T, H, W, I, O)
+    ],
+)
+def test_tiled_copy_equals_numpy_copy(shape, axes, dtype):
+    src = np.random.default_rng(0).standard_normal(shape).astype(dtype).transpose(axes)
+    dst = np.empty(src.shape, dtype)
+    copy_into(dst, src)
+    np.testing.assert_array_equal(dst, np.ascontiguousarray(src))

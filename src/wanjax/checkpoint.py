@@ -191,12 +191,31 @@ class LeafSource:
     def read(self, refs: Mapping[str, TensorRef], index: tuple[slice, ...], dtype: np.dtype) -> np.ndarray:
         """The slice ``index`` of the leaf, read from the mapped files and cast to ``dtype``."""
         if not self.stacked:
-            return np.asarray(self.layout(refs[self.names[0]].array())[index], dtype=dtype)
+            view = self.layout(refs[self.names[0]].array())[index]
+            out = np.empty(view.shape, dtype)
+            copy_into(out, view)
+            return out
         layers = range(len(self.names))[index[0]]
         out = np.empty((len(layers), *self.target_shape()[1:]), dtype)[(slice(None), *index[1:])]
         for j, layer in enumerate(layers):
-            out[j] = self.layout(refs[self.names[layer]].array())[index[1:]]
+            copy_into(out[j], self.layout(refs[self.names[layer]].array())[index[1:]])
         return out
+
+
+_TILE = 128
+
+
+def copy_into(dst: np.ndarray, src: np.ndarray) -> None:
+    """``dst[...] = src``; a same-dtype copy from a transposed view goes in 128x128 tiles of the last
+    two axes, which keeps both sides in cache (3-4x faster than NumPy's strided copy of a large
+    ``weight.T``; a copy that also converts the dtype is fastest as one NumPy call)."""
+    if src.dtype != dst.dtype or src.ndim < 2 or src.flags.c_contiguous or dst.size < _TILE * _TILE:
+        dst[...] = src
+        return
+    rows, cols = dst.shape[-2:]
+    for i in range(0, rows, _TILE):
+        for j in range(0, cols, _TILE):
+            dst[..., i : i + _TILE, j : j + _TILE] = src[..., i : i + _TILE, j : j + _TILE]
 
 
 def stacked(name_template: str, num_layers: int, shape: tuple[int, ...], **kwargs: Any) -> LeafSource:
