@@ -281,27 +281,39 @@ def test_unipc_bh1(inputs, n: int, shift: float) -> None:
 def test_unipc_corrector_rhos_match_diffusers(
     inputs, monkeypatch, n: int, shift: float, solver_type: str
 ) -> None:
-    """The order-2 corrector weights (a 2x2 solve, ill-conditioned) equal torch.linalg.solve's.
+    """The order-2 corrector weights (a 2x2 solve, ill-conditioned) are as exact as diffusers' own.
 
-    The trajectory tolerance cannot see small errors in these weights; this checks them directly.
+    The trajectory tolerance cannot see small errors in these weights; this checks them directly
+    against diffusers run in float64. In float32 they carry ~1e-4 relative error from cancellation
+    in the log-SNR differences, and torch's float32 ``log`` differs by a few ulp between CPU code
+    paths (bit-equal to ours on Intel MKL, ~1e-4 apart on AMD), so the bar is diffusers' own float32
+    error: ours may not be more than 1.5x further from the float64 values than torch's float32 ones.
     """
     x0, c = inputs
-    solved = []
+    solved: list[np.ndarray] = []
     real_solve = torch.linalg.solve
 
     def recording_solve(a, b):
         out = real_solve(a, b)
-        solved.append(out.numpy().copy())
+        solved.append(out.numpy().astype(np.float64))
         return out
 
     monkeypatch.setattr(torch.linalg, "solve", recording_solve)
     ref_trajectory(ref_unipc(n, shift, solver_type=solver_type), x0, c)
+    ref32 = np.stack(solved)
+    solved.clear()
+    exact = ref_unipc(n, shift, solver_type=solver_type)
+    exact.sigmas = exact.sigmas.double()
+    ref_trajectory(exact, x0.astype(np.float64), c.astype(np.float64), dtype=torch.float64)
+    ref64 = np.stack(solved)
     coeffs = make_scheduler(SchedulerConfig(flow_shift=shift, solver_type=solver_type), n).coefficients
     order2 = coeffs["c_rho0"] != 0
-    assert len(solved) == order2.sum() == n - 2  # steps 2..N-1 correct an order-2 prediction
-    ours = np.stack([coeffs["c_rho0"][order2], coeffs["c_rho1"][order2]], axis=1)
-    # Bit-equal on this machine (MKL sgesv emulated); the tolerance covers a 1-ulp expm1 difference.
-    np.testing.assert_allclose(ours, np.stack(solved), rtol=1e-5, atol=0)
+    assert len(ref64) == len(ref32) == order2.sum() == n - 2  # steps 2..N-1: order-2 corrections
+    ours = np.stack([coeffs["c_rho0"][order2], coeffs["c_rho1"][order2]], axis=1).astype(np.float64)
+    torch_err = np.max(np.abs(ref32 - ref64) / np.abs(ref64))
+    our_err = np.max(np.abs(ours - ref64) / np.abs(ref64))
+    assert torch_err < 1e-3  # the float64 run is the same computation
+    assert our_err <= 1.5 * torch_err + 1e-7, (our_err, torch_err)
 
 
 @pytest.mark.parametrize("n", [2, 10])
