@@ -1,4 +1,4 @@
-"""The xla attention backend equals a float64 softmax reference, dense and blockwise."""
+"""The xla attention backend equals a float64 softmax reference, dense and blockwise; backend selection."""
 
 from __future__ import annotations
 
@@ -6,31 +6,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from attention_reference import random_qkv, reference, rel
 
-from wanjax.attention import attention
+from wanjax.attention import AttentionSpec, attention, resolve_backend
 from wanjax.errors import ConfigError
-
-
-def reference(q, k, v, scale=None):
-    q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
-    scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
-    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    return np.einsum("bhqk,bkhd->bqhd", p, v)
-
-
-def random_qkv(b, lq, lk, h, d, seed=0, dtype=jnp.float32):
-    keys = jax.random.split(jax.random.key(seed), 3)
-    q = jax.random.normal(keys[0], (b, lq, h, d)) * 1.5
-    k = jax.random.normal(keys[1], (b, lk, h, d)) * 1.5
-    v = jax.random.normal(keys[2], (b, lk, h, d))
-    return q.astype(dtype), k.astype(dtype), v.astype(dtype)
-
-
-def rel(ours, ref):
-    return np.linalg.norm(np.asarray(ours, np.float64) - ref) / np.linalg.norm(ref)
-
 
 # (B, Lq, Lk, H, D): self-attention with lengths that are not multiples of the blocks, cross-attention.
 SHAPES = [(2, 130, 130, 2, 64), (1, 195, 512, 3, 128), (1, 97, 33, 12, 16)]
@@ -84,7 +63,54 @@ def test_long_sequence_never_materialises_full_scores():
     assert _largest_intermediate(jaxpr.jaxpr) <= padded_input < heads * length * length / 100
 
 
+@pytest.mark.parametrize("blockwise", [False, True], ids=["dense", "blockwise"])
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 1e-2)], ids=["f32", "bf16"])
+def test_k_smoothing_is_exact(blockwise, dtype, tol):
+    """Keys sharing a large offset: smoothing removes it without changing the result."""
+    q, k, v = random_qkv(1, 130, 130, 2, 64, seed=3, dtype=dtype, key_offset=4.0)
+    kwargs = dict(dense_limit=0, block_q=32, block_k=48) if blockwise else {}
+    out = attention(q, k, v, backend=AttentionSpec("xla", k_smooth=True), **kwargs)
+    assert rel(out, reference(q, k, v)) <= tol
+
+
+@pytest.mark.parametrize("blockwise", [False, True], ids=["dense", "blockwise"])
+@pytest.mark.parametrize("window", [0, 7, 60])
+def test_window_matches_reference(blockwise, window):
+    q, k, v = random_qkv(1, 130, 130, 2, 16, seed=4)
+    kwargs = dict(dense_limit=0, block_q=32, block_k=48) if blockwise else {}
+    out = attention(q, k, v, backend=AttentionSpec("xla", window_size=window), **kwargs)
+    assert rel(out, reference(q, k, v, window=window)) <= 1e-5
+
+
+def test_window_leaves_cross_attention_global():
+    q, k, v = random_qkv(1, 40, 24, 2, 16, seed=5)
+    out = attention(q, k, v, backend=AttentionSpec("xla", window_size=2))
+    assert rel(out, reference(q, k, v)) <= 1e-5
+
+
+def test_auto_is_xla_on_cpu():
+    assert resolve_backend("auto") == resolve_backend("auto", jnp.bfloat16) == "xla"
+
+
+ON_CPU = "; available: auto, xla, splash, splash_exp2$"
+
+
 def test_unknown_backend_is_refused():
     q, k, v = random_qkv(1, 4, 4, 1, 8)
-    with pytest.raises(ConfigError, match="available: auto, xla"):
+    with pytest.raises(ConfigError, match="^unknown attention backend 'flash9'" + ON_CPU):
         attention(q, k, v, backend="flash9")
+    with pytest.raises(ConfigError, match="^unknown attention backend 'flash9'" + ON_CPU):
+        AttentionSpec("flash9")
+
+
+def test_cudnn_is_unavailable_on_cpu():
+    q, k, v = random_qkv(1, 4, 4, 1, 8)
+    with pytest.raises(
+        ConfigError, match="^attention backend 'cudnn' needs an NVIDIA GPU, unavailable on cpu" + ON_CPU
+    ):
+        attention(q, k, v, backend="cudnn")
+
+
+def test_negative_window_is_refused():
+    with pytest.raises(ConfigError, match="window_size must be >= 0"):
+        AttentionSpec("xla", window_size=-1)

@@ -1,0 +1,162 @@
+"""The ``splash_exp2`` backend: our Pallas TPU flash-attention kernel using ``exp2``.
+
+As in the seed's custom splash kernel: ``log2(e)`` is folded into the query scale outside the
+kernel (``q * scale * log2(e)``), so the softmax runs on ``exp2`` (a native TPU VPU instruction)
+without a per-element multiply; scores are laid out kv-major (``(bkv, bq)``: queries on lanes, so
+row maxima and sums reduce over sublanes); each ``(bq, bkv)`` grid block is processed in
+``bkv_compute`` slices (a loop), each slice in ``bkv_compute_in`` sub-slices that update the
+online softmax in turn.
+
+Grid: ``(batch*heads, q blocks, kv blocks)``; the running max, denominator and the transposed
+``(D, bq)`` accumulator live in VMEM scratch across the kv axis. Keys beyond the true length and
+outside the window are masked; kv blocks with no visible key are skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from wanjax.kernels.common import (
+    MASK_VALUE,
+    AttentionProblem,
+    from_head_major,
+    head_major,
+    pad_to_blocks,
+    use_interpret,
+)
+
+LOG2_E = math.log2(math.e)
+SUBLANES = 8  # rows of the running max / denominator scratch (one TPU vreg tile)
+
+
+def splash_exp2_attention(problem: AttentionProblem) -> jax.Array:
+    """``softmax(q k^T * scale) v`` over ``(B, L, H, D)``; ``blocks``: ``(bq, bkv, bkv_compute, bkv_compute_in)``."""
+    q, k, v, scale, blocks, window_size = problem
+    batch, q_len, _, dim = q.shape
+    k_len = k.shape[1]
+    (bq, bkv, bkv_compute, bkv_compute_in), q_pad, k_pad, d_pad = pad_to_blocks(q, k, blocks)
+    q_scaled = (q.astype(jnp.float32) * (scale * LOG2_E)).astype(q.dtype)
+    qh, kh, vh = head_major(q_scaled, q_pad, d_pad), head_major(k, k_pad, d_pad), head_major(v, k_pad, d_pad)
+
+    kernel = functools.partial(
+        _kernel,
+        bq=bq,
+        bkv=bkv,
+        bkv_compute=bkv_compute,
+        bkv_compute_in=bkv_compute_in,
+        k_len=k_len if k_pad != k_len else None,
+        window=window_size,
+    )
+    out = pl.pallas_call(
+        kernel,
+        grid=(qh.shape[0], q_pad // bq, k_pad // bkv),
+        in_specs=[
+            pl.BlockSpec((None, bq, d_pad), lambda h, i, j: (h, i, 0)),
+            pl.BlockSpec((None, bkv, d_pad), lambda h, i, j: (h, j, 0)),
+            pl.BlockSpec((None, bkv, d_pad), lambda h, i, j: (h, j, 0)),
+        ],
+        out_specs=pl.BlockSpec((None, bq, d_pad), lambda h, i, j: (h, i, 0)),
+        out_shape=jax.ShapeDtypeStruct(qh.shape, q.dtype),
+        scratch_shapes=[
+            pltpu.VMEM((SUBLANES, bq), jnp.float32),  # running max (rows identical)
+            pltpu.VMEM((SUBLANES, bq), jnp.float32),  # running denominator
+            pltpu.VMEM((d_pad, bq), jnp.float32),  # transposed output accumulator
+        ],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            flags={"XLA_TPU_FORCE_LP_LLO_SCHEDULER": True},
+        ),
+        interpret=use_interpret("splash_exp2"),
+        name="wanjax_splash_exp2",
+    )(qh, kh, vh)
+    return from_head_major(out, batch, q_len, dim)
+
+
+def _kernel(
+    q_ref,
+    k_ref,
+    v_ref,
+    o_ref,
+    m_ref,
+    l_ref,
+    acc_ref,
+    *,
+    bq: int,
+    bkv: int,
+    bkv_compute: int,
+    bkv_compute_in: int,
+    k_len: int | None,
+    window: int | None,
+) -> None:
+    i, j = pl.program_id(1), pl.program_id(2)
+    q_start, kv_start = i * bq, j * bkv
+
+    @pl.when(j == 0)
+    def init():
+        m_ref[...] = jnp.full(m_ref.shape, MASK_VALUE, jnp.float32)
+        l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
+        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+    def compute(c: int, _: None) -> None:
+        start = pl.multiple_of(c * bkv_compute, bkv_compute)
+        k = k_ref[pl.ds(start, bkv_compute), :]
+        v = v_ref[pl.ds(start, bkv_compute), :]
+        # (bkv_compute, bq) scores in log2 units: queries on lanes.
+        qk = jax.lax.dot_general(k, q_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+        qk = _mask(qk, q_start, kv_start + start, k_len, window)
+        m, denom, acc = m_ref[0:1, :], l_ref[0:1, :], acc_ref[...]
+        for s in range(0, bkv_compute, bkv_compute_in):
+            qk_s = qk[s : s + bkv_compute_in]
+            m_next = jnp.maximum(m, qk_s.max(axis=0, keepdims=True))
+            p = jnp.exp2(qk_s - m_next)
+            alpha = jnp.exp2(m - m_next)
+            denom = alpha * denom + p.sum(axis=0, keepdims=True)
+            pv = jax.lax.dot_general(
+                v[s : s + bkv_compute_in],
+                p.astype(v.dtype),
+                (((0,), (0,)), ((), ())),
+                preferred_element_type=jnp.float32,
+            )  # (D, bq)
+            acc = alpha * acc + pv
+            m = m_next
+        m_ref[...] = jnp.broadcast_to(m, m_ref.shape)
+        l_ref[...] = jnp.broadcast_to(denom, l_ref.shape)
+        acc_ref[...] = acc
+
+    @pl.when(_block_visible(q_start, kv_start, bq, bkv, k_len, window))
+    def run():
+        jax.lax.fori_loop(0, bkv // bkv_compute, compute, None)
+
+    @pl.when(j == pl.num_programs(2) - 1)
+    def finish():
+        o_ref[...] = (acc_ref[...] / l_ref[0:1, :]).T.astype(o_ref.dtype)
+
+
+def _mask(qk: jax.Array, q_start, kv_start, k_len: int | None, window: int | None) -> jax.Array:
+    """Set scores of keys ``>= k_len`` or outside ``|q - k| <= window`` to ``MASK_VALUE``."""
+    if k_len is None and window is None:
+        return qk
+    kv_pos = kv_start + jax.lax.broadcasted_iota(jnp.int32, qk.shape, 0)
+    valid = jnp.ones(qk.shape, jnp.bool_)
+    if k_len is not None:
+        valid = valid & (kv_pos < k_len)
+    if window is not None:
+        q_pos = q_start + jax.lax.broadcasted_iota(jnp.int32, qk.shape, 1)
+        valid = valid & (jnp.abs(q_pos - kv_pos) <= window)
+    return jnp.where(valid, qk, MASK_VALUE)
+
+
+def _block_visible(q_start, kv_start, bq: int, bkv: int, k_len: int | None, window: int | None):
+    """Whether any query of the block sees any key of the kv block."""
+    visible = jnp.bool_(True)
+    if k_len is not None:
+        visible = visible & (kv_start < k_len)
+    if window is not None:
+        visible = visible & (kv_start <= q_start + bq - 1 + window) & (kv_start + bkv - 1 >= q_start - window)
+    return visible

@@ -1,0 +1,66 @@
+"""Block sizes of the TPU kernels: defaults and the tune cache written by ``wanjax tune-attention``.
+
+The cache is a small JSON file, ``{device_kind: {shape_key: [bq, bkv, bkv_compute, bkv_compute_in]}}``,
+read on each lookup (no process-wide state): ``$WANJAX_ATTENTION_TUNE_FILE``, else
+``<wanjax cache>/attention_tuning.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import jax
+
+from wanjax.atomic import write_text
+from wanjax.hub import cache_root
+
+Blocks = tuple[int, int, int, int]  # (bq, bkv, bkv_compute, bkv_compute_in)
+
+# The seed's tuned values on TPU v6e (Wan 2.1 14B, 720p: ~10% faster with exp2). No measurements exist
+# yet for other generations (v4, v5e, v5p): they use the same until `wanjax tune-attention` stores better.
+DEFAULT_BLOCKS: Blocks = (3328, 2816, 256, 256)
+
+
+def tune_file() -> Path:
+    """Where the tune cache lives."""
+    env = os.environ.get("WANJAX_ATTENTION_TUNE_FILE")
+    return Path(env).expanduser() if env else cache_root() / "attention_tuning.json"
+
+
+def device_kind() -> str:
+    return jax.devices()[0].device_kind
+
+
+def shape_key(backend: str, q_len: int, k_len: int, head_dim: int, dtype: str) -> str:
+    """Cache key of one attention problem (batch and head counts only change the parallel grid extent)."""
+    return f"{backend}:q{q_len}_k{k_len}_d{head_dim}_{dtype}"
+
+
+def read_cache(path: Path | None = None) -> dict[str, dict[str, list[int]]]:
+    """The cache's contents; an absent or unreadable file is an empty cache."""
+    path = tune_file() if path is None else path
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def lookup(key: str, kind: str, path: Path | None = None) -> Blocks:
+    """Tuned blocks for ``key`` on device ``kind``, else ``DEFAULT_BLOCKS``."""
+    found = read_cache(path).get(kind, {}).get(key)
+    if isinstance(found, list) and len(found) == 4 and all(isinstance(x, int) for x in found):
+        return tuple(found)  # type: ignore[return-value]
+    return DEFAULT_BLOCKS
+
+
+def store(key: str, kind: str, blocks: Blocks, path: Path | None = None) -> Path:
+    """Record ``blocks`` for ``key`` on ``kind`` (atomic rewrite of the file); returns its path."""
+    path = tune_file() if path is None else path
+    data = read_cache(path)
+    data.setdefault(kind, {})[key] = list(blocks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return path
