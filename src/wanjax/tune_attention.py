@@ -1,0 +1,174 @@
+"""``wanjax tune-attention``: time TPU attention block sizes on this device, keep the fastest.
+
+For a model's real shapes (self-attention over the video tokens, cross-attention to 512 text tokens)
+each candidate ``(bq, bkv, bkv_compute, bkv_compute_in)`` is compiled and timed; the fastest per
+shape is stored in the tune cache (``wanjax.kernels.tuning``), which ``attention`` reads whenever a
+block size is not given explicitly. Off TPU the kernels run in interpret mode, whose timings say
+nothing about a TPU: there it is refused unless ``--allow_interpret`` (for testing).
+
+    wanjax tune-attention --model 14B --height 720 --width 1280 --frames 81 --backend splash_exp2
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import statistics
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+from wanjax.attention import AttentionSpec, InterpretModeWarning, attention
+from wanjax.config import PRESETS, TransformerConfig, parse_dtype
+from wanjax.errors import ConfigError
+from wanjax.kernels import tuning
+from wanjax.kernels.common import fit_blocks
+
+TEXT_TOKENS = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One attention shape of the model: ``(batch, q_len, heads, head_dim)`` queries over ``k_len`` keys."""
+
+    name: str
+    batch: int
+    q_len: int
+    k_len: int
+    heads: int
+    head_dim: int
+
+
+def model_problems(
+    cfg: TransformerConfig, height: int, width: int, frames: int, batch: int = 1, heads: int | None = None
+) -> list[Problem]:
+    """Self- and cross-attention shapes of one DiT forward for a ``height x width x frames`` video."""
+    if height % 16 or width % 16 or (frames - 1) % 4:
+        raise ConfigError(
+            f"video {height}x{width}x{frames}: height/width must be multiples of 16, frames 4n+1"
+        )
+    pt, ph, pw = cfg.patch_size
+    latent = ((frames - 1) // 4 + 1, height // 8, width // 8)
+    tokens = (latent[0] // pt) * (latent[1] // ph) * (latent[2] // pw)
+    h, d = heads or cfg.num_attention_heads, cfg.attention_head_dim
+    return [
+        Problem("self", batch, tokens, tokens, h, d),
+        Problem("cross", batch, tokens, TEXT_TOKENS, h, d),
+    ]
+
+
+def candidates(problem: Problem, quick: bool = False) -> list[tuning.Blocks]:
+    """Distinct effective block sizes (as ``fit_blocks`` cuts them to the problem) of a candidate grid."""
+    bqs = (1024, 2048, 3328) if quick else (512, 1024, 2048, 3072, 3328, 4096)
+    bkvs = (1024, 2816) if quick else (512, 1024, 2048, 2816, 4096)
+    computes = (256, 512) if quick else (128, 256, 512)
+    grid = itertools.product(bqs, bkvs, computes, (128, 256))
+    return sorted(
+        {fit_blocks(problem.q_len, problem.k_len, *b) for b in grid if b[1] % b[2] == 0 and b[2] % b[3] == 0}
+    )
+
+
+def time_blocks(
+    problem: Problem, backend: str, dtype: jnp.dtype, blocks: tuning.Blocks, repeats: int
+) -> float:
+    """Median seconds of one attention call with these blocks (compiled first, not timed)."""
+    keys = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(keys[0], (problem.batch, problem.q_len, problem.heads, problem.head_dim), dtype)
+    k, v = (
+        jax.random.normal(key, (problem.batch, problem.k_len, problem.heads, problem.head_dim), dtype)
+        for key in keys[1:]
+    )
+    spec = AttentionSpec(backend, *blocks)
+    fn = jax.jit(lambda q, k, v: attention(q, k, v, backend=spec)).lower(q, k, v).compile()
+    jax.block_until_ready(fn(q, k, v))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(q, k, v))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def tune(
+    problem: Problem,
+    backend: str,
+    dtype: jnp.dtype,
+    blocks: Iterable[tuning.Blocks],
+    repeats: int = 3,
+    path: Path | None = None,
+    log=print,
+) -> tuple[tuning.Blocks, float]:
+    """Time every candidate, store the fastest in the tune cache; return it and its seconds."""
+    results = []
+    for candidate in blocks:
+        seconds = time_blocks(problem, backend, dtype, candidate, repeats)
+        log(
+            f"  {problem.name} q={problem.q_len} k={problem.k_len}: blocks {candidate} {seconds * 1e3:.2f} ms"
+        )
+        results.append((seconds, candidate))
+    if not results:
+        raise ConfigError(f"no block-size candidates for {problem}")
+    seconds, best = min(results)
+    key = tuning.shape_key(backend, problem.q_len, problem.k_len, problem.head_dim, jnp.dtype(dtype).name)
+    stored = tuning.store(key, tuning.device_kind(), best, path)
+    log(f"{problem.name}: best {best} ({seconds * 1e3:.2f} ms), stored in {stored} under {key!r}")
+    return best, seconds
+
+
+def load_config(model: str) -> TransformerConfig:
+    """A preset name (``1.3B``, ``14B``, ...) or a diffusers-layout model directory."""
+    if model in PRESETS:
+        return PRESETS[model]
+    directory = Path(model).expanduser()
+    config = directory / "transformer" / "config.json"
+    if not config.is_file():
+        config = directory / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"--model {model!r}: not a preset ({', '.join(PRESETS)}) nor a model directory")
+    return TransformerConfig.from_file(config)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="wanjax tune-attention",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--model", default="1.3B", help="preset (1.3B, 14B) or model directory")
+    p.add_argument("--height", type=int, default=480)
+    p.add_argument("--width", type=int, default=832)
+    p.add_argument("--frames", type=int, default=81)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--heads", type=int, default=None, help="heads per device (e.g. heads / tp under a mesh)")
+    p.add_argument("--backend", choices=("splash", "splash_exp2"), default="splash_exp2")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="a smaller candidate grid")
+    p.add_argument("--tune_file", type=Path, default=None, help=f"cache file (default {tuning.tune_file()})")
+    p.add_argument("--allow_interpret", action="store_true", help="allow interpret mode off TPU (testing)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit status. Raises ConfigError on bad arguments."""
+    args = parser().parse_args(argv)
+    if jax.default_backend() != "tpu" and not args.allow_interpret:
+        raise ConfigError(
+            f"tune-attention times TPU kernels, but the device here is {jax.default_backend()}; "
+            "run it on a TPU (or pass --allow_interpret to exercise it, timings meaningless)"
+        )
+    cfg = load_config(args.model)
+    dtype = parse_dtype(args.dtype)
+    print(
+        f"tuning {args.backend} on {tuning.device_kind()} for {args.model} {args.height}x{args.width}x{args.frames}"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", InterpretModeWarning)
+        for problem in model_problems(cfg, args.height, args.width, args.frames, args.batch, args.heads):
+            tune(problem, args.backend, dtype, candidates(problem, args.quick), args.repeats, args.tune_file)
+    return 0
