@@ -43,6 +43,22 @@ def _common(
     )
     _flag(parser, "metrics_json", help="also write the timing report as JSON to this file")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    _parallel(parser)
+
+
+def _parallel(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("devices and processes")
+    for name, kwargs in (
+        ("mesh", dict(help="dp=2,sp=1,tp=4 (order = device order), or auto (default with > 1 device)")),
+        ("use_dp", dict(action="store_true", help="alias: dp=2 (the CFG pair), the rest on tp")),
+        ("sp_num", dict(type=int, help="alias: sequence-parallel shards (sp=N)")),
+        ("use_fsdp", dict(action="store_true", help="also shard weights' model dims over dp/sp")),
+        ("coordinator_address", dict(help="multi-process: HOST:PORT of process 0, or auto")),
+        ("num_processes", dict(type=int, help="multi-process: number of processes")),
+        ("process_id", dict(type=int, help="multi-process: this process's index")),
+    ):
+        spellings = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+        group.add_argument(*spellings, dest=name, **kwargs)
 
 
 def _prompt(parser: argparse.ArgumentParser) -> None:
@@ -105,6 +121,19 @@ def build_parser() -> argparse.ArgumentParser:
     _outputs(dec, "INPUT_DIR/output_video.mp4")
     _flag(dec, "input_dir", default=STAGE_DIR, help=f"stage directory (default {STAGE_DIR})")
 
+    pl = sub.add_parser("plan", help="per-device memory of a run on a mesh (no weights needed)")
+    _flag(pl, "model", default="14B", help="1.3B, 14B (presets) or a diffusers model directory (default 14B)")
+    _flag(pl, "mesh", help="dp=2,sp=1,tp=4 (default: every mesh of --num_devices, best one named)")
+    _flag(pl, "num_devices", type=int, help="devices (default: the mesh's size, else those visible)")
+    _flag(pl, "device_memory", default="32GiB", help="memory per device (default 32GiB, a TPU v6e chip)")
+    _flag(pl, "height", type=int, default=720, help="pixels (default 720)")
+    _flag(pl, "width", type=int, default=1280, help="pixels (default 1280)")
+    _flag(pl, "frames", type=int, default=81, help="frames (default 81)")
+    _flag(pl, "dtype", default="bfloat16", help="transformer / text encoder dtype (default bfloat16)")
+    _flag(pl, "vae_dtype", default="float32", help="VAE dtype (default float32)")
+    pl.add_argument("--use_fsdp", "--use-fsdp", dest="use_fsdp", action="store_true", help="FSDP weights")
+    pl.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+
     info = sub.add_parser("info", help="what a diffusers-layout model directory holds")
     info.add_argument(
         "model", help="model directory (or one component folder), hub id in the HF cache, or demo"
@@ -154,6 +183,39 @@ def cmd_info(args: argparse.Namespace) -> None:
             print("  files: " + ", ".join(f"{p.name} ({p.stat().st_size / 1024:.0f} KiB)" for p in files))
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Print the per-device memory plan; exit 1 when the requested mesh (or every mesh) does not fit."""
+    from wanjax import plan as planning
+    from wanjax.sharding import parse_mesh
+
+    model = planning.model_configs(args.model)
+    memory = planning.parse_memory(args.device_memory)
+    requested = parse_mesh(args.mesh, args.use_fsdp) if args.mesh else None
+    count = args.num_devices or (requested.num_devices if requested else None)
+    if count is None:
+        import jax
+
+        count = jax.device_count()
+    if requested and requested.num_devices != count:
+        raise WanjaxError(f"--mesh {args.mesh} uses {requested.num_devices} devices, --num_devices {count}")
+    size = dict(height=args.height, width=args.width, frames=args.frames)
+    kwargs = dict(**size, device_memory=memory, dtype=args.dtype, vae_dtype=args.vae_dtype)
+    print(f"{args.model}: {args.width}x{args.height}, {args.frames} frames, {count} devices")
+    if requested:
+        result = planning.plan(model, requested, **kwargs)
+        print(result.table())
+        return 0 if result.fits else 1
+    plans = [planning.plan(model, m, **kwargs) for m in planning.candidate_meshes(count, args.use_fsdp)]
+    for p in plans:
+        print(p.table())
+    best = planning.best_mesh(plans, model.transformer.num_attention_heads)
+    if best is None:
+        print("no mesh fits; use more devices, --use_fsdp, or a smaller video")
+        return 1
+    print(f"suggested: --mesh {best.mesh.flag} (peak {best.peak / planning.GiB:.2f} GiB)")
+    return 0
+
+
 def _weights_summary(refs: dict) -> str:
     counts: dict[str, int] = {}
     total_bytes = 0
@@ -170,8 +232,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "info":
             cmd_info(args)
+        elif args.command == "plan":
+            return cmd_plan(args)
         else:
             from wanjax.commands import COMMANDS
+            from wanjax.multihost import initialize
+
+            initialize(args.coordinator_address, args.num_processes, args.process_id)
 
             COMMANDS[args.command](args)
     except WanjaxError as e:

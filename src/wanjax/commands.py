@@ -21,7 +21,9 @@ from wanjax import stages
 from wanjax.atomic import atomic_path
 from wanjax.errors import WanjaxError
 from wanjax.hub import DEMO, ModelSource
+from wanjax.multihost import is_primary
 from wanjax.pipeline import WanPipeline
+from wanjax.sharding import MeshSpec, mesh_spec_from_flags, parse_mesh, to_host
 from wanjax.timing import RunReport
 
 DEFAULT_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
@@ -61,12 +63,30 @@ def model_label(source: ModelSource) -> str:
 
 def open_pipeline(args: argparse.Namespace, model: str | None, dtype: str | None) -> WanPipeline:
     cache = args.jax_cache_dir if args.jax_cache_dir is not None else True
+    mesh, fsdp = mesh_request(args)
     return WanPipeline.from_pretrained(
         model or DEFAULT_MODEL,
         dtype or DEFAULTS["dtype"],
         vae_dtype=getattr(args, "vae_dtype", "float32"),
         jax_cache_dir=cache,
+        mesh=mesh,
+        fsdp=fsdp,
     )
+
+
+def mesh_request(args: argparse.Namespace) -> tuple[MeshSpec | str | None, bool]:
+    """``(mesh, fsdp)`` from ``--mesh`` or the reference's aliases; ``auto`` when more than one device
+    is visible and nothing is said, one device otherwise."""
+    import jax
+
+    mesh, use_dp, sp_num, fsdp = (getattr(args, k, None) for k in ("mesh", "use_dp", "sp_num", "use_fsdp"))
+    if use_dp or sp_num:
+        return mesh_spec_from_flags(mesh, jax.device_count(), use_dp=use_dp, sp_num=sp_num), bool(fsdp)
+    if mesh is None:
+        mesh = "auto" if jax.device_count() > 1 or fsdp else None
+    elif mesh != "auto":
+        mesh = parse_mesh(mesh)  # a bad string fails now, before any work
+    return mesh, bool(fsdp)
 
 
 def check_output_names(args: argparse.Namespace) -> None:
@@ -109,25 +129,29 @@ def resolve_video(
 
 
 def write_outputs(frames: np.ndarray, args: argparse.Namespace, fps: float) -> dict[str, str]:
-    """mp4 (one per batch item), optional raw frames and preview; returns what was written."""
+    """mp4 (one per batch item), optional raw frames and preview, written by process 0 only;
+    returns the paths."""
     from wanjax.video import write_mp4, write_preview
+
+    primary = is_primary()
 
     def numbered(path: Path, i: int) -> Path:
         return path if frames.shape[0] == 1 else path.with_name(f"{path.stem}_{i}{path.suffix}")
 
     written: dict[str, str] = {}
     video = Path(args.output_video)
-    for i, clip in enumerate(frames):
+    for i, clip in enumerate(frames if primary else ()):
         write_mp4(clip, numbered(video, i), fps=fps)
     written["video"] = str(
         video if frames.shape[0] == 1 else numbered(video, 0).with_name(f"{video.stem}_*.mp4")
     )
-    if args.frames_out:
+    if args.frames_out and primary:
         with atomic_path(args.frames_out) as tmp, open(tmp, "wb") as f:
             np.save(f, frames)
+    if args.frames_out:
         written["frames"] = args.frames_out
     if args.preview:
-        for i, clip in enumerate(frames):
+        for i, clip in enumerate(frames if primary else ()):
             write_preview(clip, numbered(Path(args.preview), i))
         written["preview"] = args.preview
     return written
@@ -151,6 +175,8 @@ def finish(report: RunReport, args: argparse.Namespace, start: float) -> RunRepo
 
     report.total = time.perf_counter() - start
     report.extra.update({"backend": jax.default_backend(), "wanjax_version": __version__})
+    if not is_primary():
+        return report
     print(report.table())
     if args.metrics_json:
         report.write_json(args.metrics_json)
@@ -207,8 +233,8 @@ def cmd_encode(args: argparse.Namespace) -> RunReport:
         defaults = model_defaults(pipe.source)
         pipe.geometry.check(*(given.get(k, defaults[k]) for k in ("height", "width", "frames")))
     negative = args.negative_prompt if args.negative_prompt is not None else ""
-    pos, neg = pipe.encode_prompt(args.prompt, negative, args.max_sequence_length)
-    path = stages.save_embeddings(out, pos, neg)
+    pos, neg = (to_host(e) for e in pipe.encode_prompt(args.prompt, negative, args.max_sequence_length))
+    path = stages.save_embeddings(out, pos, neg) if is_primary() else out / stages.EMBEDDINGS_FILE
     params = {
         "model": model_label(pipe.source),
         "dtype": pipe.text_encoder_dtype.name,
@@ -217,7 +243,8 @@ def cmd_encode(args: argparse.Namespace) -> RunReport:
         "max_sequence_length": args.max_sequence_length,
         **given,
     }
-    stages.write_config(out, stages.record_stage({}, "encode", params))
+    if is_primary():
+        stages.write_config(out, stages.record_stage({}, "encode", params))
     shape = {"batch": int(pos.shape[0]), "tokens": int(pos.shape[1]), "text_dim": int(pos.shape[2])}
     return finish(make_report("encode", pipe, shape, {"embeddings": str(path)}), args, start)
 
@@ -239,7 +266,10 @@ def cmd_denoise(args: argparse.Namespace) -> RunReport:
         init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
     )
     final = denoise(pipe, pos, neg, latents, params)
-    path = stages.save_latents(directory / stages.LATENTS_FILE, final)
+    final = to_host(final)
+    path = directory / stages.LATENTS_FILE
+    if is_primary():
+        stages.save_latents(path, final)
     recorded = {
         "model": model_label(pipe.source),
         "dtype": pipe.dtype.name,
@@ -247,7 +277,8 @@ def cmd_denoise(args: argparse.Namespace) -> RunReport:
         **({"fps": args.fps} if args.fps else {}),
         **params,
     }
-    stages.write_config(directory, stages.record_stage(config, "denoise", recorded))
+    if is_primary():
+        stages.write_config(directory, stages.record_stage(config, "denoise", recorded))
     return finish(
         make_report("denoise", pipe, {"batch": batch, **video}, {"latents": str(path)}), args, start
     )
@@ -284,7 +315,8 @@ def cmd_decode(args: argparse.Namespace) -> RunReport:
         "frames_out": args.frames_out,
         "preview": args.preview,
     }
-    stages.write_config(directory, stages.record_stage(config, "decode", recorded))
+    if is_primary():
+        stages.write_config(directory, stages.record_stage(config, "decode", recorded))
     return finish(make_report("decode", pipe, {**size, "fps": fps}, outputs), args, start)
 
 

@@ -37,6 +37,17 @@ from wanjax.models.vae import WanVAE, load_vae
 from wanjax.models.vae_config import VAEConfig
 from wanjax.sampling import Sampler
 from wanjax.scheduler import make_scheduler
+from wanjax.sharding import (
+    UMT5_PARAM_AXES,
+    MeshSpec,
+    make_mesh,
+    mesh_spec_from_flags,
+    param_sharding,
+    replicated,
+    spatial_sharding,
+    to_global,
+    to_host,
+)
 from wanjax.timing import StageTiming, StepTimes
 
 Prompt = str | Sequence[str]
@@ -96,8 +107,12 @@ class WanPipeline:
         text_encoder_dtype: Any = None,
         vae_dtype: Any = "float32",
         attention_backend: str = "auto",
+        mesh: MeshSpec | str | None = None,
+        fsdp: bool = False,
     ):
         self.source = source
+        self._mesh_request = mesh
+        self._fsdp = fsdp
         self.path = source.path
         self.dtype = parse_dtype(dtype)
         self.text_encoder_dtype = parse_dtype(text_encoder_dtype or dtype)
@@ -120,6 +135,8 @@ class WanPipeline:
         vae_dtype: Any = "float32",
         attention_backend: str = "auto",
         jax_cache_dir: str | Path | bool = True,
+        mesh: MeshSpec | str | None = None,
+        fsdp: bool = False,
     ) -> WanPipeline:
         """A pipeline for ``model``: a diffusers-layout directory, a hub repo id already in the local
         Hugging Face cache, or ``"demo"`` (the built-in smoke model).
@@ -128,6 +145,9 @@ class WanPipeline:
         weights and activations; ``vae_dtype``: the VAE's. ``jax_cache_dir``: the persistent
         compilation cache -- ``True`` for the default directory, a path, ``"off"``, or ``False`` to
         leave JAX's configuration alone. Weights are read when a stage first needs them.
+        ``mesh``: run sharded over all devices -- a :class:`~wanjax.sharding.MeshSpec`, a string
+        such as ``"dp=2,sp=1,tp=4"``, or ``"auto"``; ``None`` runs on one device. ``fsdp`` also
+        splits the weights' model dimension over the non-tp axes.
         """
         if jax_cache_dir is not False:
             enable_compilation_cache(None if jax_cache_dir is True else jax_cache_dir)
@@ -137,6 +157,8 @@ class WanPipeline:
             text_encoder_dtype=text_encoder_dtype,
             vae_dtype=vae_dtype,
             attention_backend=attention_backend,
+            mesh=mesh,
+            fsdp=fsdp,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -145,11 +167,31 @@ class WanPipeline:
     def stage_timing(self, stage: str) -> StageTiming:
         return self.timings.setdefault(stage, StageTiming())
 
+    @functools.cached_property
+    def mesh_spec(self) -> MeshSpec | None:
+        """The mesh requested at construction, resolved against the devices (``None``: one device)."""
+        request = self._mesh_request
+        if request is None:
+            return None
+        if isinstance(request, MeshSpec):
+            return dataclasses.replace(request, fsdp=request.fsdp or self._fsdp)
+        heads = TransformerConfig.from_file(
+            resolve_component_dir(self.path, "transformer") / "config.json"
+        ).num_attention_heads
+        return mesh_spec_from_flags(request, jax.device_count(), heads=heads, use_fsdp=self._fsdp)
+
+    @functools.cached_property
+    def mesh(self) -> jax.sharding.Mesh | None:
+        return None if self.mesh_spec is None else make_mesh(self.mesh_spec)
+
     @property
     def text_encoder(self) -> UMT5Encoder:
         if self._text_encoder is None:
             with self.stage_timing("encode").loading():
-                self._text_encoder = load_text_encoder(self.path, self.text_encoder_dtype)
+                sharding = None
+                if self.mesh is not None:
+                    sharding = param_sharding(self.mesh, UMT5_PARAM_AXES, self.mesh_spec.fsdp)
+                self._text_encoder = load_text_encoder(self.path, self.text_encoder_dtype, sharding=sharding)
                 jax.block_until_ready(self._text_encoder.params)
         return self._text_encoder
 
@@ -158,7 +200,11 @@ class WanPipeline:
         if self._transformer is None:
             with self.stage_timing("denoise").loading():
                 self._transformer = load_transformer(
-                    self.path, self.dtype, attention_backend=self.attention_backend
+                    self.path,
+                    self.dtype,
+                    attention_backend=self.attention_backend,
+                    mesh=self.mesh,
+                    fsdp=self.mesh_spec is not None and self.mesh_spec.fsdp,
                 )
                 jax.block_until_ready(self._transformer.params)
         return self._transformer
@@ -167,7 +213,8 @@ class WanPipeline:
     def vae(self) -> WanVAE:
         if self._vae is None:
             with self.stage_timing("decode").loading():
-                self._vae = load_vae(self.path, self.vae_dtype)
+                sharding = None if self.mesh is None else (lambda path, shape: replicated(self.mesh))
+                self._vae = load_vae(self.path, self.vae_dtype, sharding=sharding)
         return self._vae
 
     @functools.cached_property
@@ -256,7 +303,10 @@ class WanPipeline:
         """The transformer's normalised latents ``[B, z, T', h, w]`` -> ``uint8 [B, T, H, W, 3]``."""
         vae = self.vae
         with self.stage_timing("decode").running():
-            frames = np.asarray(jax.device_get(vae.decode_uint8(jnp.asarray(latents, jnp.float32))))
+            latents = jnp.asarray(latents, jnp.float32)
+            if self.mesh is not None:  # each device decodes a spatial strip
+                latents = to_global(latents, spatial_sharding(self.mesh, latents.shape))
+            frames = to_host(vae.decode_uint8(latents))
         return frames
 
     def __call__(

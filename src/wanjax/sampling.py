@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from wanjax.models.dit import WanTransformer
 from wanjax.models.layers import Params
 from wanjax.scheduler import Scheduler
+from wanjax.sharding import replicated, to_global
 from wanjax.timing import StepTimes
 
 __all__ = ["Sampler", "StepTimes", "denoise", "guided_velocity"]
@@ -79,7 +80,10 @@ class Sampler:
                 velocity = guided_velocity(model, params, state.sample, timestep, cond, uncond, guidance)
                 return scheduler.step(state, velocity, index)[0]
 
-            self._programs[key] = jax.jit(step).lower(*args).compile()
+            # Under a mesh the (small) scheduler state stays replicated, so every step's output has
+            # exactly the input sharding the program was compiled for.
+            out = None if model.mesh is None else replicated(model.mesh)
+            self._programs[key] = jax.jit(step, out_shardings=out).lower(*args).compile()
         return self._programs[key]
 
     def __call__(
@@ -98,11 +102,18 @@ class Sampler:
         """
         self.model.check_shape(tuple(latents.shape))
         uncond = negative_prompt_embeds if guidance_scale > 1.0 else None
-        # Place every input on the params' device (one device), so the compiled program and the
-        # arrays it returns agree on placement from the first step on.
+        # Place every input on the params' device (one device) or replicate it over the mesh (as a
+        # global array, also across processes), so the compiled program and the arrays it returns
+        # agree on placement from the first step on.
         devices = jax.tree.leaves(self.model.params)[0].devices()
-        place = (lambda x: jax.device_put(x, next(iter(devices)))) if len(devices) == 1 else (lambda x: x)
-        state = place(scheduler.init_state(latents))
+        if self.model.mesh is not None:
+            sharding = replicated(self.model.mesh)
+            place = lambda x: None if x is None else to_global(x, sharding)  # noqa: E731
+        elif len(devices) == 1:
+            place = lambda x: jax.device_put(x, next(iter(devices)))  # noqa: E731
+        else:
+            place = lambda x: x  # noqa: E731
+        state = jax.tree.map(place, scheduler.init_state(latents))
         cond, uncond = (
             place(jnp.asarray(prompt_embeds)),
             place(None if uncond is None else jnp.asarray(uncond)),

@@ -13,11 +13,14 @@ activation dtype; matmuls accumulate in float32.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from wanjax.attention import attention
 from wanjax.checkpoint import (
@@ -43,6 +46,8 @@ from wanjax.models.layers import (
     silu,
     timestep_embedding,
 )
+from wanjax.parallel_attention import sharded_attention
+from wanjax.sharding import DIT_PARAM_AXES, constrain, param_sharding, token_layout
 
 # ----------------------------------------------------------------------------------------------
 # Checkpoint layout
@@ -142,6 +147,23 @@ def unpatchify(tokens: jax.Array, grid: tuple[int, int, int], patch: tuple[int, 
     return x.reshape(b, -1, f * pt, h * ph, w * pw)
 
 
+Attend = Callable[..., jax.Array]  # (q, k, v, *, self_attention) -> out, all (B, L, H, D)
+
+
+def _attend_fn(mesh: Mesh | None, batch: int, length: int, heads: int, backend: str):
+    """The attention function and the token PartitionSpecs (None without a mesh)."""
+    if mesh is None:
+        return (lambda q, k, v, self_attention: attention(q, k, v, backend=backend)), None
+    layout = token_layout(dict(mesh.shape), batch, length, heads)
+
+    def attend(q: jax.Array, k: jax.Array, v: jax.Array, self_attention: bool) -> jax.Array:
+        return sharded_attention(
+            q, k, v, mesh=mesh, layout=layout, self_attention=self_attention, backend=backend
+        )
+
+    return attend, layout
+
+
 def _modulate(x: jax.Array, shift: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     """``LayerNorm(x) * (1 + scale) + shift`` in float32, rounded to x's dtype."""
     return (layer_norm(x, eps) * (1.0 + scale) + shift).astype(x.dtype)
@@ -154,7 +176,7 @@ def _attention_block(
     heads: int,
     eps: float,
     rope: tuple[jax.Array, jax.Array] | None,
-    attention_backend: str,
+    attend: Attend,
 ) -> jax.Array:
     b, length, d = x.shape
 
@@ -167,7 +189,7 @@ def _attention_block(
     q, k, v = project("to_q", x), project("to_k", context), project("to_v", context)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    out = attention(q, k, v, backend=attention_backend)
+    out = attend(q, k, v, self_attention=rope is not None)
     return linear(out.reshape(b, length, d), p["to_out"])
 
 
@@ -178,18 +200,18 @@ def _block(
     time_mod: jax.Array,
     rope: tuple[jax.Array, jax.Array],
     cfg: TransformerConfig,
-    attention_backend: str,
+    attend: Attend,
 ) -> jax.Array:
     mod = p["scale_shift_table"].astype(jnp.float32)[None] + time_mod.astype(jnp.float32)  # (B, 6, D)
     shift, scale, gate, c_shift, c_scale, c_gate = (mod[:, i : i + 1] for i in range(6))
     heads, eps, dtype = cfg.num_attention_heads, cfg.eps, x.dtype
 
     n = _modulate(x, shift, scale, eps)
-    a = _attention_block(p["attn1"], n, n, heads, eps, rope, attention_backend)
+    a = _attention_block(p["attn1"], n, n, heads, eps, rope, attend)
     x = (x.astype(jnp.float32) + a * gate).astype(dtype)
 
     n = layer_norm(x, eps, p["norm2"]["scale"], p["norm2"]["bias"]).astype(dtype) if "norm2" in p else x
-    x = x + _attention_block(p["attn2"], n, context, heads, eps, None, attention_backend)
+    x = x + _attention_block(p["attn2"], n, context, heads, eps, None, attend)
 
     n = _modulate(x, c_shift, c_scale, eps)
     f = linear(gelu_tanh(linear(n, p["ffn"]["proj_in"])), p["ffn"]["proj_out"])
@@ -205,17 +227,25 @@ def forward(
     *,
     dtype: jnp.dtype = jnp.float32,
     attention_backend: str = "auto",
+    mesh: Mesh | None = None,
 ) -> jax.Array:
     """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``.
 
-    Activations run in ``dtype``; the result is returned in ``dtype`` as the reference does.
+    Activations run in ``dtype``; the result is returned in ``dtype`` as the reference does. Under
+    ``mesh`` the tokens are split as :func:`wanjax.sharding.token_layout` says (batch over dp, tokens
+    over sp, heads over tp) and pinned so at every block boundary.
     """
     b, _, t, h, w = latents.shape
     pt, ph, pw = cfg.patch_size
     grid = (t // pt, h // ph, w // pw)
     d = cfg.inner_dim
 
-    x = linear(patchify(latents.astype(dtype), cfg.patch_size), params["patch_embedding"])
+    attend, layout = _attend_fn(mesh, b, math.prod(grid), cfg.num_attention_heads, attention_backend)
+
+    def pin(h: jax.Array, spec_name: str = "tokens") -> jax.Array:
+        return h if layout is None else constrain(h, mesh, getattr(layout, spec_name)())
+
+    x = pin(linear(patchify(latents.astype(dtype), cfg.patch_size), params["patch_embedding"]))
 
     # Condition embedding: the time embedder runs in its own (float32) dtype, then is cast like the text.
     t_emb = timestep_embedding(timestep, cfg.freq_dim)
@@ -224,11 +254,12 @@ def forward(
     time_mod = linear(silu(temb), params["time_proj"]).reshape(b, 6, d)
     tx = params["text_embedder"]
     context = linear(gelu_tanh(linear(prompt_embeds.astype(dtype), tx["linear_1"])), tx["linear_2"])
+    context = pin(context, "context")
 
     rope = rope_tables(grid, cfg.attention_head_dim, cfg.rope_max_seq_len)
 
     x = scan_layers(
-        lambda h, block: _block(block, h, context, time_mod, rope, cfg, attention_backend),
+        lambda h, block: pin(_block(block, pin(h), context, time_mod, rope, cfg, attend)),
         x,
         params["blocks"],
     )
@@ -251,12 +282,18 @@ class WanTransformer:
     """
 
     def __init__(
-        self, cfg: TransformerConfig, params: Params, dtype: jnp.dtype, attention_backend: str = "auto"
+        self,
+        cfg: TransformerConfig,
+        params: Params,
+        dtype: jnp.dtype,
+        attention_backend: str = "auto",
+        mesh: Mesh | None = None,
     ):
         self.cfg = cfg
         self.params = params
         self.dtype = jnp.dtype(dtype)
         self.attention_backend = attention_backend
+        self.mesh = mesh
         self._forward = jax.jit(self.apply)
 
     def __call__(self, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array) -> jax.Array:
@@ -276,6 +313,7 @@ class WanTransformer:
             prompt_embeds,
             dtype=self.dtype,
             attention_backend=self.attention_backend,
+            mesh=self.mesh,
         )
 
     def check_shape(self, shape: tuple[int, ...]) -> None:
@@ -299,11 +337,19 @@ def load_transformer(
     *,
     attention_backend: str = "auto",
     sharding: ShardingFn | None = None,
+    mesh: Mesh | None = None,
+    fsdp: bool = False,
 ) -> WanTransformer:
-    """Load ``transformer/`` of a diffusers-layout Wan model (``path`` = model root or that folder)."""
+    """Load ``transformer/`` of a diffusers-layout Wan model (``path`` = model root or that folder).
+
+    With ``mesh``, each weight is read straight into its shards (:data:`wanjax.sharding.DIT_PARAM_AXES`;
+    ``fsdp`` also splits ``embed`` dimensions over the non-tp axes) and the forward runs on the mesh.
+    """
     directory = resolve_component_dir(path, "transformer")
     cfg = TransformerConfig.from_file(directory / "config.json")
     dtype = parse_dtype(dtype)
     refs = open_component(directory, ("diffusion_pytorch_model", "model"))
+    if mesh is not None and sharding is None:
+        sharding = param_sharding(mesh, DIT_PARAM_AXES, fsdp)
     params = load_params(refs, checkpoint_spec(cfg), dtype, str(directory), sharding=sharding)
-    return WanTransformer(cfg, params, dtype, attention_backend)
+    return WanTransformer(cfg, params, dtype, attention_backend, mesh)

@@ -1,0 +1,63 @@
+"""Attention under a device mesh: :func:`wanjax.attention.attention` inside ``shard_map``.
+
+Queries, keys and values ``(B, L, H, D)`` are split by a :class:`~wanjax.sharding.TokenLayout`:
+batch over its batch axes, heads over its head axes, tokens over its sequence axes.
+
+* self-attention with a split sequence: **Ulysses** (an all-to-all turns the token split into a
+  head split, attention runs on whole sequences, a second all-to-all turns it back) when the local
+  heads divide by the sequence shards; otherwise **all-gather KV** (each device attends its query
+  tokens to the gathered keys and values), which works for any head count (12 heads on 8 devices);
+* cross-attention: queries keep their token split, the short text keys/values are whole on every
+  device of a sequence group; no communication.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+from jax.sharding import Mesh
+
+from wanjax.attention import attention
+from wanjax.sharding import TokenLayout
+
+
+def sequence_mode(layout: TokenLayout, sizes: dict[str, int], heads: int) -> str:
+    """``"local"`` (no sequence split), ``"ulysses"`` or ``"allgather"`` for self-attention."""
+    shards = math.prod(sizes[a] for a in layout.seq)
+    if shards == 1:
+        return "local"
+    local_heads = heads // math.prod(sizes[a] for a in layout.heads)
+    return "ulysses" if local_heads % shards == 0 else "allgather"
+
+
+def sharded_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *,
+    mesh: Mesh,
+    layout: TokenLayout,
+    self_attention: bool,
+    backend: str = "auto",
+) -> jax.Array:
+    """``attention(q, k, v)`` over ``(B, L, H, D)`` arrays split over ``mesh`` as ``layout`` says."""
+    sizes = dict(mesh.shape)
+    mode = sequence_mode(layout, sizes, q.shape[2]) if self_attention else "local"
+    seq = layout.seq
+
+    def local(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        if mode == "ulysses":
+            # tokens split -> heads split: (b, L/n, h, d) -> (b, L, h/n, d), and back afterwards.
+            q, k, v = (jax.lax.all_to_all(x, seq, 2, 1, tiled=True) for x in (q, k, v))
+            out = attention(q, k, v, backend=backend)
+            return jax.lax.all_to_all(out, seq, 1, 2, tiled=True)
+        if mode == "allgather":
+            k, v = (jax.lax.all_gather(x, seq, axis=1, tiled=True) for x in (k, v))
+        return attention(q, k, v, backend=backend)
+
+    q_spec = layout.qkv()
+    kv_spec = layout.qkv(split_seq=self_attention)
+    return jax.shard_map(
+        local, mesh=mesh, in_specs=(q_spec, kv_spec, kv_spec), out_specs=q_spec, check_vma=False
+    )(q, k, v)

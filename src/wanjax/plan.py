@@ -1,0 +1,215 @@
+"""``wanjax plan``: per-device memory of a run on a mesh, from abstract shapes (no weights, no devices).
+
+Weights: every leaf's shard under the sharding rules (:mod:`wanjax.sharding`), in the run's dtypes;
+the pipeline keeps all three components loaded, so they add up. Activations: an analytic estimate of
+each stage's largest live set per device (DiT block under the token layout, text encoder layer, VAE
+decoder at full resolution under spatial sharding). A mesh fits when weights + the largest
+activation stay within ``HEADROOM`` of the device memory (the rest is left to XLA's temporaries).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+
+from wanjax.checkpoint import abstract_params
+from wanjax.config import PRESETS, TransformerConfig, parse_dtype
+from wanjax.errors import WanjaxError
+from wanjax.models import dit, umt5, vae
+from wanjax.models.umt5 import UMT5Config
+from wanjax.models.vae_config import VAEConfig
+from wanjax.parallel_attention import sequence_mode
+from wanjax.sharding import (
+    DIT_PARAM_AXES,
+    UMT5_PARAM_AXES,
+    MeshSpec,
+    auto_mesh,
+    per_device_param_bytes,
+    token_layout,
+)
+
+HEADROOM = 0.9
+GiB = 1 << 30
+UMT5_XXL = UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64)
+ATTENTION_BLOCK = (512, 1024)  # the xla backend's query/key blocks
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    transformer: TransformerConfig
+    text_encoder: UMT5Config
+    vae: VAEConfig
+
+
+def model_configs(model: str) -> Model:
+    """A preset name (``1.3B``, ``14B``: with UMT5-XXL and the Wan 2.1 VAE) or a diffusers directory."""
+    if model in PRESETS:
+        return Model(PRESETS[model], UMT5_XXL, VAEConfig())
+    root = Path(model)
+    if not (root / "transformer" / "config.json").is_file():
+        raise WanjaxError(
+            f"--model {model!r} is neither a preset ({', '.join(PRESETS)}) nor a diffusers model directory "
+            "with transformer/config.json"
+        )
+
+    def read(cls, name, default):
+        path = root / name / "config.json"
+        return cls.from_file(path) if path.is_file() else default
+
+    return Model(
+        TransformerConfig.from_file(root / "transformer" / "config.json"),
+        read(UMT5Config, "text_encoder", UMT5_XXL),
+        read(VAEConfig, "vae", VAEConfig()),
+    )
+
+
+@dataclasses.dataclass
+class StagePlan:
+    weights: int  # bytes per device, this component's weights
+    activations: int  # bytes per device, estimated peak live activations
+
+
+@dataclasses.dataclass
+class Plan:
+    mesh: MeshSpec
+    stages: dict[str, StagePlan]
+    device_memory: int
+
+    @property
+    def weights(self) -> int:
+        return sum(s.weights for s in self.stages.values())
+
+    @property
+    def peak(self) -> int:
+        """All weights resident plus the largest stage's activations."""
+        return self.weights + max(s.activations for s in self.stages.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.peak <= HEADROOM * self.device_memory
+
+    def table(self) -> str:
+        lines = [f"mesh {self.mesh}:"]
+        for name, s in self.stages.items():
+            lines.append(
+                f"  {name:<8} weights {s.weights / GiB:7.2f} GiB   activations {s.activations / GiB:7.2f} GiB"
+            )
+        verdict = "fits" if self.fits else "does NOT fit"
+        lines.append(
+            f"  peak     {self.peak / GiB:7.2f} GiB per device of {self.device_memory / GiB:.0f} GiB "
+            f"({HEADROOM:.0%} usable): {verdict}"
+        )
+        return "\n".join(lines)
+
+
+def plan(
+    model: Model,
+    mesh: MeshSpec,
+    *,
+    height: int,
+    width: int,
+    frames: int,
+    device_memory: int,
+    dtype: str = "bfloat16",
+    vae_dtype: str = "float32",
+    batch: int = 1,
+    cfg: bool = True,
+    max_sequence_length: int = 512,
+) -> Plan:
+    sizes = mesh.sizes
+    act, vae_act = np.dtype(parse_dtype(dtype)).itemsize, np.dtype(parse_dtype(vae_dtype)).itemsize
+    t = model.transformer
+    d_abstract = abstract_params(dit.checkpoint_spec(t), parse_dtype(dtype))
+    e_abstract = abstract_params(umt5.checkpoint_spec(model.text_encoder), parse_dtype(dtype))
+    v_abstract = abstract_params(vae.checkpoint_spec(model.vae, "decoder"), parse_dtype(vae_dtype))
+    d_weights, _ = per_device_param_bytes(d_abstract, DIT_PARAM_AXES, sizes, mesh.fsdp)
+    e_weights, _ = per_device_param_bytes(e_abstract, UMT5_PARAM_AXES, sizes, mesh.fsdp)
+    v_weights, _ = per_device_param_bytes(v_abstract, (), sizes)  # replicated
+
+    # DiT: one block's live set per device.
+    rows = batch * (2 if cfg else 1)
+    latent_t = (frames - 1) // 4 + 1
+    pt, ph, pw = t.patch_size
+    length = (latent_t // pt) * (height // 8 // ph) * (width // 8 // pw)
+    layout = token_layout(sizes, rows, length, t.num_attention_heads)
+
+    def shards(axes: tuple[str, ...]) -> int:
+        return math.prod(sizes[a] for a in axes)
+
+    tokens = (rows // shards(layout.batch)) * math.ceil(length / shards(layout.seq))
+    heads_local = t.num_attention_heads // shards(layout.heads)
+    tp = sizes["tp"]
+    ffn_local = t.ffn_dim // tp if t.ffn_dim % tp == 0 else t.ffn_dim
+    # keys/values: all-gathered to the full length, or (Ulysses) full length over fewer heads
+    gathered = sequence_mode(layout, sizes, t.num_attention_heads) == "allgather"
+    kv_tokens = (rows // shards(layout.batch)) * length if gathered else tokens
+    d = t.inner_dim
+    dit_act = (
+        tokens * d * (2 * act + 2 * 4)  # residual + normed input, float32 norm / modulation temporaries
+        + tokens * heads_local * t.attention_head_dim * act * 2  # q, attention output
+        + kv_tokens * heads_local * t.attention_head_dim * act * 2
+        + (rows // shards(layout.batch)) * heads_local * ATTENTION_BLOCK[0] * ATTENTION_BLOCK[1] * 4
+        + tokens * ffn_local * (act + 4)  # FFN hidden and its float32 GELU
+        + 4 * rows * 16 * latent_t * (height // 8) * (width // 8) * 4  # scheduler state (replicated)
+    )
+
+    # Text encoder: one layer on 2 * batch prompts.
+    te = model.text_encoder
+    te_rows = 2 * batch
+    te_heads = te.num_heads // tp if te.num_heads % tp == 0 else te.num_heads
+    te_ff = te.d_ff // tp if te.d_ff % tp == 0 else te.d_ff
+    s = max_sequence_length
+    te_act = te_rows * s * (te.d_model * (act + 4) * 2 + te_heads * s * 4 * 2 + 2 * te_ff * (act + 4))
+
+    # VAE decoder: full-resolution layers on one chunk (4 frames), split spatially over all devices.
+    v = model.vae
+    c0 = (v.decoder_base_dim or v.base_dim) * v.dim_mult[0]
+    spatial = mesh.num_devices if (height * width) % mesh.num_devices == 0 else 1
+    vae_act = 4 * 4 * height * width * c0 * vae_act * batch // spatial  # in, out, residual, conv temps
+
+    stages = {
+        "encode": StagePlan(e_weights, te_act),
+        "denoise": StagePlan(d_weights, dit_act),
+        "decode": StagePlan(v_weights, vae_act),
+    }
+    return Plan(mesh, stages, device_memory)
+
+
+def candidate_meshes(num_devices: int, fsdp: bool = False) -> list[MeshSpec]:
+    """Every (dp, sp, tp) factorisation of the devices."""
+    out = []
+    for dp, sp in itertools.product(range(1, num_devices + 1), repeat=2):
+        if num_devices % (dp * sp) == 0:
+            out.append(MeshSpec((("dp", dp), ("sp", sp), ("tp", num_devices // (dp * sp))), fsdp))
+    return out
+
+
+def parse_memory(text: str) -> int:
+    """``32GiB``, ``16G``, ``80`` (GiB) -> bytes."""
+    units = {"gib": GiB, "gb": GiB, "g": GiB, "mib": 1 << 20, "mb": 1 << 20, "m": 1 << 20, "": GiB}
+    raw = text.strip().lower()
+    number = raw.rstrip("abgim")
+    unit = raw[len(number) :]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0:
+        raise WanjaxError(f"bad --device_memory {text!r}; write it like 32GiB or 16G")
+    return int(value * units[unit])
+
+
+def best_mesh(plans: list[Plan], heads: int) -> Plan | None:
+    """The auto mesh when it fits, else the fitting mesh with the lowest peak."""
+    fitting = [p for p in plans if p.fits]
+    if not fitting:
+        return None
+    preferred = auto_mesh(plans[0].mesh.num_devices, heads, fsdp=plans[0].mesh.fsdp)
+    for p in fitting:
+        if p.mesh.shape == preferred.shape:
+            return p
+    return min(fitting, key=lambda p: p.peak)

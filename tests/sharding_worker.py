@@ -1,0 +1,123 @@
+"""Run as a script in a subprocess with several (fake) devices; prints one JSON line of results.
+
+``python sharding_worker.py TASK MODEL_DIR [ARGS...]``; XLA_FLAGS must be set by the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+
+
+def write_model(root: Path, heads: int = 12) -> Path:
+    """The demo pipeline with a 12-head transformer: 8 devices cannot split its heads evenly."""
+    from safetensors.numpy import save_file
+
+    from wanjax.demo_model import DEMO_TRANSFORMER, checkpoint_tensors, write_demo_model
+    from wanjax.models import dit
+
+    write_demo_model(root)
+    cfg = dataclasses.replace(
+        DEMO_TRANSFORMER, num_attention_heads=heads, attention_head_dim=12, ffn_dim=96, num_layers=2
+    )
+    folder = root / "transformer"
+    tensors = checkpoint_tensors(dit.checkpoint_spec(cfg), 3)
+    save_file(tensors, str(folder / "diffusion_pytorch_model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
+    return root
+
+
+GEN = dict(height=32, width=64, num_frames=5, seed=0)
+
+
+def generate(root: str, mesh: str | None) -> dict[str, np.ndarray]:
+    from wanjax import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False, mesh=mesh)
+    pos, neg = pipe.encode_prompt("a red cat walks", None, max_sequence_length=16)
+    noise = pipe.prepare_latents(1, **GEN)
+    latents = pipe.denoise(pos, neg, noise, num_inference_steps=2, guidance_scale=5.0, progress=False)
+    frames = pipe.decode(latents)
+    from wanjax.sharding import to_host
+
+    return {"embeds": to_host(pos), "latents": to_host(latents), "frames": frames}
+
+
+def parity(root: str, meshes: list[str]) -> dict:
+    from wanjax.parallel_attention import sequence_mode
+    from wanjax.sharding import parse_mesh, token_layout
+
+    ref = generate(root, None)
+    out = {}
+    for mesh in meshes:
+        got = generate(root, mesh)
+        sizes = parse_mesh(mesh).sizes
+        layout = token_layout(sizes, 2, 2 * 2 * 4, 12)  # CFG batch 2, 16 tokens, 12 heads
+        out[mesh] = {
+            "mode": sequence_mode(layout, sizes, 12),
+            "layout": dataclasses.asdict(layout),
+            "latents_rel": float(
+                np.linalg.norm(got["latents"] - ref["latents"]) / np.linalg.norm(ref["latents"])
+            ),
+            "embeds_max": float(np.abs(got["embeds"] - ref["embeds"]).max()),
+            "frames_max": int(np.abs(got["frames"].astype(int) - ref["frames"]).max()),
+            "frames_shape": list(got["frames"].shape),
+        }
+    return out
+
+
+def params(root: str, meshes: list[str]) -> dict:
+    from wanjax.models.dit import load_transformer
+    from wanjax.models.umt5 import load_text_encoder
+    from wanjax.sharding import UMT5_PARAM_AXES, make_mesh, param_sharding, parse_mesh, sharded_bytes
+
+    out = {}
+    for text in meshes:
+        mesh = make_mesh(parse_mesh(text))
+        model = load_transformer(root, "float32", mesh=mesh)
+        encoder = load_text_encoder(root, "float32", sharding=param_sharding(mesh, UMT5_PARAM_AXES))
+        leaves = {}
+        for name, tree in (("dit", model.params), ("umt5", encoder.params)):
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+                key = name + "/" + "/".join(str(k.key) for k in path)
+                shard_shapes = {tuple(s.data.shape) for s in leaf.addressable_shards}
+                leaves[key] = {
+                    "shape": list(leaf.shape),
+                    "spec": str(leaf.sharding.spec),
+                    "shard_shape": list(max(shard_shapes)),
+                    "uniform": len(shard_shapes) == 1,
+                }
+        per_device = sharded_bytes(model.params)
+        out[text] = {"leaves": leaves, "max_device_bytes": max(per_device.values())}
+    return out
+
+
+def vae_memory(root: str, counts: list[str]) -> dict:
+    """Per-device temporary bytes of the decode program with the latents split over n devices."""
+    from wanjax.models.vae import load_vae
+    from wanjax.sharding import make_mesh, parse_mesh, replicated, spatial_sharding, to_global
+
+    z = np.random.default_rng(0).standard_normal((1, 16, 2, 16, 32)).astype(np.float32)
+    out = {}
+    for n in map(int, counts):
+        mesh = make_mesh(parse_mesh(f"sp={n}"), jax.devices()[:n])
+        vae = load_vae(root, "float32", sharding=lambda path, shape, mesh=mesh: replicated(mesh))
+        x = to_global(z, spatial_sharding(mesh, z.shape))
+        memory = vae.compile("decode_uint8", x).memory_analysis()
+        out[n] = {"temp": memory.temp_size_in_bytes, "spec": str(x.sharding.spec)}
+    return out
+
+
+if __name__ == "__main__":
+    task, root, *rest = sys.argv[1:]
+    if task == "write":
+        write_model(Path(root))
+        result = {}
+    else:
+        result = {"parity": parity, "params": params, "vae": vae_memory}[task](root, rest)
+    print(json.dumps(result))

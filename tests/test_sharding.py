@@ -1,0 +1,207 @@
+"""Meshes, sharding rules and sharded runs: parsing and rules in-process; weights and whole pipelines
+on 8 fake CPU devices in subprocesses (the pytest process has already fixed its device count)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from jax.sharding import PartitionSpec as P
+from sharding_worker import write_model
+
+from wanjax.checkpoint import abstract_params
+from wanjax.config import transformer_preset
+from wanjax.errors import WanjaxError
+from wanjax.models import dit, umt5
+from wanjax.parallel_attention import sequence_mode
+from wanjax.sharding import (
+    DIT_PARAM_AXES,
+    UMT5_PARAM_AXES,
+    auto_mesh,
+    mesh_spec_from_flags,
+    parse_mesh,
+    partition_spec,
+    per_device_param_bytes,
+    token_layout,
+)
+
+WORKER = Path(__file__).with_name("sharding_worker.py")
+MESHES = ["dp=1,sp=1,tp=8", "dp=2,sp=1,tp=4", "dp=2,sp=2,tp=2", "dp=1,sp=8,tp=1", "dp=8,sp=1,tp=1"]
+
+
+def run_worker(*args: str, devices: int = 8) -> dict:
+    env = {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_PLATFORMS": "cpu",
+    }
+    result = subprocess.run(
+        [sys.executable, str(WORKER), *args], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    return str(write_model(tmp_path_factory.mktemp("sharding") / "model"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Mesh flags
+
+
+def test_parse_mesh_keeps_the_written_order():
+    spec = parse_mesh("tp=4, dp=2")
+    assert spec.axes == (("tp", 4), ("dp", 2), ("sp", 1)) and spec.shape == (2, 1, 4)
+    assert parse_mesh("dp=2,sp=1,tp=4").axes == (("dp", 2), ("sp", 1), ("tp", 4))
+
+
+@pytest.mark.parametrize("text", ["dp=2,xp=4", "dp=two", "dp=0", "dp=2,dp=2", "", "dp2"])
+def test_bad_mesh_strings_are_one_line_errors(text):
+    with pytest.raises(WanjaxError, match="mesh") as info:
+        parse_mesh(text)
+    assert "\n" not in str(info.value) and "dp=2,sp=1,tp=4" in str(info.value)
+
+
+def test_mesh_must_use_every_device():
+    with pytest.raises(WanjaxError, match=r"uses 4 devices but 8 are available.*--mesh dp=2,sp=1,tp=4"):
+        mesh_spec_from_flags("dp=2,tp=2", 8, heads=12)
+
+
+def test_auto_mesh_fits_devices_and_divides_heads():
+    assert auto_mesh(8, 12).shape == (2, 1, 4)  # 1.3B: tp=4 divides 12 heads
+    assert auto_mesh(8, 40).shape == (2, 1, 4)  # 14B
+    assert auto_mesh(8, 5).shape == (2, 4, 1)  # nothing divides 5 heads: the rest goes to sp
+    assert auto_mesh(1, 12).shape == (1, 1, 1)
+    assert auto_mesh(6, 12).shape == (2, 1, 3)
+    assert mesh_spec_from_flags(None, 8, heads=12) == auto_mesh(8, 12)
+
+
+def test_reference_flags_are_aliases():
+    assert mesh_spec_from_flags(None, 8, use_dp=True).shape == (2, 1, 4)
+    assert mesh_spec_from_flags(None, 8, use_dp=True, sp_num=2).shape == (2, 2, 2)
+    assert mesh_spec_from_flags(None, 8, sp_num=8).shape == (1, 8, 1)
+    assert mesh_spec_from_flags("auto", 8, use_fsdp=True).fsdp
+    with pytest.raises(WanjaxError, match="does not divide the 8 devices"):
+        mesh_spec_from_flags(None, 8, use_dp=True, sp_num=3)
+    with pytest.raises(WanjaxError, match="either --mesh or"):
+        mesh_spec_from_flags("dp=8", 8, use_dp=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Rules
+
+
+def test_rules_split_only_dividing_dimensions():
+    sizes = {"dp": 2, "sp": 1, "tp": 4}
+    assert partition_spec(("layers", "embed", "heads"), (30, 1536, 1536), sizes) == P(None, None, "tp")
+    assert partition_spec(("layers", "heads", "embed"), (30, 1536, 1536), sizes) == P(None, "tp")
+    assert partition_spec(("layers", "embed", "heads"), (30, 1536, 1536), sizes, fsdp=True) == P(
+        None, "dp", "tp"
+    )
+    assert partition_spec(("layers", "mlp"), (30, 6), sizes) == P()  # 4 does not divide 6: replicated
+    fsdp_all = {"dp": 2, "sp": 2, "tp": 2}
+    assert partition_spec(("embed", "mlp"), (8, 8), fsdp_all, fsdp=True) == P(("dp", "sp"), "tp")
+
+
+@pytest.mark.parametrize(
+    "mesh, layout, mode",
+    [
+        ("dp=1,sp=1,tp=8", ((), ("tp",), ()), "allgather"),  # 12 heads: tp=8 splits the tokens
+        ("dp=2,sp=1,tp=4", (("dp",), (), ("tp",)), "local"),
+        ("dp=2,sp=2,tp=2", (("dp",), ("sp",), ("tp",)), "ulysses"),
+        ("dp=1,sp=8,tp=1", ((), ("sp",), ()), "allgather"),
+        ("dp=8,sp=1,tp=1", ((), ("dp",), ()), "allgather"),  # CFG pair of 2: dp=8 splits the tokens
+    ],
+)
+def test_token_layouts_of_the_test_meshes(mesh, layout, mode):
+    sizes = parse_mesh(mesh).sizes
+    got = token_layout(sizes, batch=2, length=16, heads=12)
+    assert (got.batch, got.seq, got.heads) == layout
+    assert sequence_mode(got, sizes, 12) == mode
+
+
+def test_14b_weights_are_sharded_not_replicated():
+    """Under (2,1,4) the 14B transformer and the UMT5-XXL encoder keep < 1% of their bytes replicated
+    and each device holds about a quarter; FSDP over dp halves that again."""
+    cfg = transformer_preset("14B")
+    abstract = abstract_params(dit.checkpoint_spec(cfg), "bfloat16")
+    sizes = {"dp": 2, "sp": 1, "tp": 4}
+    total, _ = per_device_param_bytes(abstract, DIT_PARAM_AXES, {"dp": 1, "sp": 1, "tp": 1})
+    per_device, replicated = per_device_param_bytes(abstract, DIT_PARAM_AXES, sizes)
+    fsdp, _ = per_device_param_bytes(abstract, DIT_PARAM_AXES, sizes, fsdp=True)
+    assert replicated < 0.01 * total
+    assert total / 4 <= per_device < 1.01 * total / 4
+    assert total / 8 <= fsdp < 1.02 * total / 8
+    te = umt5.UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64)
+    abstract = abstract_params(umt5.checkpoint_spec(te), "bfloat16")
+    total, _ = per_device_param_bytes(abstract, UMT5_PARAM_AXES, {"tp": 1})
+    per_device, replicated = per_device_param_bytes(abstract, UMT5_PARAM_AXES, sizes)
+    assert replicated < 0.01 * total and per_device < 1.01 * total / 4
+
+
+# ----------------------------------------------------------------------------------------------
+# On 8 fake devices
+
+
+def test_large_leaves_are_sharded_and_bytes_fall_with_tp(model_dir):
+    meshes = ["dp=8,sp=1,tp=1", "dp=4,sp=1,tp=2", "dp=2,sp=1,tp=4", "dp=1,sp=1,tp=8"]
+    report = run_worker("params", model_dir, *meshes)
+    leaves = report["dp=2,sp=1,tp=4"]["leaves"]
+    large = {k: v for k, v in leaves.items() if 4 * _prod(v["shape"]) >= 64 * 1024}
+    assert {k.split("/")[0] for k in large} == {"dit", "umt5"} and len(large) >= 12
+    for name, leaf in large.items():
+        assert "tp" in leaf["spec"], (name, leaf)  # split over tp ...
+        assert leaf["uniform"] and _prod(leaf["shard_shape"]) * 4 == _prod(leaf["shape"]), (name, leaf)
+    assert leaves["umt5/embedding"]["spec"] == "P(None, 'tp')"  # a vocabulary of 261: the model dim
+    assert leaves["dit/blocks/attn1/to_q/kernel"]["spec"] == "P(None, None, 'tp')"  # columns
+    assert leaves["dit/blocks/attn1/to_out/kernel"]["spec"] == "P(None, 'tp')"  # rows
+    assert leaves["dit/blocks/ffn/proj_out/kernel"]["spec"] == "P(None, 'tp')"
+    per_device = [report[m]["max_device_bytes"] for m in meshes]
+    assert all(a > b for a, b in itertools.pairwise(per_device)), per_device
+    assert per_device[-1] < 0.3 * per_device[0], per_device
+
+
+def _prod(shape: list[int]) -> int:
+    return math.prod(shape)
+
+
+def test_five_meshes_match_the_single_device_run(model_dir):
+    """encode -> 2 UniPC steps with CFG -> decode on each mesh vs one device, float32."""
+    report = run_worker("parity", model_dir, *MESHES)
+    modes = {m: r["mode"] for m, r in report.items()}
+    assert set(modes.values()) == {"allgather", "ulysses", "local"}, modes
+    for mesh, r in report.items():
+        assert r["frames_shape"] == [1, 5, 32, 64, 3]
+        assert r["latents_rel"] <= 1e-5, (mesh, r)
+        assert r["frames_max"] <= 1, (mesh, r)
+        assert r["embeds_max"] <= 1e-5, (mesh, r)
+
+
+def test_vae_decode_memory_per_device_shrinks_with_spatial_sharding(model_dir):
+    report = run_worker("vae", model_dir, "1", "2", "8")
+    temp = {int(n): r["temp"] for n, r in report.items()}
+    assert report["8"]["spec"] == "P(None, None, None, None, 'sp')"  # width 32 over 8 devices
+    assert temp[2] < 0.6 * temp[1] and temp[8] < 0.25 * temp[1], temp
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--mesh", "dp=2,qp=4"], "bad --mesh entry 'qp=4'"),
+        (["--use_dp", "--mesh", "dp=2"], "either --mesh or --use_dp/--sp_num"),
+    ],
+)
+def test_cli_refuses_bad_mesh_flags_in_one_line(flags, message, capsys, tmp_path):
+    from wanjax.cli import main
+
+    assert main(["generate", "--model", "demo", "--output_video", str(tmp_path / "v.mp4"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
