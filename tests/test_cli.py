@@ -83,6 +83,12 @@ def test_missing_model_path(tmp_path, capsys):
         (("--frames-out", "x.png"), ("must end in .npy",)),
         (("--num-inference-steps", "0"), ("at least 1",)),
         (("--flow_shift", "-1"), ("--flow_shift must be positive",)),
+        (
+            ("--attention", "cudnn"),
+            ("'cudnn' needs an NVIDIA GPU", "available: auto, xla, splash, splash_exp2"),
+        ),
+        (("--bqsize", "100"), ("bqsize=100", "multiple of 128")),
+        (("--window_size", "-1"), ("window_size must be >= 0",)),
     ],
 )
 def test_generate_rejects_bad_flags(demo_env, tmp_path, capsys, flags, needles):
@@ -134,3 +140,43 @@ def test_stage_mistakes(demo_env, tmp_path, capsys):
         capsys, ("decode", "--input_dir", d, "--output_video", d / "x.gif", *off), "must end in .mp4"
     )
     assert not list(d.glob("*.mp4")) and not list(d.glob("*.tmp"))
+
+
+def test_attention_flags_reach_the_model(demo_env, tmp_path, capsys):
+    """The seed's kernel flags run the demo through our splash_exp2 kernel (interpret mode here);
+    the frames equal the xla backend's."""
+    frames = {}
+    for name, flags in (
+        ("xla", ("--attention", "xla")),
+        ("exp2", ("--use_custom_attention", "--bqsize", "128")),
+    ):
+        path = tmp_path / f"{name}.npy"
+        args = ("generate", "--model", "demo", "--num_inference_steps", "2", "--dtype", "float32")
+        code, _, err = run(
+            capsys,
+            *args,
+            "--jax_cache_dir",
+            "off",
+            "--frames_out",
+            path,
+            "--output_video",
+            tmp_path / f"{name}.mp4",
+            *flags,
+        )
+        assert code == 0, err
+        frames[name] = np.load(path).astype(int)
+    assert np.abs(frames["xla"] - frames["exp2"]).max() <= 1
+
+
+def test_bench_subcommand_prints_its_table(capsys, tmp_path):
+    out = tmp_path / "bench.json"
+    args = ("bench", "--arch", "1.3B", "--layers", "1", "--height", "16", "--width", "16", "--frames", "1")
+    code, stdout, err = run(
+        capsys, *args, "--num_inference_steps", "1", "--stages", "denoise", "--repeats", "1", "--json", out
+    )
+    assert code == 0, err
+    assert "denoise" in stdout and out.is_file()
+
+
+def test_tune_attention_off_tpu_is_a_one_line_error(capsys):
+    one_line_error(capsys, ("tune-attention", "--model", "1.3B"), "run it on a TPU", "--allow_interpret")

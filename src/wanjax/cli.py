@@ -1,4 +1,5 @@
-"""The ``wanjax`` command line: ``generate``, the three stages ``encode | denoise | decode``, ``info``.
+"""The ``wanjax`` command line: ``generate``, the stages ``encode | denoise | decode``, ``info``, ``plan``,
+``bench``, ``tune-attention``.
 
 Flags use the reference scripts' names (``--num_inference_steps``) and accept hyphenated spellings
 (``--num-inference-steps``). User mistakes (bad flags, bad model directories, contradicting stage
@@ -61,6 +62,23 @@ def _parallel(parser: argparse.ArgumentParser) -> None:
         group.add_argument(*spellings, dest=name, **kwargs)
 
 
+def _attention(parser: argparse.ArgumentParser) -> None:
+    from wanjax.attention import BACKENDS
+
+    group = parser.add_argument_group("attention")
+    _flag(group, "attention", choices=BACKENDS, default="auto", help="backend (default auto: by platform)")
+    _flag(group, "use_custom_attention", action="store_true", help="alias: --attention splash_exp2")
+    for name, what in (
+        ("bqsize", "query block"),
+        ("bkvsize", "key/value block"),
+        ("bkvcomputesize", "kv compute block"),
+        ("bkvcomputeinsize", "inner kv compute block (splash_exp2)"),
+    ):
+        _flag(group, name, type=int, help=f"TPU kernel {what}, a multiple of 128 (default: tuned/preset)")
+    _flag(group, "use_k_smooth", action="store_true", help="subtract the mean key first (exact)")
+    _flag(group, "window_size", type=int, help="self-attention to keys within this many tokens only")
+
+
 def _prompt(parser: argparse.ArgumentParser) -> None:
     from wanjax.commands import DEFAULT_PROMPT
 
@@ -101,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     _prompt(gen)
     _video(gen)
     _sampling(gen)
+    _attention(gen)
     _outputs(gen, "YYYYMMDD_HHMMSS.mp4")
 
     enc = sub.add_parser("encode", help="stage 1: prompt -> stage1_embeddings.safetensors")
@@ -113,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(den, model_help=later_help)
     _video(den)
     _sampling(den)
+    _attention(den)
     _flag(den, "input_dir", default=STAGE_DIR, help=f"stage directory (default {STAGE_DIR})")
 
     dec = sub.add_parser("decode", help="stage 3: stage2_latents.safetensors -> mp4")
@@ -133,6 +153,15 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(pl, "vae_dtype", default="float32", help="VAE dtype (default float32)")
     pl.add_argument("--use_fsdp", "--use-fsdp", dest="use_fsdp", action="store_true", help="FSDP weights")
     pl.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+
+    from wanjax import bench, tune_attention
+
+    bench_parser = sub.add_parser("bench", help="time each stage of a built-in architecture (random weights)")
+    bench.add_arguments(bench_parser)
+    bench_parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    tune = sub.add_parser("tune-attention", help="time TPU attention block sizes, cache the fastest")
+    tune_attention.add_arguments(tune)
+    tune.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
     info = sub.add_parser("info", help="what a diffusers-layout model directory holds")
     info.add_argument(
@@ -234,6 +263,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd_info(args)
         elif args.command == "plan":
             return cmd_plan(args)
+        elif args.command == "bench":
+            from wanjax import bench
+
+            bench.run(args)
+        elif args.command == "tune-attention":
+            from wanjax import tune_attention
+
+            return tune_attention.run(args)
         else:
             from wanjax.commands import COMMANDS
             from wanjax.multihost import initialize

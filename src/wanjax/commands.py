@@ -19,8 +19,10 @@ import numpy as np
 
 from wanjax import stages
 from wanjax.atomic import atomic_path
+from wanjax.attention import AttentionSpec, resolve_backend
 from wanjax.errors import WanjaxError
 from wanjax.hub import DEMO, ModelSource
+from wanjax.kernels.common import check_block
 from wanjax.multihost import is_primary
 from wanjax.pipeline import WanPipeline
 from wanjax.sharding import MeshSpec, mesh_spec_from_flags, parse_mesh, to_host
@@ -68,10 +70,33 @@ def open_pipeline(args: argparse.Namespace, model: str | None, dtype: str | None
         model or DEFAULT_MODEL,
         dtype or DEFAULTS["dtype"],
         vae_dtype=getattr(args, "vae_dtype", "float32"),
+        attention_backend=attention_spec(args),
         jax_cache_dir=cache,
         mesh=mesh,
         fsdp=fsdp,
     )
+
+
+def attention_spec(args: argparse.Namespace) -> AttentionSpec:
+    """The attention backend and options from the flags, checked against this platform now (an
+    unavailable backend fails before any weight is read)."""
+    name = (
+        "splash_exp2" if getattr(args, "use_custom_attention", False) else getattr(args, "attention", "auto")
+    )
+    spec = AttentionSpec(
+        name or "auto",
+        block_q=getattr(args, "bqsize", None),
+        block_kv=getattr(args, "bkvsize", None),
+        block_kv_compute=getattr(args, "bkvcomputesize", None),
+        block_kv_compute_in=getattr(args, "bkvcomputeinsize", None),
+        k_smooth=bool(getattr(args, "use_k_smooth", False)),
+        window_size=getattr(args, "window_size", None),
+    )
+    resolve_backend(spec.backend)
+    for flag in ("bqsize", "bkvsize", "bkvcomputesize", "bkvcomputeinsize"):
+        if getattr(args, flag, None) is not None:
+            check_block(flag, getattr(args, flag))
+    return spec
 
 
 def mesh_request(args: argparse.Namespace) -> tuple[MeshSpec | str | None, bool]:

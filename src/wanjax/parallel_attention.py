@@ -18,7 +18,8 @@ import math
 import jax
 from jax.sharding import Mesh
 
-from wanjax.attention import attention
+from wanjax.attention import AttentionSpec, attention
+from wanjax.errors import ConfigError
 from wanjax.sharding import TokenLayout
 
 
@@ -39,12 +40,18 @@ def sharded_attention(
     mesh: Mesh,
     layout: TokenLayout,
     self_attention: bool,
-    backend: str = "auto",
+    backend: str | AttentionSpec = "auto",
 ) -> jax.Array:
     """``attention(q, k, v)`` over ``(B, L, H, D)`` arrays split over ``mesh`` as ``layout`` says."""
     sizes = dict(mesh.shape)
     mode = sequence_mode(layout, sizes, q.shape[2]) if self_attention else "local"
     seq = layout.seq
+    if mode == "allgather" and getattr(backend, "window_size", None) is not None:
+        raise ConfigError(
+            f"--window_size needs whole token sequences per device, but this mesh splits them over "
+            f"{'x'.join(seq)} without Ulysses ({q.shape[2]} heads); use a mesh with sp=1 or one whose "
+            "sequence shards divide the heads per tp shard"
+        )
 
     def local(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         if mode == "ulysses":

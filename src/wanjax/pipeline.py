@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wanjax.attention import AttentionSpec
 from wanjax.checkpoint import resolve_component_dir
 from wanjax.config import TransformerConfig, parse_dtype
 from wanjax.errors import CheckpointError, WanjaxError
@@ -106,7 +107,7 @@ class WanPipeline:
         *,
         text_encoder_dtype: Any = None,
         vae_dtype: Any = "float32",
-        attention_backend: str = "auto",
+        attention_backend: str | AttentionSpec = "auto",
         mesh: MeshSpec | str | None = None,
         fsdp: bool = False,
     ):
@@ -133,7 +134,7 @@ class WanPipeline:
         *,
         text_encoder_dtype: Any = None,
         vae_dtype: Any = "float32",
-        attention_backend: str = "auto",
+        attention_backend: str | AttentionSpec = "auto",
         jax_cache_dir: str | Path | bool = True,
         mesh: MeshSpec | str | None = None,
         fsdp: bool = False,

@@ -139,6 +139,12 @@ def parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``wanjax tune-attention`` flags."""
     p.add_argument("--model", default="1.3B", help="preset (1.3B, 14B) or model directory")
     p.add_argument("--height", type=int, default=480)
     p.add_argument("--width", type=int, default=832)
@@ -151,12 +157,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a smaller candidate grid")
     p.add_argument("--tune_file", type=Path, default=None, help=f"cache file (default {tuning.tune_file()})")
     p.add_argument("--allow_interpret", action="store_true", help="allow interpret mode off TPU (testing)")
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns the exit status. Raises ConfigError on bad arguments."""
-    args = parser().parse_args(argv)
+    return run(parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """``wanjax tune-attention`` with parsed flags."""
     if jax.default_backend() != "tpu" and not args.allow_interpret:
         raise ConfigError(
             f"tune-attention times TPU kernels, but the device here is {jax.default_backend()}; "

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from wanjax.attention import attention
+from wanjax.attention import AttentionSpec, attention
 from wanjax.checkpoint import (
     LeafSource,
     ShardingFn,
@@ -150,7 +150,7 @@ def unpatchify(tokens: jax.Array, grid: tuple[int, int, int], patch: tuple[int, 
 Attend = Callable[..., jax.Array]  # (q, k, v, *, self_attention) -> out, all (B, L, H, D)
 
 
-def _attend_fn(mesh: Mesh | None, batch: int, length: int, heads: int, backend: str):
+def _attend_fn(mesh: Mesh | None, batch: int, length: int, heads: int, backend: str | AttentionSpec):
     """The attention function and the token PartitionSpecs (None without a mesh)."""
     if mesh is None:
         return (lambda q, k, v, self_attention: attention(q, k, v, backend=backend)), None
@@ -226,7 +226,7 @@ def forward(
     prompt_embeds: jax.Array,
     *,
     dtype: jnp.dtype = jnp.float32,
-    attention_backend: str = "auto",
+    attention_backend: str | AttentionSpec = "auto",
     mesh: Mesh | None = None,
 ) -> jax.Array:
     """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``.
@@ -286,7 +286,7 @@ class WanTransformer:
         cfg: TransformerConfig,
         params: Params,
         dtype: jnp.dtype,
-        attention_backend: str = "auto",
+        attention_backend: str | AttentionSpec = "auto",
         mesh: Mesh | None = None,
     ):
         self.cfg = cfg
@@ -335,7 +335,7 @@ def load_transformer(
     path: str | Path,
     dtype: str | jnp.dtype = "bfloat16",
     *,
-    attention_backend: str = "auto",
+    attention_backend: str | AttentionSpec = "auto",
     sharding: ShardingFn | None = None,
     mesh: Mesh | None = None,
     fsdp: bool = False,
