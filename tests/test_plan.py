@@ -59,3 +59,16 @@ def test_bad_plan_flags_are_one_line_errors(capsys):
     assert main(["plan", "--model", "nope", "--num_devices", "8"]) == 2
     err = capsys.readouterr().err
     assert err.count("wanjax: error:") == 3 and len(err.strip().splitlines()) == 3
+
+
+def test_vae_decode_activations_include_the_causal_cache():
+    """The causal cache (two frames of every causal conv's input) dominates the decoder's live set:
+    ~0.9 GiB at 240x416 (the 830 MiB measured in BENCHMARKS.md, plus conv_out's 96-channel site)."""
+    from wanjax.models.vae_config import VAEConfig
+    from wanjax.plan import vae_cache_bytes
+
+    assert 0.85 * GiB < vae_cache_bytes(VAEConfig(), 240, 416) < 0.95 * GiB
+    model = model_configs("14B")
+    kwargs = dict(height=720, width=1280, frames=81, device_memory=32 * GiB)
+    eight = plan(model, parse_mesh("dp=2,sp=1,tp=4"), **kwargs)
+    assert eight.stages["decode"].activations > vae_cache_bytes(model.vae, 720, 1280) / 8

@@ -3,17 +3,21 @@
 Weights: every leaf's shard under the sharding rules (:mod:`wanjax.sharding`), in the run's dtypes;
 the pipeline keeps all three components loaded, so they add up. Activations: an analytic estimate of
 each stage's largest live set per device (DiT block under the token layout, text encoder layer, VAE
-decoder at full resolution under spatial sharding). A mesh fits when weights + the largest
-activation stay within ``HEADROOM`` of the device memory (the rest is left to XLA's temporaries).
+decoder at full resolution plus its causal cache under spatial sharding). A mesh fits when weights
++ the largest activation stay within ``HEADROOM`` of the device memory (the rest is left to XLA's
+temporaries). ``benchmarks/aot_memory.py`` checks the estimates against XLA's memory analysis of
+the compiled programs.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from pathlib import Path
 
+import jax
 import numpy as np
 
 from wanjax.checkpoint import abstract_params
@@ -21,6 +25,7 @@ from wanjax.config import PRESETS, TransformerConfig, parse_dtype
 from wanjax.errors import WanjaxError
 from wanjax.models import dit, umt5, vae
 from wanjax.models.umt5 import UMT5Config
+from wanjax.models.vae_blocks import Numerics
 from wanjax.models.vae_config import VAEConfig
 from wanjax.parallel_attention import sequence_mode
 from wanjax.sharding import (
@@ -165,11 +170,14 @@ def plan(
     s = max_sequence_length
     te_act = te_rows * s * (te.d_model * (act + 4) * 2 + te_heads * s * 4 * 2 + 2 * te_ff * (act + 4))
 
-    # VAE decoder: full-resolution layers on one chunk (4 frames), split spatially over all devices.
+    # VAE decoder, split spatially over all devices: full-resolution layers on one chunk (4 frames:
+    # in, out, residual, conv temps), the causal conv's 3-frame input window and its padded copy, and
+    # the causal cache carried between chunks (the dominant term: ~1 GiB per device at 720p on 8).
     v = model.vae
     c0 = (v.decoder_base_dim or v.base_dim) * v.dim_mult[0]
     spatial = mesh.num_devices if (height * width) % mesh.num_devices == 0 else 1
-    vae_act = 4 * 4 * height * width * c0 * vae_act * batch // spatial  # in, out, residual, conv temps
+    working = (4 * 4 + 2 * 3) * height * width * c0 * vae_act * batch
+    vae_act = (working + batch * vae_cache_bytes(v, height, width, vae_dtype)) // spatial
 
     stages = {
         "encode": StagePlan(e_weights, te_act),
@@ -177,6 +185,20 @@ def plan(
         "decode": StagePlan(v_weights, vae_act),
     }
     return Plan(mesh, stages, device_memory)
+
+
+@functools.lru_cache(maxsize=16)
+def vae_cache_bytes(cfg: VAEConfig, height: int, width: int, dtype: str = "float32") -> int:
+    """Bytes of the decoder's causal cache for one ``height`` x ``width`` video: the last two input
+    frames of every causal conv (3-D convolutions, the accelerator formulation), from the abstract
+    first chunk (``jax.eval_shape``: no weights, no compute)."""
+    dt = parse_dtype(dtype)
+    params = abstract_params(vae.checkpoint_spec(cfg, "decoder"), dt)
+    f = cfg.spatial_factor
+    z = jax.ShapeDtypeStruct((1, 1, height // f, width // f, cfg.z_dim), dt)
+    nm = Numerics(dt, "conv3d")
+    _, cache = jax.eval_shape(lambda p, z: vae._decoder_chunk(p, cfg, z, {}, True, nm, 1), params, z)
+    return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(cache))
 
 
 def candidate_meshes(num_devices: int, fsdp: bool = False) -> list[MeshSpec]:

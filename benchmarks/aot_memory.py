@@ -1,0 +1,311 @@
+"""Fits where it must: ahead-of-time compiles on 8 simulated devices vs ``wanjax plan``.
+
+Compiles, from abstract inputs only (``jax.ShapeDtypeStruct`` with their ``NamedSharding``; no weights
+are created), the two largest programs of a 14B 1280x720x81 run on 8 devices under the chosen mesh:
+
+* one denoising step: the real :class:`wanjax.sampling.Sampler` step program (DiT forward on the CFG
+  pair, guidance, UniPC update), bf16 weights sharded by :data:`wanjax.sharding.DIT_PARAM_AXES`,
+  latents ``[1,16,21,90,160]`` and the scheduler state replicated as the sampler places them;
+* the VAE decode (``decode_uint8``, float32) of those latents split spatially as
+  :meth:`wanjax.WanPipeline.decode` splits them (:func:`wanjax.sharding.spatial_sharding`), weights
+  replicated.
+
+``compiled.memory_analysis()`` of an SPMD program describes one device's program: arguments (the
+weight shards and inputs), outputs, temporaries and generated code. Per-device peak =
+arguments + outputs + temporaries - aliased. This is set next to :func:`wanjax.plan.plan` for the same
+mesh (its per-device weights and activation estimate for the stage), and against a 32 GiB TPU v6e
+chip with every component's weights resident (the pipeline keeps all three loaded).
+
+Caveat: the programs are compiled by XLA:CPU (its fusion, scheduling and the CPU attention path:
+the ``xla`` backend, blockwise, one head at a time), not by the TPU compiler, which plans its own
+buffers; these are the closest numbers obtainable without a TPU. Two CPU-only differences are shown
+side by side: the DiT step as XLA:CPU runs it (``scan_layers`` bitcasts the stacked bf16 weights to
+uint16 in the program, which materialises a copy of them) and with the weights reaching the layer
+loop uncopied, as on TPU (see :func:`dit_step`); the VAE with 3-D convolutions (the accelerator
+default) and with ``taps`` (the CPU default).
+
+    python benchmarks/aot_memory.py                          # 14B, 720p, 81 frames, dp=2,sp=1,tp=4
+    python benchmarks/aot_memory.py --layers 4 --json out/aot.json
+"""
+
+from __future__ import annotations
+
+import os
+
+_FLAG = "--xla_force_host_platform_device_count=8"
+if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import resource  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from wanjax.checkpoint import abstract_params  # noqa: E402
+from wanjax.config import parse_dtype  # noqa: E402
+from wanjax.models import dit, vae  # noqa: E402
+from wanjax.models.dit import WanTransformer  # noqa: E402
+from wanjax.plan import HEADROOM, GiB, model_configs, plan  # noqa: E402
+from wanjax.sampling import Sampler  # noqa: E402
+from wanjax.scheduler import SchedulerConfig, make_scheduler  # noqa: E402
+from wanjax.sharding import (  # noqa: E402
+    DIT_PARAM_AXES,
+    make_mesh,
+    param_sharding,
+    parse_mesh,
+    replicated,
+    spatial_sharding,
+)
+
+
+def sharded_abstract(abstract: Any, sharding) -> Any:
+    """Attach ``sharding(path, shape)`` to every ``ShapeDtypeStruct`` leaf."""
+
+    def leaf(path, a: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
+        keys = tuple(str(getattr(k, "key", k)) for k in path)
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding(keys, a.shape))
+
+    return jax.tree_util.tree_map_with_path(leaf, abstract)
+
+
+def shard_bytes(tree: Any) -> int:
+    """Bytes one device holds of an abstract tree (largest shard of each leaf)."""
+    total = 0
+    for a in jax.tree.leaves(tree):
+        total += math.prod(a.sharding.shard_shape(a.shape)) * np.dtype(a.dtype).itemsize
+    return total
+
+
+def memory(compiled: jax.stages.Compiled) -> dict[str, int]:
+    m = compiled.memory_analysis()
+    out = {
+        "argument": m.argument_size_in_bytes,
+        "output": m.output_size_in_bytes,
+        "alias": m.alias_size_in_bytes,
+        "temp": m.temp_size_in_bytes,
+        "code": m.generated_code_size_in_bytes,
+    }
+    out["peak"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+    return out
+
+
+def prepacked_scan(body, carry: jax.Array, layers: Any) -> jax.Array:
+    """``scan_layers`` for stacked weights handed to the program as uint16 bit patterns: the body
+    bitcasts them back to bfloat16, so they cross the loop without any copy (see ``dit_step``)."""
+
+    def step(c: jax.Array, p: Any) -> tuple[jax.Array, None]:
+        p = jax.tree.map(
+            lambda a: jax.lax.bitcast_convert_type(a, jnp.bfloat16) if a.dtype == jnp.uint16 else a, p
+        )
+        return body(c, p), None
+
+    return jax.lax.scan(step, carry, layers)[0]
+
+
+def dit_step(
+    model_name: str, mesh, latent_shape, layers: int | None, dtype: str, text_len: int, variant: str
+) -> dict[str, Any]:
+    """Compile the sampler's CFG step for abstract sharded weights; its memory analysis.
+
+    ``variant="cpu"``: the program as XLA:CPU runs it. There ``scan_layers`` bitcasts the stacked bf16
+    weights to uint16 before its loop (XLA:CPU would otherwise upcast them to a float32 copy), and
+    that bitcast materialises a uint16 copy of every stacked weight in the temporaries.
+    ``variant="tpu"``: the stacked bf16 leaves enter the program already as uint16 (same bytes), so
+    they reach the loop uncopied, as the bf16 weights do on TPU where ``scan_layers`` passes them
+    through unchanged; everything else is the same program.
+    """
+    cfg = model_configs(model_name).transformer
+    if layers is not None:
+        cfg = dataclasses.replace(cfg, num_layers=layers)
+    dt = parse_dtype(dtype)
+    params = sharded_abstract(
+        abstract_params(dit.checkpoint_spec(cfg), dt), param_sharding(mesh, DIT_PARAM_AXES)
+    )
+    saved = dit.scan_layers
+    if variant == "tpu":
+        half = jnp.dtype(jnp.bfloat16)
+        params["blocks"] = jax.tree.map(
+            lambda a: (
+                jax.ShapeDtypeStruct(a.shape, jnp.uint16, sharding=a.sharding) if a.dtype == half else a
+            ),
+            params["blocks"],
+        )
+        dit.scan_layers = prepacked_scan
+    model = WanTransformer(cfg, params, dt, mesh=mesh)
+    scheduler = make_scheduler(SchedulerConfig(), 50)
+    rep = replicated(mesh)
+
+    def sds(shape, dtype) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=rep)
+
+    state = jax.tree.map(
+        lambda a: sds(a.shape, a.dtype),
+        jax.eval_shape(scheduler.init_state, jax.ShapeDtypeStruct(latent_shape, jnp.float32)),
+    )
+    text = sds((latent_shape[0], text_len, cfg.text_dim), dt)
+    args = (params, state, sds((), jnp.int32), text, text, sds((), jnp.float32))
+    start = time.perf_counter()
+    try:
+        compiled = Sampler(model)._program(scheduler, args)
+    finally:
+        dit.scan_layers = saved
+    seconds = time.perf_counter() - start
+    out = memory(compiled)
+    out["compile_s"] = seconds
+    out["weights"] = shard_bytes(params)
+    out["inputs"] = shard_bytes(args[1:])
+    out["layers"] = cfg.num_layers
+    return out
+
+
+def vae_decode(mesh, latent_shape, conv: str, dtype: str) -> dict[str, Any]:
+    """Compile ``decode_uint8`` for abstract replicated weights, latents split as the pipeline does."""
+    cfg = model_configs("14B").vae
+    dt = parse_dtype(dtype)
+    rep = replicated(mesh)
+    params = sharded_abstract(abstract_params(vae.checkpoint_spec(cfg, "decoder"), dt), lambda p, s: rep)
+    model = vae.WanVAE(cfg, params, dt, conv=conv)
+    x = jax.ShapeDtypeStruct(latent_shape, jnp.float32, sharding=spatial_sharding(mesh, latent_shape))
+    start = time.perf_counter()
+    compiled = model.lower("decode_uint8", x).compile()
+    seconds = time.perf_counter() - start
+    out = memory(compiled)
+    out["compile_s"] = seconds
+    out["weights"] = shard_bytes(params)
+    out["inputs"] = shard_bytes(x)
+    out["spec"] = str(x.sharding.spec)
+    return out
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="14B")
+    parser.add_argument("--mesh", default="dp=2,sp=1,tp=4")
+    parser.add_argument("--height", type=int, default=720)
+    parser.add_argument("--width", type=int, default=1280)
+    parser.add_argument("--frames", type=int, default=81)
+    parser.add_argument("--layers", type=int, help="DiT layers to compile (default: the model's)")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--vae_dtype", default="float32")
+    parser.add_argument(
+        "--vae_conv", nargs="+", default=["conv3d", "taps"], help="VAE conv formulations (TPU: conv3d)"
+    )
+    parser.add_argument(
+        "--dit_variant", nargs="+", default=["tpu", "cpu"], choices=["tpu", "cpu"], help="see dit_step"
+    )
+    parser.add_argument("--device_memory", type=float, default=32.0, help="GiB per device")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["dit", "vae"])
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    spec = parse_mesh(args.mesh)
+    mesh = make_mesh(spec)
+    model = model_configs(args.model)
+    latent_t = (args.frames - 1) // 4 + 1
+    latent_shape = (1, model.vae.z_dim, latent_t, args.height // 8, args.width // 8)
+    memory_bytes = int(args.device_memory * GiB)
+    p = plan(
+        model,
+        spec,
+        height=args.height,
+        width=args.width,
+        frames=args.frames,
+        device_memory=memory_bytes,
+        dtype=args.dtype,
+        vae_dtype=args.vae_dtype,
+    )
+    print(
+        f"{args.model} {args.width}x{args.height}x{args.frames} (latents {list(latent_shape)}), CFG, mesh "
+        f"{spec} on {jax.device_count()} simulated {jax.devices()[0].platform} devices; per device"
+    )
+    print(p.table())
+    results: dict[str, Any] = {"mesh": spec.flag, "latents": list(latent_shape), "plan": {}}
+    for name, s in p.stages.items():
+        results["plan"][name] = {"weights": s.weights, "activations": s.activations}
+
+    rows: list[tuple[str, dict[str, Any], str]] = []
+    if "dit" not in args.skip:
+        for variant in args.dit_variant:
+            r = dit_step(args.model, mesh, latent_shape, args.layers, args.dtype, 512, variant)
+            results[f"dit_{variant}"] = r
+            label = {"cpu": "as XLA:CPU runs it", "tpu": "weights uncopied, as on TPU"}[variant]
+            rows.append((f"denoise step, {r['layers']} layers ({label})", r, "denoise"))
+    if "vae" not in args.skip:
+        for conv in args.vae_conv:
+            r = vae_decode(mesh, latent_shape, conv, args.vae_dtype)
+            results[f"vae_{conv}"] = r
+            rows.append((f"VAE decode ({conv})", r, "decode"))
+        print(
+            f"VAE latents sharded {r['spec']} (each device decodes a {args.width // spec.num_devices}-pixel strip)"
+        )
+
+    print(
+        "\n| program | compile | arguments | of which weights | outputs | temporaries | code "
+        "| AOT peak | plan weights + activations | AOT / plan |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for label, r, stage in rows:
+        s = p.stages[stage]
+        planned = s.weights + s.activations
+        print(
+            f"| {label} | {r['compile_s']:.1f} s | {gib(r['argument'])} | {gib(r['weights'])} "
+            f"| {gib(r['output'])} | {gib(r['temp'])} | {r['code'] / 2**20:.1f} MiB | **{gib(r['peak'])}** "
+            f"| {gib(s.weights)} + {gib(s.activations)} = {gib(planned)} | **{r['peak'] / planned:.2f}** |"
+        )
+        r["plan_stage"] = planned
+    print("(GiB per device)")
+    for label, r, _ in rows:
+        per_device = r["weights"] + r["inputs"]
+        same = "=" if abs(r["argument"] - per_device) <= 1 << 20 else "!="
+        print(
+            f"  {label}: arguments {r['argument']} B {same} one device's shards of weights + inputs {per_device} B"
+        )
+
+    others = {name: s.weights for name, s in p.stages.items()}
+    print(
+        f"\nfit on a {args.device_memory:.0f} GiB chip (every component's weights resident, as the pipeline):"
+    )
+    for label, r, stage in rows:
+        resident = sum(w for name, w in others.items() if name != stage)
+        total = r["peak"] + resident
+        verdict = "fits" if total <= memory_bytes else "does NOT fit"
+        print(
+            f"  {label}: AOT peak {gib(r['peak'])} + other weights {gib(resident)} = {gib(total)} GiB "
+            f"({total / memory_bytes:.0%} of {args.device_memory:.0f} GiB; plan's usable limit "
+            f"{HEADROOM:.0%}): {verdict}"
+        )
+        r["with_other_weights"] = total
+    # The programs a TPU run compiles (bf16 weights uncopied, 3-D convs) and those a CPU run compiles.
+    for platform, picks in (("TPU-like", ("uncopied", "conv3d")), ("XLA:CPU", ("XLA:CPU", "taps"))):
+        chosen = [row for row in rows if any(k in row[0] for k in picks)]
+        if chosen:
+            worst = max(chosen, key=lambda row: row[1]["with_other_weights"])
+            total = worst[1]["with_other_weights"]
+            print(
+                f"overall per-device peak, {platform} programs: AOT {gib(total)} GiB ({worst[0]}) vs plan "
+                f"{gib(p.peak)} GiB: AOT / plan {total / p.peak:.2f}"
+            )
+            results[f"overall_{platform}"] = {"aot": total, "plan": p.peak}
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(f"\ncompiler process peak RSS: {rss:.2f} GiB")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
