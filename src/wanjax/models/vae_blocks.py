@@ -145,11 +145,10 @@ def frame_window(prev: Frames | None, x: jax.Array, start: int, length: int, n_p
 
 
 def after(w: jax.Array, x: jax.Array) -> jax.Array:
-    """``w`` made data-dependent on ``x`` (plus ``0 * x[0, ..., 0]``), so XLA cannot run the op reading
+    """``w`` made data-dependent on ``x`` (plus ``0 * x[0]``), so XLA cannot run the op reading
     ``w`` before ``x`` exists. Used on the small kernels of convolutions over cached frames, which
-    would otherwise all be hoisted to the start of a step, each holding a full-frame output. An
-    element index, not ``reshape(-1)[0]``: a spatially sharded ``x`` answers it without gathering."""
-    return w + (x[(0,) * x.ndim] * 0).astype(w.dtype)
+    would otherwise all be hoisted to the start of a step, each holding a full-frame output."""
+    return w + (x.reshape(-1)[0] * 0).astype(w.dtype)
 
 
 def conv3d_causal(prev: Frames | None, x: jax.Array, kernel: jax.Array, nm: Numerics) -> jax.Array:
