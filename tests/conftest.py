@@ -51,3 +51,12 @@ def tiny_transformer_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny_dit")
     model = save_transformer(root, seed=0, **TINY_DIT)
     return root, model
+
+
+@pytest.fixture(scope="module")
+def demo_env(tmp_path_factory):
+    """WANJAX_CACHE pointing at a fresh folder (one per test module), so the demo model is generated there."""
+    cache = tmp_path_factory.mktemp("wanjax_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("WANJAX_CACHE", str(cache))
+        yield cache

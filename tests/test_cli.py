@@ -12,15 +12,6 @@ from wanjax import stages
 from wanjax.cli import main
 
 
-@pytest.fixture(scope="module")
-def demo_env(tmp_path_factory):
-    """WANJAX_CACHE pointing at a fresh folder, so the demo model is generated there."""
-    cache = tmp_path_factory.mktemp("wanjax_cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WANJAX_CACHE", str(cache))
-        yield cache
-
-
 def run(capsys, *args) -> tuple[int, str, str]:
     code = main([str(a) for a in args])
     out = capsys.readouterr()

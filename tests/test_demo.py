@@ -12,18 +12,9 @@ import sys
 
 import av
 import numpy as np
-import pytest
 
 from wanjax import WanPipeline
 from wanjax.demo_model import DEMO_DEFAULTS, demo_model_dir, is_demo_model
-
-
-@pytest.fixture(scope="module")
-def demo_env(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("wanjax_cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("WANJAX_CACHE", str(cache))
-        yield cache
 
 
 def test_demo_model_is_deterministic_and_complete(tmp_path):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import mmap
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from wanjax.errors import CheckpointError
+from wanjax.errors import CheckpointError, parse_json_object
 
 # safetensors dtype tags -> NumPy dtypes (ml_dtypes supplies the ones NumPy lacks).
 _SAFETENSORS_DTYPES: dict[str, np.dtype] = {
@@ -63,33 +64,60 @@ class TensorRef:
 
 
 def read_safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
-    """The JSON header of a safetensors file and the byte offset where tensor data starts."""
+    """The JSON header of a safetensors file and the byte offset where tensor data starts.
+
+    The header is checked to be well formed (every entry a known dtype, a shape of non-negative
+    ints and a ``[begin, end]`` byte range); anything else is a CheckpointError naming the file."""
     try:
         with open(path, "rb") as f:
             prefix = f.read(8)
             if len(prefix) < 8:
                 raise CheckpointError(f"{path}: truncated safetensors file (no header)")
             n = int.from_bytes(prefix, "little")
-            if n > 100_000_000:
+            if n < 2 or n > 100_000_000:
                 raise CheckpointError(f"{path}: not a safetensors file (header length {n})")
-            header = json.loads(f.read(n))
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise CheckpointError(f"{path}: corrupt safetensors header") from None
+            raw = f.read(n)
+        if len(raw) < n:
+            raise CheckpointError(f"{path}: truncated safetensors file (header cut short)")
     except OSError as e:
-        raise CheckpointError(f"{path}: cannot read ({e.strerror})") from None
+        raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
+    header = parse_json_object(raw, f"{path}: corrupt safetensors header", CheckpointError)
     header.pop("__metadata__", None)
+    for name, info in header.items():
+        _check_header_entry(path, name, info)
     return header, 8 + n
+
+
+def _check_header_entry(path: Path, name: str, info: Any) -> None:
+    def is_int(x: Any) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+    ok = (
+        isinstance(info, dict)
+        and isinstance(info.get("dtype"), str)
+        and isinstance(info.get("shape"), list)
+        and all(is_int(d) for d in info["shape"])
+        and isinstance(info.get("data_offsets"), list)
+        and len(info["data_offsets"]) == 2
+        and all(is_int(o) for o in info["data_offsets"])
+        and info["data_offsets"][0] <= info["data_offsets"][1]
+    )
+    if not ok:
+        raise CheckpointError(f"{path}: corrupt safetensors header (entry {name!r} is malformed)")
 
 
 def open_safetensors(path: Path) -> dict[str, TensorRef]:
     """Memory-map one safetensors file; check every tensor lies inside the file."""
     header, data_start = read_safetensors_header(path)
-    size = path.stat().st_size
-    if size == data_start:  # mmap cannot map zero bytes
-        mapped = np.zeros(0, np.uint8)
-    else:
-        with open(path, "rb") as f:
-            mapped = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+    try:
+        size = path.stat().st_size
+        if size == data_start:  # mmap cannot map zero bytes
+            mapped = np.zeros(0, np.uint8)
+        else:
+            with open(path, "rb") as f:
+                mapped = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
     refs = {}
     for name, info in header.items():
         dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
@@ -102,7 +130,7 @@ def open_safetensors(path: Path) -> dict[str, TensorRef]:
                 f"{path}: truncated file: tensor {name} ends at byte {data_start + end} "
                 f"but the file has {size} bytes; download it again"
             )
-        if end - begin != int(np.prod(shape)) * dtype.itemsize:
+        if end - begin != math.prod(shape) * dtype.itemsize:
             raise CheckpointError(
                 f"{path}: corrupt header: tensor {name} byte range does not match its shape"
             )
@@ -138,10 +166,16 @@ def open_component(directory: str | Path, stems: Iterable[str]) -> dict[str, Ten
 def _open_sharded(index_path: Path) -> dict[str, TensorRef]:
     try:
         weight_map: dict[str, str] = json.loads(index_path.read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError):
+    except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError):
         raise CheckpointError(f"{index_path}: not a valid shard index (no weight_map)") from None
+    except OSError as e:
+        raise CheckpointError(f"{index_path}: cannot read ({e.strerror or e})") from None
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(f, str) and f and "/" not in f for f in weight_map.values()
+    ):
+        raise CheckpointError(f"{index_path}: not a valid shard index (weight_map must map names to files)")
     files = sorted(set(weight_map.values()))
-    missing = [f for f in files if not (index_path.parent / f).exists()]
+    missing = [f for f in files if not (index_path.parent / f).is_file()]
     if missing:
         raise CheckpointError(f"{index_path}: shard file(s) missing: {_listing(missing)}")
     refs: dict[str, TensorRef] = {}

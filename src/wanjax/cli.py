@@ -3,14 +3,16 @@
 
 Flags use the reference scripts' names (``--num_inference_steps``) and accept hyphenated spellings
 (``--num-inference-steps``). User mistakes (bad flags, bad model directories, contradicting stage
-files) print one line naming the problem and exit with 2; ``--debug`` shows the traceback instead.
+files) print one line naming the problem and exit with 2, before any weight is read; failures while
+running (NaN/inf latents, an output that cannot be written, an XLA runtime error) print one line and
+exit with 1; ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+import warnings
 from collections.abc import Sequence
 
 from wanjax.errors import WanjaxError
@@ -180,7 +182,7 @@ def cmd_info(args: argparse.Namespace) -> None:
     root = source.path
     index_path = root / "model_index.json"
     if index_path.exists():
-        index = json.loads(index_path.read_text())
+        index = _read_json(index_path)
         components = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list)]
         print(f"{root}: {index.get('_class_name', 'model')}")
         if source.is_demo:
@@ -199,7 +201,7 @@ def cmd_info(args: argparse.Namespace) -> None:
             continue
         config = folder / "config.json"
         if config.exists():
-            cfg = json.loads(config.read_text())
+            cfg = _read_json(config)
             print("  class: " + str(cfg.get("_class_name", cfg.get("architectures", "?"))))
             print("  config: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if not k.startswith("_")))
         for json_file in sorted(folder.glob("*config.json")):
@@ -210,6 +212,17 @@ def cmd_info(args: argparse.Namespace) -> None:
         else:
             files = sorted(p for p in folder.iterdir() if p.is_file())
             print("  files: " + ", ".join(f"{p.name} ({p.stat().st_size / 1024:.0f} KiB)" for p in files))
+
+
+def _read_json(path) -> dict:
+    """A JSON object from ``path``; WanjaxError naming the file otherwise."""
+    from wanjax.errors import parse_json_object
+
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        raise WanjaxError(f"{path}: cannot read ({e.strerror or e})") from None
+    return parse_json_object(text, str(path))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -258,6 +271,21 @@ def _weights_summary(refs: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.debug:
+        return _main(args)
+    original = warnings.formatwarning
+    warnings.formatwarning = _one_line_warning  # "wanjax: warning: ..." instead of file:line + source
+    try:
+        return _main(args)
+    finally:
+        warnings.formatwarning = original
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"wanjax: warning: {_one_line(message if isinstance(message, Warning) else Warning(message))}\n"
+
+
+def _main(args: argparse.Namespace) -> int:
     try:
         if args.command == "info":
             cmd_info(args)
@@ -281,9 +309,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     except WanjaxError as e:
         if args.debug:
             raise
-        print(f"wanjax: error: {e}", file=sys.stderr)
-        return 2
+        print(f"wanjax: error: {_one_line(e)}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("wanjax: interrupted (no partial output files were left)", file=sys.stderr)
+        return 130
+    except (OSError, MemoryError) as e:  # a runtime failure: disk full, out of host memory, ...
+        if args.debug:
+            raise
+        print(
+            f"wanjax: error: {_one_line(e) or type(e).__name__} (--debug shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+    except Exception as e:
+        import jax
+
+        if args.debug or not isinstance(e, jax.errors.JaxRuntimeError):
+            raise
+        first = _one_line(e)[:300]
+        print(f"wanjax: error: XLA runtime failure: {first} (--debug shows the traceback)", file=sys.stderr)
+        return 1
     return 0
+
+
+def _one_line(e: BaseException) -> str:
+    """The message on one line (multi-line messages are joined)."""
+    return " ".join(line.strip() for line in str(e).splitlines() if line.strip())
 
 
 if __name__ == "__main__":

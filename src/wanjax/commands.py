@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from wanjax import stages
+from wanjax import stages, validation
 from wanjax.atomic import atomic_path
 from wanjax.attention import AttentionSpec, resolve_backend
 from wanjax.errors import WanjaxError
@@ -122,6 +122,19 @@ def check_output_names(args: argparse.Namespace) -> None:
             raise WanjaxError(f"--{key} {value} must end in {suffix}")
 
 
+def check_output_paths(args: argparse.Namespace, **more: str | Path | None) -> None:
+    """Every file the command will write can be written (checked before any work)."""
+    outputs = {f"--{key}": getattr(args, key, None) for key in (*OUTPUT_SUFFIXES, "metrics_json")}
+    validation.check_outputs({**outputs, **more})
+
+
+def check_pipeline_mesh(pipe: WanPipeline, heads: int | None) -> None:
+    """The requested mesh fits the visible devices (and splits the heads), before any weight is read."""
+    import jax
+
+    validation.check_mesh(pipe._mesh_request, jax.device_count(), heads)
+
+
 def video_flags(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k, None) for k in stages.VIDEO_KEYS}
 
@@ -199,7 +212,14 @@ def finish(report: RunReport, args: argparse.Namespace, start: float) -> RunRepo
     from wanjax import __version__
 
     report.total = time.perf_counter() - start
-    report.extra.update({"backend": jax.default_backend(), "wanjax_version": __version__})
+    report.extra.update(
+        {
+            "backend": jax.default_backend(),
+            "wanjax_version": __version__,
+            "environment": validation.environment(),
+            "arguments": validation.arguments(args),
+        }
+    )
     if not is_primary():
         return report
     print(report.table())
@@ -230,11 +250,16 @@ def cmd_generate(args: argparse.Namespace) -> RunReport:
     """Prompt to mp4 in one process."""
     start = time.perf_counter()
     check_output_names(args)
+    validation.check_flags(args)
     args.output_video = args.output_video or timestamped_video_name()
+    check_output_paths(args)
     pipe = open_pipeline(args, args.model, args.dtype)
+    configs = validation.check_model(pipe.path, ("tokenizer", "text_encoder", "transformer", "vae"))
     init = stages.load_latents(args.init_latents) if args.init_latents else None
     batch = 1 if init is None else init.shape[0]
     video = resolve_video(pipe, video_flags(args), {}, init, batch, args.init_latents)
+    validation.check_rope(configs["transformer"], pipe.geometry, video)
+    check_pipeline_mesh(pipe, configs["transformer"].num_attention_heads)
     params = sampling_params(pipe, args)
     negative = args.negative_prompt if args.negative_prompt is not None else ""
     pos, neg = pipe.encode_prompt([args.prompt] * batch, [negative] * batch, args.max_sequence_length)
@@ -245,14 +270,20 @@ def cmd_generate(args: argparse.Namespace) -> RunReport:
     frames = pipe.decode(final)
     fps = args.fps or DEFAULTS["fps"]
     outputs = write_outputs(frames, args, fps)
-    return finish(make_report("generate", pipe, {"batch": batch, **video, "fps": fps}, outputs), args, start)
+    report = make_report("generate", pipe, {"batch": batch, **video, "fps": fps}, outputs)
+    report.extra["sampling"] = params
+    return finish(report, args, start)
 
 
 def cmd_encode(args: argparse.Namespace) -> RunReport:
     """Stage 1: prompts -> ``stage1_embeddings.safetensors``."""
     start = time.perf_counter()
     out = Path(args.output_dir)
+    validation.check_flags(args)
+    check_output_paths(args, **{"--output_dir": out / stages.EMBEDDINGS_FILE})
     pipe = open_pipeline(args, args.model, args.dtype)
+    validation.check_model(pipe.path, ("tokenizer", "text_encoder"))
+    check_pipeline_mesh(pipe, None)
     given = {k: v for k, v in video_flags(args).items() if v is not None}
     if {"height", "width", "frames"} & given.keys():
         defaults = model_defaults(pipe.source)
@@ -267,6 +298,8 @@ def cmd_encode(args: argparse.Namespace) -> RunReport:
         "negative_prompt": negative,
         "max_sequence_length": args.max_sequence_length,
         **given,
+        "arguments": validation.arguments(args),
+        "environment": validation.environment(),
     }
     if is_primary():
         stages.write_config(out, stages.record_stage({}, "encode", params))
@@ -278,14 +311,25 @@ def cmd_denoise(args: argparse.Namespace) -> RunReport:
     """Stage 2: embeddings (+ noise) -> ``stage2_latents.safetensors``."""
     start = time.perf_counter()
     directory = Path(args.input_dir)
+    validation.check_flags(args)
     config = stages.read_config(directory)
     pos, neg = stages.load_embeddings(directory)
+    check_output_paths(args, **{"--input_dir": directory / stages.LATENTS_FILE})
     stages.check_video_flags(config, "denoise", video_flags(args), directory)
     earlier = {k: v for k, (v, _) in stages.upstream(config, "denoise").items()}
     pipe = open_pipeline(args, args.model or earlier.get("model"), args.dtype or earlier.get("dtype"))
+    cfg = validation.check_model(pipe.path, ("transformer",))["transformer"]
+    if pos.shape[2] != cfg.text_dim:
+        raise WanjaxError(
+            f"{directory / stages.EMBEDDINGS_FILE}: embeddings of width {pos.shape[2]} but the transformer of "
+            f"{model_label(pipe.source)} takes {cfg.text_dim}; they come from another model (re-run "
+            "`wanjax encode` with this model)"
+        )
     init = stages.load_latents(args.init_latents) if args.init_latents else None
     batch = pos.shape[0]
     video = resolve_video(pipe, video_flags(args), earlier, init, batch, args.init_latents)
+    validation.check_rope(cfg, pipe.geometry, video)
+    check_pipeline_mesh(pipe, cfg.num_attention_heads)
     params = sampling_params(pipe, args)
     latents = (
         init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
@@ -301,25 +345,37 @@ def cmd_denoise(args: argparse.Namespace) -> RunReport:
         **video,
         **({"fps": args.fps} if args.fps else {}),
         **params,
+        "arguments": validation.arguments(args),
+        "environment": validation.environment(),
     }
     if is_primary():
         stages.write_config(directory, stages.record_stage(config, "denoise", recorded))
-    return finish(
-        make_report("denoise", pipe, {"batch": batch, **video}, {"latents": str(path)}), args, start
-    )
+    report = make_report("denoise", pipe, {"batch": batch, **video}, {"latents": str(path)})
+    report.extra["sampling"] = params
+    return finish(report, args, start)
 
 
 def cmd_decode(args: argparse.Namespace) -> RunReport:
     """Stage 3: ``stage2_latents.safetensors`` -> mp4 (and raw frames / preview)."""
     start = time.perf_counter()
     check_output_names(args)
+    validation.check_flags(args)
     directory = Path(args.input_dir)
     config = stages.read_config(directory)
     latents_path = directory / stages.LATENTS_FILE
     latents = stages.load_latents(latents_path)
+    args.output_video = args.output_video or str(directory / "output_video.mp4")
+    check_output_paths(args, **{"--input_dir": directory / stages.CONFIG_FILE})
     stages.check_video_flags(config, "decode", {"fps": args.fps}, directory)
     earlier = {k: v for k, (v, _) in stages.upstream(config, "decode").items()}
     pipe = open_pipeline(args, args.model or earlier.get("model"), None)
+    vae_cfg = validation.check_model(pipe.path, ("vae",))["vae"]
+    if latents.shape[1] != vae_cfg.z_dim:
+        raise WanjaxError(
+            f"{latents_path}: latents have {latents.shape[1]} channels but the VAE of "
+            f"{model_label(pipe.source)} decodes {vae_cfg.z_dim}; they come from another model"
+        )
+    check_pipeline_mesh(pipe, None)
     size = pipe.geometry.video_size(latents.shape)
     for key in ("height", "width", "frames"):
         value = getattr(args, key)
@@ -328,7 +384,6 @@ def cmd_decode(args: argparse.Namespace) -> RunReport:
                 f"--{key} {value} contradicts {latents_path} (latents {list(latents.shape)} decode to "
                 f"{size['frames']} frames of {size['width']}x{size['height']}); leave --{key} out"
             )
-    args.output_video = args.output_video or str(directory / "output_video.mp4")
     frames = pipe.decode(latents)
     fps = args.fps or earlier.get("fps") or DEFAULTS["fps"]
     outputs = write_outputs(frames, args, fps)
@@ -339,6 +394,8 @@ def cmd_decode(args: argparse.Namespace) -> RunReport:
         "output_video": outputs["video"],
         "frames_out": args.frames_out,
         "preview": args.preview,
+        "arguments": validation.arguments(args),
+        "environment": validation.environment(),
     }
     if is_primary():
         stages.write_config(directory, stages.record_stage(config, "decode", recorded))
@@ -357,6 +414,8 @@ def sampling_params(pipe: WanPipeline, args: argparse.Namespace) -> dict[str, An
     )
     if steps < 1:
         raise WanjaxError(f"--num_inference_steps must be at least 1, got {steps}")
+    if args.guidance_scale is not None and not args.guidance_scale >= 0:
+        raise WanjaxError(f"--guidance_scale must be >= 0, got {args.guidance_scale}")
     if args.flow_shift is not None and not args.flow_shift > 0:
         raise WanjaxError(
             f"--flow_shift must be positive (3.0 for 480p, 5.0 for 720p), got {args.flow_shift}"

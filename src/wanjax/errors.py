@@ -1,8 +1,15 @@
-"""Exceptions for user-facing failures: each message names the problem and how to fix it."""
+"""Exceptions for user-facing failures: each message names the problem and how to fix it.
+
+The command line prints them as one line (``--debug`` shows the traceback) and exits with the
+class's ``exit_code``: 2 for mistakes in the user's inputs (flags, model directories, stage files),
+1 for failures while running (a run that diverged to NaN/inf, an output that could not be written).
+"""
 
 
 class WanjaxError(Exception):
     """Base class: a problem with the user's inputs or files, reported without a traceback."""
+
+    exit_code = 2
 
 
 class ConfigError(WanjaxError):
@@ -11,3 +18,26 @@ class ConfigError(WanjaxError):
 
 class CheckpointError(WanjaxError):
     """A model directory whose files or tensors do not match what the config requires."""
+
+
+class RuntimeFailure(WanjaxError):
+    """A run that started on valid inputs but failed while working (exit code 1)."""
+
+    exit_code = 1
+
+
+class NumericalError(RuntimeFailure):
+    """NaN or infinite values in latents (after a denoising step, or in a stage file)."""
+
+
+def parse_json_object(text: str | bytes, where: str, error: type[WanjaxError] = WanjaxError) -> dict:
+    """``text`` parsed as a JSON object; ``error`` (``"{where}: ..."``, one line) when it is not one."""
+    import json
+
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise error(f"{where}: not valid JSON") from None
+    if not isinstance(value, dict):
+        raise error(f"{where}: not a JSON object")
+    return value

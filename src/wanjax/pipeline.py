@@ -296,6 +296,7 @@ class WanPipeline:
                     uncond,
                     guidance_scale,
                     on_step=lambda i, seconds: bar.update(),
+                    check_finite=True,
                 )
         self.step_times = times
         return out

@@ -16,10 +16,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from wanjax.errors import NumericalError
 from wanjax.models.dit import WanTransformer
 from wanjax.models.layers import Params
 from wanjax.scheduler import Scheduler
-from wanjax.sharding import replicated, to_global
+from wanjax.sharding import replicated, to_global, to_host
 from wanjax.timing import StepTimes
 
 __all__ = ["Sampler", "StepTimes", "denoise", "guided_velocity"]
@@ -69,6 +70,8 @@ class Sampler:
     def __init__(self, model: WanTransformer):
         self.model = model
         self._programs: dict[tuple[Any, ...], jax.stages.Compiled] = {}
+        self.finite_flags: list[jax.Array] = []
+        self._finite_dtype = model.dtype
 
     def _program(self, scheduler: Scheduler, args: tuple[Any, ...]) -> jax.stages.Compiled:
         key = (scheduler.kind, scheduler.config, scheduler.num_inference_steps, _signature(args))
@@ -78,7 +81,9 @@ class Sampler:
             def step(params, state, index, cond, uncond, guidance):
                 timestep = scheduler.model_timestep(index)
                 velocity = guided_velocity(model, params, state.sample, timestep, cond, uncond, guidance)
-                return scheduler.step(state, velocity, index)[0]
+                state = scheduler.step(state, velocity, index)[0]
+                # A device-side flag per step (read back only once, after the loop).
+                return state, jnp.all(jnp.isfinite(state.sample))
 
             # Under a mesh the (small) scheduler state stays replicated, so every step's output has
             # exactly the input sharding the program was compiled for.
@@ -94,11 +99,15 @@ class Sampler:
         negative_prompt_embeds: jax.Array | None = None,
         guidance_scale: float = 5.0,
         on_step: Callable[[int, float], None] | None = None,
+        check_finite: bool = False,
     ) -> tuple[jax.Array, StepTimes]:
         """Run all scheduler steps from ``latents`` (float32 noise); the final latents and timings.
 
         The unconditional pass runs only when ``negative_prompt_embeds`` is given and
-        ``guidance_scale > 1``. ``on_step(i, seconds)`` is called after each step.
+        ``guidance_scale > 1``. ``on_step(i, seconds)`` is called after each step. Each step also
+        computes an on-device flag "the latents are finite" (kept in ``finite_flags``, never read in
+        the loop); with ``check_finite`` (or a later :meth:`check_finite`) NaN/inf in the final
+        latents raise :class:`~wanjax.errors.NumericalError` naming the first step that produced them.
         """
         self.model.check_shape(tuple(latents.shape))
         uncond = negative_prompt_embeds if guidance_scale > 1.0 else None
@@ -124,9 +133,12 @@ class Sampler:
         start = time.perf_counter()
         program = self._program(scheduler, (self.model.params, state, index0, cond, uncond, guidance))
         times.compile = time.perf_counter() - start
+        finite: list[jax.Array] = []
+        self.finite_flags, self._finite_dtype = finite, self.model.dtype
         for i in range(scheduler.num_inference_steps):
             start = time.perf_counter()
-            state = program(self.model.params, state, place(jnp.int32(i)), cond, uncond, guidance)
+            state, ok = program(self.model.params, state, place(jnp.int32(i)), cond, uncond, guidance)
+            finite.append(ok)
             jax.block_until_ready(state.sample)
             elapsed = time.perf_counter() - start
             if i == 0:
@@ -135,7 +147,32 @@ class Sampler:
                 times.steady.append(elapsed)
             if on_step:
                 on_step(i, elapsed)
+        if check_finite:
+            self.check_finite()
         return state.sample, times
+
+    def check_finite(self) -> None:
+        """Raise NumericalError when the last run's latents are not finite, naming the first step that
+        made them so: one device-to-host read of the last step's flag, all of them only on failure."""
+        finite = self.finite_flags
+        if finite and not bool(to_host(finite[-1])):
+            check_steps_finite([bool(to_host(f)) for f in finite], self._finite_dtype)
+
+
+def check_steps_finite(finite: list[bool], dtype: Any) -> None:
+    """Raise NumericalError naming the first step whose latents were not finite (if any)."""
+    if all(finite):
+        return
+    first = finite.index(False) + 1
+    hint = (
+        "try --dtype float32"
+        if jnp.dtype(dtype).itemsize < 4
+        else "check the checkpoint's weights and inputs"
+    )
+    raise NumericalError(
+        f"denoising produced NaN/inf latents, first at step {first} of {len(finite)} "
+        f"(transformer dtype {jnp.dtype(dtype).name}); {hint}"
+    )
 
 
 def denoise(

@@ -26,13 +26,14 @@ from safetensors.numpy import save_file
 
 from wanjax.atomic import atomic_path, write_text
 from wanjax.checkpoint import open_safetensors
-from wanjax.errors import WanjaxError
+from wanjax.errors import NumericalError, WanjaxError
 
 EMBEDDINGS_FILE = "stage1_embeddings.safetensors"
 LATENTS_FILE = "stage2_latents.safetensors"
 CONFIG_FILE = "generation_config.json"
 STAGES = ("encode", "denoise", "decode")
 VIDEO_KEYS = ("height", "width", "frames", "fps")
+_UNFLATTENED = ("arguments", "environment")  # per-stage records, not parameters
 _PRODUCED_BY = {EMBEDDINGS_FILE: "encode --output_dir", LATENTS_FILE: "denoise --input_dir"}
 
 
@@ -57,6 +58,19 @@ def _read(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
     return {k: np.array(refs[k].array()) for k in keys}
 
 
+def check_finite(path: Path, name: str, array: np.ndarray) -> None:
+    """NumericalError when a stage tensor holds NaN or inf (a diverged earlier run)."""
+    if np.issubdtype(array.dtype, np.integer):
+        return
+    finite = np.isfinite(array.astype(np.float32, copy=False))
+    if not finite.all():
+        bad = int(finite.size - np.count_nonzero(finite))
+        raise NumericalError(
+            f"{path}: {name} holds {bad} NaN/inf value(s) of {finite.size}; the run that wrote it diverged "
+            "(re-run it, e.g. with --dtype float32)"
+        )
+
+
 def save_embeddings(directory: str | Path, prompt_embeds: Any, negative_prompt_embeds: Any) -> Path:
     """Write ``stage1_embeddings.safetensors`` (dtype kept as is, bf16 included)."""
     tensors = {
@@ -75,6 +89,8 @@ def load_embeddings(directory: str | Path) -> tuple[np.ndarray, np.ndarray]:
         raise WanjaxError(
             f"{path}: prompt_embeds {pos.shape} and negative_prompt_embeds {neg.shape} must both be [B, L, D]"
         )
+    for name, array in (("prompt_embeds", pos), ("negative_prompt_embeds", neg)):
+        check_finite(path, name, array)
     return pos, neg
 
 
@@ -91,6 +107,7 @@ def load_latents(path: str | Path) -> np.ndarray:
         raise WanjaxError(
             f"{path}: latents must be a float [B, C, T', H/8, W/8] tensor, got {latents.dtype} {latents.shape}"
         )
+    check_finite(path, "latents", latents)
     return latents.astype(np.float32)
 
 
@@ -103,8 +120,15 @@ def read_config(directory: str | Path) -> dict[str, Any]:
         config = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise WanjaxError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    except (UnicodeDecodeError, RecursionError):
+        raise WanjaxError(f"{path}: not valid JSON (not UTF-8 text, or nested too deeply)") from None
+    except OSError as e:
+        raise WanjaxError(f"{path}: cannot read ({e.strerror or e})") from None
     if not isinstance(config, dict):
         raise WanjaxError(f"{path}: expected a JSON object")
+    stages = config.get("stages", {})
+    if not isinstance(stages, dict) or not all(isinstance(v, dict) for v in stages.values()):
+        raise WanjaxError(f"{path}: 'stages' must map stage names to objects; start a new stage directory")
     return config
 
 
@@ -118,7 +142,7 @@ def record_stage(config: Mapping[str, Any], stage: str, params: Mapping[str, Any
     stages[stage] = dict(params)
     flat: dict[str, Any] = {}
     for name in STAGES:
-        flat.update(stages.get(name, {}))
+        flat.update({k: v for k, v in stages.get(name, {}).items() if k not in _UNFLATTENED})
     return {**flat, "wanjax_version": __version__, "stages": stages}
 
 
@@ -131,7 +155,7 @@ def upstream(config: Mapping[str, Any], stage: str) -> dict[str, tuple[Any, str]
     found: dict[str, tuple[Any, str]] = {}
     for name in STAGES[: STAGES.index(stage)]:
         for key, value in config.get("stages", {}).get(name, {}).items():
-            if value is not None:
+            if value is not None and key not in _UNFLATTENED:
                 found[key] = (value, name)
     return found
 

@@ -1,0 +1,263 @@
+"""Checks run before any weight is loaded or any program compiled.
+
+Each raises :class:`~wanjax.errors.WanjaxError` with one line naming the problem and the fix:
+flag values (steps, guidance, fps, dtypes, ...), output paths that cannot be written, a model
+directory whose components, shard indexes, safetensors headers or tensor shapes are wrong (only
+the headers are read), video sizes beyond the transformer's RoPE table, and meshes that do not fit
+the devices or the attention heads. Also what every run records for reproducibility
+(:func:`environment`, :func:`arguments`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from wanjax.errors import CheckpointError, ConfigError, WanjaxError
+
+# ----------------------------------------------------------------------------------------------
+# Flags
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Value checks of the numeric and dtype flags a command has (absent flags are skipped)."""
+    from wanjax.config import parse_dtype
+
+    def given(name: str) -> Any:
+        return getattr(args, name, None)
+
+    steps = given("num_inference_steps")
+    if steps is not None and steps < 1:
+        raise WanjaxError(f"--num_inference_steps must be at least 1, got {steps}")
+    guidance = given("guidance_scale")
+    if guidance is not None and not (math.isfinite(guidance) and guidance >= 0):
+        raise WanjaxError(
+            f"--guidance_scale must be >= 0 (5.0 is the default; <= 1 turns CFG off), got {guidance}"
+        )
+    shift = given("flow_shift")
+    if shift is not None and not (math.isfinite(shift) and shift > 0):
+        raise WanjaxError(f"--flow_shift must be positive (3.0 for 480p, 5.0 for 720p), got {shift}")
+    fps = given("fps")
+    if fps is not None and not (math.isfinite(fps) and fps > 0):
+        raise WanjaxError(f"--fps must be positive (e.g. 16), got {fps}")
+    length = given("max_sequence_length")
+    if length is not None and length < 1:
+        raise WanjaxError(f"--max_sequence_length must be at least 1 (512 as trained), got {length}")
+    for name in ("height", "width", "frames"):
+        value = given(name)
+        if value is not None and value < 1:
+            raise WanjaxError(f"--{name} must be positive, got {value}")
+    seed = given("seed")
+    if seed is not None and not 0 <= seed < 2**63:
+        raise WanjaxError(f"--seed must be a non-negative integer, got {seed}")
+    for name in ("dtype", "vae_dtype"):
+        if given(name) is not None:
+            try:
+                parse_dtype(given(name))
+            except ConfigError as e:
+                raise ConfigError(f"--{name}: {e}") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Outputs
+
+
+def check_writable(path: str | Path, flag: str) -> None:
+    """Raise unless a file can be created at ``path`` (its folder exists and is writable, or can be
+    made); nothing is left behind."""
+    path = Path(path)
+    if path.is_dir():
+        raise WanjaxError(f"{flag} {path} is a directory; name a file")
+    folder = path.parent if str(path.parent) else Path(".")
+    existing = folder
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        raise WanjaxError(f"{flag} {path}: {existing} is not a directory")
+    if existing == folder:
+        try:  # a real probe: os.access ignores read-only mounts and says yes to root
+            with tempfile.TemporaryFile(dir=folder, prefix=".wanjax-probe-"):
+                pass
+        except OSError as e:
+            raise WanjaxError(f"{flag} {path}: cannot write to {folder} ({e.strerror or e})") from None
+    elif not os.access(existing, os.W_OK | os.X_OK):
+        raise WanjaxError(f"{flag} {path}: cannot create {folder} ({existing} is not writable)")
+
+
+def check_outputs(outputs: Mapping[str, str | Path | None]) -> None:
+    """:func:`check_writable` for each ``flag -> path`` given."""
+    for flag, path in outputs.items():
+        if path:
+            check_writable(path, flag)
+
+
+# ----------------------------------------------------------------------------------------------
+# Model directories
+
+
+def read_component_config(cls: Any, path: Path) -> Any:
+    """``cls.from_file(path)`` with every malformed-file failure turned into a ConfigError."""
+    try:
+        return cls.from_file(path)
+    except WanjaxError:
+        raise
+    except (OSError, UnicodeDecodeError, RecursionError) as e:
+        raise ConfigError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        raise ConfigError(f"{path}: malformed config ({type(e).__name__}: {e})") from None
+
+
+def _component_spec(name: str, directory: Path) -> tuple[Any, Any, tuple[str, ...], Any]:
+    """(config, checkpoint spec builder, weight stems, ignore) of one component."""
+    if name == "transformer":
+        from wanjax.config import TransformerConfig
+        from wanjax.models import dit
+
+        cfg = read_component_config(TransformerConfig, directory / "config.json")
+        return cfg, lambda refs: dit.checkpoint_spec(cfg), ("diffusion_pytorch_model", "model"), None
+    if name == "vae":
+        from wanjax.models import vae
+        from wanjax.models.vae_config import VAEConfig
+
+        cfg = read_component_config(VAEConfig, directory / "config.json")
+        return cfg, lambda refs: vae.checkpoint_spec(cfg), ("diffusion_pytorch_model", "model"), None
+    if name == "text_encoder":
+        from wanjax.models import umt5
+
+        cfg = read_component_config(umt5.UMT5Config, directory / "config.json")
+
+        def spec(refs: Mapping[str, Any]) -> Any:
+            embedding = next((n for n in umt5._EMBEDDING_NAMES if n in refs), "shared.weight")
+            return umt5.checkpoint_spec(cfg, embedding)
+
+        return cfg, spec, ("model",), umt5._ignored_tensor
+    raise ValueError(name)
+
+
+def check_component(root: str | Path, name: str) -> Any:
+    """Check one component of a model directory from its config and safetensors headers only: the
+    config parses, the weights are safetensors (not pickle), every shard the index names exists,
+    no file is truncated, and the tensors' names and shapes match the config. Returns the config."""
+    from wanjax.checkpoint import check_checkpoint, open_component, resolve_component_dir
+
+    root = Path(root)
+    if name == "tokenizer":
+        if not (root / "tokenizer" / "tokenizer.json").is_file():
+            raise CheckpointError(f"{root}: model has no tokenizer/tokenizer.json; is the download complete?")
+        return None
+    if not (root / name / "config.json").exists() and not (root / "config.json").exists():
+        what = "component folder" if not (root / name).is_dir() else "config.json"
+        raise CheckpointError(f"{root}: model lacks its {name}/ {what}; is the download complete?")
+    directory = resolve_component_dir(root, name)
+    cfg, spec, stems, ignore = _component_spec(name, directory)
+    refs = open_component(directory, stems)
+    kwargs = {"ignore": ignore} if ignore else {}
+    try:
+        tree = spec(refs)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ConfigError(f"{directory / 'config.json'}: values of the wrong type or range ({e})") from None
+    check_checkpoint(refs, tree, str(directory), **kwargs)
+    return cfg
+
+
+def check_model(root: str | Path, components: Iterable[str]) -> dict[str, Any]:
+    """:func:`check_component` for each component a command needs; their configs by name."""
+    return {name: check_component(root, name) for name in components}
+
+
+def check_rope(cfg: Any, geometry: Any, video: Mapping[str, int]) -> None:
+    """Raise when the video's latent grid needs more positions than the transformer's RoPE table."""
+    shape = geometry.latent_shape(1, video["height"], video["width"], video["frames"])
+    limit = cfg.rope_max_seq_len
+    per_latent = {"frames": geometry.temporal, "height": geometry.spatial, "width": geometry.spatial}
+    for size, patch, key in zip(shape[2:], cfg.patch_size, ("frames", "height", "width"), strict=True):
+        if size // patch <= limit:
+            continue
+        if key == "frames":
+            largest = geometry.temporal * (limit * patch - 1) + 1
+        else:
+            largest = limit * patch * per_latent[key]
+        raise WanjaxError(
+            f"{key} {video[key]} needs {size // patch} positions along {key} but the transformer's RoPE "
+            f"table has {limit} (rope_max_seq_len); use {key} <= {largest}"
+        )
+
+
+def check_mesh(request: Any, num_devices: int, heads: int | None) -> Any:
+    """The mesh a run will use (None: one device); raise when it does not use exactly the visible
+    devices or its tp axis cannot split the attention heads, suggesting one that can."""
+    from wanjax.sharding import MeshSpec, auto_mesh, mesh_spec_from_flags
+
+    if request is None:
+        return None
+    spec = (
+        request if isinstance(request, MeshSpec) else mesh_spec_from_flags(request, num_devices, heads=heads)
+    )
+    suggestion = auto_mesh(num_devices, heads)
+    if spec.num_devices != num_devices:
+        raise WanjaxError(
+            f"mesh {spec.flag} uses {spec.num_devices} devices but {num_devices} are available "
+            f"(e.g. --mesh {suggestion.flag})"
+        )
+    tp = spec.sizes["tp"]
+    if heads and tp > 1 and heads % tp:
+        raise WanjaxError(
+            f"mesh {spec.flag}: tp={tp} cannot split the transformer's {heads} attention heads; use a tp "
+            f"dividing {heads} (e.g. --mesh {suggestion.flag})"
+        )
+    return spec
+
+
+# ----------------------------------------------------------------------------------------------
+# What a run records
+
+
+def environment() -> dict[str, Any]:
+    """Versions and platform: what reproducing a run needs besides its arguments and seed."""
+    import jax
+    import jaxlib
+
+    from wanjax import __version__
+
+    return {
+        "wanjax": __version__,
+        "jax": jax.__version__,
+        "jaxlib": getattr(jaxlib, "__version__", None) or _jaxlib_version(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "backend": jax.default_backend(),
+        "devices": [f"{d.platform}:{getattr(d, 'device_kind', '')}" for d in jax.devices()[:1]]
+        + ([f"x{jax.device_count()}"] if jax.device_count() > 1 else []),
+    }
+
+
+def _jaxlib_version() -> str | None:
+    try:
+        from jaxlib import version
+
+        return version.__version__
+    except ImportError:  # pragma: no cover
+        return None
+
+
+def arguments(args: argparse.Namespace) -> dict[str, Any]:
+    """Every argument of the command as JSON values (``debug`` left out)."""
+    out = {}
+    for key, value in sorted(vars(args).items()):
+        if key == "debug":
+            continue
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            value = str(value)
+        out[key] = value
+    return out
