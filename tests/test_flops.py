@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -11,8 +12,10 @@ from jax.extend import core as jex_core
 
 from wanjax.checkpoint import abstract_params
 from wanjax.config import TransformerConfig
-from wanjax.flops import Flops, achieved, dit_forward_flops, dit_step_flops, umt5_flops
-from wanjax.models import dit, umt5
+from wanjax.flops import Flops, achieved, dit_forward_flops, dit_step_flops, umt5_flops, vae_decode_flops
+from wanjax.models import dit, umt5, vae
+from wanjax.models.vae_blocks import Numerics
+from wanjax.models.vae_config import VAEConfig
 
 
 def _sub_jaxprs(params: dict) -> list[jex_core.Jaxpr]:
@@ -27,7 +30,9 @@ def _sub_jaxprs(params: dict) -> list[jex_core.Jaxpr]:
 
 
 def traced_matmul_flops(jaxpr: jex_core.Jaxpr) -> int:
-    """2 x multiply-adds of every dot_general in ``jaxpr``, loops multiplied by their trip counts."""
+    """2 x multiply-adds of every dot_general and conv_general_dilated in ``jaxpr`` (a convolution:
+    ``2 x out_elements x kernel_volume x in_channels / groups``), loops multiplied by their trip
+    counts."""
     total = 0
     for eqn in jaxpr.eqns:
         name = eqn.primitive.name
@@ -36,6 +41,13 @@ def traced_matmul_flops(jaxpr: jex_core.Jaxpr) -> int:
             lhs = eqn.invars[0].aval.shape
             contract = math.prod(lhs[i] for i in lhs_contract)
             total += 2 * math.prod(eqn.outvars[0].aval.shape) * contract
+            continue
+        if name == "conv_general_dilated":
+            assert eqn.params["batch_group_count"] == 1
+            rhs = eqn.invars[1].aval.shape  # the kernel's in-feature dim is already in_channels / groups
+            out_feature_dim = eqn.params["dimension_numbers"].rhs_spec[0]
+            per_output = math.prod(rhs) // rhs[out_feature_dim]  # kernel_volume x in_channels / groups
+            total += 2 * math.prod(eqn.outvars[0].aval.shape) * per_output
             continue
         if name == "while":
             raise AssertionError("a while loop: trip count unknown to this counter")
@@ -81,6 +93,67 @@ def test_umt5_count_equals_traced_matmuls():
         jax.make_jaxpr(lambda p, i, m: umt5.forward(p, cfg, i, m))(params, ids, ids).jaxpr
     )
     assert umt5_flops(cfg, 2, 9).total == traced
+
+
+# The tiny VAE of test_pipeline_parity (channels change in up block 1: a conv_shortcut), and one
+# with two residual blocks per level, a 2-D upsampler first and a 3-D one last.
+VAES = [
+    VAEConfig(base_dim=8, dim_mult=(1, 2, 2, 2), num_res_blocks=1, temperal_downsample=(False, True, True)),
+    VAEConfig(base_dim=4, dim_mult=(1, 2, 4), num_res_blocks=2, temperal_downsample=(True, False),
+              scale_factor_temporal=2, scale_factor_spatial=4),
+]  # fmt: skip
+
+
+def traced_vae_decode_flops(cfg: VAEConfig, latent_shape, nm: Numerics, chunk, frames) -> int:
+    params = abstract_params(vae.checkpoint_spec(cfg, "decoder"), jnp.float32)
+
+    def fn(p, z):
+        return vae.decode(p, cfg, z, nm=nm, chunk=chunk, frames=frames)
+
+    jaxpr = jax.make_jaxpr(fn)(params, jax.ShapeDtypeStruct(latent_shape, jnp.float32))
+    assert jaxpr.out_avals[0].shape[2] == cfg.num_frames(latent_shape[2])
+    return traced_matmul_flops(jaxpr.jaxpr)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "latent_shape", "chunk", "frames"),
+    [
+        (VAES[0], (1, 16, 1, 2, 3), 1, 1),  # the first chunk alone: one frame out
+        (VAES[0], (2, 16, 3, 2, 4), 1, 1),  # wanjax's default chunking
+        (VAES[0], (1, 16, 3, 3, 2), None, 4),  # all later latent frames in one chunk
+        (VAES[1], (1, 16, 4, 3, 3), 1, 2),
+    ],
+)
+def test_vae_decode_count_equals_traced_convs(cfg, latent_shape, chunk, frames):
+    """The reference formulation (3-D convs, upsample then conv) has exactly the analytic count;
+    wanjax's CPU formulation (taps skipping the first frame's zero padding, sub-pixel upsampling)
+    the count with ``upsample="subpixel", zero_taps=False``."""
+    reference = Numerics(jnp.float32, "conv3d", "repeat")
+    traced = traced_vae_decode_flops(cfg, latent_shape, reference, chunk, frames)
+    assert vae_decode_flops(cfg, latent_shape).total == traced
+    cpu = Numerics(jnp.float32, "taps", "subpixel")
+    traced = traced_vae_decode_flops(cfg, latent_shape, cpu, chunk, frames)
+    executed = vae_decode_flops(cfg, latent_shape, upsample="subpixel", zero_taps=False)
+    assert executed.total == traced
+    assert executed.attention == vae_decode_flops(cfg, latent_shape).attention > 0
+
+
+def test_wan_vae_decode_by_hand():
+    """The real Wan 2.1 VAE at 240x416x17: the conv_in and conv_out terms, frame counts and scale."""
+    cfg = VAEConfig()
+    full = vae_decode_flops(cfg, (1, 16, 5, 30, 52))
+    one = vae_decode_flops(cfg, (1, 16, 1, 30, 52))
+    two = vae_decode_flops(cfg, (1, 16, 2, 30, 52))
+    # every latent frame after the first costs the same (4 frames); the first ~1/3 of that
+    assert full.total == one.total + 4 * (two.total - one.total)
+    assert 0.25 < one.total / (two.total - one.total) < 0.35
+    # attention: 1 head of 384 channels over the 30x52 pixels of each of the 5 latent frames
+    assert full.attention == 5 * 4 * (30 * 52) ** 2 * 384
+    no_out = vae_decode_flops(dataclasses.replace(cfg, out_channels=0), (1, 16, 5, 30, 52))
+    assert full.linear - no_out.linear == 2 * 17 * 240 * 416 * 27 * 96 * 3  # conv_out: 96 -> 3, 17 frames
+    assert 14e12 < full.total < 15e12  # 14.6 TFLOP
+    executed = vae_decode_flops(cfg, (1, 16, 5, 30, 52), upsample="subpixel", zero_taps=False)
+    assert executed.total < full.total
 
 
 def test_wan_1_3b_step_by_hand():

@@ -9,6 +9,7 @@ frames of the three stages. Every expected value comes from diffusers, never fro
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,15 +37,13 @@ def to_uint8(video: np.ndarray) -> np.ndarray:
     return (video * 255).round().astype(np.uint8)
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny random WanPipeline saved in the diffusers layout, and the diffusers pipeline read back."""
+def build_tiny_pipeline(root: Path, tokenizer_dir: Path) -> None:
+    """A tiny random diffusers WanPipeline saved at ``root`` (also used by
+    ``benchmarks/pipeline_vs_diffusers.py``)."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     from transformers import AutoTokenizer, UMT5EncoderModel
     from transformers import UMT5Config as HFConfig
 
-    root = tmp_path_factory.mktemp("wan_pipeline")
-    tokenizer_dir = make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer")
     pipe = WanPipeline(
         tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir),
         text_encoder=randomize_(UMT5EncoderModel(HFConfig(**TEXT)), seed=1).eval(),
@@ -77,10 +76,18 @@ def model_dir(tmp_path_factory):
         ),
     )
     pipe.save_pretrained(root)
-    shutil.rmtree(
-        root / "tokenizer"
-    )  # the Wan repos' tokenizer folder layout (tokenizer.json from T5Converter)
+    # the Wan repos' tokenizer folder layout (tokenizer.json from T5Converter)
+    shutil.rmtree(root / "tokenizer")
     shutil.copytree(tokenizer_dir, root / "tokenizer")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny random WanPipeline saved in the diffusers layout, and the diffusers pipeline read back."""
+    from diffusers import WanPipeline
+
+    root = tmp_path_factory.mktemp("wan_pipeline")
+    build_tiny_pipeline(root, make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer"))
     return root, WanPipeline.from_pretrained(root)
 
 

@@ -1,10 +1,11 @@
-"""Analytic FLOP counts (multiply-adds × 2) of the DiT and the UMT5 encoder.
+"""Analytic FLOP counts (multiply-adds × 2) of the DiT, the UMT5 encoder and the VAE decoder.
 
 Only matrix products are counted: the linear layers (patch embedding and output projection
-included) and the two products of every attention core (``Q·Kᵀ`` and ``P·V``). Norms, softmax,
-RoPE, modulation and activations add a few FLOPs per element, well under 1% of a Wan step at video
-lengths. These counts turn measured seconds into achieved FLOP/s (``wanjax bench``) and into
-projections for other hardware.
+included), the convolutions of the VAE (a convolution is a matrix product per output element:
+``2 x out_elements x kernel_volume x in_channels``) and the two products of every attention core
+(``Q·Kᵀ`` and ``P·V``). Norms, softmax, RoPE, modulation, activations and biases add a few FLOPs per
+element, well under 1% of a Wan step at video lengths. These counts turn measured seconds into
+achieved FLOP/s (``wanjax bench``) and into projections for other hardware.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 
 from wanjax.config import TransformerConfig
 from wanjax.models.umt5 import UMT5Config
+from wanjax.models.vae_config import VAEConfig, decoder_plan
 
 
 def matmul_flops(m: int, k: int, n: int) -> int:
@@ -24,7 +26,7 @@ def matmul_flops(m: int, k: int, n: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Flops:
-    """FLOPs split into linear layers and attention cores."""
+    """FLOPs split into linear layers (convolutions included) and attention cores."""
 
     linear: int = 0
     attention: int = 0
@@ -103,6 +105,70 @@ def umt5_flops(cfg: UMT5Config, batch: int, length: int) -> Flops:
     layer_linear = 4 * matmul_flops(rows, d, inner) + 3 * matmul_flops(rows, d, cfg.d_ff)
     layer_attention = attention_flops(batch, cfg.num_heads, length, length, cfg.d_kv)
     return cfg.num_layers * Flops(layer_linear, layer_attention)
+
+
+def vae_decode_flops(
+    cfg: VAEConfig,
+    latent_shape: Sequence[int],
+    *,
+    upsample: str = "repeat",
+    zero_taps: bool = True,
+) -> Flops:
+    """The Wan VAE decoder over latents ``(B, z, T', h, w)`` -> ``1 + 4 (T' - 1)`` frames (Wan 2.1).
+
+    Follows ``WanDecoder3d`` (``models/vae_blocks.py``): ``post_quant_conv`` (1x1x1), ``conv_in`` and
+    every residual block's two 3x3x3 causal convolutions (one output frame per input frame: the
+    causal cache, or zeros before frame 0, pads time), 1x1x1 shortcuts where channels change, the
+    mid block's single-head attention over each frame's pixels (``to_qkv``, ``Q·Kᵀ``, ``P·V``,
+    ``proj``), the upsamplers' per-frame nearest-x2 + 3x3 convolutions, their ``time_conv`` (3x1x1
+    conv to twice the channels, run on every latent chunk but the first, which stays one frame, so
+    the first latent frame yields 1 frame and every later one 4), and ``conv_out``.
+
+    The defaults count the reference architecture (what diffusers computes, and wanjax with
+    ``conv="conv3d", upsample="repeat"``): the model FLOPs. wanjax's CPU defaults do less work:
+    ``upsample="subpixel"`` counts the upsampling conv as four 2x2 convs on the low-resolution
+    frame (16/36 of the reference's), and ``zero_taps=False`` drops the two temporal taps of the
+    first frame's causal convs that only read the zero padding (the ``taps`` formulation skips
+    them, except in ``conv_out``, which computes all taps of each input frame). Padding of the last
+    chunk (``decode_chunk`` > 1 not dividing ``T' - 1``) is not counted; spatial tiling neither.
+    """
+    if upsample not in ("repeat", "subpixel"):
+        raise ValueError(f"upsample must be 'repeat' or 'subpixel', got {upsample!r}")
+    b, z, t, h, w = latent_shape
+    first, rest = min(t, 1), max(t - 1, 0)  # frames from the first latent chunk and from the others
+    linear = matmul_flops(b * t * h * w, z, z)  # post_quant_conv
+    attention = 0
+
+    def causal(c_in: int, c_out: int) -> int:
+        """One 3x3x3 causal conv over the current frames."""
+        taps_first = 3 if zero_taps or c_out < c_in else 1
+        return matmul_flops(b * (rest * 3 + first * taps_first) * h * w, 9 * c_in, c_out)
+
+    for layer in decoder_plan(cfg):
+        c_in, c_out = layer.dim_in, layer.dim_out
+        pixels = b * (first + rest) * h * w
+        if layer.kind in ("conv", "head"):
+            linear += causal(c_in, c_out)
+        elif layer.kind == "res":
+            linear += causal(c_in, c_out) + causal(c_out, c_out)
+            if c_in != c_out:
+                linear += matmul_flops(pixels, c_in, c_out)  # conv_shortcut
+        elif layer.kind == "attn":
+            linear += matmul_flops(pixels, c_in, 3 * c_in) + matmul_flops(pixels, c_in, c_in)
+            attention += attention_flops(b * (first + rest), 1, h * w, h * w, c_in)
+        elif layer.kind in ("up2d", "up3d"):
+            if layer.kind == "up3d":
+                linear += matmul_flops(b * rest * h * w, 3 * c_in, 2 * c_in)  # time_conv
+                rest *= 2
+            frames = b * (first + rest)
+            if upsample == "repeat":
+                linear += matmul_flops(frames * 4 * h * w, 9 * c_in, c_out)
+            else:
+                linear += 4 * matmul_flops(frames * h * w, 4 * c_in, c_out)
+            h, w = 2 * h, 2 * w
+        else:
+            raise ValueError(f"unexpected decoder layer kind {layer.kind!r}")
+    return Flops(linear, attention)
 
 
 def achieved(flops: Flops | int, seconds: float) -> float:
