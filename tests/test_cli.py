@@ -171,3 +171,55 @@ def test_bench_subcommand_prints_its_table(capsys, tmp_path):
 
 def test_tune_attention_off_tpu_is_a_one_line_error(capsys):
     one_line_error(capsys, ("tune-attention", "--model", "1.3B"), "run it on a TPU", "--allow_interpret")
+
+
+def test_several_prompts_make_a_batch_with_one_video_each(demo_env, tmp_path, capsys):
+    """Two prompts (flag or file) run as one batch: two mp4s, frames [2, ...]; batch item i is what its
+    prompt gives alone with seed + i."""
+    prompts = ["a red fox in the snow", "a blue whale at sea"]
+    common = ("--model", "demo", "--num_inference_steps", "2", "--dtype", "float32", "--jax_cache_dir", "off")
+    (tmp_path / "prompts.txt").write_text(f"{prompts[0]}\n\n{prompts[1]}\n")
+    for name, source in (
+        ("flag", ("--prompt", *prompts)),
+        ("file", ("--prompt_file", tmp_path / "prompts.txt")),
+    ):
+        out = tmp_path / name
+        code, _, err = run(
+            capsys,
+            "generate",
+            *common,
+            *source,
+            "--output_video",
+            out / "v.mp4",
+            "--frames_out",
+            out / "f.npy",
+        )
+        assert code == 0, err
+        assert sorted(p.name for p in out.glob("*.mp4")) == ["v_0.mp4", "v_1.mp4"]
+    both = np.load(tmp_path / "flag" / "f.npy")
+    assert both.shape[0] == 2 and np.array_equal(both, np.load(tmp_path / "file" / "f.npy"))
+    # item i starts from seed + i: the second prompt alone with seed 43 gives the batch's second video
+    code, _, err = run(
+        capsys,
+        "generate",
+        *common,
+        "--prompt",
+        prompts[1],
+        "--seed",
+        "43",
+        "--output_video",
+        tmp_path / "one.mp4",
+        "--frames_out",
+        tmp_path / "one.npy",
+    )
+    assert code == 0, err
+    alone = np.load(tmp_path / "one.npy")[0].astype(int)
+    assert np.abs(both[1].astype(int) - alone).max() <= 1
+    assert np.abs(both[0].astype(int) - alone).max() > 1
+
+
+def test_empty_prompt_file_is_a_one_line_error(demo_env, tmp_path, capsys):
+    (tmp_path / "p.txt").write_text("\n  \n")
+    args = ("generate", "--model", "demo", "--prompt_file", tmp_path / "p.txt", "--jax_cache_dir", "off")
+    one_line_error(capsys, (*args, "--output_video", tmp_path / "v.mp4"), "holds no prompt")
+    assert not list(tmp_path.glob("*.mp4"))

@@ -84,7 +84,14 @@ def _attention(parser: argparse.ArgumentParser) -> None:
 def _prompt(parser: argparse.ArgumentParser) -> None:
     from wanjax.commands import DEFAULT_PROMPT
 
-    _flag(parser, "prompt", default=DEFAULT_PROMPT, help="what the video shows")
+    _flag(
+        parser,
+        "prompt",
+        nargs="+",
+        default=[DEFAULT_PROMPT],
+        help="what the video shows; several prompts run as one batch (one mp4 each: NAME_0.mp4, ...)",
+    )
+    _flag(parser, "prompt_file", help="a text file with one prompt per line (a batch; instead of --prompt)")
     _flag(parser, "negative_prompt", help='what to steer away from (default "")')
     _flag(parser, "max_sequence_length", type=int, default=512, help="text tokens (default 512, as trained)")
 
@@ -99,7 +106,7 @@ def _video(parser: argparse.ArgumentParser) -> None:
 def _sampling(parser: argparse.ArgumentParser) -> None:
     _flag(parser, "num_inference_steps", type=int, help="denoising steps (default 50; demo 10)")
     _flag(parser, "guidance_scale", type=float, help="classifier-free guidance (default 5.0; <= 1: off)")
-    _flag(parser, "seed", type=int, help="noise seed (default 42)")
+    _flag(parser, "seed", type=int, help="noise seed (default 42; batch item i uses seed + i)")
     _flag(parser, "flow_shift", type=float, help="UniPC flow shift (default: the checkpoint's, 3.0)")
     _flag(parser, "init_latents", help="start from this noise (safetensors, key 'latents') instead of --seed")
 

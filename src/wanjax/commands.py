@@ -256,13 +256,14 @@ def cmd_generate(args: argparse.Namespace) -> RunReport:
     pipe = open_pipeline(args, args.model, args.dtype)
     configs = validation.check_model(pipe.path, ("tokenizer", "text_encoder", "transformer", "vae"))
     init = stages.load_latents(args.init_latents) if args.init_latents else None
-    batch = 1 if init is None else init.shape[0]
+    prompts = batch_prompts(prompt_list(args), None if init is None else init.shape[0])
+    batch = len(prompts)
     video = resolve_video(pipe, video_flags(args), {}, init, batch, args.init_latents)
     validation.check_rope(configs["transformer"], pipe.geometry, video)
     check_pipeline_mesh(pipe, configs["transformer"].num_attention_heads)
     params = sampling_params(pipe, args)
     negative = args.negative_prompt if args.negative_prompt is not None else ""
-    pos, neg = pipe.encode_prompt([args.prompt] * batch, [negative] * batch, args.max_sequence_length)
+    pos, neg = pipe.encode_prompt(prompts, [negative] * batch, args.max_sequence_length)
     latents = (
         init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
     )
@@ -273,6 +274,32 @@ def cmd_generate(args: argparse.Namespace) -> RunReport:
     report = make_report("generate", pipe, {"batch": batch, **video, "fps": fps}, outputs)
     report.extra["sampling"] = params
     return finish(report, args, start)
+
+
+def prompt_list(args: argparse.Namespace) -> list[str]:
+    """The prompts of this run: ``--prompt_file`` (one per non-empty line) or the ``--prompt`` values."""
+    if not getattr(args, "prompt_file", None):
+        return list(args.prompt)
+    try:
+        text = Path(args.prompt_file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise WanjaxError(f"--prompt_file {args.prompt_file}: cannot read it ({e})") from None
+    prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    if not prompts:
+        raise WanjaxError(f"--prompt_file {args.prompt_file} holds no prompt (one per line)")
+    return prompts
+
+
+def batch_prompts(prompts: list[str], batch: int | None) -> list[str]:
+    """``prompts`` for a batch of ``batch`` latents (``None``: one per prompt); one prompt is repeated."""
+    if batch is None or len(prompts) == batch:
+        return prompts
+    if len(prompts) == 1:
+        return prompts * batch
+    raise WanjaxError(
+        f"--init_latents holds {batch} starting latents but {len(prompts)} prompts were given; "
+        "give one prompt, or one per latent"
+    )
 
 
 def cmd_encode(args: argparse.Namespace) -> RunReport:
@@ -289,12 +316,15 @@ def cmd_encode(args: argparse.Namespace) -> RunReport:
         defaults = model_defaults(pipe.source)
         pipe.geometry.check(*(given.get(k, defaults[k]) for k in ("height", "width", "frames")))
     negative = args.negative_prompt if args.negative_prompt is not None else ""
-    pos, neg = (to_host(e) for e in pipe.encode_prompt(args.prompt, negative, args.max_sequence_length))
+    prompts = prompt_list(args)
+    pos, neg = (
+        to_host(e) for e in pipe.encode_prompt(prompts, [negative] * len(prompts), args.max_sequence_length)
+    )
     path = stages.save_embeddings(out, pos, neg) if is_primary() else out / stages.EMBEDDINGS_FILE
     params = {
         "model": model_label(pipe.source),
         "dtype": pipe.text_encoder_dtype.name,
-        "prompt": args.prompt,
+        "prompt": prompts[0] if len(prompts) == 1 else prompts,
         "negative_prompt": negative,
         "max_sequence_length": args.max_sequence_length,
         **given,

@@ -250,10 +250,13 @@ class WanPipeline:
         return embeds
 
     def prepare_latents(self, batch: int, height: int, width: int, num_frames: int, seed: int) -> jax.Array:
-        """Standard normal float32 noise ``[B, z, T', H/8, W/8]`` from ``seed`` (JAX's generator)."""
+        """Standard normal float32 noise ``[B, z, T', H/8, W/8]`` (JAX's generator); batch item ``i`` is
+        drawn from ``seed + i``, so a prompt in a batch starts from the noise it gets when run alone
+        with that seed."""
         shape = self.geometry.latent_shape(batch, height, width, num_frames)
         with self.stage_timing("denoise").running():
-            noise = jax.random.normal(jax.random.key(seed), shape, jnp.float32)
+            keys = jnp.stack([jax.random.key(seed + i) for i in range(batch)])
+            noise = jax.vmap(lambda key: jax.random.normal(key, shape[1:], jnp.float32))(keys)
             jax.block_until_ready(noise)
         return noise
 
