@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import jax
@@ -21,12 +20,7 @@ import torch
 from diffusers import WanTransformer3DModel
 
 import wanjax
-
-
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+from wanjax.bench import timed
 
 
 def main() -> None:

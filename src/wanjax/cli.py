@@ -60,8 +60,7 @@ def _parallel(parser: argparse.ArgumentParser) -> None:
         ("num_processes", dict(type=int, help="multi-process: number of processes")),
         ("process_id", dict(type=int, help="multi-process: this process's index")),
     ):
-        spellings = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
-        group.add_argument(*spellings, dest=name, **kwargs)
+        _flag(group, name, **kwargs)
 
 
 def _attention(parser: argparse.ArgumentParser) -> None:
@@ -160,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(pl, "frames", type=int, default=81, help="frames (default 81)")
     _flag(pl, "dtype", default="bfloat16", help="transformer / text encoder dtype (default bfloat16)")
     _flag(pl, "vae_dtype", default="float32", help="VAE dtype (default float32)")
-    pl.add_argument("--use_fsdp", "--use-fsdp", dest="use_fsdp", action="store_true", help="FSDP weights")
+    _flag(pl, "use_fsdp", action="store_true", help="FSDP weights")
     pl.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
     from wanjax import bench, tune_attention

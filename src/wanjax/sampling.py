@@ -71,7 +71,6 @@ class Sampler:
         self.model = model
         self._programs: dict[tuple[Any, ...], jax.stages.Compiled] = {}
         self.finite_flags: list[jax.Array] = []
-        self._finite_dtype = model.dtype
 
     def _program(self, scheduler: Scheduler, args: tuple[Any, ...]) -> jax.stages.Compiled:
         key = (scheduler.kind, scheduler.config, scheduler.num_inference_steps, _signature(args))
@@ -134,7 +133,7 @@ class Sampler:
         program = self._program(scheduler, (self.model.params, state, index0, cond, uncond, guidance))
         times.compile = time.perf_counter() - start
         finite: list[jax.Array] = []
-        self.finite_flags, self._finite_dtype = finite, self.model.dtype
+        self.finite_flags = finite
         for i in range(scheduler.num_inference_steps):
             start = time.perf_counter()
             state, ok = program(self.model.params, state, place(jnp.int32(i)), cond, uncond, guidance)
@@ -156,7 +155,7 @@ class Sampler:
         made them so: one device-to-host read of the last step's flag, all of them only on failure."""
         finite = self.finite_flags
         if finite and not bool(to_host(finite[-1])):
-            check_steps_finite([bool(to_host(f)) for f in finite], self._finite_dtype)
+            check_steps_finite([bool(to_host(f)) for f in finite], self.model.dtype)
 
 
 def check_steps_finite(finite: list[bool], dtype: Any) -> None:

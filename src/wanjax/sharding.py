@@ -195,12 +195,17 @@ def mesh_spec_from_flags(
                 f"{num_devices // dp}"
             )
         spec = MeshSpec((("dp", dp), ("sp", sp), ("tp", num_devices // (dp * sp))), use_fsdp)
+    check_device_count(spec, num_devices, heads)
+    return spec
+
+
+def check_device_count(spec: MeshSpec, num_devices: int, heads: int | None = None) -> None:
+    """WanjaxError (suggesting a mesh) unless ``spec`` uses exactly ``num_devices`` devices."""
     if spec.num_devices != num_devices:
         raise WanjaxError(
-            f"mesh {spec} uses {spec.num_devices} devices but {num_devices} are available; make the "
-            f"axis sizes multiply to {num_devices} (e.g. --mesh {auto_mesh(num_devices, heads)})"
+            f"mesh {spec.flag} uses {spec.num_devices} devices but {num_devices} are available; make the "
+            f"axis sizes multiply to {num_devices} (e.g. --mesh {auto_mesh(num_devices, heads).flag})"
         )
-    return spec
 
 
 def make_mesh(spec: MeshSpec, devices: Sequence[Any] | None = None) -> Mesh:

@@ -195,24 +195,19 @@ def check_rope(cfg: Any, geometry: Any, video: Mapping[str, int]) -> None:
 def check_mesh(request: Any, num_devices: int, heads: int | None) -> Any:
     """The mesh a run will use (None: one device); raise when it does not use exactly the visible
     devices or its tp axis cannot split the attention heads, suggesting one that can."""
-    from wanjax.sharding import MeshSpec, auto_mesh, mesh_spec_from_flags
+    from wanjax.sharding import MeshSpec, auto_mesh, check_device_count, mesh_spec_from_flags
 
     if request is None:
         return None
     spec = (
         request if isinstance(request, MeshSpec) else mesh_spec_from_flags(request, num_devices, heads=heads)
     )
-    suggestion = auto_mesh(num_devices, heads)
-    if spec.num_devices != num_devices:
-        raise WanjaxError(
-            f"mesh {spec.flag} uses {spec.num_devices} devices but {num_devices} are available "
-            f"(e.g. --mesh {suggestion.flag})"
-        )
+    check_device_count(spec, num_devices, heads)
     tp = spec.sizes["tp"]
     if heads and tp > 1 and heads % tp:
         raise WanjaxError(
             f"mesh {spec.flag}: tp={tp} cannot split the transformer's {heads} attention heads; use a tp "
-            f"dividing {heads} (e.g. --mesh {suggestion.flag})"
+            f"dividing {heads} (e.g. --mesh {auto_mesh(num_devices, heads).flag})"
         )
     return spec
 
