@@ -57,6 +57,7 @@ from wanjax.models.vae_blocks import (
     UPSAMPLE_IMPLS,
     Cache,
     Numerics,
+    in_steps,
     pointwise,
     run_layers,
     run_layers_in_steps,
@@ -223,10 +224,12 @@ def decode_frames(
     if t == 1:
         return finish(y0)
     chunk = t - 1 if chunk is None else min(chunk, t - 1)
-    per_step = math.gcd(frames, cfg.temporal_factor * chunk)
+    latent_step = math.gcd(chunk, max(1, frames // cfg.temporal_factor))
+    video_step = math.gcd(frames, cfg.temporal_factor * latent_step)
 
     def step(carry: Cache, zs: jax.Array) -> tuple[Cache, jax.Array]:
-        y, new = _decoder_chunk(params, cfg, zs, carry, False, nm, per_step)
+        decode_step = lambda z1, c: _decoder_chunk(params, cfg, z1, c, False, nm, video_step)  # noqa: E731
+        y, new = in_steps(decode_step, zs, carry, latent_step)
         return new, finish(y)
 
     rest = _scan_chunks(step, cache, z[:, 1:], chunk, cfg.temporal_factor * (t - 1))
@@ -246,9 +249,12 @@ def encode_frames(
     y, cache = _encoder_chunk(params, cfg, x[:, :1], {}, True, nm, frames)
     if groups:
         chunk = groups if chunk is None else min(chunk, groups)
+        group_step = math.gcd(chunk, max(1, frames // 4))
+        video_step = math.gcd(frames, 4 * group_step)
 
         def step(carry: Cache, xs: jax.Array) -> tuple[Cache, jax.Array]:
-            out, new = _encoder_chunk(params, cfg, xs, carry, False, nm, math.gcd(frames, 4 * chunk))
+            encode_step = lambda x1, c: _encoder_chunk(params, cfg, x1, c, False, nm, video_step)  # noqa: E731
+            out, new = in_steps(encode_step, xs, carry, 4 * group_step)
             return new, out
 
         out_len = groups * 4 // cfg.temporal_factor

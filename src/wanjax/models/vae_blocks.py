@@ -63,10 +63,23 @@ class Numerics:
 # Primitives
 
 
+def channel_sum(x: jax.Array) -> jax.Array:
+    """Sum over the last axis in one fixed order, as elementwise adds of halves (then of the odd
+    remainder's columns in turn). XLA:CPU's reduce picks its summation order by the shape of the
+    other axes, so a reduce would make a frame's result depend on how many frames run with it."""
+    while x.shape[-1] % 2 == 0:
+        half = x.shape[-1] // 2
+        x = x[..., :half] + x[..., half:]
+    total = x[..., :1]
+    for i in range(1, x.shape[-1]):
+        total = total + x[..., i : i + 1]
+    return total
+
+
 def rms_norm(x: jax.Array, gamma: jax.Array) -> jax.Array:
     """``WanRMS_norm``: ``x / max(||x||_2, 1e-12) * sqrt(C) * gamma`` over channels (normalised in f32)."""
     x32 = x.astype(jnp.float32)
-    norm = jnp.sqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True))
+    norm = jnp.sqrt(channel_sum(x32 * x32))
     normalized = (x32 / jnp.maximum(norm, 1e-12)).astype(x.dtype)
     scale = jnp.asarray(math.sqrt(x.shape[-1]), x.dtype)
     return normalized * scale * gamma.astype(x.dtype)
@@ -351,6 +364,35 @@ def run_layers(
     return x, new
 
 
+def in_steps(
+    fn: Callable[[jax.Array, Cache], tuple[jax.Array, Cache]], x: jax.Array, cache: Cache, frames: int
+) -> tuple[jax.Array, Cache]:
+    """``fn`` (frames, cache -> output, new cache) over ``x (B, T, ...)`` in steps of ``frames``
+    frames (a ``fori_loop``), the cache carried from step to step: exact, and memory bounded by one
+    step. Each step reads its frames from ``x`` and writes its output into a preallocated result,
+    so no stacked copy of ``x`` or of the per-step outputs is made. ``frames`` must divide ``T``;
+    every step must follow the same cache rules (the first chunk never runs here in pieces).
+    """
+    t = x.shape[1]
+    if t <= frames:
+        return fn(x, cache)
+    if t % frames:
+        raise ValueError(f"{frames} frames per step do not divide a chunk of {t} frames")
+    y_shape, state_shape = jax.eval_shape(fn, x[:, :frames], cache)
+    zeros = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
+    state = {k: cache[k] if k in cache else jax.tree.map(zeros, v) for k, v in state_shape.items()}
+    out = jnp.zeros((y_shape.shape[0], t * y_shape.shape[1] // frames, *y_shape.shape[2:]), y_shape.dtype)
+
+    def step(i: jax.Array, carry: tuple[Cache, jax.Array]) -> tuple[Cache, jax.Array]:
+        state, out = carry
+        xs = lax.dynamic_slice_in_dim(x, i * frames, frames, axis=1)
+        y, new = fn(xs, {**cache, **state})
+        return new, lax.dynamic_update_slice_in_dim(out, y, i * y.shape[1], axis=1)
+
+    state, out = lax.fori_loop(0, t // frames, step, (state, out))
+    return out, state
+
+
 def run_layers_in_steps(
     params: Params,
     layers: Sequence[Layer],
@@ -360,28 +402,5 @@ def run_layers_in_steps(
     nm: Numerics,
     frames: int,
 ) -> tuple[jax.Array, Cache]:
-    """:func:`run_layers` over ``x`` in steps of ``frames`` frames (a ``fori_loop``), bounding memory.
-
-    Exact: the causal cache carries the context from one step to the next. Each step reads its
-    frames from ``x`` and writes its output into a preallocated result, so no stacked copy of ``x``
-    or of the per-step outputs is made. ``frames`` must divide the chunk's frame count.
-    """
-    t = x.shape[1]
-    if t <= frames:
-        return run_layers(params, layers, x, cache, first, nm)
-    if t % frames:
-        raise ValueError(f"{frames} frames per step do not divide a chunk of {t} frames")
-    # The first chunk never comes here with more than one frame, so all steps follow the same rules.
-    y_shape, state_shape = jax.eval_shape(lambda: run_layers(params, layers, x[:, :frames], cache, first, nm))
-    zeros = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
-    state = {k: cache[k] if k in cache else jax.tree.map(zeros, v) for k, v in state_shape.items()}
-    out = jnp.zeros((y_shape.shape[0], t * y_shape.shape[1] // frames, *y_shape.shape[2:]), y_shape.dtype)
-
-    def step(i: jax.Array, carry: tuple[Cache, jax.Array]) -> tuple[Cache, jax.Array]:
-        state, out = carry
-        xs = lax.dynamic_slice_in_dim(x, i * frames, frames, axis=1)
-        y, new = run_layers(params, layers, xs, state, first, nm)
-        return new, lax.dynamic_update_slice_in_dim(out, y, i * y.shape[1], axis=1)
-
-    state, out = lax.fori_loop(0, t // frames, step, (state, out))
-    return out, state
+    """:func:`run_layers` over ``x`` in steps of ``frames`` frames (:func:`in_steps`), bounding memory."""
+    return in_steps(lambda xs, c: run_layers(params, layers, xs, c, first, nm), x, cache, frames)
