@@ -129,7 +129,8 @@ def vae_decode_flops(
     ``upsample="subpixel"`` counts the upsampling conv as four 2x2 convs on the low-resolution
     frame (16/36 of the reference's), and ``zero_taps=False`` drops the two temporal taps of the
     first frame's causal convs that only read the zero padding (the ``taps`` formulation skips
-    them, except in ``conv_out``, which computes all taps of each input frame). Padding of the last
+    them, except in convs that cache owed partial sums, which compute all taps of each input frame:
+    those with no more outputs than inputs, in float32 on one device). Padding of the last
     chunk (``decode_chunk`` > 1 not dividing ``T' - 1``) is not counted; spatial tiling neither.
     """
     if upsample not in ("repeat", "subpixel"):
@@ -141,7 +142,7 @@ def vae_decode_flops(
 
     def causal(c_in: int, c_out: int) -> int:
         """One 3x3x3 causal conv over the current frames."""
-        taps_first = 3 if zero_taps or c_out < c_in else 1
+        taps_first = 3 if zero_taps or c_out <= c_in else 1
         return matmul_flops(b * (rest * 3 + first * taps_first) * h * w, 9 * c_in, c_out)
 
     for layer in decoder_plan(cfg):

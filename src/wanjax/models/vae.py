@@ -15,15 +15,20 @@ Time runs as a ``lax.scan`` over fixed-size chunks of latent frames (``decode_ch
 video frames (``encode_chunk``) with the causal cache as a fixed-shape carry; the first latent frame /
 video frame is its own chunk, as in the reference. Inputs are padded to whole chunks and outputs
 trimmed, so the scan body has one shape whatever the video length, and memory does not grow with the
-number of frames beyond the output. Inside a chunk, the layers after the last temporal upsampling
-(decoder) / before the first temporal downsampling (encoder) run in steps of ``frames_per_step``
-frames, which bounds the full-resolution activations. Results equal the reference's per-frame loop
-(whole-sequence causal convolutions with its first-frame rules) up to float32 rounding.
+number of frames beyond the output. Inside a chunk the work still goes one latent frame (decoder) /
+group of 4 frames (encoder) at a time, and each decoder segment after a temporal upsampling runs in
+steps of ``frames_per_step`` video frames scaled to its frame rate (one frame by default), inside the
+steps of the segment before it; the encoder's layers before its first temporal downsampling likewise.
+Every operation thus has the same shape whatever the chunk size, so chunk sizes give bit-identical
+results, and only a few frames of activations are alive at any resolution. Results equal the
+reference's per-frame loop (whole-sequence causal convolutions with its first-frame rules) up to
+float32 rounding.
 
 Compilation: each input shape gets one program (the scan's trip count is static); its size,
 compile time (~2 s on CPU for the real VAE) and memory do not depend on the number of frames.
-Memory at 240x416: 280 MiB of float32 decoder weights, 830 MiB of causal cache (two frames at each
-of the 32 cache sites, the same state the reference keeps) and ~370 MiB of per-step activations.
+Memory at 240x416: 280 MiB of float32 decoder weights, 830 MiB of causal cache (two frames, or two
+owed partial sums, at each of the 32 cache sites: the state the reference keeps) and ~220 MiB more
+of program scratch (activations of one frame per resolution, and the heap's packing).
 """
 
 from __future__ import annotations
@@ -152,26 +157,40 @@ def checkpoint_spec(cfg: VAEConfig, part: str = "all") -> Params:
 # Chunked decode / encode (pure functions; cfg, numerics and chunking are static)
 
 
+def _decoder_segments(cfg: VAEConfig) -> list[tuple[Layer, ...]]:
+    """The decoder plan cut after the temporal half of every ``up3d`` (each then continues as
+    ``up2d``): frame rate is constant within a segment and doubles from one segment to the next."""
+    segments: list[tuple[Layer, ...]] = [()]
+    for layer in decoder_plan(cfg):
+        if layer.kind == "up3d":
+            time_half = dataclasses.replace(layer, kind="up_time", dim_out=layer.dim_in)
+            segments[-1] += (time_half,)
+            segments.append((dataclasses.replace(layer, kind="up2d"),))
+        else:
+            segments[-1] += (layer,)
+    return segments
+
+
 def _decoder_chunk(
     params: Params, cfg: VAEConfig, z: jax.Array, cache: Cache, first: bool, nm: Numerics, frames: int
 ) -> tuple[jax.Array, Cache]:
     """VAE latents of one chunk ``(B, t, h, w, z)`` -> decoded frames (unclamped) and new caches.
 
-    The layers after the last temporal upsampling -- from its spatial half on -- run in steps of
-    ``frames`` frames."""
-    plan = decoder_plan(cfg)
-    last_up = max((i for i, layer in enumerate(plan) if layer.kind == "up3d"), default=None)
-    if last_up is None:
-        split = 0
-    else:
-        up = plan[last_up]
-        time_half = dataclasses.replace(up, kind="up_time", dim_out=up.dim_in)
-        plan = (*plan[:last_up], time_half, dataclasses.replace(up, kind="up2d"), *plan[last_up + 1 :])
-        split = last_up + 1
-    x = pointwise(z, params["post_quant_conv"], nm)
-    x, new = run_layers(params, plan[:split], x, cache, first, nm)
-    y, new_tail = run_layers_in_steps(params, plan[split:], x, cache, first, nm, frames)
-    return y, {**new, **new_tail}
+    Each segment after a temporal upsampling runs in steps of ``frames`` video frames scaled to its
+    frame rate (at least one frame), inside the steps of the segment before it: the activations
+    alive at once stay a few frames at every resolution, whatever the chunk."""
+    segments = _decoder_segments(cfg)
+    rates = [2**i for i in range(len(segments))]  # frames per latent frame in each segment
+
+    def run(i: int, x: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
+        y, new = run_layers(params, segments[i], x, cache, first, nm)
+        if i + 1 == len(segments):
+            return y, new
+        step = math.gcd(y.shape[1], max(1, frames * rates[i + 1] // rates[-1]))
+        y, new_rest = in_steps(lambda xs, c: run(i + 1, xs, c), y, {**cache, **new}, step)
+        return y, {**new, **new_rest}
+
+    return run(0, pointwise(z, params["post_quant_conv"], nm), cache)
 
 
 def _encoder_chunk(
@@ -455,7 +474,10 @@ def compiler_options() -> dict[str, Any] | None:
     independent full-frame convolutions for concurrency and keeps several frames' worth of outputs
     alive at once; this one lowers the chunk's peak by hundreds of MiB at 480p)."""
     if jax.default_backend() == "cpu":
-        return {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"}
+        return {
+            "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
+            "xla_cpu_copy_insertion_use_region_analysis": True,  # fewer loop-carry copies of the cache
+        }
     return None
 
 
@@ -567,12 +589,12 @@ class WanVAE:
     def decode(self, vae_latents: jax.Array) -> jax.Array:
         """VAE latents (diffusers ``vae.decode`` convention) -> float video ``(B, 3, T, H, W)``."""
         self._check_latents(vae_latents)
-        return self._run("decode", self.params, vae_latents)
+        return self._run("decode", vae_latents)
 
     def decode_uint8(self, normalized_latents: jax.Array) -> jax.Array:
         """Normalised latents (transformer output) -> ``uint8 (B, T, H, W, 3)`` frames."""
         self._check_latents(normalized_latents)
-        return self._run("decode_uint8", self.params, normalized_latents)
+        return self._run("decode_uint8", normalized_latents)
 
     def encode(self, video: jax.Array) -> jax.Array:
         """Video ``(B, 3, T, H, W)`` in [-1, 1] -> posterior mean ``(B, z, T', h, w)`` (VAE latents)."""
@@ -586,27 +608,39 @@ class WanVAE:
                 f"attn_scales={list(self.cfg.attn_scales)} puts attention in the encoder's down_blocks, "
                 "which the reference cannot run; encoding such a checkpoint is not supported"
             )
-        return self._run("encode", self.encoder_params, video)
+        return self._run("encode", video)
 
     def lower(self, method: str, x: jax.Array | jax.ShapeDtypeStruct) -> jax.stages.Lowered:
         """The program ``method`` (``decode``, ``decode_uint8`` or ``encode``) runs for inputs shaped
         like ``x``; ``.compile().memory_analysis()`` gives its memory before running anything."""
-        params = self.encoder_params if method == "encode" else self.params
-        return _jitted(method).lower(params, **{_INPUT[method]: x}, **dict(self._statics[method]))
+        return _jitted(method).lower(
+            self._params(method), **{_INPUT[method]: x}, **dict(self._statics_for(method, x))
+        )
 
     def compile(self, method: str, x: jax.Array) -> jax.stages.Compiled:
         """The compiled program ``method`` runs for ``x`` (compiled on first use, then cached);
         e.g. ``vae.compile("decode_uint8", latents).memory_analysis()``."""
         x = jnp.asarray(x)
-        params = self.encoder_params if method == "encode" else self.params
-        return _compiled(method, self._statics[method], _signature(params), (x.shape, x.dtype, x.sharding))
+        statics = self._statics_for(method, x)
+        return _compiled(method, statics, _signature(self._params(method)), (x.shape, x.dtype, x.sharding))
 
-    def _run(self, method: str, params: Params, x: jax.Array) -> jax.Array:
+    def _params(self, method: str) -> Params:
+        return self.encoder_params if method == "encode" else self.params
+
+    def _statics_for(self, method: str, x: jax.Array | jax.ShapeDtypeStruct) -> tuple[tuple[str, Any], ...]:
+        """The static arguments for ``x``: split over several devices, the causal convs keep input
+        frames (the owed-sum cache saves memory on one device but costs more under the SPMD
+        partitioner's halo exchanges)."""
+        statics = self._statics[method]
+        sharding = getattr(x, "sharding", None)
+        if sharding is None or len(sharding.device_set) == 1:
+            return statics
+        nm = dataclasses.replace(self.numerics, owed_cache=False)
+        return tuple((k, nm if k == "nm" else v) for k, v in statics)
+
+    def _run(self, method: str, x: jax.Array) -> jax.Array:
         x = jnp.asarray(x)
-        compiled = _compiled(
-            method, self._statics[method], _signature(params), (x.shape, x.dtype, x.sharding)
-        )
-        return compiled(params, **{_INPUT[method]: x})
+        return self.compile(method, x)(self._params(method), **{_INPUT[method]: x})
 
     def normalize_latents(self, vae_latents: jax.Array) -> jax.Array:
         """VAE latents -> the transformer's normalised latents."""

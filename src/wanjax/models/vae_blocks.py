@@ -47,12 +47,15 @@ class Numerics:
     frames folded into the batch), which XLA:CPU runs ~2x faster than its 3-D convolution;
     ``conv3d`` is a plain ``conv_general_dilated``. ``upsample``: ``subpixel`` runs nearest-x2 +
     3x3 conv as four 2x2 convs on the low-resolution input (2.25x fewer FLOPs, no upsampled copy);
-    ``repeat`` upsamples then convolves, as the reference does.
+    ``repeat`` upsamples then convolves, as the reference does. ``owed_cache``: with ``taps``,
+    causal convs whose owed partial sums are no larger than their input frames cache those sums
+    (see :func:`causal_conv3d`); without it only convs with fewer outputs than inputs do.
     """
 
     dtype: jnp.dtype = _FLOAT32
     conv: str = "taps"
     upsample: str = "subpixel"
+    owed_cache: bool = True
 
     @property
     def precision(self) -> lax.Precision | None:
@@ -196,7 +199,9 @@ def causal_conv3d(x: jax.Array, cache: Frames | None, p: Params, nm: Numerics) -
     the convolution itself.
     """
     kernel = p["kernel"]
-    if nm.conv == "taps" and kernel.shape[-1] < kernel.shape[-2]:
+    c, o = kernel.shape[-2:]
+    owed_bytes, input_bytes = o * _FLOAT32.itemsize, c * x.dtype.itemsize
+    if nm.conv == "taps" and (owed_bytes < input_bytes or (nm.owed_cache and owed_bytes == input_bytes)):
         y, new = _conv3d_output_side(cache, x, kernel, nm)
     else:
         y, new = conv3d_causal(cache, x, kernel, nm), last_frames(cache, x, 2)
@@ -206,21 +211,30 @@ def causal_conv3d(x: jax.Array, cache: Frames | None, p: Params, nm: Numerics) -
 def _conv3d_output_side(
     cache: Frames | None, x: jax.Array, kernel: jax.Array, nm: Numerics
 ) -> tuple[jax.Array, Frames]:
-    """The causal conv for fewer outputs than inputs (``conv_out``: 96 -> 3): each input frame goes
-    through all three temporal taps at once (one 2-D conv, ``3 O`` outputs), and the cache holds the
-    two partial sums owed to the next frames (``O`` channels) instead of two input frames (``C``).
+    """The causal conv with the cache on the output side: each input frame goes through all three
+    temporal taps (``q_k = conv2d(x_t, kernel[k])``), and the cache holds the two float32 partial
+    sums owed to the next frames (``O`` channels) instead of two input frames (``C``). Used when
+    that is no larger (``conv_out``'s 96 -> 3, and every C -> C conv in float32): besides the
+    smaller cache, each new cache entry is a fresh sum rather than a shifted input frame, which
+    lets XLA update the loop carry in place instead of keeping old and new caches at once.
 
-    ``y_t = q2_t + q1_{t-1} + q0_{t-2}``; cache ``(q1_{-1} + q0_{-2}, q0_{-1})``, zeros at the start.
+    ``y_t = q2_t + (q1_{t-1} + q0_{t-2})``; cache ``(q1_{-1} + q0_{-2}, q0_{-1})``, zeros at the start.
     """
     b, t, h, w, c = x.shape
     o = kernel.shape[-1]
-    taps = jnp.moveaxis(kernel, 0, 3).reshape(3, 3, c, 3 * o)  # (kh, kw, C, [kt, O])
-    q = per_frame(lambda f: conv2d(f, taps, nm), x).reshape(b, t, h, w, 3, o)
-    q0, q1, q2 = q[..., 0, :], q[..., 1, :], q[..., 2, :]
-    owed, owed_next = cache if cache is not None else (jnp.zeros((b, h, w, o), jnp.float32),) * 2
-    later = q1 + jnp.concatenate([owed_next[:, None], q0[:, :-1]], axis=1)  # owed to frames 1..t
-    owed_all = jnp.concatenate([owed[:, None], later], axis=1)
-    return q2 + owed_all[:, :t], (owed_all[:, t], q0[:, t - 1])
+    owed, owed_next = cache if cache is not None else (None, None)  # None: zeros (nothing before)
+    conv = lambda frames, k: per_frame(lambda f: conv2d(f, k, nm), frames)  # noqa: E731
+    if 3 * o <= c:  # few outputs: all three taps in one conv
+        taps = jnp.moveaxis(kernel, 0, 3).reshape(3, 3, c, 3 * o)  # (kh, kw, C, [kt, O])
+        q = conv(x, taps).reshape(b, t, h, w, 3, o)
+        q0, q1, q2 = q[..., 0, :], q[..., 1, :], q[..., 2, :]
+    else:  # one conv per tap (a 3 O-wide conv runs at half the speed on XLA:CPU)
+        q0, q1, q2 = (conv(x, kernel[kt]) for kt in range(3))
+    ys = []
+    for i in range(t):  # frame by frame, so the sums are formed alike whatever the chunk
+        ys.append(q2[:, i] if owed is None else q2[:, i] + owed)
+        owed, owed_next = q1[:, i] if owed_next is None else q1[:, i] + owed_next, q0[:, i]
+    return jnp.stack(ys, axis=1), (owed, owed_next)
 
 
 def time_conv(prev: Frames | None, x: jax.Array, p: Params, nm: Numerics, stride: int) -> jax.Array:
