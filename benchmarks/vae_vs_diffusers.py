@@ -11,6 +11,7 @@ apart, then ``--repeats`` steady runs), and wanjax ``decode_uint8`` alone at ``-
     python benchmarks/vae_vs_diffusers.py --skip-reference --latent-frames 5   # wanjax only
     python benchmarks/vae_vs_diffusers.py --skip-reference --conv conv3d --upsample repeat
     python benchmarks/vae_vs_diffusers.py --micro               # convolution formulations alone
+    python benchmarks/vae_vs_diffusers.py --skip-reference --latent-frames --compile-cache /tmp/c  # twice: warm
 
 Targets (issue 3): wanjax peak <= 0.5x diffusers, peak at 21 latent frames <= 1.2x at 5, time <= 1.0x.
 """
@@ -64,8 +65,10 @@ def child_wanjax(args: argparse.Namespace) -> dict:
     import jax
     import jax.numpy as jnp
 
+    from wanjax.jax_cache import enable_compilation_cache
     from wanjax.models.vae import load_vae
 
+    enable_compilation_cache(args.compile_cache or "off")
     vae, load_s, _ = timed(
         lambda: load_vae(
             args.model,
@@ -177,7 +180,7 @@ def run_child(mode: str, args: argparse.Namespace, **overrides) -> dict:
     cmd = [sys.executable, __file__, "--child", mode]
     opts = {**vars(args), **overrides}
     for key in ("model", "latents", "out", "dtype", "chunk", "frames_per_step", "conv", "upsample",
-                "repeats", "ref_repeats", "method"):  # fmt: skip
+                "repeats", "ref_repeats", "method", "compile_cache"):  # fmt: skip
         if opts.get(key) is not None:
             cmd += [f"--{key.replace('_', '-')}", str(opts[key])]
     if mode == "micro":
@@ -214,6 +217,9 @@ def main() -> None:
     parser.add_argument("--conv", default="auto", choices=["auto", "taps", "conv3d"])
     parser.add_argument("--upsample", default="subpixel", choices=["subpixel", "repeat"])
     parser.add_argument("--method", default="decode", choices=["decode", "decode_uint8"])
+    parser.add_argument("--compile-cache", metavar="DIR",
+                        help="wanjax's persistent compilation cache (default off: every run compiles); "
+                        "a second run with the same DIR loads the programs instead")  # fmt: skip
     parser.add_argument("--micro", action="store_true", help="only the convolution microbenchmarks")
     parser.add_argument("--formulations", nargs="+", default=["conv3d", "taps", "fold", "im2col", "outputs"])
     parser.add_argument("--child", help=argparse.SUPPRESS)

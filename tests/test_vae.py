@@ -6,6 +6,7 @@ expected values come from diffusers (or its pipeline's post-processing), never f
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 
@@ -19,6 +20,7 @@ from diffusers import AutoencoderKLWan
 
 from wanjax.checkpoint import abstract_params
 from wanjax.errors import ConfigError
+from wanjax.models import vae as vae_module
 from wanjax.models.vae import Tiling, VAEConfig, WanVAE, checkpoint_spec, load_vae
 
 CONFIGS = {
@@ -164,6 +166,18 @@ def test_decode_float_chunks_and_steps_agree_to_rounding(small):
     one = base.decode(z)
     whole = WanVAE(base.cfg, base.params, decode_chunk="all", frames_per_step=4).decode(z)
     assert np.abs(np.asarray(one) - np.asarray(whole)).max() <= 1e-5
+
+
+def test_owed_sum_cache_equals_input_frame_cache(small):
+    """The two cache forms of a C -> C causal conv (owed partial sums on one device, the input
+    frames when sharded) decode the same video, up to float32 rounding of the sums' order."""
+    _, _, base = small
+    z = jnp.asarray(randn((1, 4, 4, *LATENT_HW), seed=23).numpy())
+    assert base.numerics.owed_cache
+    frames_cache = dataclasses.replace(base.numerics, owed_cache=False)
+    run = jax.jit(vae_module.decode, static_argnames=("cfg", "nm", "chunk", "frames"))
+    ref = np.asarray(run(base.params, base.cfg, z, nm=frames_cache, chunk=1, frames=1))
+    assert relative_error(base.decode(z), ref) <= 1e-6
 
 
 def test_encode_chunk_sizes_give_identical_latents(small):
