@@ -126,16 +126,18 @@ def traced_vae_decode_flops(cfg: VAEConfig, latent_shape, nm: Numerics, chunk, f
 )
 def test_vae_decode_count_equals_traced_convs(cfg, latent_shape, chunk, frames):
     """The reference formulation (3-D convs, upsample then conv) has exactly the analytic count;
-    wanjax's CPU formulation (taps skipping the first frame's zero padding, sub-pixel upsampling)
-    the count with ``upsample="subpixel", zero_taps=False``."""
+    wanjax's CPU formulation (taps skipping the first frame's zero padding except where owed sums
+    are cached, sub-pixel upsampling) the count for those numerics."""
     reference = Numerics(jnp.float32, "conv3d", "repeat")
     traced = traced_vae_decode_flops(cfg, latent_shape, reference, chunk, frames)
     assert vae_decode_flops(cfg, latent_shape).total == traced
     cpu = Numerics(jnp.float32, "taps", "subpixel")
-    traced = traced_vae_decode_flops(cfg, latent_shape, cpu, chunk, frames)
-    executed = vae_decode_flops(cfg, latent_shape, upsample="subpixel", zero_taps=False)
-    assert executed.total == traced
-    assert executed.attention == vae_decode_flops(cfg, latent_shape).attention > 0
+    for numerics in (cpu, dataclasses.replace(cpu, owed_cache=False)):  # one device / sharded
+        traced = traced_vae_decode_flops(cfg, latent_shape, numerics, chunk, frames)
+        executed = vae_decode_flops(cfg, latent_shape, numerics)
+        assert executed.total == traced
+        assert executed.attention == vae_decode_flops(cfg, latent_shape).attention > 0
+    assert vae_decode_flops(cfg, latent_shape, cpu).total > executed.total  # owed sums: all taps
 
 
 def test_wan_vae_decode_by_hand():
@@ -152,7 +154,7 @@ def test_wan_vae_decode_by_hand():
     no_out = vae_decode_flops(dataclasses.replace(cfg, out_channels=0), (1, 16, 5, 30, 52))
     assert full.linear - no_out.linear == 2 * 17 * 240 * 416 * 27 * 96 * 3  # conv_out: 96 -> 3, 17 frames
     assert 14e12 < full.total < 15e12  # 14.6 TFLOP
-    executed = vae_decode_flops(cfg, (1, 16, 5, 30, 52), upsample="subpixel", zero_taps=False)
+    executed = vae_decode_flops(cfg, (1, 16, 5, 30, 52), Numerics(jnp.float32, "taps", "subpixel"))
     assert executed.total < full.total
 
 

@@ -220,8 +220,7 @@ def bench_decode(cfg: BenchConfig) -> StageResult:
     latents = jax.random.normal(jax.random.key(4), shape, jnp.float32)
     result = _repeat(lambda: vae.decode_uint8(latents), cfg.repeats)
     result.flops = vae_decode_flops(vcfg, shape)
-    nm = vae.numerics
-    result.executed_flops = vae_decode_flops(vcfg, shape, upsample=nm.upsample, zero_taps=nm.conv != "taps")
+    result.executed_flops = vae_decode_flops(vcfg, shape, vae.numerics)
     return result
 
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from wanjax.config import TransformerConfig
 from wanjax.models.umt5 import UMT5Config
+from wanjax.models.vae_blocks import Numerics, caches_owed_sums
 from wanjax.models.vae_config import VAEConfig, decoder_plan
 
 
@@ -107,13 +108,7 @@ def umt5_flops(cfg: UMT5Config, batch: int, length: int) -> Flops:
     return cfg.num_layers * Flops(layer_linear, layer_attention)
 
 
-def vae_decode_flops(
-    cfg: VAEConfig,
-    latent_shape: Sequence[int],
-    *,
-    upsample: str = "repeat",
-    zero_taps: bool = True,
-) -> Flops:
+def vae_decode_flops(cfg: VAEConfig, latent_shape: Sequence[int], numerics: Numerics | None = None) -> Flops:
     """The Wan VAE decoder over latents ``(B, z, T', h, w)`` -> ``1 + 4 (T' - 1)`` frames (Wan 2.1).
 
     Follows ``WanDecoder3d`` (``models/vae_blocks.py``): ``post_quant_conv`` (1x1x1), ``conv_in`` and
@@ -124,15 +119,16 @@ def vae_decode_flops(
     conv to twice the channels, run on every latent chunk but the first, which stays one frame, so
     the first latent frame yields 1 frame and every later one 4), and ``conv_out``.
 
-    The defaults count the reference architecture (what diffusers computes, and wanjax with
-    ``conv="conv3d", upsample="repeat"``): the model FLOPs. wanjax's CPU defaults do less work:
-    ``upsample="subpixel"`` counts the upsampling conv as four 2x2 convs on the low-resolution
-    frame (16/36 of the reference's), and ``zero_taps=False`` drops the two temporal taps of the
-    first frame's causal convs that only read the zero padding (the ``taps`` formulation skips
-    them, except in convs that cache owed partial sums, which compute all taps of each input frame:
-    those with no more outputs than inputs, in float32 on one device). Padding of the last
-    chunk (``decode_chunk`` > 1 not dividing ``T' - 1``) is not counted; spatial tiling neither.
+    Without ``numerics``: the reference architecture (what diffusers computes, and wanjax with
+    ``conv="conv3d", upsample="repeat"``), the model FLOPs. With it: what that formulation executes
+    on one device. ``upsample="subpixel"`` runs the upsampling conv as four 2x2 convs on the
+    low-resolution frame (16/36 of the reference's); ``conv="taps"`` skips the two temporal taps of
+    the first frame that only read the zero padding, except in convs caching owed partial sums
+    (:func:`~wanjax.models.vae_blocks.caches_owed_sums`), which run every tap of every frame.
+    Padding of the last chunk (``decode_chunk`` > 1 not dividing ``T' - 1``) is not counted;
+    spatial tiling neither.
     """
+    upsample = "repeat" if numerics is None else numerics.upsample
     if upsample not in ("repeat", "subpixel"):
         raise ValueError(f"upsample must be 'repeat' or 'subpixel', got {upsample!r}")
     b, z, t, h, w = latent_shape
@@ -142,7 +138,8 @@ def vae_decode_flops(
 
     def causal(c_in: int, c_out: int) -> int:
         """One 3x3x3 causal conv over the current frames."""
-        taps_first = 3 if zero_taps or c_out <= c_in else 1
+        skips_zeros = numerics is not None and numerics.conv == "taps"
+        taps_first = 1 if skips_zeros and not caches_owed_sums(c_in, c_out, numerics) else 3
         return matmul_flops(b * (rest * 3 + first * taps_first) * h * w, 9 * c_in, c_out)
 
     for layer in decoder_plan(cfg):

@@ -199,13 +199,18 @@ def causal_conv3d(x: jax.Array, cache: Frames | None, p: Params, nm: Numerics) -
     the convolution itself.
     """
     kernel = p["kernel"]
-    c, o = kernel.shape[-2:]
-    owed_bytes, input_bytes = o * _FLOAT32.itemsize, c * x.dtype.itemsize
-    if nm.conv == "taps" and (owed_bytes < input_bytes or (nm.owed_cache and owed_bytes == input_bytes)):
+    if caches_owed_sums(*kernel.shape[-2:], nm):
         y, new = _conv3d_output_side(cache, x, kernel, nm)
     else:
         y, new = conv3d_causal(cache, x, kernel, nm), last_frames(cache, x, 2)
     return (y + p["bias"].astype(jnp.float32)).astype(x.dtype), new
+
+
+def caches_owed_sums(c_in: int, c_out: int, nm: Numerics) -> bool:
+    """Whether a ``c_in -> c_out`` causal conv caches owed float32 partial sums (with ``taps``):
+    when they take fewer bytes than two input frames, or as many and ``nm.owed_cache``."""
+    owed_bytes, input_bytes = c_out * _FLOAT32.itemsize, c_in * np.dtype(nm.dtype).itemsize
+    return nm.conv == "taps" and (owed_bytes < input_bytes or (nm.owed_cache and owed_bytes == input_bytes))
 
 
 def _conv3d_output_side(
