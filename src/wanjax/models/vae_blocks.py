@@ -387,29 +387,26 @@ def in_steps(
     fn: Callable[[jax.Array, Cache], tuple[jax.Array, Cache]], x: jax.Array, cache: Cache, frames: int
 ) -> tuple[jax.Array, Cache]:
     """``fn`` (frames, cache -> output, new cache) over ``x (B, T, ...)`` in steps of ``frames``
-    frames (a ``fori_loop``), the cache carried from step to step: exact, and memory bounded by one
-    step. Each step reads its frames from ``x`` and writes its output into a preallocated result,
-    so no stacked copy of ``x`` or of the per-step outputs is made. ``frames`` must divide ``T``;
-    every step must follow the same cache rules (the first chunk never runs here in pieces).
+    frames (a ``lax.scan``, ``fn`` traced once), the cache carried from step to step: exact, and
+    memory bounded by one step. ``frames`` must divide ``T``. Looping, ``cache`` must already hold
+    every entry ``fn`` writes (the first chunk, which creates them, never runs here in pieces); the
+    returned cache is all of ``cache``, updated.
     """
     t = x.shape[1]
     if t <= frames:
         return fn(x, cache)
     if t % frames:
         raise ValueError(f"{frames} frames per step do not divide a chunk of {t} frames")
-    y_shape, state_shape = jax.eval_shape(fn, x[:, :frames], cache)
-    zeros = lambda s: jnp.zeros(s.shape, s.dtype)  # noqa: E731
-    state = {k: cache[k] if k in cache else jax.tree.map(zeros, v) for k, v in state_shape.items()}
-    out = jnp.zeros((y_shape.shape[0], t * y_shape.shape[1] // frames, *y_shape.shape[2:]), y_shape.dtype)
+    b, n = x.shape[0], t // frames
+    steps = jnp.moveaxis(x.reshape(b, n, frames, *x.shape[2:]), 1, 0)
 
-    def step(i: jax.Array, carry: tuple[Cache, jax.Array]) -> tuple[Cache, jax.Array]:
-        state, out = carry
-        xs = lax.dynamic_slice_in_dim(x, i * frames, frames, axis=1)
-        y, new = fn(xs, {**cache, **state})
-        return new, lax.dynamic_update_slice_in_dim(out, y, i * y.shape[1], axis=1)
+    def step(state: Cache, xs: jax.Array) -> tuple[Cache, jax.Array]:
+        y, new = fn(xs, state)
+        return {**state, **new}, y
 
-    state, out = lax.fori_loop(0, t // frames, step, (state, out))
-    return out, state
+    state, ys = lax.scan(step, cache, steps)
+    ys = jnp.moveaxis(ys, 0, 1)
+    return ys.reshape(b, n * ys.shape[2], *ys.shape[3:]), state
 
 
 def run_layers_in_steps(
