@@ -334,8 +334,9 @@ def test_stage_config_records_seed_versions_and_arguments(demo_env, tmp_path, ca
 # Interrupted decode: no partial mp4, earlier stage files untouched
 
 _SLOW_WRITER = """
-import pathlib, sys, time
+import faulthandler, pathlib, signal, sys, time
 import av
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks on demand, should it hang
 marker = pathlib.Path(sys.argv[1])
 real_open = av.open
 
@@ -359,7 +360,8 @@ class SlowContainer:
         self.muxed += 1
         if self.muxed == 3:  # midway through the frames
             marker.write_text("encoding")
-            time.sleep(300)
+            for _ in range(3000):  # a slow encoder: Python runs signal handlers between the sleeps
+                time.sleep(0.1)
 
 
 av.open = lambda *args, **kwargs: SlowContainer(real_open(*args, **kwargs))
@@ -393,7 +395,14 @@ def test_killed_decode_leaves_no_partial_video(demo_env, tmp_path, sig):
             time.sleep(0.1)
         assert list(d.glob(".video.*.tmp")), list(d.iterdir())  # the writer was midway
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # faulthandler: every thread's stack to stderr
+            time.sleep(2)
+            proc.kill()
+            stacks = proc.communicate()[1].decode()[-6000:]
+            raise AssertionError(f"still running 60 s after {sig!r}:\n{stacks}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
