@@ -337,6 +337,9 @@ _SLOW_WRITER = """
 import faulthandler, pathlib, signal, sys, time
 import av
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks on demand, should it hang
+# Ctrl-C as in a terminal, even when the suite runs as a background job (which ignores SIGINT,
+# and its children inherit that)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 marker = pathlib.Path(sys.argv[1])
 real_open = av.open
 
