@@ -187,8 +187,7 @@ def _decoder_chunk(
         if i + 1 == len(segments):
             return y, new
         step = math.gcd(y.shape[1], max(1, frames * rates[i + 1] // rates[-1]))
-        y, new_rest = in_steps(lambda xs, c: run(i + 1, xs, c), y, {**cache, **new}, step)
-        return y, {**new, **new_rest}
+        return in_steps(lambda xs, c: run(i + 1, xs, c), y, {**cache, **new}, step)
 
     return run(0, pointwise(z, params["post_quant_conv"], nm), cache)
 

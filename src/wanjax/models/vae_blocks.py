@@ -388,13 +388,14 @@ def in_steps(
 ) -> tuple[jax.Array, Cache]:
     """``fn`` (frames, cache -> output, new cache) over ``x (B, T, ...)`` in steps of ``frames``
     frames (a ``lax.scan``, ``fn`` traced once), the cache carried from step to step: exact, and
-    memory bounded by one step. ``frames`` must divide ``T``. Looping, ``cache`` must already hold
-    every entry ``fn`` writes (the first chunk, which creates them, never runs here in pieces); the
-    returned cache is all of ``cache``, updated.
+    memory bounded by one step. ``frames`` must divide ``T``. Returns the output and all of
+    ``cache`` updated with what ``fn`` wrote. Looping, ``cache`` must already hold every entry
+    ``fn`` writes (the first chunk, which creates them, never runs here in pieces).
     """
     t = x.shape[1]
     if t <= frames:
-        return fn(x, cache)
+        y, new = fn(x, cache)
+        return y, {**cache, **new}
     if t % frames:
         raise ValueError(f"{frames} frames per step do not divide a chunk of {t} frames")
     b, n = x.shape[0], t // frames
