@@ -28,8 +28,6 @@ from wanjax.errors import ConfigError
 from wanjax.kernels import tuning
 from wanjax.kernels.common import AttentionProblem, InterpretModeWarning
 from wanjax.kernels.cudnn import cudnn_attention, cudnn_available
-from wanjax.kernels.splash import splash_attention
-from wanjax.kernels.splash_exp2 import splash_exp2_attention
 from wanjax.kernels.xla import DENSE_LIMIT, xla_attention
 
 __all__ = ["BACKENDS", "DENSE_LIMIT", "AttentionSpec", "InterpretModeWarning", "attention", "resolve_backend"]
@@ -146,7 +144,11 @@ def attention(
     if name == "cudnn":
         return cudnn_attention(q, k, v, scale=scale, window_size=window)
     blocks = spec.blocks(tuning.shape_key(name, q.shape[1], k.shape[1], q.shape[3], q.dtype.name))
-    kernel = splash_attention if name == "splash" else splash_exp2_attention
+    # Pallas kernels are imported on first use: Pallas/Mosaic add ~15 MiB to every process
+    if name == "splash":
+        from wanjax.kernels.splash import splash_attention as kernel
+    else:
+        from wanjax.kernels.splash_exp2 import splash_exp2_attention as kernel
     return kernel(AttentionProblem(q, k, v, scale, blocks, window))
 
 
