@@ -20,6 +20,7 @@ from diffusers import AutoencoderKLWan
 
 from wanjax.checkpoint import abstract_params
 from wanjax.errors import ConfigError
+from wanjax.flops import vae_decode_flops
 from wanjax.models import vae as vae_module
 from wanjax.models.vae import Tiling, VAEConfig, WanVAE, checkpoint_spec, load_vae
 
@@ -168,16 +169,25 @@ def test_decode_float_chunks_and_steps_agree_to_rounding(small):
     assert np.abs(np.asarray(one) - np.asarray(whole)).max() <= 1e-5
 
 
-def test_owed_sum_cache_equals_input_frame_cache(small):
-    """The two cache forms of a C -> C causal conv (owed partial sums on one device, the input
-    frames when sharded) decode the same video, up to float32 rounding of the sums' order."""
+def test_cache_forms_decode_alike(small):
+    """The causal cache forms (owed partial sums of C -> C convs; the low-resolution frames of a
+    residual block right after an upsampling, recomputed; plain input frames, as when sharded)
+    decode the same video, up to float32 rounding of the sums' order."""
     _, _, base = small
     z = jnp.asarray(randn((1, 4, 4, *LATENT_HW), seed=23).numpy())
-    assert base.numerics.owed_cache
-    frames_cache = dataclasses.replace(base.numerics, owed_cache=False)
+    nm = base.numerics
+    assert nm.owed_cache and nm.lowres_cache
+    without_lowres = dataclasses.replace(nm, lowres_cache=False)
+    # this config has blocks that recompute (counted exactly against the trace in test_flops)
+    assert (
+        vae_decode_flops(base.cfg, z.shape, nm).total
+        > vae_decode_flops(base.cfg, z.shape, without_lowres).total
+    )
     run = jax.jit(vae_module.decode, static_argnames=("cfg", "nm", "chunk", "frames"))
-    ref = np.asarray(run(base.params, base.cfg, z, nm=frames_cache, chunk=1, frames=1))
-    assert relative_error(base.decode(z), ref) <= 1e-6
+    plain = dataclasses.replace(nm, owed_cache=False, lowres_cache=False)
+    ref = np.asarray(run(base.params, base.cfg, z, nm=plain, chunk=1, frames=1))
+    for form in (nm, without_lowres, dataclasses.replace(nm, owed_cache=False)):
+        assert relative_error(run(base.params, base.cfg, z, nm=form, chunk=1, frames=1), ref) <= 1e-6
 
 
 def test_encode_chunk_sizes_give_identical_latents(small):
@@ -236,6 +246,29 @@ def test_tiled_decode_matches_diffusers_tiling(small):
 
 # ----------------------------------------------------------------------------------------------
 # Precision options
+
+
+def test_weights_are_read_after_the_program_is_compiled(small, monkeypatch):
+    """load_vae checks the checkpoint but reads each part's weights on first use, after that call's
+    program is compiled (for the same program the eager weights give), so they can take the heap
+    the compiler freed."""
+    root, _, base = small
+    events = []
+    real_load, real_compiled = vae_module.load_params, vae_module._compiled
+    monkeypatch.setattr(
+        vae_module, "load_params", lambda *a, **k: events.append("read") or real_load(*a, **k)
+    )
+    monkeypatch.setattr(vae_module, "_compiled", lambda *a: events.append("compile") or real_compiled(*a))
+    vae = load_vae(root)
+    assert events == []
+    z = jnp.asarray(randn((1, 4, 2, *LATENT_HW), seed=8).numpy())
+    out = np.asarray(vae.decode(z))
+    assert events == ["compile", "read"]
+    vae.decode(z)
+    assert events == ["compile", "read", "compile"]  # read once; the program comes from the cache
+    eager = WanVAE(base.cfg, base.params)  # weights given as arrays: programs compiled for them
+    assert vae.compile("decode", z) is eager.compile("decode", z)
+    np.testing.assert_array_equal(out, np.asarray(eager.decode(z)))
 
 
 def test_bfloat16_activations_close_to_float32_reference(small):

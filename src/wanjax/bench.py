@@ -220,7 +220,7 @@ def bench_decode(cfg: BenchConfig) -> StageResult:
     latents = jax.random.normal(jax.random.key(4), shape, jnp.float32)
     result = _repeat(lambda: vae.decode_uint8(latents), cfg.repeats)
     result.flops = vae_decode_flops(vcfg, shape)
-    result.executed_flops = vae_decode_flops(vcfg, shape, vae.numerics)
+    result.executed_flops = vae_decode_flops(vcfg, shape, vae.numerics, vae.frames_per_step)
     return result
 
 

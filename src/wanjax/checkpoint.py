@@ -305,16 +305,25 @@ def load_params(
     """
     check_checkpoint(refs, spec, where, ignore)
     dtype = np.dtype(dtype)
-    default = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    sharding = sharding or first_device
 
     def build(path: tuple[Any, ...], source: LeafSource) -> jax.Array:
-        keys = tuple(str(getattr(k, "key", k)) for k in path)
         shape = source.target_shape()
-        target = sharding(keys, shape) if sharding else default
         ldtype = leaf_dtype(source, dtype)
-        return jax.make_array_from_callback(shape, target, lambda idx: source.read(refs, idx, ldtype))
+        return jax.make_array_from_callback(
+            shape, sharding(_keys(path), shape), lambda idx: source.read(refs, idx, ldtype)
+        )
 
     return jax.tree_util.tree_map_with_path(build, spec, is_leaf=_is_source)
+
+
+def first_device(keys: tuple[str, ...], shape: tuple[int, ...]) -> jax.sharding.Sharding:
+    """The default :data:`ShardingFn`: every leaf whole on the first device."""
+    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+
+
+def _keys(path: tuple[Any, ...]) -> tuple[str, ...]:
+    return tuple(str(getattr(k, "key", k)) for k in path)
 
 
 def _listing(items: list[str]) -> str:
@@ -341,12 +350,17 @@ def _is_source(x: Any) -> bool:
     return isinstance(x, LeafSource)
 
 
-def abstract_params(spec: Any, dtype: Any) -> Any:
-    """The params tree as ``jax.ShapeDtypeStruct`` leaves: for lowering, planning and tests, no weights."""
+def abstract_params(spec: Any, dtype: Any, sharding: ShardingFn | None = None) -> Any:
+    """The params tree as ``jax.ShapeDtypeStruct`` leaves: for lowering, planning and tests, no
+    weights. With ``sharding``, each leaf carries the sharding :func:`load_params` would give it."""
     dtype = np.dtype(dtype)
-    return jax.tree.map(
-        lambda s: jax.ShapeDtypeStruct(s.target_shape(), leaf_dtype(s, dtype)), spec, is_leaf=_is_source
-    )
+
+    def leaf(path: tuple[Any, ...], s: LeafSource) -> jax.ShapeDtypeStruct:
+        shape = s.target_shape()
+        placed = sharding(_keys(path), shape) if sharding else None
+        return jax.ShapeDtypeStruct(shape, leaf_dtype(s, dtype), sharding=placed)
+
+    return jax.tree_util.tree_map_with_path(leaf, spec, is_leaf=_is_source)
 
 
 def random_params(spec: Any, dtype: Any, seed: int = 0, std: float = 0.02) -> Any:

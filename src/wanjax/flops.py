@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from wanjax.config import TransformerConfig
 from wanjax.models.umt5 import UMT5Config
-from wanjax.models.vae_blocks import Numerics, caches_owed_sums
+from wanjax.models.vae_blocks import Numerics, caches_lowres_input, caches_owed_sums
 from wanjax.models.vae_config import VAEConfig, decoder_plan
 
 
@@ -108,7 +108,9 @@ def umt5_flops(cfg: UMT5Config, batch: int, length: int) -> Flops:
     return cfg.num_layers * Flops(layer_linear, layer_attention)
 
 
-def vae_decode_flops(cfg: VAEConfig, latent_shape: Sequence[int], numerics: Numerics | None = None) -> Flops:
+def vae_decode_flops(
+    cfg: VAEConfig, latent_shape: Sequence[int], numerics: Numerics | None = None, frames_per_step: int = 1
+) -> Flops:
     """The Wan VAE decoder over latents ``(B, z, T', h, w)`` -> ``1 + 4 (T' - 1)`` frames (Wan 2.1).
 
     Follows ``WanDecoder3d`` (``models/vae_blocks.py``): ``post_quant_conv`` (1x1x1), ``conv_in`` and
@@ -124,11 +126,15 @@ def vae_decode_flops(cfg: VAEConfig, latent_shape: Sequence[int], numerics: Nume
     on one device. ``upsample="subpixel"`` runs the upsampling conv as four 2x2 convs on the
     low-resolution frame (16/36 of the reference's); ``conv="taps"`` skips the two temporal taps of
     the first frame that only read the zero padding, except in convs caching owed partial sums
-    (:func:`~wanjax.models.vae_blocks.caches_owed_sums`), which run every tap of every frame.
+    (:func:`~wanjax.models.vae_blocks.caches_owed_sums`), which run every tap of every frame;
+    residual blocks caching their low-resolution input (one-frame steps,
+    :func:`~wanjax.models.vae_blocks.caches_lowres_input`) run their upsampling twice more per
+    frame after the first.
     Padding of the last chunk (``decode_chunk`` > 1 not dividing ``T' - 1``) is not counted;
     spatial tiling neither.
     """
     upsample = "repeat" if numerics is None else numerics.upsample
+    numerics = None if numerics is None else numerics.for_steps(frames_per_step)
     if upsample not in ("repeat", "subpixel"):
         raise ValueError(f"upsample must be 'repeat' or 'subpixel', got {upsample!r}")
     b, z, t, h, w = latent_shape
@@ -136,19 +142,39 @@ def vae_decode_flops(cfg: VAEConfig, latent_shape: Sequence[int], numerics: Nume
     linear = matmul_flops(b * t * h * w, z, z)  # post_quant_conv
     attention = 0
 
-    def causal(c_in: int, c_out: int) -> int:
+    def causal(c_in: int, c_out: int, owed: bool | None = None) -> int:
         """One 3x3x3 causal conv over the current frames."""
         skips_zeros = numerics is not None and numerics.conv == "taps"
-        taps_first = 1 if skips_zeros and not caches_owed_sums(c_in, c_out, numerics) else 3
+        owed = skips_zeros and caches_owed_sums(c_in, c_out, numerics) if owed is None else owed
+        taps_first = 1 if skips_zeros and not owed else 3
         return matmul_flops(b * (rest * 3 + first * taps_first) * h * w, 9 * c_in, c_out)
 
-    for layer in decoder_plan(cfg):
+    def upsampling(frames: int, c_in: int, c_out: int) -> int:
+        """The x2 upsampling conv of ``frames`` frames of ``h x w`` pixels."""
+        if upsample == "repeat":
+            return matmul_flops(frames * 4 * h * w, 9 * c_in, c_out)
+        return 4 * matmul_flops(frames * h * w, 4 * c_in, c_out)
+
+    plan = decoder_plan(cfg)
+    for i, layer in enumerate(plan):
         c_in, c_out = layer.dim_in, layer.dim_out
         pixels = b * (first + rest) * h * w
+        after_up = i > 0 and plan[i - 1].kind in ("up2d", "up3d")
         if layer.kind in ("conv", "head"):
             linear += causal(c_in, c_out)
         elif layer.kind == "res":
-            linear += causal(c_in, c_out) + causal(c_out, c_out)
+            up = plan[i - 1]
+            lowres = (
+                numerics is not None
+                and after_up
+                and any(later.kind.startswith("up") for later in plan[i + 1 :])
+                and caches_lowres_input(up.dim_in, c_in, c_out, numerics)
+            )
+            linear += causal(c_in, c_out, owed=False if lowres else None) + causal(c_out, c_out)
+            if lowres:  # the two cached low-resolution frames upsampled again, every frame but the first
+                h, w = h // 2, w // 2
+                linear += 2 * upsampling(b * rest, up.dim_in, up.dim_out)
+                h, w = 2 * h, 2 * w
             if c_in != c_out:
                 linear += matmul_flops(pixels, c_in, c_out)  # conv_shortcut
         elif layer.kind == "attn":
@@ -158,11 +184,7 @@ def vae_decode_flops(cfg: VAEConfig, latent_shape: Sequence[int], numerics: Nume
             if layer.kind == "up3d":
                 linear += matmul_flops(b * rest * h * w, 3 * c_in, 2 * c_in)  # time_conv
                 rest *= 2
-            frames = b * (first + rest)
-            if upsample == "repeat":
-                linear += matmul_flops(frames * 4 * h * w, 9 * c_in, c_out)
-            else:
-                linear += 4 * matmul_flops(frames * h * w, 4 * c_in, c_out)
+            linear += upsampling(b * (first + rest), c_in, c_out)
             h, w = 2 * h, 2 * w
         else:
             raise ValueError(f"unexpected decoder layer kind {layer.kind!r}")

@@ -25,10 +25,15 @@ reference's per-frame loop (whole-sequence causal convolutions with its first-fr
 float32 rounding.
 
 Compilation: each input shape gets one program (the scan's trip count is static); its size,
-compile time (~2 s on CPU for the real VAE) and memory do not depend on the number of frames.
-Memory at 240x416: 280 MiB of float32 decoder weights, 830 MiB of causal cache (two frames, or two
-owed partial sums, at each of the 32 cache sites: the state the reference keeps) and ~220 MiB more
-of program scratch (activations of one frame per resolution, and the heap's packing).
+compile time (~7 s on CPU for the real VAE) and memory do not depend on the number of frames.
+Memory at 240x416: 280 MiB of float32 decoder weights and a 920 MiB program: 807 MiB of causal
+cache (two frames, two owed partial sums, or two low-resolution frames to recompute from, at each
+of the 32 cache sites: the state the reference keeps) and ~113 MiB of scratch (two full-resolution
+frames of activations, one frame at each lower resolution, and the heap's packing). Each causal
+conv runs its taps in an order that lets XLA write the new owed sums and the folded-in residual
+straight into the loop carry (:func:`~wanjax.models.vae_blocks.add_in_place`), and the doubled
+frames of a temporal upsampling are made one step at a time
+(:class:`~wanjax.models.vae_blocks.LazyFrames`).
 """
 
 from __future__ import annotations
@@ -49,7 +54,9 @@ import numpy as np
 from wanjax.checkpoint import (
     LeafSource,
     ShardingFn,
+    abstract_params,
     check_checkpoint,
+    first_device,
     load_params,
     open_component,
     resolve_component_dir,
@@ -61,11 +68,13 @@ from wanjax.models.vae_blocks import (
     CONV_IMPLS,
     UPSAMPLE_IMPLS,
     Cache,
+    LazyFrames,
     Numerics,
     in_steps,
     pointwise,
     run_layers,
     run_layers_in_steps,
+    time_doubling,
 )
 from wanjax.models.vae_config import Layer, VAEConfig, decoder_plan, encoder_plan
 
@@ -183,10 +192,13 @@ def _decoder_chunk(
     rates = [2**i for i in range(len(segments))]  # frames per latent frame in each segment
 
     def run(i: int, x: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
-        y, new = run_layers(params, segments[i], x, cache, first, nm)
         if i + 1 == len(segments):
-            return y, new
-        step = math.gcd(y.shape[1], max(1, frames * rates[i + 1] // rates[-1]))
+            return run_layers(params, segments[i], x, cache, first, nm)
+        *body, doubling = segments[i]
+        y, new = run_layers(params, body, x, cache, first, nm)
+        y = time_doubling(params[doubling.name], doubling, y, cache, new, first, nm)
+        length = y.length if isinstance(y, LazyFrames) else y.shape[1]
+        step = math.gcd(length, max(1, frames * rates[i + 1] // rates[-1]))
         return in_steps(lambda xs, c: run(i + 1, xs, c), y, {**cache, **new}, step)
 
     return run(0, pointwise(z, params["post_quant_conv"], nm), cache)
@@ -238,6 +250,7 @@ def decode_frames(
     """
     z = vae_latents.astype(nm.dtype)
     t = z.shape[1]
+    nm = nm.for_steps(frames)
     y0, cache = _decoder_chunk(params, cfg, z[:, :1], {}, True, nm, frames)
     if t == 1:
         return finish(y0)
@@ -515,6 +528,24 @@ def release_free_heap() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
+class _Weights:
+    """A part's weights, or a function reading them on first use, and what programs are compiled
+    for: their abstract tree if given (so compiling needs no weights), else the weights."""
+
+    def __init__(self, source: Callable[[], Params] | Params | None, like: Params | None):
+        self._source, self._like = source, like
+
+    @functools.cached_property
+    def value(self) -> Params:
+        if self._source is None:
+            raise ConfigError("this WanVAE was built without encoder weights")
+        return self._source() if callable(self._source) else self._source
+
+    @property
+    def like(self) -> Params:
+        return self.value if self._like is None else self._like
+
+
 def _chunk_option(value: int | str | None, name: str) -> int | None:
     if value is None or value == "all":
         return None
@@ -532,7 +563,10 @@ class WanVAE:
     * ``encode(video)``: ``(B, 3, T, H, W)`` in [-1, 1] -> posterior mean ``(B, z, T', h, w)``
       (VAE latents; :meth:`normalize_latents` maps them to the transformer's space).
 
-    Each method is compiled once per input shape; the encoder's weights are read on first use.
+    Each method is compiled once per input shape. ``params`` and ``encoder_params`` are the weights
+    or functions that read them on first use; with their abstract trees (``params_like``,
+    ``encoder_like``: shapes, dtypes, shardings) a program is compiled before the weights it needs
+    are read, so they take the heap the compiler freed (``load_vae`` does this).
     ``tiling`` (a :class:`Tiling`) decodes large frames in blended spatial tiles, as diffusers'
     ``enable_tiling()``.
     """
@@ -540,10 +574,12 @@ class WanVAE:
     def __init__(
         self,
         cfg: VAEConfig,
-        params: Params,
+        params: Callable[[], Params] | Params,
         dtype: Any = jnp.float32,
         *,
+        params_like: Params | None = None,
         encoder_params: Callable[[], Params] | Params | None = None,
+        encoder_like: Params | None = None,
         decode_chunk: int | str | None = 1,
         encode_chunk: int | str | None = 1,
         frames_per_step: int = 1,
@@ -562,13 +598,15 @@ class WanVAE:
         if isinstance(frames_per_step, bool) or not isinstance(frames_per_step, int) or frames_per_step < 1:
             raise ConfigError(f"frames_per_step must be a positive integer, got {frames_per_step!r}")
         self.cfg = cfg
-        self.params = params
+        self._weights = {
+            "decoder": _Weights(params, params_like),
+            "encoder": _Weights(encoder_params, encoder_like),
+        }
         self.dtype = jnp.dtype(dtype)
         self.numerics = Numerics(self.dtype, conv, upsample)
         self.decode_chunk = _chunk_option(decode_chunk, "decode_chunk")
         self.encode_chunk = _chunk_option(encode_chunk, "encode_chunk")
         self.frames_per_step = frames_per_step
-        self._encoder_params = encoder_params
         opts = {"cfg": cfg, "nm": self.numerics, "frames": frames_per_step}
         self.tiling = tiling
         dec = {"chunk": self.decode_chunk, "tiling": tiling, **opts}
@@ -578,12 +616,15 @@ class WanVAE:
             for name, kw in (("decode", dec), ("decode_uint8", dec), ("encode", enc))
         }
 
-    @functools.cached_property
+    @property
+    def params(self) -> Params:
+        """The decoder's weights (read now if not yet)."""
+        return self._weights["decoder"].value
+
+    @property
     def encoder_params(self) -> Params:
-        source = self._encoder_params
-        if source is None:
-            raise ConfigError("this WanVAE was built without encoder weights")
-        return source() if callable(source) else source
+        """The encoder's weights (read now if not yet)."""
+        return self._weights["encoder"].value
 
     def decode(self, vae_latents: jax.Array) -> jax.Array:
         """VAE latents (diffusers ``vae.decode`` convention) -> float video ``(B, 3, T, H, W)``."""
@@ -613,7 +654,7 @@ class WanVAE:
         """The program ``method`` (``decode``, ``decode_uint8`` or ``encode``) runs for inputs shaped
         like ``x``; ``.compile().memory_analysis()`` gives its memory before running anything."""
         return _jitted(method).lower(
-            self._params(method), **{_INPUT[method]: x}, **dict(self._statics_for(method, x))
+            self._part(method).like, **{_INPUT[method]: x}, **dict(self._statics_for(method, x))
         )
 
     def compile(self, method: str, x: jax.Array) -> jax.stages.Compiled:
@@ -621,10 +662,10 @@ class WanVAE:
         e.g. ``vae.compile("decode_uint8", latents).memory_analysis()``."""
         x = jnp.asarray(x)
         statics = self._statics_for(method, x)
-        return _compiled(method, statics, _signature(self._params(method)), (x.shape, x.dtype, x.sharding))
+        return _compiled(method, statics, _signature(self._part(method).like), (x.shape, x.dtype, x.sharding))
 
-    def _params(self, method: str) -> Params:
-        return self.encoder_params if method == "encode" else self.params
+    def _part(self, method: str) -> _Weights:
+        return self._weights["encoder" if method == "encode" else "decoder"]
 
     def _statics_for(self, method: str, x: jax.Array | jax.ShapeDtypeStruct) -> tuple[tuple[str, Any], ...]:
         """The static arguments for ``x``: split over several devices, the causal convs keep input
@@ -639,7 +680,8 @@ class WanVAE:
 
     def _run(self, method: str, x: jax.Array) -> jax.Array:
         x = jnp.asarray(x)
-        return self.compile(method, x)(self._params(method), **{_INPUT[method]: x})
+        program = self.compile(method, x)  # before reading the weights, if not yet read
+        return program(self._part(method).value, **{_INPUT[method]: x})
 
     def normalize_latents(self, vae_latents: jax.Array) -> jax.Array:
         """VAE latents -> the transformer's normalised latents."""
@@ -676,6 +718,8 @@ def load_vae(
     ``frames_per_step``: frames per step in the full-frame-rate layers (memory vs. speed).
     ``conv``/``upsample``: convolution formulations (see :class:`~wanjax.models.vae_blocks.Numerics`).
     ``tiling``: decode large frames in blended spatial tiles (:class:`Tiling`; off by default).
+    The checkpoint's names, shapes and dtypes are checked now; each part's weights are read on its
+    first use, after that call's program is compiled.
     """
     directory = resolve_component_dir(path, "vae")
     cfg = VAEConfig.from_file(directory / "config.json")
@@ -698,11 +742,16 @@ def load_vae(
         )
         return jax.block_until_ready(params)  # transfers done: the file mapping is released now
 
+    def like(part: str) -> Params:
+        return abstract_params(checkpoint_spec(cfg, part), weights_dtype, sharding or first_device)
+
     return WanVAE(
         cfg,
-        load("decoder"),
+        lambda: load("decoder"),
         dtype,
+        params_like=like("decoder"),
         encoder_params=lambda: load("encoder"),
+        encoder_like=like("encoder"),
         decode_chunk=decode_chunk,
         encode_chunk=encode_chunk,
         frames_per_step=frames_per_step,

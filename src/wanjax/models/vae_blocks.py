@@ -50,12 +50,22 @@ class Numerics:
     ``repeat`` upsamples then convolves, as the reference does. ``owed_cache``: with ``taps``,
     causal convs whose owed partial sums are no larger than their input frames cache those sums
     (see :func:`causal_conv3d`); without it only convs with fewer outputs than inputs do.
+    ``lowres_cache``: with ``taps`` and one-frame steps (:meth:`for_steps`), a residual block right
+    after a spatial x2 upsampling below the output resolution keeps its conv1's two past frames as
+    the upsampling's low-resolution inputs when that is smaller, and recomputes them (see
+    :func:`caches_lowres_input`).
     """
 
     dtype: jnp.dtype = _FLOAT32
     conv: str = "taps"
     upsample: str = "subpixel"
     owed_cache: bool = True
+    lowres_cache: bool = True
+
+    def for_steps(self, frames: int) -> Numerics:
+        """These numerics for steps of ``frames`` video frames: the low-resolution recompute (speed
+        traded for memory) only runs with one-frame steps (more frames per step trade the other way)."""
+        return dataclasses.replace(self, lowres_cache=self.lowres_cache and frames == 1)
 
     @property
     def precision(self) -> lax.Precision | None:
@@ -192,17 +202,21 @@ def conv3d_causal(prev: Frames | None, x: jax.Array, kernel: jax.Array, nm: Nume
     return out
 
 
-def causal_conv3d(x: jax.Array, cache: Frames | None, p: Params, nm: Numerics) -> tuple[jax.Array, Frames]:
-    """``WanCausalConv3d`` (3x3x3, padding 1) on a chunk; returns (output, new 2-frame cache).
+def causal_conv3d(
+    x: jax.Array, cache: Frames | None, p: Params, nm: Numerics, residual: jax.Array | None = None
+) -> tuple[jax.Array, Frames]:
+    """``WanCausalConv3d`` (3x3x3, padding 1) on a chunk, plus ``residual`` if given; returns
+    (output, new 2-frame cache).
 
     Only time is padded explicitly (the cache, or two zero frames, in front); H and W are padded by
     the convolution itself.
     """
     kernel = p["kernel"]
     if caches_owed_sums(*kernel.shape[-2:], nm):
-        y, new = _conv3d_output_side(cache, x, kernel, nm)
+        y, new = _conv3d_output_side(cache, x, kernel, nm, residual)
     else:
         y, new = conv3d_causal(cache, x, kernel, nm), last_frames(cache, x, 2)
+        y = y if residual is None else y + residual.astype(jnp.float32)
     return (y + p["bias"].astype(jnp.float32)).astype(x.dtype), new
 
 
@@ -214,7 +228,7 @@ def caches_owed_sums(c_in: int, c_out: int, nm: Numerics) -> bool:
 
 
 def _conv3d_output_side(
-    cache: Frames | None, x: jax.Array, kernel: jax.Array, nm: Numerics
+    cache: Frames | None, x: jax.Array, kernel: jax.Array, nm: Numerics, residual: jax.Array | None
 ) -> tuple[jax.Array, Frames]:
     """The causal conv with the cache on the output side: each input frame goes through all three
     temporal taps (``q_k = conv2d(x_t, kernel[k])``), and the cache holds the two float32 partial
@@ -227,19 +241,48 @@ def _conv3d_output_side(
     """
     b, t, h, w, c = x.shape
     o = kernel.shape[-1]
-    owed, owed_next = cache if cache is not None else (None, None)  # None: zeros (nothing before)
+    owed, owed_next = owed_with_residual(cache, residual)
     conv = lambda frames, k: per_frame(lambda f: conv2d(f, k, nm), frames)  # noqa: E731
     if 3 * o <= c:  # few outputs: all three taps in one conv
         taps = jnp.moveaxis(kernel, 0, 3).reshape(3, 3, c, 3 * o)  # (kh, kw, C, [kt, O])
         q = conv(x, taps).reshape(b, t, h, w, 3, o)
         q0, q1, q2 = q[..., 0, :], q[..., 1, :], q[..., 2, :]
-    else:  # one conv per tap (a 3 O-wide conv runs at half the speed on XLA:CPU)
-        q0, q1, q2 = (conv(x, kernel[kt]) for kt in range(3))
+    else:  # one conv per tap (a 3 O-wide conv runs at half the speed on XLA:CPU), in order:
+        # each runs once the old sum its output replaces has been read (so it can take its place
+        # in the loop carry), and the next layer waits for the last (so ``x`` dies at once)
+        q2 = conv(x, kernel[2])
+        q1 = conv(x, after(kernel[1], q2[:, 0] if owed is None else q2[:, 0] + owed))
+        q0 = conv(x, after(kernel[0], q1[:, 0] if owed_next is None else q1[:, 0] + owed_next))
     ys = []
     for i in range(t):  # frame by frame, so the sums are formed alike whatever the chunk
+        if i and residual is not None:
+            r = residual[:, i].astype(jnp.float32)
+            owed = r if owed is None else owed + r
         ys.append(q2[:, i] if owed is None else q2[:, i] + owed)
-        owed, owed_next = q1[:, i] if owed_next is None else q1[:, i] + owed_next, q0[:, i]
-    return jnp.stack(ys, axis=1), (owed, owed_next)
+        owed, owed_next = q1[:, i] if owed_next is None else add_in_place(q1[:, i], owed_next), q0[:, i]
+    return after(jnp.stack(ys, axis=1), owed_next), (owed, owed_next)
+
+
+def owed_with_residual(cache: Frames | None, residual: jax.Array | None) -> tuple[jax.Array | None, ...]:
+    """An owed-sum cache's ``(owed, owed_next)`` (``None``: zeros) with ``residual``'s first frame
+    folded into the sum owed to that frame: the residual then need not be kept until the conv."""
+    owed, owed_next = cache if cache is not None else (None, None)
+    if residual is not None:
+        r = residual[:, 0].astype(jnp.float32)
+        owed = r if owed is None else add_in_place(owed, r)
+    return owed, owed_next
+
+
+def add_in_place(acc: jax.Array, x: jax.Array) -> jax.Array:
+    """``acc + x`` written over ``acc``'s buffer: as two in-place dynamic-update-slices of row halves
+    (a whole-array one would be simplified to a plain add, which needs a new buffer), each reading
+    the rows it updates from the latest ``acc``."""
+    mid = acc.shape[1] // 2
+    if mid == 0:
+        return acc + x
+    start = (0,) * acc.ndim
+    acc = lax.dynamic_update_slice(acc, acc[:, :mid] + x[:, :mid], start)
+    return lax.dynamic_update_slice(acc, acc[:, mid:] + x[:, mid:], (0, mid, *start[2:]))
 
 
 def time_conv(prev: Frames | None, x: jax.Array, p: Params, nm: Numerics, stride: int) -> jax.Array:
@@ -276,7 +319,7 @@ def _subpixel_upsample_conv(x: jax.Array, kernel: jax.Array, nm: Numerics) -> ja
     ``i-1, i`` (a=0; kernel rows 0 | 1+2) or ``i, i+1`` (a=1; kernel rows 0+1 | 2); same for columns.
     """
     n, h, w, _ = x.shape
-    k = kernel.astype(jnp.float32)
+    k = after(kernel.astype(jnp.float32), x)  # merged per step, not hoisted out of the loops and kept
     merge = {0: ((0,), (1, 2)), 1: ((0, 1), (2,))}  # phase -> kernel taps summed into each 2x2 tap
     pads = {0: (1, 0), 1: (0, 1)}
     phases = []
@@ -291,18 +334,92 @@ def _subpixel_upsample_conv(x: jax.Array, kernel: jax.Array, nm: Numerics) -> ja
     return y.reshape(n, 2 * h, 2 * w, -1)
 
 
+def caches_lowres_input(c_low: int, c_in: int, c_out: int, nm: Numerics) -> bool:
+    """Whether the ``c_in -> c_out`` conv1 of a residual block right after a spatial x2 upsampling
+    (of ``c_low`` channels) caches the upsampling's two past low-resolution inputs instead of two
+    frames or owed sums at full resolution, recomputing upsampling, norm1 and SiLU of both every
+    step (two upsampling convs more per frame): when that takes fewer bytes (a low-resolution frame
+    has a quarter of the pixels). :func:`run_layers` asks only below the output resolution: there
+    the recompute's own full-resolution frames would outweigh the saving. The real decoder's two
+    such blocks keep 23 MiB less at 240x416, for ~4% more FLOPs."""
+    if not (nm.lowres_cache and nm.conv == "taps"):
+        return False
+    itemsize = np.dtype(nm.dtype).itemsize
+    usual = c_out * _FLOAT32.itemsize if caches_owed_sums(c_in, c_out, nm) else c_in * itemsize
+    return c_low * itemsize < 4 * usual
+
+
+def _lowres_history(hist: Frames | None, u: jax.Array) -> Frames:
+    """The new low-resolution cache ``(u_a, u_b, m_a, m_b)`` after the frames ``u``: the last two
+    low-resolution frames and their masks (0: the zero padding before frame 0, 1: a real frame)."""
+    zero, one = jnp.zeros((), jnp.float32), jnp.ones((), jnp.float32)
+    if hist is None:
+        frames = [(jnp.zeros_like(u[:, 0]), zero)] * 2
+    else:
+        frames = [(hist[0], hist[2]), (hist[1], hist[3])]
+    frames += [(u[:, i], one) for i in range(u.shape[1])]
+    (u_a, m_a), (u_b, m_b) = frames[-2:]
+    return u_a, u_b, m_a, m_b
+
+
+def _conv1_lowres(
+    a: jax.Array,
+    hist: Frames | None,
+    past: Callable[[jax.Array, jax.Array, jax.Array | None], jax.Array],
+    kernel: jax.Array,
+    nm: Numerics,
+) -> jax.Array:
+    """:func:`conv3d_causal` of ``a`` whose two past frames are recomputed by
+    ``past(u, mask, after_this)`` from the low-resolution cache ``hist`` (``None``: zeros). With one
+    frame, each past frame is recomputed only once the tap before it has run, so at most one is
+    alive at a time."""
+    if hist is None or a.shape[1] > 1:
+        prev = None if hist is None else (past(hist[0], hist[2], None), past(hist[1], hist[3], None))
+        return conv3d_causal(prev, a, kernel, nm)
+    out = per_frame(lambda f: conv2d(f, kernel[2], nm), a)
+    for kt in (1, 0):  # the order of conv3d_causal's taps
+        frame = past(hist[kt], hist[2 + kt], out)
+        out = out + conv2d(frame, kernel[kt], nm)[:, None]
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # Modules
 
 
 def residual_block(
-    p: Params, layer: Layer, x: jax.Array, cache: Cache, new: Cache, nm: Numerics
+    p: Params,
+    layer: Layer,
+    x: jax.Array,
+    cache: Cache,
+    new: Cache,
+    nm: Numerics,
+    lowres: tuple[jax.Array, Params] | None = None,
 ) -> jax.Array:
+    """``WanResidualBlock``. ``lowres``: ``(u, upsampling params)`` when ``x`` is the per-frame
+    x2 upsampling of ``u`` (see :func:`caches_lowres_input`)."""
     site1, site2 = layer.cache_sites
     shortcut = pointwise(x, p["conv_shortcut"], nm) if layer.dim_in != layer.dim_out else x
-    h, new[site1] = causal_conv3d(norm_silu(x, p["norm1"]), cache.get(site1), p["conv1"], nm)
-    h, new[site2] = causal_conv3d(norm_silu(h, p["norm2"]), cache.get(site2), p["conv2"], nm)
-    return h + shortcut
+    gamma1 = p["norm1"]
+    if caches_owed_sums(layer.dim_out, layer.dim_out, nm):
+        # conv2 folds the shortcut into its owed sum (below); norm1 waits for that sum, so ``x``
+        # is retired before conv1 instead of being kept through it (one frame less at the peak)
+        gamma1 = after(gamma1, owed_with_residual(cache.get(site2), shortcut)[0])
+    a = norm_silu(x, gamma1)
+    if lowres is not None and caches_lowres_input(lowres[0].shape[-1], layer.dim_in, layer.dim_out, nm):
+        u, p_up = lowres
+
+        def past(u_frame: jax.Array, mask: jax.Array, after_this: jax.Array | None) -> jax.Array:
+            up = p_up if after_this is None else {**p_up, "kernel": after(p_up["kernel"], after_this)}
+            return norm_silu(upsample_conv(u_frame, up, nm), p["norm1"]) * mask.astype(a.dtype)
+
+        h = _conv1_lowres(a, cache.get(site1), past, p["conv1"]["kernel"], nm)
+        h = (h + p["conv1"]["bias"].astype(jnp.float32)).astype(a.dtype)
+        new[site1] = _lowres_history(cache.get(site1), u)
+    else:
+        h, new[site1] = causal_conv3d(a, cache.get(site1), p["conv1"], nm)
+    h, new[site2] = causal_conv3d(norm_silu(h, p["norm2"]), cache.get(site2), p["conv2"], nm, shortcut)
+    return h
 
 
 def attention_block(p: Params, x: jax.Array, nm: Numerics) -> jax.Array:
@@ -317,24 +434,54 @@ def attention_block(p: Params, x: jax.Array, nm: Numerics) -> jax.Array:
     return pointwise(per_frame(frames, qkv), p["proj"], nm) + x
 
 
-def upsample(
-    p: Params, layer: Layer, x: jax.Array, cache: Cache, new: Cache, first: bool, nm: Numerics
-) -> jax.Array:
-    """``WanResample`` upsample2d/upsample3d. upsample3d doubles frames except in the first chunk;
-    ``up_time`` is its temporal half alone (the spatial half then runs as ``up2d``)."""
-    if layer.kind in ("up3d", "up_time"):
-        (site,) = layer.cache_sites
-        b, t, h, w, c = x.shape
-        if first:  # the reference's "Rep" rule: frame 0 is neither doubled nor cached
-            new[site] = zero_frames(x, 2)
-        else:
-            prev = cache.get(site)
-            new[site] = last_frames(prev, x, 2)
-            y = time_conv(prev, x, p["time_conv"], nm, stride=1)  # (B, T, h, w, 2C): halves = frames
-            x = y.reshape(b, t, h, w, 2, c).transpose(0, 1, 4, 2, 3, 5).reshape(b, 2 * t, h, w, c)
-        if layer.kind == "up_time":
-            return x
+def upsample(p: Params, x: jax.Array, nm: Numerics) -> jax.Array:
+    """``WanResample``'s spatial x2 upsampling (all of upsample2d; upsample3d's second half)."""
     return per_frame(lambda f: upsample_conv(f, p["resample"], nm), x)
+
+
+@dataclasses.dataclass(frozen=True)
+class LazyFrames:
+    """``length`` frames made on demand: ``make(start, count)`` gives frames ``[start, start + count)``
+    (``start`` may be traced), so a loop over them never holds them all."""
+
+    length: int
+    make: Callable[[jax.Array | int, int], jax.Array]
+
+
+def time_doubling(
+    p: Params, layer: Layer, x: jax.Array, cache: Cache, new: Cache, first: bool, nm: Numerics
+) -> jax.Array | LazyFrames:
+    """upsample3d's temporal half: each frame becomes two, except in the first chunk (the reference's
+    "Rep" rule: frame 0 is neither doubled nor cached). Frame ``2j + s`` is output channels
+    ``[sC, (s+1)C)`` of a (3, 1, 1) ``time_conv`` at input frame ``j``; the doubled frames are
+    returned as :class:`LazyFrames`, each computed alone from the input frames (and the two cached
+    ones, which stay alive meanwhile) with those channels of the kernel."""
+    (site,) = layer.cache_sites
+    if first:
+        new[site] = zero_frames(x, 2)
+        return x
+    prev = cache[site]
+    new[site] = last_frames(prev, x, 2)
+    c = x.shape[-1]
+    frames = (*prev, *(x[:, i] for i in range(x.shape[1])))
+    stacked = jnp.stack(frames, axis=1) if x.shape[1] > 1 else None
+    kernel, bias = p["time_conv"]["kernel"].astype(x.dtype), p["time_conv"]["bias"].astype(jnp.float32)
+
+    def make(start: jax.Array | int, count: int) -> jax.Array:
+        out = []
+        for f in range(count):
+            j, half = (start + f) // 2, (start + f) % 2
+            k = lax.dynamic_slice_in_dim(kernel, half * c, c, axis=2)
+            y = lax.dynamic_slice_in_dim(bias, half * c, c)
+            for kt in range(3):  # the order of time_conv's taps
+                window = (
+                    frames[kt] if stacked is None else lax.dynamic_index_in_dim(stacked, j + kt, 1, False)
+                )
+                y = y + matmul(window, k[kt], nm)
+            out.append(y.astype(x.dtype))
+        return jnp.stack(out, axis=1)
+
+    return LazyFrames(2 * x.shape[1], make)
 
 
 def downsample(
@@ -361,53 +508,73 @@ def head(p: Params, layer: Layer, x: jax.Array, cache: Cache, new: Cache, nm: Nu
     return y
 
 
+def at_output_resolution(layers: Sequence[Layer]) -> bool:
+    """Whether ``layers`` (the rest of a plan) end with the decoder's head and upsample no more."""
+    return bool(layers) and layers[-1].kind == "head" and not any(lay.kind.startswith("up") for lay in layers)
+
+
 def run_layers(
     params: Params, layers: Sequence[Layer], x: jax.Array, cache: Cache, first: bool, nm: Numerics
 ) -> tuple[jax.Array, Cache]:
     """Run ``layers`` in order on one chunk; returns the output and the caches of their sites."""
     new: Cache = {}
-    for layer in layers:
+    lowres = None  # (input, params) of the spatial upsampling that made x, when it did
+    for i, layer in enumerate(layers):
         p = params[layer.name]
+        upsampled = None
         if layer.kind == "conv":
             x, new[layer.name] = causal_conv3d(x, cache.get(layer.name), p, nm)
         elif layer.kind == "res":
-            x = residual_block(p, layer, x, cache, new, nm)
+            x = residual_block(p, layer, x, cache, new, nm, lowres)
         elif layer.kind == "attn":
             x = attention_block(p, x, nm)
-        elif layer.kind in ("up2d", "up3d", "up_time"):
-            x = upsample(p, layer, x, cache, new, first, nm)
+        elif layer.kind == "up2d":
+            if not at_output_resolution(layers[i + 1 :]):
+                upsampled = (x, p["resample"])
+            x = upsample(p, x, nm)
         elif layer.kind in ("down2d", "down3d"):
             x = downsample(p, layer, x, cache, new, first, nm)
-        else:
+        elif layer.kind == "head":
             x = head(p, layer, x, cache, new, nm)
+        else:  # up3d / up_time: split into segments by the decoder (see time_doubling)
+            raise ValueError(f"run_layers cannot run a {layer.kind!r} layer")
+        lowres = upsampled
     return x, new
 
 
 def in_steps(
-    fn: Callable[[jax.Array, Cache], tuple[jax.Array, Cache]], x: jax.Array, cache: Cache, frames: int
+    fn: Callable[[jax.Array, Cache], tuple[jax.Array, Cache]],
+    x: jax.Array | LazyFrames,
+    cache: Cache,
+    frames: int,
 ) -> tuple[jax.Array, Cache]:
-    """``fn`` (frames, cache -> output, new cache) over ``x (B, T, ...)`` in steps of ``frames``
-    frames (a ``lax.scan``, ``fn`` traced once), the cache carried from step to step: exact, and
-    memory bounded by one step. ``frames`` must divide ``T``. Returns the output and all of
-    ``cache`` updated with what ``fn`` wrote. Looping, ``cache`` must already hold every entry
-    ``fn`` writes (the first chunk, which creates them, never runs here in pieces).
+    """``fn`` (frames, cache -> output, new cache) over ``x (B, T, ...)`` (or :class:`LazyFrames`,
+    made one step at a time) in steps of ``frames`` frames (a ``lax.scan``, ``fn`` traced once), the
+    cache carried from step to step: exact, and memory bounded by one step. ``frames`` must divide
+    ``T``. Returns the output and all of ``cache`` updated with what ``fn`` wrote. Looping,
+    ``cache`` must already hold every entry ``fn`` writes (the first chunk, which creates them,
+    never runs here in pieces).
     """
-    t = x.shape[1]
+    lazy = isinstance(x, LazyFrames)
+    t = x.length if lazy else x.shape[1]
     if t <= frames:
-        y, new = fn(x, cache)
+        y, new = fn(x.make(0, t) if lazy else x, cache)
         return y, {**cache, **new}
     if t % frames:
         raise ValueError(f"{frames} frames per step do not divide a chunk of {t} frames")
-    b, n = x.shape[0], t // frames
-    steps = jnp.moveaxis(x.reshape(b, n, frames, *x.shape[2:]), 1, 0)
+    n = t // frames
+    if lazy:
+        steps, take = jnp.arange(n), lambda i: x.make(i * frames, frames)
+    else:
+        steps, take = jnp.moveaxis(x.reshape(x.shape[0], n, frames, *x.shape[2:]), 1, 0), lambda xs: xs
 
     def step(state: Cache, xs: jax.Array) -> tuple[Cache, jax.Array]:
-        y, new = fn(xs, state)
+        y, new = fn(take(xs), state)
         return {**state, **new}, y
 
     state, ys = lax.scan(step, cache, steps)
     ys = jnp.moveaxis(ys, 0, 1)
-    return ys.reshape(b, n * ys.shape[2], *ys.shape[3:]), state
+    return ys.reshape(ys.shape[0], n * ys.shape[2], *ys.shape[3:]), state
 
 
 def run_layers_in_steps(
