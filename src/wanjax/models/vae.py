@@ -220,17 +220,32 @@ def _scan_chunks(
     cache: Cache,
     x: jax.Array,
     chunk: int,
+    head: jax.Array,
+    per_chunk: int,
     out_len: int,
+    axis: int = 1,
 ) -> jax.Array:
     """Scan ``step`` over ``x (B, t, ...)`` in chunks of ``chunk`` frames (padded at the end, which
-    causality makes harmless), returning the concatenated outputs trimmed to ``out_len`` frames."""
+    causality makes harmless). The output is ``head`` followed by every chunk's ``per_chunk``
+    output frames along ``axis``, trimmed to ``out_len`` frames after ``head``: each chunk is
+    written into that one buffer as the scan goes (no stacked copy to concatenate and rearrange
+    afterwards)."""
     b, t = x.shape[:2]
     n = -(-t // chunk)
     x = jnp.pad(x, ((0, 0), (0, n * chunk - t)) + ((0, 0),) * (x.ndim - 2))
     steps = jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), 1, 0)
-    _, ys = jax.lax.scan(step, cache, steps)
-    ys = jnp.moveaxis(ys, 0, 1)
-    return ys.reshape(b, -1, *ys.shape[3:])[:, :out_len]
+    shape = list(head.shape)
+    shape[axis] += n * per_chunk
+    out = jax.lax.dynamic_update_slice_in_dim(jnp.zeros(shape, head.dtype), head, 0, axis)
+
+    def write(carry: tuple[Cache, jax.Array, jax.Array], xs: jax.Array) -> tuple[tuple, None]:
+        state, buf, start = carry
+        state, y = step(state, xs)
+        return (state, jax.lax.dynamic_update_slice_in_dim(buf, y, start, axis), start + per_chunk), None
+
+    start = jnp.asarray(head.shape[axis], jnp.int32)
+    (_, out, _), _ = jax.lax.scan(write, (cache, out, start), steps)
+    return jax.lax.slice_in_dim(out, 0, head.shape[axis] + out_len, axis=axis)
 
 
 def decode_frames(
@@ -242,11 +257,13 @@ def decode_frames(
     nm: Numerics,
     chunk: int | None,
     frames: int,
+    time_axis: int = 1,
 ) -> jax.Array:
     """Channel-last VAE latents ``(B, T', h, w, z)`` -> ``finish(frames)`` for ``1 + r (T' - 1)`` frames.
 
-    ``finish`` (clamp, post-processing) runs inside each chunk, so only its result is stacked.
-    ``chunk``: latent frames per scan step after the first (``None``: all in one step).
+    ``finish`` (clamp, post-processing, the output's layout, with time on ``time_axis``) runs inside
+    each chunk, which writes its result straight into the output. ``chunk``: latent frames per
+    scan step after the first (``None``: all in one step).
     """
     z = vae_latents.astype(nm.dtype)
     t = z.shape[1]
@@ -263,8 +280,8 @@ def decode_frames(
         y, new = in_steps(decode_step, zs, carry, latent_step)
         return new, finish(y)
 
-    rest = _scan_chunks(step, cache, z[:, 1:], chunk, cfg.temporal_factor * (t - 1))
-    return jnp.concatenate([finish(y0), rest], axis=1)
+    r = cfg.temporal_factor
+    return _scan_chunks(step, cache, z[:, 1:], chunk, finish(y0), r * chunk, r * (t - 1), time_axis)
 
 
 def encode_frames(
@@ -288,9 +305,8 @@ def encode_frames(
             out, new = in_steps(encode_step, xs, carry, 4 * group_step)
             return new, out
 
-        out_len = groups * 4 // cfg.temporal_factor
-        rest = _scan_chunks(step, cache, x[:, 1 : 1 + 4 * groups], 4 * chunk, out_len)
-        y = jnp.concatenate([y, rest], axis=1)
+        per_chunk, out_len = (4 * n // cfg.temporal_factor for n in (chunk, groups))
+        y = _scan_chunks(step, cache, x[:, 1 : 1 + 4 * groups], 4 * chunk, y, per_chunk, out_len)
     z = cfg.z_dim
     quant = params["quant_conv"]
     mean = pointwise(y, {"kernel": quant["kernel"][:, :z], "bias": quant["bias"][:z]}, nm)
@@ -384,16 +400,18 @@ def _decode_any(
     cfg: VAEConfig,
     z: jax.Array,
     finish: Callable[[jax.Array], jax.Array],
+    time_axis: int,
     *,
     nm: Numerics,
     chunk: int | None,
     frames: int,
     tiling: Tiling | None,
 ) -> jax.Array:
-    """Channel-last VAE latents -> ``finish(frames)``, tiled when ``tiling`` applies to this size."""
+    """Channel-last VAE latents -> ``finish(frames)`` (time on ``time_axis``), tiled when ``tiling``
+    applies to this size."""
     size = None if tiling is None else tiling.size // cfg.spatial_factor
     if size is None or (z.shape[2] <= size and z.shape[3] <= size):
-        return decode_frames(params, cfg, z, finish, nm=nm, chunk=chunk, frames=frames)
+        return decode_frames(params, cfg, z, finish, nm=nm, chunk=chunk, frames=frames, time_axis=time_axis)
     video = decode_frames_tiled(params, cfg, z, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
     return finish(video)
 
@@ -449,8 +467,8 @@ def decode(
 ) -> jax.Array:
     """diffusers ``vae.decode``: VAE latents ``(B, z, T', h, w)`` -> video ``(B, 3, T, H, W)`` in [-1, 1]."""
     z = _to_channels_last(vae_latents)
-    video = _decode_any(params, cfg, z, clamp, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
-    return _to_channels_first(video)
+    finish = lambda v: _to_channels_first(clamp(v))  # noqa: E731
+    return _decode_any(params, cfg, z, finish, 2, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
 
 
 def decode_uint8(
@@ -466,7 +484,7 @@ def decode_uint8(
     """Transformer output ``(B, z, T', h, w)`` -> ``uint8 (B, T, H, W, 3)`` frames, all on the device."""
     z = _to_channels_last(denormalize_latents(cfg, normalized_latents))
     finish = lambda v: to_uint8(clamp(v))  # noqa: E731
-    return _decode_any(params, cfg, z, finish, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
+    return _decode_any(params, cfg, z, finish, 1, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
 
 
 def encode(
