@@ -18,11 +18,13 @@ import torch
 from conftest import randomize_
 from diffusers import AutoencoderKLWan
 
+from wanjax import child_compile
 from wanjax.checkpoint import abstract_params
 from wanjax.errors import ConfigError
 from wanjax.flops import vae_decode_flops
 from wanjax.models import vae as vae_module
 from wanjax.models.vae import Tiling, VAEConfig, WanVAE, checkpoint_spec, load_vae
+from wanjax.timing import CompileMeter
 
 CONFIGS = {
     # temporal downsampling at non-default levels, z_dim 4 with custom latent statistics
@@ -245,7 +247,7 @@ def test_tiled_decode_matches_diffusers_tiling(small):
 
 
 # ----------------------------------------------------------------------------------------------
-# Precision options
+# Compiling: before the weights are read, and in a child process
 
 
 def test_weights_are_read_after_the_program_is_compiled(small, monkeypatch):
@@ -269,6 +271,138 @@ def test_weights_are_read_after_the_program_is_compiled(small, monkeypatch):
     eager = WanVAE(base.cfg, base.params)  # weights given as arrays: programs compiled for them
     assert vae.compile("decode", z) is eager.compile("decode", z)
     np.testing.assert_array_equal(out, np.asarray(eager.decode(z)))
+
+
+def test_programs_compiled_in_a_child_decode_and_encode_identically(small, monkeypatch):
+    """The child compiles the same programs: identical frames and latents, and the child did run."""
+    _, _, base = small
+    built = []
+    real = child_compile.compile_in_child
+    monkeypatch.setattr(child_compile, "compile_in_child", lambda *a: built.append(a[1]) or real(*a))
+    z = jnp.asarray(randn((1, 4, 3, *LATENT_HW), seed=41).numpy())
+    video = jnp.asarray(
+        (torch.rand((1, 3, 9, 24, 40), generator=torch.Generator().manual_seed(42)) * 2 - 1).numpy()
+    )
+    parts = {"encoder_params": base.encoder_params}
+    here = WanVAE(base.cfg, base.params, **parts, compile_in_child=False)
+    there = WanVAE(base.cfg, base.params, **parts, compile_in_child=True)
+    for method, x in (("decode_uint8", z), ("decode", z), ("encode", video)):
+        np.testing.assert_array_equal(
+            np.asarray(getattr(there, method)(x)), np.asarray(getattr(here, method)(x))
+        )
+    assert built == ["decode_uint8", "decode", "encode"]
+
+
+def test_a_failing_child_compile_falls_back_to_this_process(small, monkeypatch):
+    """No interpreter for the child, or a child that fails: one warning naming why, then the
+    program is compiled here and decodes as usual."""
+    _, _, base = small
+    with pytest.raises(child_compile.ChildCompileError, match=r"AttributeError.*no_such_builder"):
+        child_compile.compile_in_child("wanjax.models.vae:no_such_builder")
+    monkeypatch.setattr(child_compile.sys, "executable", "/nonexistent/python")
+    z = jnp.asarray(randn((1, 4, 2, *LATENT_HW), seed=43).numpy())
+    vae = WanVAE(base.cfg, base.params, compile_in_child=True, decode_chunk=2)  # a program of its own
+    with pytest.warns(RuntimeWarning, match=r"could not start a child process.*compiling in this process"):
+        out = np.asarray(vae.decode(z))
+    np.testing.assert_array_equal(out, np.asarray(WanVAE(base.cfg, base.params, decode_chunk=2).decode(z)))
+
+
+def _child_program(vae: WanVAE, x: jax.Array) -> tuple:
+    """The builder arguments ``WanVAE.compile`` gives a child for ``decode`` of ``x``."""
+    signature = vae_module._signature(vae.params)
+    unplaced = (signature[0], tuple((s, d, None) for s, d, _ in signature[1]))
+    return (
+        "wanjax.models.vae:lower_program",
+        "decode",
+        vae._statics_for("decode", x),
+        unplaced,
+        (x.shape, x.dtype, None),
+    )
+
+
+def test_child_keeps_executables_in_a_store_and_reuses_them(small, tmp_path, monkeypatch):
+    """A second child takes the serialized executable the first stored (nothing recompiled), and
+    the run report counts both; a damaged entry is reported (so the VAE compiles here instead); a
+    store that cannot be written is skipped."""
+    _, _, base = small
+    store = tmp_path / "executables"
+    monkeypatch.setattr(child_compile, "executable_store", lambda: store)
+    z = jnp.asarray(randn((1, 4, 3, *LATENT_HW), seed=44).numpy())
+    expected = np.asarray(WanVAE(base.cfg, base.params, compile_in_child=False).decode(z))
+    program = _child_program(base, z)
+    with CompileMeter() as built:
+        first = child_compile.compile_in_child(*program)
+    (entry,) = store.iterdir()
+    stamp = entry.stat().st_mtime_ns
+    with CompileMeter() as stored:
+        second = child_compile.compile_in_child(*program)
+    assert list(store.iterdir()) == [entry] and entry.stat().st_mtime_ns == stamp
+    # reported as JAX's own compiles are: a program each time, a cache hit the second time
+    assert (built.programs, built.cache_hits, stored.programs, stored.cache_hits) == (1, 0, 1, 1)
+    assert built.seconds > 0 and stored.seconds > 0
+    for compiled in (first, second):
+        np.testing.assert_array_equal(np.asarray(compiled(base.params, vae_latents=z)), expected)
+    entry.write_bytes(b"not an executable")
+    with pytest.raises(child_compile.ChildCompileError, match="loading the executable"):
+        child_compile.compile_in_child(*program)
+    blocked = tmp_path / "a_file"  # a store that cannot be made: the program is still built
+    blocked.write_text("")
+    monkeypatch.setattr(child_compile, "executable_store", lambda: blocked / "executables")
+    compiled = child_compile.compile_in_child(*program)
+    np.testing.assert_array_equal(np.asarray(compiled(base.params, vae_latents=z)), expected)
+
+
+def test_child_never_compiles_through_the_jax_cache(small, tmp_path, monkeypatch):
+    """An executable loaded from JAX's persistent cache serializes without its kernels on the CPU;
+    a child that took the program from there would hand over one that fails when run. With that
+    cache on in the environment (and no store), a second child compile of the same program runs."""
+    _, _, base = small
+    monkeypatch.setattr(child_compile, "executable_store", lambda: None)
+    for name, value in (
+        ("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax")),
+        ("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0"),
+        ("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1"),
+    ):
+        monkeypatch.setenv(name, value)
+    z = jnp.asarray(randn((1, 4, 2, *LATENT_HW), seed=45).numpy())
+    expected = np.asarray(WanVAE(base.cfg, base.params, compile_in_child=False).decode(z))
+    for _ in range(2):
+        compiled = child_compile.compile_in_child(*_child_program(base, z))
+        np.testing.assert_array_equal(np.asarray(compiled(base.params, vae_latents=z)), expected)
+
+
+def test_executable_store_follows_the_jax_cache_setting(tmp_path):
+    saved = {k: getattr(jax.config, k) for k in ("jax_enable_compilation_cache", "jax_compilation_cache_dir")}
+    try:  # nothing is compiled while the settings are changed
+        jax.config.update("jax_enable_compilation_cache", True)
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
+        assert child_compile.executable_store() == tmp_path / "jax-executables"
+        jax.config.update("jax_compilation_cache_dir", "gs://bucket/jax")
+        assert child_compile.executable_store() is None
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
+        jax.config.update("jax_enable_compilation_cache", False)
+        assert child_compile.executable_store() is None
+    finally:
+        for key, value in saved.items():
+            jax.config.update(key, value)
+
+
+def test_programs_for_large_frames_compile_in_a_child_by_default(small):
+    """Default: frames of at least 256 x 256 pixels (8x the latents when decoding); never when
+    switched off. Deciding compiles nothing."""
+    _, _, base = small
+    auto, never = WanVAE(base.cfg, base.params), WanVAE(base.cfg, base.params, compile_in_child=False)
+    signature = vae_module._signature(base.params)
+    decides = lambda vae, method, shape: vae._compiles_in_child(method, jnp.zeros(shape), signature)  # noqa: E731
+    assert child_compile.available()
+    assert decides(auto, "decode", (1, 4, 2, 32, 32)) and decides(auto, "decode_uint8", (1, 4, 2, 16, 64))
+    assert not decides(auto, "decode", (1, 4, 2, 31, 32)) and not decides(auto, "decode", (1, 4, 9, 3, 5))
+    assert decides(auto, "encode", (1, 3, 5, 256, 256)) and not decides(auto, "encode", (1, 3, 5, 32, 32))
+    assert not decides(never, "decode", (1, 4, 2, 64, 64))
+
+
+# ----------------------------------------------------------------------------------------------
+# Precision options
 
 
 def test_bfloat16_activations_close_to_float32_reference(small):

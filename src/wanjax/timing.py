@@ -1,8 +1,9 @@
 """Run timings: load, compile and run seconds per stage, denoising step times, and the final report.
 
 Compile time is measured from JAX's own monitoring events (tracing, lowering to MLIR, XLA compile
-or persistent-cache retrieval) rather than guessed from a slow first call: overlapping spans (a jit
-traced inside another) count once. A stage's ``run`` is its wall time minus that compile time.
+or persistent-cache retrieval), and those :mod:`wanjax.child_compile` records for programs built in
+a child process, rather than guessed from a slow first call: overlapping spans (a jit traced inside
+another) count once. A stage's ``run`` is its wall time minus that compile time.
 """
 
 from __future__ import annotations
@@ -18,17 +19,20 @@ from typing import Any
 
 import jax
 
+from wanjax import child_compile
 from wanjax.atomic import write_text
 
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 COMPILE_EVENTS = frozenset(
     {
         "/jax/core/compile/jaxpr_trace_duration",
         "/jax/core/compile/jaxpr_to_mlir_module_duration",
-        "/jax/core/compile/backend_compile_duration",
+        BACKEND_COMPILE_EVENT,
+        child_compile.COMPILE_EVENT,  # a program built in a child process
     }
 )
-BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+PROGRAM_EVENTS = frozenset({BACKEND_COMPILE_EVENT, child_compile.COMPILE_EVENT})
+CACHE_HIT_EVENTS = frozenset({"/jax/compilation_cache/cache_hits", child_compile.STORE_HIT_EVENT})
 STAGES = ("encode", "denoise", "decode")
 
 
@@ -37,7 +41,8 @@ class CompileMeter:
 
     ``seconds``: wall time covered by tracing/lowering/compiling spans (their union);
     ``programs``: XLA executables requested from the backend (compiled or read from the persistent
-    cache); ``cache_hits``: those read from the persistent compilation cache.
+    cache) or built in a child process; ``cache_hits``: those read from the persistent compilation
+    cache or the child's executable store.
     """
 
     def __init__(self) -> None:
@@ -57,11 +62,11 @@ class CompileMeter:
     def _on_span(self, event: str, start_time: float, end_time: float, **kwargs: Any) -> None:
         if event in COMPILE_EVENTS:
             self.spans.append((start_time, end_time))
-        if event == BACKEND_COMPILE_EVENT:
+        if event in PROGRAM_EVENTS:
             self.programs += 1
 
     def _on_event(self, event: str, **kwargs: Any) -> None:
-        if event == CACHE_HIT_EVENT:
+        if event in CACHE_HIT_EVENTS:
             self.cache_hits += 1
 
     @property

@@ -25,15 +25,20 @@ reference's per-frame loop (whole-sequence causal convolutions with its first-fr
 float32 rounding.
 
 Compilation: each input shape gets one program (the scan's trip count is static); its size,
-compile time (~7 s on CPU for the real VAE) and memory do not depend on the number of frames.
-Memory at 240x416: 280 MiB of float32 decoder weights and a 920 MiB program: 807 MiB of causal
+compile time (~4-5 s on CPU for the real VAE) and memory do not depend on the number of frames.
+On the CPU, programs for frames of 256x256 pixels and more are compiled in a short-lived child
+process and loaded from their serialized executables (:mod:`wanjax.child_compile`), which keeps
+the ~100 MiB the compiler leaves behind out of this process; the executables are kept beside the
+persistent compilation cache, so the next run compiles nothing.
+Memory at 240x416: 280 MiB of float32 decoder weights and a 917 MiB program: 807 MiB of causal
 cache (two frames, two owed partial sums, or two low-resolution frames to recompute from, at each
-of the 32 cache sites: the state the reference keeps) and ~113 MiB of scratch (two full-resolution
-frames of activations, one frame at each lower resolution, and the heap's packing). Each causal
-conv runs its taps in an order that lets XLA write the new owed sums and the folded-in residual
-straight into the loop carry (:func:`~wanjax.models.vae_blocks.add_in_place`), and the doubled
-frames of a temporal upsampling are made one step at a time
-(:class:`~wanjax.models.vae_blocks.LazyFrames`).
+of the 32 cache sites: the state the reference keeps) and ~110 MiB of scratch (three
+full-resolution frames of activations at the peak, one frame at each lower resolution); XLA's
+packing of them loses almost nothing. Each causal conv runs its taps in an order that lets XLA
+write the new owed sums and the folded-in residual straight into the loop carry
+(:func:`~wanjax.models.vae_blocks.add_in_place`), the doubled frames of a temporal upsampling are
+made one step at a time (:class:`~wanjax.models.vae_blocks.LazyFrames`), and each chunk writes its
+frames straight into the output.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import ctypes
 import dataclasses
 import functools
 import math
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,6 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wanjax import child_compile
 from wanjax.checkpoint import (
     LeafSource,
     ShardingFn,
@@ -521,20 +528,45 @@ def _jitted(name: str) -> Callable[..., jax.Array]:
 
 _INPUT = {"decode": "vae_latents", "decode_uint8": "normalized_latents", "encode": "video"}
 
+# Frames this large (pixels) have their programs compiled in a child process by default: there the
+# decode's own memory is hundreds of MiB and the ~1.5 s a child costs is small beside its run time.
+CHILD_COMPILE_MIN_PIXELS = 256 * 256
+
 
 def _signature(tree: Any) -> tuple[Any, tuple[tuple[Any, ...], ...]]:
     leaves, treedef = jax.tree.flatten(tree)
     return treedef, tuple((a.shape, jnp.dtype(a.dtype), getattr(a, "sharding", None)) for a in leaves)
 
 
-@functools.lru_cache(maxsize=64)
-def _compiled(name: str, statics: tuple[tuple[str, Any], ...], params_sig: Any, x_sig: Any) -> Any:
-    """Compile one program ahead of its first run (shared by every WanVAE with the same settings),
-    then hand the compiler's freed heap back to the OS before the program allocates its own."""
+def lower_program(
+    name: str, statics: tuple[tuple[str, Any], ...], params_sig: Any, x_sig: Any
+) -> tuple[jax.stages.Lowered, dict[str, Any]]:
+    """The program ``name`` for weights and input of these signatures (see :func:`_signature`),
+    lowered, and the compiler options it compiles with."""
     treedef, leaves = params_sig
     params = jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(s, d, sharding=sh) for s, d, sh in leaves])
     x = jax.ShapeDtypeStruct(x_sig[0], x_sig[1], sharding=x_sig[2])
-    compiled = _jitted(name).lower(params, **{_INPUT[name]: x}, **dict(statics)).compile()
+    lowered = _jitted(name).lower(params, **{_INPUT[name]: x}, **dict(statics))
+    return lowered, compiler_options() or {}
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(
+    name: str, statics: tuple[tuple[str, Any], ...], params_sig: Any, x_sig: Any, in_child: bool
+) -> Any:
+    """Compile one program ahead of its first run (shared by every WanVAE with the same settings),
+    in a child process if ``in_child`` (falling back to this one), then hand the freed heap back to
+    the OS before the program allocates its own."""
+    compiled = None
+    if in_child:
+        try:
+            compiled = child_compile.compile_in_child(
+                f"{__name__}:lower_program", name, statics, params_sig, x_sig
+            )
+        except child_compile.ChildCompileError as err:
+            warnings.warn(f"{err}; compiling in this process instead", RuntimeWarning, stacklevel=2)
+    if compiled is None:
+        compiled = lower_program(name, statics, params_sig, x_sig)[0].compile()
     release_free_heap()
     return compiled
 
@@ -586,7 +618,11 @@ class WanVAE:
     ``encoder_like``: shapes, dtypes, shardings) a program is compiled before the weights it needs
     are read, so they take the heap the compiler freed (``load_vae`` does this).
     ``tiling`` (a :class:`Tiling`) decodes large frames in blended spatial tiles, as diffusers'
-    ``enable_tiling()``.
+    ``enable_tiling()``. ``compile_in_child``: compile programs in a short-lived child process
+    (:mod:`wanjax.child_compile`), which keeps the compiler's leftover heap (~100 MiB for the
+    real VAE) out of this one; ``None`` (default): for frames of at least
+    :data:`CHILD_COMPILE_MIN_PIXELS` pixels. Only on the CPU backend in one process, for unsharded
+    inputs; a failing child falls back to compiling here (with a warning).
     """
 
     def __init__(
@@ -604,6 +640,7 @@ class WanVAE:
         conv: str = "auto",
         upsample: str = "subpixel",
         tiling: Tiling | None = None,
+        compile_in_child: bool | None = None,
     ):
         if conv == "auto":
             conv = "taps" if jax.default_backend() == "cpu" else "conv3d"
@@ -625,6 +662,7 @@ class WanVAE:
         self.decode_chunk = _chunk_option(decode_chunk, "decode_chunk")
         self.encode_chunk = _chunk_option(encode_chunk, "encode_chunk")
         self.frames_per_step = frames_per_step
+        self.compile_in_child = compile_in_child
         opts = {"cfg": cfg, "nm": self.numerics, "frames": frames_per_step}
         self.tiling = tiling
         dec = {"chunk": self.decode_chunk, "tiling": tiling, **opts}
@@ -680,7 +718,27 @@ class WanVAE:
         e.g. ``vae.compile("decode_uint8", latents).memory_analysis()``."""
         x = jnp.asarray(x)
         statics = self._statics_for(method, x)
-        return _compiled(method, statics, _signature(self._part(method).like), (x.shape, x.dtype, x.sharding))
+        params_sig, x_sig = _signature(self._part(method).like), (x.shape, x.dtype, x.sharding)
+        in_child = self._compiles_in_child(method, x, params_sig)
+        if in_child:  # one device: the default placement, which the child has too
+            params_sig = (params_sig[0], tuple((s, d, None) for s, d, _ in params_sig[1]))
+            x_sig = (x.shape, x.dtype, None)
+        return _compiled(method, statics, params_sig, x_sig, in_child)
+
+    def _compiles_in_child(self, method: str, x: jax.Array, params_sig: Any) -> bool:
+        """Whether ``method``'s program for ``x`` is compiled in a child process (see
+        ``compile_in_child``): only for programs on the first device of a one-process CPU run."""
+        if self.compile_in_child is False or not child_compile.available():
+            return False
+        first = jax.devices()[0]
+        shardings = [x.sharding, *(sh for _, _, sh in params_sig[1])]
+        if any(sh is not None and sh.device_set != {first} for sh in shardings):
+            return False
+        if self.compile_in_child:
+            return True
+        h, w = x.shape[-2:]
+        scale = 1 if method == "encode" else self.cfg.spatial_factor**2
+        return h * w * scale >= CHILD_COMPILE_MIN_PIXELS
 
     def _part(self, method: str) -> _Weights:
         return self._weights["encoder" if method == "encode" else "decoder"]
@@ -727,6 +785,7 @@ def load_vae(
     upsample: str = "subpixel",
     tiling: Tiling | None = None,
     sharding: ShardingFn | None = None,
+    compile_in_child: bool | None = None,
 ) -> WanVAE:
     """Load ``vae/`` of a diffusers-layout Wan 2.1 model (``path`` = model root or that folder).
 
@@ -736,6 +795,7 @@ def load_vae(
     ``frames_per_step``: frames per step in the full-frame-rate layers (memory vs. speed).
     ``conv``/``upsample``: convolution formulations (see :class:`~wanjax.models.vae_blocks.Numerics`).
     ``tiling``: decode large frames in blended spatial tiles (:class:`Tiling`; off by default).
+    ``compile_in_child``: see :class:`WanVAE`.
     The checkpoint's names, shapes and dtypes are checked now; each part's weights are read on its
     first use, after that call's program is compiled.
     """
@@ -758,7 +818,9 @@ def load_vae(
             sharding=sharding,
             ignore=other_names.__contains__,
         )
-        return jax.block_until_ready(params)  # transfers done: the file mapping is released now
+        jax.block_until_ready(params)  # transfers done: the file mapping is released now
+        release_free_heap()  # and the heap the reads used (~20 MiB of the real decoder's) returned
+        return params
 
     def like(part: str) -> Params:
         return abstract_params(checkpoint_spec(cfg, part), weights_dtype, sharding or first_device)
@@ -776,4 +838,5 @@ def load_vae(
         conv=conv,
         upsample=upsample,
         tiling=tiling,
+        compile_in_child=compile_in_child,
     )
