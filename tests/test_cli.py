@@ -159,6 +159,26 @@ def test_attention_flags_reach_the_model(demo_env, tmp_path, capsys):
     assert np.abs(frames["xla"] - frames["exp2"]).max() <= 1
 
 
+def test_vae_flags_reach_the_decoder(demo_env, tmp_path, capsys):
+    """--vae_decode_chunk all decodes the same frames as one latent frame per step; --vae_tiling
+    tiles the demo's 128x192 frames (the seams are blended, so frames change)."""
+    frames = {}
+    for name, flags in (
+        ("default", ()),
+        ("whole", ("--vae_decode_chunk", "all", "--vae_weights_dtype", "float32")),
+        ("tiled", ("--vae_tiling", "64:48")),
+    ):
+        path = tmp_path / f"{name}.npy"
+        args = ("generate", "--model", "demo", "--num_inference_steps", "2", "--dtype", "float32")
+        out = ("--frames_out", path, "--output_video", tmp_path / f"{name}.mp4", "--jax_cache_dir", "off")
+        code, _, err = run(capsys, *args, *out, *flags)
+        assert code == 0, err
+        frames[name] = np.load(path)
+    np.testing.assert_array_equal(frames["whole"], frames["default"])
+    assert frames["tiled"].shape == frames["default"].shape
+    assert (frames["tiled"] != frames["default"]).any()
+
+
 def test_bench_subcommand_prints_its_table(capsys, tmp_path):
     out = tmp_path / "bench.json"
     args = ("bench", "--arch", "1.3B", "--layers", "1", "--height", "16", "--width", "16", "--frames", "1")

@@ -12,9 +12,12 @@ import sys
 
 import av
 import numpy as np
+import pytest
 
 from wanjax import WanPipeline
 from wanjax.demo_model import DEMO_DEFAULTS, demo_model_dir, is_demo_model
+from wanjax.errors import ConfigError
+from wanjax.models.vae import Tiling
 
 
 def test_demo_model_is_deterministic_and_complete(tmp_path):
@@ -48,6 +51,21 @@ def test_python_api_compiles_once_per_shape(demo_env):
     b = pipe(["a red cat", "a dog"], **kwargs, seed=2)
     assert {s: t.programs for s, t in pipe.timings.items()} == {"encode": 0, "denoise": 0, "decode": 0}
     assert not np.array_equal(a, b)
+
+
+def test_pipeline_vae_options_reach_the_vae(demo_env):
+    """vae_weights_dtype, vae_decode_chunk and vae_tiling as load_vae takes them; bad values are
+    refused when the pipeline is made, before any weight is read."""
+    pipe = WanPipeline.from_pretrained(
+        "demo", vae_weights_dtype="bfloat16", vae_decode_chunk="all", vae_tiling=True, jax_cache_dir=False
+    )
+    vae = pipe.vae
+    assert vae.dtype == np.float32 and vae.params["decoder.conv_in"]["kernel"].dtype == "bfloat16"
+    assert vae.decode_chunk is None and vae.tiling == Tiling(256, 192)
+    assert WanPipeline.from_pretrained("demo", jax_cache_dir=False).vae.tiling is None
+    for bad in ({"vae_decode_chunk": 0}, {"vae_weights_dtype": "int7"}):
+        with pytest.raises(ConfigError):
+            WanPipeline.from_pretrained("demo", jax_cache_dir=False, **bad)
 
 
 def generate(tmp_path, name: str, *outputs) -> tuple[dict, str]:

@@ -499,3 +499,13 @@ def test_bad_options_and_inputs(case, vae):
         vae.encode(jnp.zeros((1, 4, 5, 24, 40)))
     with pytest.raises(ConfigError, match="unknown dtype"):
         load_vae(root, dtype="float8")
+    with pytest.raises(ConfigError, match="stride 4 is less than one latent pixel"):
+        load_vae(root, tiling=Tiling(16, 4))
+
+
+def test_tiling_and_chunk_options_parse_as_the_cli_gives_them():
+    assert Tiling.parse("256") == Tiling(256, 192) and Tiling.parse("384:320") == Tiling(384, 320)
+    for bad in ("", "big", "256:", "-8:4", "256:192:1"):
+        with pytest.raises(ConfigError, match="SIZE or SIZE:STRIDE"):
+            Tiling.parse(bad)
+    assert (vae_module.parse_chunk("3", "c"), vae_module.parse_chunk("all", "c")) == (3, None)

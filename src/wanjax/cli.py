@@ -38,7 +38,24 @@ def _common(
     if dtype:
         _flag(parser, "dtype", help="transformer / text encoder dtype: bfloat16 (default), float32")
     if vae:
-        _flag(parser, "vae_dtype", default="float32", help="VAE dtype (default float32, as the reference)")
+        group = parser.add_argument_group("VAE")
+        _flag(group, "vae_dtype", default="float32", help="VAE dtype (default float32, as the reference)")
+        _flag(group, "vae_weights_dtype", help="VAE weights dtype (default: --vae_dtype)")
+        _flag(
+            group,
+            "vae_decode_chunk",
+            default="1",
+            help="latent frames per VAE decode step, or all (default 1; the frames are the same)",
+        )
+        _flag(
+            group,
+            "vae_tiling",
+            nargs="?",
+            const="256:192",
+            metavar="SIZE[:STRIDE]",
+            help="decode in blended tiles of SIZE pixels every STRIDE (alone: 256:192, as diffusers), "
+            "for frames too large to decode whole; seams differ slightly from a whole-frame decode",
+        )
     _flag(
         parser,
         "jax_cache_dir",

@@ -64,12 +64,18 @@ def model_label(source: ModelSource) -> str:
 
 
 def open_pipeline(args: argparse.Namespace, model: str | None, dtype: str | None) -> WanPipeline:
+    from wanjax.models.vae import Tiling
+
     cache = args.jax_cache_dir if args.jax_cache_dir is not None else True
     mesh, fsdp = mesh_request(args)
+    tiling = getattr(args, "vae_tiling", None)
     return WanPipeline.from_pretrained(
         model or DEFAULT_MODEL,
         dtype or DEFAULTS["dtype"],
         vae_dtype=getattr(args, "vae_dtype", "float32"),
+        vae_weights_dtype=getattr(args, "vae_weights_dtype", None),
+        vae_decode_chunk=getattr(args, "vae_decode_chunk", 1),
+        vae_tiling=Tiling.parse(tiling) if tiling else None,
         attention_backend=attention_spec(args),
         jax_cache_dir=cache,
         mesh=mesh,
@@ -126,6 +132,16 @@ def check_output_paths(args: argparse.Namespace, **more: str | Path | None) -> N
     """Every file the command will write can be written (checked before any work)."""
     outputs = {f"--{key}": getattr(args, key, None) for key in (*OUTPUT_SUFFIXES, "metrics_json")}
     validation.check_outputs({**outputs, **more})
+
+
+def check_vae_tiling(pipe: WanPipeline) -> None:
+    """``--vae_tiling`` against the VAE's config (read without weights), before any work."""
+    tiling, spatial = pipe.vae_tiling, pipe.geometry.spatial
+    if tiling is not None and tiling.stride < spatial:
+        raise WanjaxError(
+            f"--vae_tiling stride {tiling.stride} is less than one latent pixel ({spatial} pixels); "
+            f"use a stride of at least {spatial} (e.g. --vae_tiling 256:192)"
+        )
 
 
 def check_pipeline_mesh(pipe: WanPipeline, heads: int | None) -> None:
@@ -255,6 +271,7 @@ def cmd_generate(args: argparse.Namespace) -> RunReport:
     check_output_paths(args)
     pipe = open_pipeline(args, args.model, args.dtype)
     configs = validation.check_model(pipe.path, ("tokenizer", "text_encoder", "transformer", "vae"))
+    check_vae_tiling(pipe)
     init = stages.load_latents(args.init_latents) if args.init_latents else None
     prompts = batch_prompts(prompt_list(args), None if init is None else init.shape[0])
     batch = len(prompts)
@@ -400,6 +417,7 @@ def cmd_decode(args: argparse.Namespace) -> RunReport:
     earlier = {k: v for k, (v, _) in stages.upstream(config, "decode").items()}
     pipe = open_pipeline(args, args.model or earlier.get("model"), None)
     vae_cfg = validation.check_model(pipe.path, ("vae",))["vae"]
+    check_vae_tiling(pipe)
     if latents.shape[1] != vae_cfg.z_dim:
         raise WanjaxError(
             f"{latents_path}: latents have {latents.shape[1]} channels but the VAE of "
@@ -420,6 +438,7 @@ def cmd_decode(args: argparse.Namespace) -> RunReport:
     recorded = {
         "model": model_label(pipe.source),
         "vae_dtype": pipe.vae_dtype.name,
+        "vae_weights_dtype": pipe.vae_weights_dtype.name,
         "fps": fps,
         "output_video": outputs["video"],
         "frames_out": args.frames_out,

@@ -34,7 +34,7 @@ from wanjax.hub import ModelSource, resolve_model
 from wanjax.jax_cache import enable_compilation_cache
 from wanjax.models.dit import WanTransformer, load_transformer
 from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
-from wanjax.models.vae import WanVAE, load_vae
+from wanjax.models.vae import Tiling, WanVAE, load_vae, parse_chunk
 from wanjax.models.vae_config import VAEConfig
 from wanjax.sampling import Sampler
 from wanjax.scheduler import make_scheduler
@@ -107,6 +107,9 @@ class WanPipeline:
         *,
         text_encoder_dtype: Any = None,
         vae_dtype: Any = "float32",
+        vae_weights_dtype: Any = None,
+        vae_decode_chunk: int | str = 1,
+        vae_tiling: Tiling | bool | None = None,
         attention_backend: str | AttentionSpec = "auto",
         mesh: MeshSpec | str | None = None,
         fsdp: bool = False,
@@ -118,6 +121,9 @@ class WanPipeline:
         self.dtype = parse_dtype(dtype)
         self.text_encoder_dtype = parse_dtype(text_encoder_dtype or dtype)
         self.vae_dtype = parse_dtype(vae_dtype)
+        self.vae_weights_dtype = parse_dtype(vae_weights_dtype or vae_dtype)
+        self.vae_decode_chunk = parse_chunk(vae_decode_chunk, "vae_decode_chunk")
+        self.vae_tiling = Tiling() if vae_tiling is True else vae_tiling or None
         self.attention_backend = attention_backend
         self.timings: dict[str, StageTiming] = {}
         self.step_times: StepTimes | None = None
@@ -134,6 +140,9 @@ class WanPipeline:
         *,
         text_encoder_dtype: Any = None,
         vae_dtype: Any = "float32",
+        vae_weights_dtype: Any = None,
+        vae_decode_chunk: int | str = 1,
+        vae_tiling: Tiling | bool | None = None,
         attention_backend: str | AttentionSpec = "auto",
         jax_cache_dir: str | Path | bool = True,
         mesh: MeshSpec | str | None = None,
@@ -143,7 +152,12 @@ class WanPipeline:
         Hugging Face cache, or ``"demo"`` (the built-in smoke model).
 
         ``dtype``: transformer (and, unless ``text_encoder_dtype`` says otherwise, text encoder)
-        weights and activations; ``vae_dtype``: the VAE's. ``jax_cache_dir``: the persistent
+        weights and activations; ``vae_dtype``: the VAE's activations, ``vae_weights_dtype`` its
+        weights (default: ``vae_dtype``). ``vae_decode_chunk``: latent frames per VAE decode step
+        (an int or ``"all"``; the frames are the same whatever it is). ``vae_tiling``: decode in
+        blended spatial tiles (``True``: diffusers' 256-pixel tiles every 192; or a
+        :class:`~wanjax.models.vae.Tiling`), for frames too large to decode whole; not equal to an
+        untiled decode at the seams. ``jax_cache_dir``: the persistent
         compilation cache -- ``True`` for the default directory, a path, ``"off"``, or ``False`` to
         leave JAX's configuration alone. Weights are read when a stage first needs them.
         ``mesh``: run sharded over all devices -- a :class:`~wanjax.sharding.MeshSpec`, a string
@@ -157,6 +171,9 @@ class WanPipeline:
             dtype,
             text_encoder_dtype=text_encoder_dtype,
             vae_dtype=vae_dtype,
+            vae_weights_dtype=vae_weights_dtype,
+            vae_decode_chunk=vae_decode_chunk,
+            vae_tiling=vae_tiling,
             attention_backend=attention_backend,
             mesh=mesh,
             fsdp=fsdp,
@@ -215,7 +232,14 @@ class WanPipeline:
         if self._vae is None:
             with self.stage_timing("decode").loading():
                 sharding = None if self.mesh is None else (lambda path, shape: replicated(self.mesh))
-                self._vae = load_vae(self.path, self.vae_dtype, sharding=sharding)
+                self._vae = load_vae(
+                    self.path,
+                    self.vae_dtype,
+                    self.vae_weights_dtype,
+                    decode_chunk=self.vae_decode_chunk,
+                    tiling=self.vae_tiling,
+                    sharding=sharding,
+                )
         return self._vae
 
     @functools.cached_property

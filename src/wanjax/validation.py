@@ -57,12 +57,23 @@ def check_flags(args: argparse.Namespace) -> None:
     seed = given("seed")
     if seed is not None and not 0 <= seed < 2**63:
         raise WanjaxError(f"--seed must be a non-negative integer, got {seed}")
-    for name in ("dtype", "vae_dtype"):
+    for name in ("dtype", "vae_dtype", "vae_weights_dtype"):
         if given(name) is not None:
             try:
                 parse_dtype(given(name))
             except ConfigError as e:
                 raise ConfigError(f"--{name}: {e}") from None
+    if given("vae_decode_chunk") is not None:
+        from wanjax.models.vae import parse_chunk
+
+        parse_chunk(given("vae_decode_chunk"), "--vae_decode_chunk")
+    if given("vae_tiling") is not None:
+        from wanjax.models.vae import Tiling
+
+        try:
+            Tiling.parse(given("vae_tiling"))
+        except ConfigError as e:
+            raise ConfigError(f"--vae_tiling: {e}") from None
 
 
 # ----------------------------------------------------------------------------------------------

@@ -342,6 +342,15 @@ class Tiling:
         if not 0 < self.stride <= self.size:
             raise ConfigError(f"tiling needs 0 < stride <= size, got size={self.size}, stride={self.stride}")
 
+    @classmethod
+    def parse(cls, text: str) -> Tiling:
+        """``"SIZE"`` or ``"SIZE:STRIDE"`` in pixels; the stride defaults to three quarters of the
+        size (256 -> 192, diffusers' default)."""
+        size, colon, stride = text.partition(":")
+        if not size.isdigit() or (colon and not stride.isdigit()):
+            raise ConfigError(f"tiling must be SIZE or SIZE:STRIDE in pixels (e.g. 256:192), got {text!r}")
+        return cls(int(size), int(stride) if stride else int(size) * 3 // 4)
+
 
 def _blend(before: jax.Array, tile: jax.Array, axis: int, extent: int) -> jax.Array:
     """diffusers ``blend_v``/``blend_h``: ramp ``tile``'s first ``extent`` rows/columns from the end
@@ -596,9 +605,12 @@ class _Weights:
         return self.value if self._like is None else self._like
 
 
-def _chunk_option(value: int | str | None, name: str) -> int | None:
+def parse_chunk(value: int | str | None, name: str) -> int | None:
+    """A chunk-size option: a positive integer (or its digits), or ``"all"``/``None`` (-> ``None``)."""
     if value is None or value == "all":
         return None
+    if isinstance(value, str) and value.isdigit():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be a positive integer or 'all', got {value!r}")
     return value
@@ -659,8 +671,13 @@ class WanVAE:
         }
         self.dtype = jnp.dtype(dtype)
         self.numerics = Numerics(self.dtype, conv, upsample)
-        self.decode_chunk = _chunk_option(decode_chunk, "decode_chunk")
-        self.encode_chunk = _chunk_option(encode_chunk, "encode_chunk")
+        self.decode_chunk = parse_chunk(decode_chunk, "decode_chunk")
+        self.encode_chunk = parse_chunk(encode_chunk, "encode_chunk")
+        if tiling is not None and tiling.stride < cfg.spatial_factor:
+            raise ConfigError(
+                f"tiling stride {tiling.stride} is less than one latent pixel ({cfg.spatial_factor} "
+                f"pixels); use a stride of at least {cfg.spatial_factor}"
+            )
         self.frames_per_step = frames_per_step
         self.compile_in_child = compile_in_child
         opts = {"cfg": cfg, "nm": self.numerics, "frames": frames_per_step}
