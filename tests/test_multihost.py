@@ -52,6 +52,15 @@ def _start(cwd, name: str, devices: int, *extra: str) -> subprocess.Popen:
 
 
 def test_two_processes_write_the_single_process_frames(tmp_path):
+    """Two processes with the mesh of one process write that process's frames, to float32 rounding.
+
+    Not bit for bit: the embeddings and latents are (checked with the stage files), but XLA:CPU's
+    convolutions round differently by process layout. One spatially sharded 3x3 conv (16x32
+    pixels, 16 channels, W split 4 ways) differs by ~1e-6 from the unsharded conv in a process
+    with 4 devices, and equals it with 8 devices in the process or 2 per process, though the
+    compiled programs are identical (AMD EPYC with AVX-512, jax 0.10.2). Here that moves one
+    uint8 value of ~30,000 by one level.
+    """
     model = str(write_model(tmp_path / "model"))
     port = _free_port()
     mesh = ["--model", model, "--mesh", "sp=2,tp=2"]  # Ulysses across the processes, heads over tp
@@ -75,8 +84,9 @@ def test_two_processes_write_the_single_process_frames(tmp_path):
         assert p.returncode == 0, (name, logs[name][-3000:])
     multi, single, one = (np.load(tmp_path / f"{n}.npy") for n in ("multi", "single", "one"))
     assert multi.shape == (1, 5, 32, 64, 3) and multi.dtype == np.uint8
-    assert np.array_equal(multi, single)  # the same mesh in one process: bit for bit
-    assert np.abs(multi.astype(int) - one).max() <= 1  # vs one device: float32 rounding only
+    for other in (single, one):  # the same mesh in one process, and one device: rounding only
+        diff = np.abs(multi.astype(int) - other)
+        assert diff.max() <= 1 and np.mean(diff > 0) < 1e-3
     assert (tmp_path / "multi.mp4").is_file()
     assert "total" in logs["process_0"] and "total" not in logs["process_1"]  # only process 0 reports
 
