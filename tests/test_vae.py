@@ -309,8 +309,7 @@ def test_a_failing_child_compile_falls_back_to_this_process(small, monkeypatch):
 
 def _child_program(vae: WanVAE, x: jax.Array) -> tuple:
     """The builder arguments ``WanVAE.compile`` gives a child for ``decode`` of ``x``."""
-    signature = vae_module._signature(vae.params)
-    unplaced = (signature[0], tuple((s, d, None) for s, d, _ in signature[1]))
+    unplaced = vae_module._unplaced(vae_module._signature(vae.params))
     return (
         "wanjax.models.vae:lower_program",
         "decode",

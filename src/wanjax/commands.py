@@ -20,7 +20,7 @@ import numpy as np
 from wanjax import stages, validation
 from wanjax.atomic import atomic_path
 from wanjax.attention import AttentionSpec, resolve_backend
-from wanjax.errors import WanjaxError
+from wanjax.errors import ConfigError, WanjaxError
 from wanjax.hub import DEMO, ModelSource
 from wanjax.kernels.common import check_block
 from wanjax.multihost import is_primary
@@ -136,12 +136,11 @@ def check_output_paths(args: argparse.Namespace, **more: str | Path | None) -> N
 
 def check_vae_tiling(pipe: WanPipeline) -> None:
     """``--vae_tiling`` against the VAE's config (read without weights), before any work."""
-    tiling, spatial = pipe.vae_tiling, pipe.geometry.spatial
-    if tiling is not None and tiling.stride < spatial:
-        raise WanjaxError(
-            f"--vae_tiling stride {tiling.stride} is less than one latent pixel ({spatial} pixels); "
-            f"use a stride of at least {spatial} (e.g. --vae_tiling 256:192)"
-        )
+    if pipe.vae_tiling is not None:
+        try:
+            pipe.vae_tiling.check_stride(pipe.geometry.spatial)
+        except ConfigError as e:
+            raise ConfigError(f"--vae_tiling {e}") from None
 
 
 def check_pipeline_mesh(pipe: WanPipeline, heads: int | None) -> None:

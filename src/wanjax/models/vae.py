@@ -351,6 +351,14 @@ class Tiling:
             raise ConfigError(f"tiling must be SIZE or SIZE:STRIDE in pixels (e.g. 256:192), got {text!r}")
         return cls(int(size), int(stride) if stride else int(size) * 3 // 4)
 
+    def check_stride(self, spatial_factor: int) -> None:
+        """Raise unless the stride is at least one latent pixel (``spatial_factor`` pixels)."""
+        if self.stride < spatial_factor:
+            raise ConfigError(
+                f"stride {self.stride} is less than one latent pixel ({spatial_factor} pixels); "
+                f"use a stride of at least {spatial_factor}"
+            )
+
 
 def _blend(before: jax.Array, tile: jax.Array, axis: int, extent: int) -> jax.Array:
     """diffusers ``blend_v``/``blend_h``: ramp ``tile``'s first ``extent`` rows/columns from the end
@@ -547,6 +555,12 @@ def _signature(tree: Any) -> tuple[Any, tuple[tuple[Any, ...], ...]]:
     return treedef, tuple((a.shape, jnp.dtype(a.dtype), getattr(a, "sharding", None)) for a in leaves)
 
 
+def _unplaced(signature: Any) -> Any:
+    """A :func:`_signature` without shardings (leaves on the default device)."""
+    treedef, leaves = signature
+    return treedef, tuple((shape, dtype, None) for shape, dtype, _ in leaves)
+
+
 def lower_program(
     name: str, statics: tuple[tuple[str, Any], ...], params_sig: Any, x_sig: Any
 ) -> tuple[jax.stages.Lowered, dict[str, Any]]:
@@ -673,11 +687,11 @@ class WanVAE:
         self.numerics = Numerics(self.dtype, conv, upsample)
         self.decode_chunk = parse_chunk(decode_chunk, "decode_chunk")
         self.encode_chunk = parse_chunk(encode_chunk, "encode_chunk")
-        if tiling is not None and tiling.stride < cfg.spatial_factor:
-            raise ConfigError(
-                f"tiling stride {tiling.stride} is less than one latent pixel ({cfg.spatial_factor} "
-                f"pixels); use a stride of at least {cfg.spatial_factor}"
-            )
+        if tiling is not None:
+            try:
+                tiling.check_stride(cfg.spatial_factor)
+            except ConfigError as e:
+                raise ConfigError(f"tiling {e}") from None
         self.frames_per_step = frames_per_step
         self.compile_in_child = compile_in_child
         opts = {"cfg": cfg, "nm": self.numerics, "frames": frames_per_step}
@@ -738,8 +752,7 @@ class WanVAE:
         params_sig, x_sig = _signature(self._part(method).like), (x.shape, x.dtype, x.sharding)
         in_child = self._compiles_in_child(method, x, params_sig)
         if in_child:  # one device: the default placement, which the child has too
-            params_sig = (params_sig[0], tuple((s, d, None) for s, d, _ in params_sig[1]))
-            x_sig = (x.shape, x.dtype, None)
+            params_sig, x_sig = _unplaced(params_sig), (x.shape, x.dtype, None)
         return _compiled(method, statics, params_sig, x_sig, in_child)
 
     def _compiles_in_child(self, method: str, x: jax.Array, params_sig: Any) -> bool:
