@@ -3,16 +3,16 @@
 Compiles, from abstract inputs only (``jax.ShapeDtypeStruct`` with their ``NamedSharding``; no weights
 are created), the two largest programs of a 14B 1280x720x81 run on 8 devices under the chosen mesh:
 
-* one denoising step: the real :class:`wanjax.sampling.Sampler` step program (DiT forward on the CFG
-  pair, guidance, UniPC update), bf16 weights sharded by :data:`wanjax.sharding.DIT_PARAM_AXES`,
+* one denoising step: the real :class:`wanjax.pipeline.sampler.Sampler` step program (DiT forward on the CFG
+  pair, guidance, UniPC update), bf16 weights sharded by :data:`wanjax.parallel.rules.\1`,
   latents ``[1,16,21,90,160]`` and the scheduler state replicated as the sampler places them;
 * the VAE decode (``decode_uint8``, float32) of those latents split spatially as
-  :meth:`wanjax.WanPipeline.decode` splits them (:func:`wanjax.sharding.spatial_sharding`), weights
+  :meth:`wanjax.WanPipeline.decode` splits them (:func:`wanjax.parallel.layouts.\1`), weights
   replicated.
 
 ``compiled.memory_analysis()`` of an SPMD program describes one device's program: arguments (the
 weight shards and inputs), outputs, temporaries and generated code. Per-device peak =
-arguments + outputs + temporaries - aliased. This is set next to :func:`wanjax.plan.plan` for the same
+arguments + outputs + temporaries - aliased. This is set next to :func:`wanjax.tools.plan.plan` for the same
 mesh (its per-device weights and activation estimate for the stage), and against a 32 GiB TPU v6e
 chip with every component's weights resident (the pipeline keeps all three loaded).
 
@@ -49,21 +49,17 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from wanjax.checkpoint import abstract_params  # noqa: E402
-from wanjax.config import parse_dtype  # noqa: E402
-from wanjax.models import dit, vae  # noqa: E402
+from wanjax.io.checkpoint import abstract_params  # noqa: E402
+from wanjax.models import dit  # noqa: E402
+from wanjax.models.config import parse_dtype  # noqa: E402
 from wanjax.models.dit import WanTransformer  # noqa: E402
-from wanjax.plan import HEADROOM, GiB, model_configs, plan  # noqa: E402
-from wanjax.sampling import Sampler  # noqa: E402
-from wanjax.scheduler import SchedulerConfig, make_scheduler  # noqa: E402
-from wanjax.sharding import (  # noqa: E402
-    DIT_PARAM_AXES,
-    make_mesh,
-    param_sharding,
-    parse_mesh,
-    replicated,
-    spatial_sharding,
-)
+from wanjax.models.vae import model as vae  # noqa: E402
+from wanjax.parallel.layouts import spatial_sharding  # noqa: E402
+from wanjax.parallel.mesh import make_mesh, parse_mesh  # noqa: E402
+from wanjax.parallel.rules import DIT_PARAM_AXES, param_sharding, replicated  # noqa: E402
+from wanjax.pipeline.sampler import Sampler  # noqa: E402
+from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler  # noqa: E402
+from wanjax.tools.plan import HEADROOM, GiB, model_configs, plan  # noqa: E402
 
 
 def sharded_abstract(abstract: Any, sharding) -> Any:

@@ -17,7 +17,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from wanjax.attention import attention
+from wanjax.kernels.attention import attention
 
 GIB = 1 << 30
 

@@ -1,8 +1,8 @@
-"""No wasted work, no host round-trip: XLA's cost analysis of one compiled denoising step vs wanjax.flops.
+"""No wasted work, no host round-trip: XLA's cost analysis of one compiled denoising step vs wanjax.tools.flops.
 
-Compiles the real :class:`wanjax.sampling.Sampler` step program (DiT forward on the CFG pair, guidance,
+Compiles the real :class:`wanjax.pipeline.sampler.Sampler` step program (DiT forward on the CFG pair, guidance,
 UniPC update) for a random-weight DiT of a preset's dimensions and compares
-``compiled.cost_analysis()["flops"]`` with the analytic matmul count :func:`wanjax.flops.dit_step_flops`.
+``compiled.cost_analysis()["flops"]`` with the analytic matmul count :func:`wanjax.tools.flops.dit_step_flops`.
 
 XLA's cost analysis counts the body of a while loop once, whatever its trip count, and the shipped CPU
 program has three kinds of loop: the blocks (``lax.scan`` in ``scan_layers``) and, inside each block,
@@ -43,13 +43,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import wanjax.models.dit as dit_module
-from wanjax.attention import attention
-from wanjax.checkpoint import abstract_params, random_params
-from wanjax.config import parse_dtype, transformer_preset
-from wanjax.flops import Flops, dit_step_flops
+from wanjax.io.checkpoint import abstract_params, random_params
+from wanjax.kernels.attention import attention
+from wanjax.models.config import parse_dtype, transformer_preset
 from wanjax.models.dit import WanTransformer, checkpoint_spec
-from wanjax.sampling import Sampler
-from wanjax.scheduler import SchedulerConfig, make_scheduler
+from wanjax.pipeline.sampler import Sampler
+from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+from wanjax.tools.flops import Flops, dit_step_flops
 
 HOST_OPS = ("outfeed", "infeed", "send(", "recv(", "send-done", "recv-done")
 CALLBACK_WORDS = ("callback", "host", "py_", "python")
@@ -275,7 +275,7 @@ def main() -> None:
     a = analytic(layers)
     non_matmul = counted["xla_flops"] - counted["dot_flops"]
     print(
-        f"\nanalytic (wanjax.flops.dit_step_flops): linear {a.linear / 1e12:.4f} T + attention "
+        f"\nanalytic (wanjax.tools.flops.dit_step_flops): linear {a.linear / 1e12:.4f} T + attention "
         f"{a.attention / 1e12:.4f} T = {a.total / 1e12:.4f} TFLOP per step"
     )
     print(

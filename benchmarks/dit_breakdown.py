@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from wanjax.attention import attention
+from wanjax.kernels.attention import attention
 
 MATMULS = [(1950, 1536, 8960), (1950, 8960, 1536), (1950, 1536, 1536), (512, 4096, 1536)]
 

@@ -15,8 +15,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from wanjax.checkpoint import abstract_params
-from wanjax.config import transformer_preset
+from wanjax.io.checkpoint import abstract_params
+from wanjax.models.config import transformer_preset
 from wanjax.models.dit import checkpoint_spec, forward
 
 

@@ -20,7 +20,7 @@ import torch
 from diffusers import WanTransformer3DModel
 
 import wanjax
-from wanjax.bench import timed
+from wanjax.tools.bench import timed
 
 
 def main() -> None:

@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from transformers import UMT5Config, UMT5EncoderModel
 
-from wanjax.bench import timed
 from wanjax.models.umt5 import UMT5Encoder, load_encoder_params
+from wanjax.tools.bench import timed
 
 
 def main() -> None:

@@ -49,8 +49,8 @@ def child(args: argparse.Namespace) -> None:
 
     jnp.zeros(1).block_until_ready()
     phase("jax imported")
-    from wanjax.jax_cache import enable_compilation_cache
-    from wanjax.models.vae import load_vae
+    from wanjax.models.vae.model import load_vae
+    from wanjax.runtime.jax_cache import enable_compilation_cache
 
     enable_compilation_cache("off")
     vae = load_vae(args.model, compile_in_child=False if args.in_process else None)

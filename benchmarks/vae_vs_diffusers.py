@@ -7,7 +7,7 @@ other side: diffusers decode (float32, timed ``--ref-repeats`` times), wanjax de
 apart, then ``--repeats`` steady runs), wanjax decode again in a second process whose program comes
 from the compiled programs the first kept (what every ``wanjax generate`` after the first does: at
 these frame sizes the VAE compiles in a child process and keeps the executable beside the persistent
-compilation cache, see ``wanjax.child_compile``), and wanjax ``decode_uint8`` alone at
+compilation cache, see ``wanjax.runtime.child_compile``), and wanjax ``decode_uint8`` alone at
 ``--latent-frames`` (default 5 and 21) for the memory-vs-length check. Outputs are compared at the
 end. ``--in-process`` compiles in the measured process instead (what the numbers were before).
 
@@ -68,8 +68,8 @@ def child_wanjax(args: argparse.Namespace) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from wanjax.jax_cache import enable_compilation_cache
-    from wanjax.models.vae import load_vae
+    from wanjax.models.vae.model import load_vae
+    from wanjax.runtime.jax_cache import enable_compilation_cache
 
     enable_compilation_cache(args.compile_cache or "off")
     vae, load_s, _ = timed(

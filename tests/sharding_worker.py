@@ -18,8 +18,8 @@ def write_model(root: Path, heads: int = 12) -> Path:
     """The demo pipeline with a 12-head transformer: 8 devices cannot split its heads evenly."""
     from safetensors.numpy import save_file
 
-    from wanjax.demo_model import DEMO_TRANSFORMER, checkpoint_tensors, write_demo_model
     from wanjax.models import dit
+    from wanjax.pipeline.demo import DEMO_TRANSFORMER, checkpoint_tensors, write_demo_model
 
     write_demo_model(root)
     cfg = dataclasses.replace(
@@ -43,14 +43,15 @@ def generate(root: str, mesh: str | None) -> dict[str, np.ndarray]:
     noise = pipe.prepare_latents(1, **GEN)
     latents = pipe.denoise(pos, neg, noise, num_inference_steps=2, guidance_scale=5.0, progress=False)
     frames = pipe.decode(latents)
-    from wanjax.sharding import to_host
+    from wanjax.parallel.layouts import to_host
 
     return {"embeds": to_host(pos), "latents": to_host(latents), "frames": frames}
 
 
 def parity(root: str, meshes: list[str]) -> dict:
-    from wanjax.parallel_attention import sequence_mode
-    from wanjax.sharding import parse_mesh, token_layout
+    from wanjax.parallel.attention import sequence_mode
+    from wanjax.parallel.layouts import token_layout
+    from wanjax.parallel.mesh import parse_mesh
 
     ref = generate(root, None)
     out = {}
@@ -74,7 +75,8 @@ def parity(root: str, meshes: list[str]) -> dict:
 def params(root: str, meshes: list[str]) -> dict:
     from wanjax.models.dit import load_transformer
     from wanjax.models.umt5 import load_text_encoder
-    from wanjax.sharding import UMT5_PARAM_AXES, make_mesh, param_sharding, parse_mesh, sharded_bytes
+    from wanjax.parallel.mesh import make_mesh, parse_mesh
+    from wanjax.parallel.rules import UMT5_PARAM_AXES, param_sharding, sharded_bytes
 
     out = {}
     for text in meshes:
@@ -99,8 +101,10 @@ def params(root: str, meshes: list[str]) -> dict:
 
 def vae_memory(root: str, counts: list[str]) -> dict:
     """Per-device temporary bytes of the decode program with the latents split over n devices."""
-    from wanjax.models.vae import load_vae
-    from wanjax.sharding import make_mesh, parse_mesh, replicated, spatial_sharding, to_global
+    from wanjax.models.vae.model import load_vae
+    from wanjax.parallel.layouts import spatial_sharding, to_global
+    from wanjax.parallel.mesh import make_mesh, parse_mesh
+    from wanjax.parallel.rules import replicated
 
     z = np.random.default_rng(0).standard_normal((1, 16, 2, 16, 32)).astype(np.float32)
     out = {}

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from attention_reference import random_qkv, reference, rel
 
-from wanjax.attention import AttentionSpec, attention, resolve_backend
 from wanjax.errors import ConfigError
+from wanjax.kernels.attention import AttentionSpec, attention, resolve_backend
 
 # (B, Lq, Lk, H, D): self-attention with lengths that are not multiples of the blocks, cross-attention.
 SHAPES = [(2, 130, 130, 2, 64), (1, 195, 512, 3, 128), (1, 97, 33, 12, 16)]

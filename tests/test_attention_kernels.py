@@ -9,11 +9,11 @@ import pytest
 from attention_reference import random_qkv, reference, rel
 
 import wanjax
-from wanjax.attention import AttentionSpec, InterpretModeWarning, attention
 from wanjax.errors import ConfigError
 from wanjax.kernels import tuning
+from wanjax.kernels.attention import AttentionSpec, InterpretModeWarning, attention
 
-pytestmark = pytest.mark.filterwarnings("ignore::wanjax.attention.InterpretModeWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::wanjax.kernels.attention.InterpretModeWarning")
 
 KERNELS = ["splash", "splash_exp2"]
 TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2}

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from wanjax.attention import AttentionSpec
-from wanjax.config import PRESETS
 from wanjax.errors import ConfigError
 from wanjax.kernels import tuning
-from wanjax.tune_attention import candidates, main, model_problems
+from wanjax.kernels.attention import AttentionSpec
+from wanjax.models.config import PRESETS
+from wanjax.tools.tune_attention import candidates, main, model_problems
 
-pytestmark = pytest.mark.filterwarnings("ignore::wanjax.attention.InterpretModeWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::wanjax.kernels.attention.InterpretModeWarning")
 
 
 def test_model_problems_are_the_dit_shapes():

@@ -9,11 +9,11 @@ import math
 
 import pytest
 
-from wanjax import bench
-from wanjax.config import PRESETS
 from wanjax.errors import WanjaxError
-from wanjax.flops import Flops, dit_step_flops, vae_decode_flops
-from wanjax.models.vae_config import VAEConfig
+from wanjax.models.config import PRESETS
+from wanjax.models.vae.config import VAEConfig
+from wanjax.tools import bench
+from wanjax.tools.flops import Flops, dit_step_flops, vae_decode_flops
 
 
 def test_denoise_bench_reports_steps_and_flops(tmp_path, capsys):

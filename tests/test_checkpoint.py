@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import wanjax
-from wanjax.checkpoint import copy_into, open_component
 from wanjax.errors import CheckpointError, ConfigError
+from wanjax.io.checkpoint import copy_into, open_component
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 

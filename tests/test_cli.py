@@ -8,8 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from wanjax import stages
-from wanjax.cli import main
+from wanjax.cli.main import main
+from wanjax.pipeline import stages
 
 
 def run(capsys, *args) -> tuple[int, str, str]:

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from wanjax import WanPipeline
-from wanjax.demo_model import DEMO_DEFAULTS, demo_model_dir, is_demo_model
 from wanjax.errors import ConfigError
-from wanjax.models.vae import Tiling
+from wanjax.models.vae.model import Tiling
+from wanjax.pipeline.demo import DEMO_DEFAULTS, demo_model_dir, is_demo_model
 
 
 def test_demo_model_is_deterministic_and_complete(tmp_path):
@@ -76,7 +76,7 @@ def generate(tmp_path, name: str, *outputs) -> tuple[dict, str]:
         "WANJAX_JAX_CACHE_DIR": str(tmp_path / "jax"),
     }
     result = subprocess.run(
-        [sys.executable, "-m", "wanjax.cli", "generate", "--model", "demo", "--prompt", "A cat plays the piano",
+        [sys.executable, "-m", "wanjax.cli.main", "generate", "--model", "demo", "--prompt", "A cat plays the piano",
          *outputs, "--metrics_json", f"{name}.json"],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
     )  # fmt: skip

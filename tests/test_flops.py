@@ -10,12 +10,20 @@ import jax.numpy as jnp
 import pytest
 from jax.extend import core as jex_core
 
-from wanjax.checkpoint import abstract_params
-from wanjax.config import TransformerConfig
-from wanjax.flops import Flops, achieved, dit_forward_flops, dit_step_flops, umt5_flops, vae_decode_flops
-from wanjax.models import dit, umt5, vae
-from wanjax.models.vae_blocks import Numerics
-from wanjax.models.vae_config import VAEConfig
+from wanjax.io.checkpoint import abstract_params
+from wanjax.models import dit, umt5
+from wanjax.models.config import TransformerConfig
+from wanjax.models.vae import model as vae
+from wanjax.models.vae.blocks import Numerics
+from wanjax.models.vae.config import VAEConfig
+from wanjax.tools.flops import (
+    Flops,
+    achieved,
+    dit_forward_flops,
+    dit_step_flops,
+    umt5_flops,
+    vae_decode_flops,
+)
 
 
 def _sub_jaxprs(params: dict) -> list[jex_core.Jaxpr]:

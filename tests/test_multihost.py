@@ -12,7 +12,7 @@ import pytest
 from sharding_worker import write_model
 
 from wanjax.errors import WanjaxError
-from wanjax.multihost import initialize
+from wanjax.parallel.multihost import initialize
 
 ARGS = [
     "generate",
@@ -45,7 +45,7 @@ def _start(cwd, name: str, devices: int, *extra: str) -> subprocess.Popen:
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
         "JAX_PLATFORMS": "cpu",
     }
-    cmd = [sys.executable, "-m", "wanjax.cli", *ARGS, "--output_video", f"{name}.mp4", *extra]
+    cmd = [sys.executable, "-m", "wanjax.cli.main", *ARGS, "--output_video", f"{name}.mp4", *extra]
     return subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

@@ -18,8 +18,8 @@ from conftest import randomize_
 from safetensors.numpy import load_file, save_file
 from test_tokenizer import make_tokenizer_dir
 
-from wanjax import stages
-from wanjax.cli import main
+from wanjax.cli.main import main
+from wanjax.pipeline import stages
 
 PROMPT = "A cat &amp; a dog  run over the lazy fox"
 NEGATIVE = "blurry, static"

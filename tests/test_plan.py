@@ -6,12 +6,12 @@ import re
 
 import jax
 
-from wanjax.checkpoint import abstract_params
-from wanjax.cli import main
-from wanjax.config import transformer_preset
+from wanjax.cli.main import main
+from wanjax.io.checkpoint import abstract_params
 from wanjax.models import dit
-from wanjax.plan import GiB, model_configs, plan
-from wanjax.sharding import parse_mesh
+from wanjax.models.config import transformer_preset
+from wanjax.parallel.mesh import parse_mesh
+from wanjax.tools.plan import GiB, model_configs, plan
 
 ARGS = ["plan", "--model", "14B", "--height", "720", "--width", "1280", "--frames", "81"]
 
@@ -64,8 +64,8 @@ def test_bad_plan_flags_are_one_line_errors(capsys):
 def test_vae_decode_activations_include_the_causal_cache():
     """The causal cache (two frames of every causal conv's input) dominates the decoder's live set:
     ~0.9 GiB at 240x416 (the 830 MiB measured in BENCHMARKS.md, plus conv_out's 96-channel site)."""
-    from wanjax.models.vae_config import VAEConfig
-    from wanjax.plan import vae_cache_bytes
+    from wanjax.models.vae.config import VAEConfig
+    from wanjax.tools.plan import vae_cache_bytes
 
     assert 0.85 * GiB < vae_cache_bytes(VAEConfig(), 240, 416) < 0.95 * GiB
     model = model_configs("14B")

@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from wanjax import stages, validation
-from wanjax.checkpoint import open_safetensors, read_safetensors_header
-from wanjax.cli import main
-from wanjax.config import TransformerConfig
+from wanjax.cli import preflight as validation
+from wanjax.cli.main import main
 from wanjax.errors import NumericalError, WanjaxError
-from wanjax.hub import resolve_model
-from wanjax.sampling import check_steps_finite
+from wanjax.io.checkpoint import open_safetensors, read_safetensors_header
+from wanjax.models.config import TransformerConfig
+from wanjax.pipeline import stages
+from wanjax.pipeline.hub import resolve_model
+from wanjax.pipeline.sampler import check_steps_finite
 
 OFF = ("--jax_cache_dir", "off")
 SMALL = ("--height", "32", "--width", "48", "--frames", "5")
@@ -374,7 +375,7 @@ class SlowContainer:
 
 
 av.open = lambda *args, **kwargs: SlowContainer(real_open(*args, **kwargs))
-from wanjax.cli import main
+from wanjax.cli.main import main
 sys.exit(main(sys.argv[2:]))
 """
 
@@ -549,7 +550,7 @@ def test_fuzzed_stage_files_and_configs_give_clean_errors(demo_dir, tmp_path):
 
 def test_runtime_failures_exit_1_and_user_mistakes_exit_2(demo_env, tmp_path, capsys, monkeypatch):
     """An OSError while working (disk full) is one line with exit 1; --debug re-raises it."""
-    from wanjax import commands
+    from wanjax.cli import commands
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -566,18 +567,18 @@ def test_finite_check_reads_one_flag_per_run_not_per_step(monkeypatch):
     import jax.numpy as jnp
     from jax._src.array import ArrayImpl
 
-    from wanjax.checkpoint import random_params
-    from wanjax.config import PRESETS
+    from wanjax.io.checkpoint import random_params
+    from wanjax.models.config import PRESETS
     from wanjax.models.dit import WanTransformer, checkpoint_spec
-    from wanjax.sampling import Sampler
-    from wanjax.scheduler import SchedulerConfig, make_scheduler
+    from wanjax.pipeline.sampler import Sampler
+    from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 
     cfg = dataclasses.replace(PRESETS["tiny"], num_layers=1)
     model = WanTransformer(cfg, random_params(checkpoint_spec(cfg), jnp.float32), jnp.float32)
     latents = np.random.default_rng(0).standard_normal((1, 16, 1, 4, 4)).astype(np.float32)
     text = jnp.ones((1, 8, cfg.text_dim), jnp.float32)
     sampler = Sampler(model)
-    from wanjax import sampling
+    from wanjax.pipeline import sampler as sampling
 
     reads = []
     original, to_host = ArrayImpl._value, sampling.to_host

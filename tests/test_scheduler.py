@@ -1,4 +1,4 @@
-"""Parity of wanjax.scheduler with diffusers' UniPCMultistepScheduler / FlowMatchEulerDiscreteScheduler.
+"""Parity of wanjax.pipeline.scheduler with diffusers' UniPCMultistepScheduler / FlowMatchEulerDiscreteScheduler.
 
 The synthetic velocity field uses only +, -, *, / (no transcendental functions), so torch and XLA
 evaluate it identically and any difference comes from the scheduler arithmetic.
@@ -16,9 +16,9 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
-import wanjax.scheduler as scheduler_module
+import wanjax.pipeline.scheduler as scheduler_module
 from wanjax.errors import ConfigError
-from wanjax.scheduler import (
+from wanjax.pipeline.scheduler import (
     FlowEulerScheduler,
     SchedulerConfig,
     UniPCFlowScheduler,

@@ -14,7 +14,7 @@ SCRIPT = textwrap.dedent(
     import jax, numpy as np
     from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
     import wanjax
-    from wanjax.checkpoint import LeafSource
+    from wanjax.io.checkpoint import LeafSource
 
     root = sys.argv[1]
     mesh = jax.make_mesh((4,), ("tp",), axis_types=(AxisType.Explicit,))

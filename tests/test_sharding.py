@@ -15,21 +15,14 @@ import pytest
 from jax.sharding import PartitionSpec as P
 from sharding_worker import write_model
 
-from wanjax.checkpoint import abstract_params
-from wanjax.config import transformer_preset
 from wanjax.errors import WanjaxError
+from wanjax.io.checkpoint import abstract_params
 from wanjax.models import dit, umt5
-from wanjax.parallel_attention import sequence_mode
-from wanjax.sharding import (
-    DIT_PARAM_AXES,
-    UMT5_PARAM_AXES,
-    auto_mesh,
-    mesh_spec_from_flags,
-    parse_mesh,
-    partition_spec,
-    per_device_param_bytes,
-    token_layout,
-)
+from wanjax.models.config import transformer_preset
+from wanjax.parallel.attention import sequence_mode
+from wanjax.parallel.layouts import token_layout
+from wanjax.parallel.mesh import auto_mesh, mesh_spec_from_flags, parse_mesh
+from wanjax.parallel.rules import DIT_PARAM_AXES, UMT5_PARAM_AXES, partition_spec, per_device_param_bytes
 
 WORKER = Path(__file__).with_name("sharding_worker.py")
 MESHES = ["dp=1,sp=1,tp=8", "dp=2,sp=1,tp=4", "dp=2,sp=2,tp=2", "dp=1,sp=8,tp=1", "dp=8,sp=1,tp=1"]
@@ -200,7 +193,7 @@ def test_vae_decode_memory_per_device_shrinks_with_spatial_sharding(model_dir):
     ],
 )
 def test_cli_refuses_bad_mesh_flags_in_one_line(flags, message, capsys, tmp_path):
-    from wanjax.cli import main
+    from wanjax.cli.main import main
 
     assert main(["generate", "--model", "demo", "--output_video", str(tmp_path / "v.mp4"), *flags]) == 2
     err = capsys.readouterr().err.strip()

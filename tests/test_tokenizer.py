@@ -22,7 +22,7 @@ from tokenizers.models import Unigram
 from transformers import AutoTokenizer
 
 from wanjax.errors import CheckpointError, ConfigError, WanjaxError
-from wanjax.tokenizer import basic_clean, load_tokenizer, prompt_clean, whitespace_clean
+from wanjax.models.tokenizer import basic_clean, load_tokenizer, prompt_clean, whitespace_clean
 
 EXTRA_IDS = 10
 WORDS = [

@@ -295,7 +295,7 @@ def test_truncation_warning_from_encode(pipeline_dir):
 
 def test_bfloat16_program_keeps_stacked_weights_in_bfloat16():
     """The layer scan must not make a float32 copy of the stacked weights (XLA:CPU does for bf16 xs)."""
-    from wanjax.checkpoint import abstract_params
+    from wanjax.io.checkpoint import abstract_params
 
     cfg = dataclasses.replace(UMT5Config(**CASES[0][1]), d_ff=72)
     params = abstract_params(umt5.checkpoint_spec(cfg), jnp.bfloat16)

@@ -18,13 +18,13 @@ import torch
 from conftest import randomize_
 from diffusers import AutoencoderKLWan
 
-from wanjax import child_compile
-from wanjax.checkpoint import abstract_params
 from wanjax.errors import ConfigError
-from wanjax.flops import vae_decode_flops
-from wanjax.models import vae as vae_module
-from wanjax.models.vae import Tiling, VAEConfig, WanVAE, checkpoint_spec, load_vae
-from wanjax.timing import CompileMeter
+from wanjax.io.checkpoint import abstract_params
+from wanjax.models.vae import model as vae_module
+from wanjax.models.vae.model import Tiling, VAEConfig, WanVAE, checkpoint_spec, load_vae
+from wanjax.runtime import child_compile
+from wanjax.runtime.timing import CompileMeter
+from wanjax.tools.flops import vae_decode_flops
 
 CONFIGS = {
     # temporal downsampling at non-default levels, z_dim 4 with custom latent statistics
@@ -298,7 +298,7 @@ def test_a_failing_child_compile_falls_back_to_this_process(small, monkeypatch):
     program is compiled here and decodes as usual."""
     _, _, base = small
     with pytest.raises(child_compile.ChildCompileError, match=r"AttributeError.*no_such_builder"):
-        child_compile.compile_in_child("wanjax.models.vae:no_such_builder")
+        child_compile.compile_in_child("wanjax.models.vae.model:no_such_builder")
     monkeypatch.setattr(child_compile.sys, "executable", "/nonexistent/python")
     z = jnp.asarray(randn((1, 4, 2, *LATENT_HW), seed=43).numpy())
     vae = WanVAE(base.cfg, base.params, compile_in_child=True, decode_chunk=2)  # a program of its own
@@ -311,7 +311,7 @@ def _child_program(vae: WanVAE, x: jax.Array) -> tuple:
     """The builder arguments ``WanVAE.compile`` gives a child for ``decode`` of ``x``."""
     unplaced = vae_module._unplaced(vae_module._signature(vae.params))
     return (
-        "wanjax.models.vae:lower_program",
+        "wanjax.models.vae.model:lower_program",
         "decode",
         vae._statics_for("decode", x),
         unplaced,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from wanjax.atomic import atomic_path, write_text
-from wanjax.video import contact_sheet, write_mp4, write_preview
+from wanjax.io.atomic import atomic_path, write_text
+from wanjax.io.video import contact_sheet, write_mp4, write_preview
 
 
 def gradient_frames(t=9, h=48, w=80):

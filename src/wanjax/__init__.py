@@ -14,23 +14,23 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "CheckpointError": "wanjax.errors",
     "ConfigError": "wanjax.errors",
-    "SchedulerConfig": "wanjax.scheduler",
-    "Tiling": "wanjax.models.vae",
-    "Tokenizer": "wanjax.tokenizer",
-    "TransformerConfig": "wanjax.config",
+    "SchedulerConfig": "wanjax.pipeline.scheduler",
+    "Tiling": "wanjax.models.vae.model",
+    "Tokenizer": "wanjax.models.tokenizer",
+    "TransformerConfig": "wanjax.models.config",
     "UMT5Config": "wanjax.models.umt5",
     "UMT5Encoder": "wanjax.models.umt5",
-    "VAEConfig": "wanjax.models.vae_config",
-    "WanPipeline": "wanjax.pipeline",
+    "VAEConfig": "wanjax.models.vae.config",
+    "WanPipeline": "wanjax.pipeline.pipeline",
     "WanTransformer": "wanjax.models.dit",
-    "WanVAE": "wanjax.models.vae",
+    "WanVAE": "wanjax.models.vae.model",
     "WanjaxError": "wanjax.errors",
     "load_text_encoder": "wanjax.models.umt5",
-    "load_tokenizer": "wanjax.tokenizer",
+    "load_tokenizer": "wanjax.models.tokenizer",
     "load_transformer": "wanjax.models.dit",
-    "load_vae": "wanjax.models.vae",
-    "make_scheduler": "wanjax.scheduler",
-    "prompt_clean": "wanjax.tokenizer",
+    "load_vae": "wanjax.models.vae.model",
+    "make_scheduler": "wanjax.pipeline.scheduler",
+    "prompt_clean": "wanjax.models.tokenizer",
 }
 
 __all__ = [
@@ -57,15 +57,15 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from wanjax.config import TransformerConfig
     from wanjax.errors import CheckpointError, ConfigError, WanjaxError
+    from wanjax.models.config import TransformerConfig
     from wanjax.models.dit import WanTransformer, load_transformer
+    from wanjax.models.tokenizer import Tokenizer, load_tokenizer, prompt_clean
     from wanjax.models.umt5 import UMT5Config, UMT5Encoder, load_text_encoder
-    from wanjax.models.vae import Tiling, WanVAE, load_vae
-    from wanjax.models.vae_config import VAEConfig
-    from wanjax.pipeline import WanPipeline
-    from wanjax.scheduler import SchedulerConfig, make_scheduler
-    from wanjax.tokenizer import Tokenizer, load_tokenizer, prompt_clean
+    from wanjax.models.vae.config import VAEConfig
+    from wanjax.models.vae.model import Tiling, WanVAE, load_vae
+    from wanjax.pipeline.pipeline import WanPipeline
+    from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,4 @@
-"""Attention kernels behind ``wanjax.attention.attention``: one module per backend.
+"""Attention kernels behind ``wanjax.kernels.attention.attention``: one module per backend.
 
 ``xla`` (portable, memory-bounded), ``cudnn`` (NVIDIA GPUs), ``splash`` (JAX's Pallas TPU splash
 attention) and ``splash_exp2`` (our Pallas TPU kernel with exp2). Every kernel takes ``(B, L, H, D)``

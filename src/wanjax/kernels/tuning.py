@@ -13,8 +13,8 @@ from pathlib import Path
 
 import jax
 
-from wanjax.atomic import write_text
-from wanjax.hub import cache_root
+from wanjax.io.atomic import write_text
+from wanjax.io.paths import cache_root
 
 Blocks = tuple[int, int, int, int]  # (bq, bkv, bkv_compute, bkv_compute_in)
 

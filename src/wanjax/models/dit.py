@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from wanjax.attention import AttentionSpec, attention
-from wanjax.checkpoint import (
+from wanjax.errors import ConfigError
+from wanjax.io.checkpoint import (
     LeafSource,
     ShardingFn,
     linear_kernel,
@@ -32,8 +32,8 @@ from wanjax.checkpoint import (
     resolve_component_dir,
     stacked,
 )
-from wanjax.config import TransformerConfig, parse_dtype
-from wanjax.errors import ConfigError
+from wanjax.kernels.attention import AttentionSpec, attention
+from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.layers import (
     Params,
     apply_rope,
@@ -46,8 +46,9 @@ from wanjax.models.layers import (
     silu,
     timestep_embedding,
 )
-from wanjax.parallel_attention import sharded_attention
-from wanjax.sharding import DIT_PARAM_AXES, constrain, param_sharding, token_layout
+from wanjax.parallel.attention import sharded_attention
+from wanjax.parallel.layouts import constrain, token_layout
+from wanjax.parallel.rules import DIT_PARAM_AXES, param_sharding
 
 # ----------------------------------------------------------------------------------------------
 # Checkpoint layout
@@ -63,7 +64,7 @@ def _squeeze_leading(a: np.ndarray) -> np.ndarray:
 
 
 def checkpoint_spec(cfg: TransformerConfig) -> Params:
-    """Which diffusers tensors build each params leaf (see :class:`wanjax.checkpoint.LeafSource`)."""
+    """Which diffusers tensors build each params leaf (see :class:`wanjax.io.checkpoint.LeafSource`)."""
     d, ff, n = cfg.inner_dim, cfg.ffn_dim, cfg.num_layers
     keep = {"keep_fp32": True}
 
@@ -232,7 +233,7 @@ def forward(
     """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``.
 
     Activations run in ``dtype``; the result is returned in ``dtype`` as the reference does. Under
-    ``mesh`` the tokens are split as :func:`wanjax.sharding.token_layout` says (batch over dp, tokens
+    ``mesh`` the tokens are split as :func:`wanjax.parallel.layouts.\1` says (batch over dp, tokens
     over sp, heads over tp) and pinned so at every block boundary.
     """
     b, _, t, h, w = latents.shape
@@ -342,7 +343,7 @@ def load_transformer(
 ) -> WanTransformer:
     """Load ``transformer/`` of a diffusers-layout Wan model (``path`` = model root or that folder).
 
-    With ``mesh``, each weight is read straight into its shards (:data:`wanjax.sharding.DIT_PARAM_AXES`;
+    With ``mesh``, each weight is read straight into its shards (:data:`wanjax.parallel.rules.\1`;
     ``fsdp`` also splits ``embed`` dimensions over the non-tp axes) and the forward runs on the mesh.
     """
     directory = resolve_component_dir(path, "transformer")

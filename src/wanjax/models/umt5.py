@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wanjax.checkpoint import (
+from wanjax.errors import CheckpointError, ConfigError, WanjaxError
+from wanjax.io.checkpoint import (
     LeafSource,
     ShardingFn,
     linear_kernel,
@@ -32,10 +33,9 @@ from wanjax.checkpoint import (
     resolve_component_dir,
     stacked,
 )
-from wanjax.config import ComponentConfig, parse_dtype
-from wanjax.errors import CheckpointError, ConfigError, WanjaxError
+from wanjax.models.config import ComponentConfig, parse_dtype
 from wanjax.models.layers import Params, gelu_tanh, linear, matmul, scan_layers
-from wanjax.tokenizer import Tokenizer, load_tokenizer
+from wanjax.models.tokenizer import Tokenizer, load_tokenizer
 
 # ----------------------------------------------------------------------------------------------
 # Config

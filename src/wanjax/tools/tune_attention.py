@@ -23,11 +23,11 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from wanjax.attention import AttentionSpec, InterpretModeWarning, attention
-from wanjax.config import PRESETS, TransformerConfig, parse_dtype
 from wanjax.errors import ConfigError
 from wanjax.kernels import tuning
+from wanjax.kernels.attention import AttentionSpec, InterpretModeWarning, attention
 from wanjax.kernels.common import fit_blocks
+from wanjax.models.config import PRESETS, TransformerConfig, parse_dtype
 
 TEXT_TOKENS = 512
 

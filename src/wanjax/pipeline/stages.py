@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from wanjax.atomic import atomic_path, write_text
-from wanjax.checkpoint import open_safetensors
 from wanjax.errors import NumericalError, WanjaxError
+from wanjax.io.atomic import atomic_path, write_text
+from wanjax.io.checkpoint import open_safetensors
 
 EMBEDDINGS_FILE = "stage1_embeddings.safetensors"
 LATENTS_FILE = "stage2_latents.safetensors"

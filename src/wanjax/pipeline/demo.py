@@ -1,7 +1,7 @@
 """The built-in smoke model: a tiny Wan 2.1 pipeline with random weights, in the diffusers layout.
 
 ``demo_model_dir(cache)`` writes it on first use into the cache folder (see
-:func:`wanjax.hub.cache_root`) as ``demo-<hash>/`` with ``model_index.json``,
+:func:`wanjax.pipeline.hub.cache_root`) as ``demo-<hash>/`` with ``model_index.json``,
 ``tokenizer/``, ``text_encoder/``, ``transformer/``, ``vae/`` and ``scheduler/``, and it is then
 loaded through exactly the code real checkpoints use. Everything is generated deterministically
 from fixed seeds with the run-time dependencies only (NumPy, safetensors, ``tokenizers``); the hash
@@ -28,11 +28,12 @@ from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import Unigram
 
-from wanjax.checkpoint import LeafSource
-from wanjax.config import TransformerConfig
-from wanjax.models import dit, umt5, vae
+from wanjax.io.checkpoint import LeafSource
+from wanjax.models import dit, umt5
+from wanjax.models.config import TransformerConfig
 from wanjax.models.umt5 import UMT5Config
-from wanjax.models.vae_config import VAEConfig
+from wanjax.models.vae import model as vae
+from wanjax.models.vae.config import VAEConfig
 
 DEMO_NAME = "demo"
 SMOKE_NOTE = "wanjax built-in demo: tiny random weights, a smoke model (its videos are noise)"

@@ -8,33 +8,14 @@ the snapshot ``refs/main`` points to; when it is absent the error says how to do
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from pathlib import Path
 
 from wanjax.errors import WanjaxError
+from wanjax.io.paths import cache_root, hf_hub_cache
 
 DEMO = "demo"
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-
-
-def cache_root() -> Path:
-    """wanjax's cache folder: ``$WANJAX_CACHE``, else ``$XDG_CACHE_HOME/wanjax``, else ``~/.cache/wanjax``."""
-    if os.environ.get("WANJAX_CACHE"):
-        return Path(os.environ["WANJAX_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "wanjax"
-
-
-def hf_hub_cache() -> Path:
-    """The Hugging Face hub cache directory, as ``huggingface_hub`` resolves it."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    home = (
-        os.environ.get("HF_HOME")
-        or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "huggingface"
-    )
-    return Path(home).expanduser() / "hub"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +46,12 @@ def resolve_model(model: str | Path) -> ModelSource:
     WanjaxError naming the fix otherwise."""
     name = str(model)
     if name == DEMO:
-        from wanjax.demo_model import demo_model_dir
+        from wanjax.pipeline.demo import demo_model_dir
 
         return ModelSource(name, demo_model_dir(cache_root()), is_demo=True)
     path = Path(name).expanduser()
     if path.exists():
-        from wanjax.demo_model import is_demo_model
+        from wanjax.pipeline.demo import is_demo_model
 
         return ModelSource(name, path, is_demo=is_demo_model(path))
     if _REPO_ID.match(name):

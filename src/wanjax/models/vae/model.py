@@ -27,7 +27,7 @@ float32 rounding.
 Compilation: each input shape gets one program (the scan's trip count is static); its size,
 compile time (~4-5 s on CPU for the real VAE) and memory do not depend on the number of frames.
 On the CPU, programs for frames of 256x256 pixels and more are compiled in a short-lived child
-process and loaded from their serialized executables (:mod:`wanjax.child_compile`), which keeps
+process and loaded from their serialized executables (:mod:`wanjax.runtime.child_compile`), which keeps
 the ~100 MiB the compiler leaves behind out of this process; the executables are kept beside the
 persistent compilation cache, so the next run compiles nothing.
 Memory at 240x416: 280 MiB of float32 decoder weights and a 917 MiB program: 807 MiB of causal
@@ -36,8 +36,8 @@ of the 32 cache sites: the state the reference keeps) and ~110 MiB of scratch (t
 full-resolution frames of activations at the peak, one frame at each lower resolution); XLA's
 packing of them loses almost nothing. Each causal conv runs its taps in an order that lets XLA
 write the new owed sums and the folded-in residual straight into the loop carry
-(:func:`~wanjax.models.vae_blocks.add_in_place`), the doubled frames of a temporal upsampling are
-made one step at a time (:class:`~wanjax.models.vae_blocks.LazyFrames`), and each chunk writes its
+(:func:`~wanjax.models.vae.blocks.add_in_place`), the doubled frames of a temporal upsampling are
+made one step at a time (:class:`~wanjax.models.vae.blocks.LazyFrames`), and each chunk writes its
 frames straight into the output.
 """
 
@@ -57,8 +57,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wanjax import child_compile
-from wanjax.checkpoint import (
+from wanjax.errors import ConfigError
+from wanjax.io.checkpoint import (
     LeafSource,
     ShardingFn,
     abstract_params,
@@ -68,10 +68,9 @@ from wanjax.checkpoint import (
     open_component,
     resolve_component_dir,
 )
-from wanjax.config import parse_dtype
-from wanjax.errors import ConfigError
+from wanjax.models.config import parse_dtype
 from wanjax.models.layers import Params
-from wanjax.models.vae_blocks import (
+from wanjax.models.vae.blocks import (
     CONV_IMPLS,
     UPSAMPLE_IMPLS,
     Cache,
@@ -83,7 +82,8 @@ from wanjax.models.vae_blocks import (
     run_layers_in_steps,
     time_doubling,
 )
-from wanjax.models.vae_config import Layer, VAEConfig, decoder_plan, encoder_plan
+from wanjax.models.vae.config import Layer, VAEConfig, decoder_plan, encoder_plan
+from wanjax.runtime import child_compile
 
 __all__ = ["Tiling", "VAEConfig", "WanVAE", "checkpoint_spec", "load_vae"]
 
@@ -645,7 +645,7 @@ class WanVAE:
     are read, so they take the heap the compiler freed (``load_vae`` does this).
     ``tiling`` (a :class:`Tiling`) decodes large frames in blended spatial tiles, as diffusers'
     ``enable_tiling()``. ``compile_in_child``: compile programs in a short-lived child process
-    (:mod:`wanjax.child_compile`), which keeps the compiler's leftover heap (~100 MiB for the
+    (:mod:`wanjax.runtime.child_compile`), which keeps the compiler's leftover heap (~100 MiB for the
     real VAE) out of this one; ``None`` (default): for frames of at least
     :data:`CHILD_COMPILE_MIN_PIXELS` pixels. Only on the CPU backend in one process, for unsharded
     inputs; a failing child falls back to compiling here (with a warning).
@@ -823,7 +823,7 @@ def load_vae(
     weights are cast to ``dtype`` at use. ``decode_chunk``: latent frames per decode step;
     ``encode_chunk``: groups of 4 frames per encode step (an int or ``"all"``).
     ``frames_per_step``: frames per step in the full-frame-rate layers (memory vs. speed).
-    ``conv``/``upsample``: convolution formulations (see :class:`~wanjax.models.vae_blocks.Numerics`).
+    ``conv``/``upsample``: convolution formulations (see :class:`~wanjax.models.vae.blocks.Numerics`).
     ``tiling``: decode large frames in blended spatial tiles (:class:`Tiling`; off by default).
     ``compile_in_child``: see :class:`WanVAE`.
     The checkpoint's names, shapes and dtypes are checked now; each part's weights are read on its

@@ -1,7 +1,7 @@
 """Run timings: load, compile and run seconds per stage, denoising step times, and the final report.
 
 Compile time is measured from JAX's own monitoring events (tracing, lowering to MLIR, XLA compile
-or persistent-cache retrieval), and those :mod:`wanjax.child_compile` records for programs built in
+or persistent-cache retrieval), and those :mod:`wanjax.runtime.child_compile` records for programs built in
 a child process, rather than guessed from a slow first call: overlapping spans (a jit traced inside
 another) count once. A stage's ``run`` is its wall time minus that compile time.
 """
@@ -19,8 +19,8 @@ from typing import Any
 
 import jax
 
-from wanjax import child_compile
-from wanjax.atomic import write_text
+from wanjax.io.atomic import write_text
+from wanjax.runtime import child_compile
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 COMPILE_EVENTS = frozenset(

@@ -1,9 +1,9 @@
 """What the ``generate``, ``encode``, ``denoise`` and ``decode`` commands do.
 
 ``generate`` runs the three stages in memory; the stage commands run one each and pass their
-results through the files of a stage directory (:mod:`wanjax.stages`). Both paths call the same
-:class:`~wanjax.pipeline.WanPipeline` methods on the same values, so they give the same frames.
-Each command ends with a :class:`~wanjax.timing.RunReport`.
+results through the files of a stage directory (:mod:`wanjax.pipeline.stages`). Both paths call the same
+:class:`~wanjax.pipeline.pipeline.WanPipeline` methods on the same values, so they give the same frames.
+Each command ends with a :class:`~wanjax.runtime.timing.RunReport`.
 """
 
 from __future__ import annotations
@@ -17,16 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from wanjax import stages, validation
-from wanjax.atomic import atomic_path
-from wanjax.attention import AttentionSpec, resolve_backend
+from wanjax.cli import preflight as validation
 from wanjax.errors import ConfigError, WanjaxError
-from wanjax.hub import DEMO, ModelSource
+from wanjax.io.atomic import atomic_path
+from wanjax.kernels.attention import AttentionSpec, resolve_backend
 from wanjax.kernels.common import check_block
-from wanjax.multihost import is_primary
-from wanjax.pipeline import WanPipeline
-from wanjax.sharding import MeshSpec, mesh_spec_from_flags, parse_mesh, to_host
-from wanjax.timing import RunReport
+from wanjax.parallel.layouts import to_host
+from wanjax.parallel.mesh import MeshSpec, mesh_spec_from_flags, parse_mesh
+from wanjax.parallel.multihost import is_primary
+from wanjax.pipeline import stages
+from wanjax.pipeline.hub import DEMO, ModelSource
+from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.runtime.timing import RunReport
 
 DEFAULT_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 DEFAULT_PROMPT = "A cat walks on the grass, realistic"
@@ -51,7 +53,7 @@ def model_defaults(source: ModelSource) -> dict[str, Any]:
     """Defaults for this model: the reference's, or small ones for the demo model."""
     if not source.is_demo:
         return DEFAULTS
-    from wanjax.demo_model import DEMO_DEFAULTS
+    from wanjax.pipeline.demo import DEMO_DEFAULTS
 
     return {**DEFAULTS, **DEMO_DEFAULTS}
 
@@ -64,7 +66,7 @@ def model_label(source: ModelSource) -> str:
 
 
 def open_pipeline(args: argparse.Namespace, model: str | None, dtype: str | None) -> WanPipeline:
-    from wanjax.models.vae import Tiling
+    from wanjax.models.vae.model import Tiling
 
     cache = args.jax_cache_dir if args.jax_cache_dir is not None else True
     mesh, fsdp = mesh_request(args)
@@ -184,7 +186,7 @@ def resolve_video(
 def write_outputs(frames: np.ndarray, args: argparse.Namespace, fps: float) -> dict[str, str]:
     """mp4 (one per batch item), optional raw frames and preview, written by process 0 only;
     returns the paths."""
-    from wanjax.video import write_mp4, write_preview
+    from wanjax.io.video import write_mp4, write_preview
 
     primary = is_primary()
 
@@ -216,7 +218,7 @@ def timestamped_video_name() -> str:
 
 
 def scheduler_flow_shift(pipe: WanPipeline, flow_shift: float | None) -> float:
-    from wanjax.scheduler import load_scheduler_config
+    from wanjax.pipeline.scheduler import load_scheduler_config
 
     return float(flow_shift) if flow_shift is not None else float(load_scheduler_config(pipe.path).flow_shift)
 

@@ -14,10 +14,10 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
-from wanjax.config import TransformerConfig
+from wanjax.models.config import TransformerConfig
 from wanjax.models.umt5 import UMT5Config
-from wanjax.models.vae_blocks import Numerics, caches_lowres_input, caches_owed_sums
-from wanjax.models.vae_config import VAEConfig, decoder_plan
+from wanjax.models.vae.blocks import Numerics, caches_lowres_input, caches_owed_sums
+from wanjax.models.vae.config import VAEConfig, decoder_plan
 
 
 def matmul_flops(m: int, k: int, n: int) -> int:
@@ -126,9 +126,9 @@ def vae_decode_flops(
     on one device. ``upsample="subpixel"`` runs the upsampling conv as four 2x2 convs on the
     low-resolution frame (16/36 of the reference's); ``conv="taps"`` skips the two temporal taps of
     the first frame that only read the zero padding, except in convs caching owed partial sums
-    (:func:`~wanjax.models.vae_blocks.caches_owed_sums`), which run every tap of every frame;
+    (:func:`~wanjax.models.vae.blocks.caches_owed_sums`), which run every tap of every frame;
     residual blocks caching their low-resolution input (one-frame steps,
-    :func:`~wanjax.models.vae_blocks.caches_lowres_input`) run their upsampling twice more per
+    :func:`~wanjax.models.vae.blocks.caches_lowres_input`) run their upsampling twice more per
     frame after the first.
     Padding of the last chunk (``decode_chunk`` > 1 not dividing ``T' - 1``) is not counted;
     spatial tiling neither.

@@ -1,6 +1,6 @@
-"""Attention under a device mesh: :func:`wanjax.attention.attention` inside ``shard_map``.
+"""Attention under a device mesh: :func:`wanjax.kernels.attention.attention` inside ``shard_map``.
 
-Queries, keys and values ``(B, L, H, D)`` are split by a :class:`~wanjax.sharding.TokenLayout`:
+Queries, keys and values ``(B, L, H, D)`` are split by a :class:`~wanjax.parallel.layouts.\1`:
 batch over its batch axes, heads over its head axes, tokens over its sequence axes.
 
 * self-attention with a split sequence: **Ulysses** (an all-to-all turns the token split into a
@@ -18,9 +18,9 @@ import math
 import jax
 from jax.sharding import Mesh
 
-from wanjax.attention import AttentionSpec, attention
 from wanjax.errors import ConfigError
-from wanjax.sharding import TokenLayout
+from wanjax.kernels.attention import AttentionSpec, attention
+from wanjax.parallel.layouts import TokenLayout
 
 
 def sequence_mode(layout: TokenLayout, sizes: dict[str, int], heads: int) -> str:

@@ -5,7 +5,7 @@ A built-in architecture (``--arch 1.3B|14B``) runs with random weights, optional
 ``encode`` (UMT5-XXL dimensions, one prompt of ``--max_sequence_length`` tokens; the vocabulary is
 cut to 32k rows, a gather whose cost does not depend on it), ``denoise`` (DiT + UniPC, CFG batched
 when ``--guidance_scale > 1``) and ``decode`` (the Wan 2.1 VAE to uint8 frames). Matmul and
-convolution FLOPs come from :mod:`wanjax.flops` (per encoder pass, per denoising step, per decode;
+convolution FLOPs come from :mod:`wanjax.tools.flops` (per encoder pass, per denoising step, per decode;
 the decode counts the reference architecture's convolutions, the model FLOPs, and reports apart
 what wanjax's formulation executes); the hardware peak from a table (TPU, NVIDIA: dense bf16) or,
 on CPU, from a 2048^3 matmul in each stage's dtype (float32 accumulation) measured here; each
@@ -28,17 +28,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wanjax.atomic import write_text
-from wanjax.checkpoint import abstract_params
-from wanjax.config import PRESETS, parse_dtype
 from wanjax.errors import WanjaxError
-from wanjax.flops import Flops, achieved, dit_step_flops, umt5_flops, vae_decode_flops
+from wanjax.io.atomic import write_text
+from wanjax.io.checkpoint import abstract_params
 from wanjax.models import dit, umt5
-from wanjax.models.vae import WanVAE
-from wanjax.models.vae import checkpoint_spec as vae_spec
-from wanjax.models.vae_config import VAEConfig
-from wanjax.sampling import Sampler
-from wanjax.scheduler import SchedulerConfig, make_scheduler
+from wanjax.models.config import PRESETS, parse_dtype
+from wanjax.models.vae.config import VAEConfig
+from wanjax.models.vae.model import WanVAE
+from wanjax.models.vae.model import checkpoint_spec as vae_spec
+from wanjax.pipeline.sampler import Sampler
+from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+from wanjax.tools.flops import Flops, achieved, dit_step_flops, umt5_flops, vae_decode_flops
 
 # Dense bf16 peak, TFLOP/s per chip, matched against ``device.device_kind`` (first match wins).
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
@@ -115,7 +115,7 @@ class StageResult:
 def random_weights(spec: Any, dtype: Any, seed: int = 0, std: float = 0.02) -> Any:
     """Random weights of the spec's shapes, drawn by NumPy on the host and cast there.
 
-    Same distribution as :func:`wanjax.checkpoint.random_params`, ~15x faster here: JAX's eager
+    Same distribution as :func:`wanjax.io.checkpoint.random_params`, ~15x faster here: JAX's eager
     ``jax.random.normal`` builds a program per leaf shape and its threefry bits are slow on CPU
     (the real VAE decoder's 73 M weights took 58 s that way, 3.4 s with NumPy, on this 2-core
     machine); the benchmark's timings do not depend on the values.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wanjax.atomic import atomic_path
+from wanjax.io.atomic import atomic_path
 
 
 def _check_frames(frames: np.ndarray) -> np.ndarray:

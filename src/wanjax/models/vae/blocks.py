@@ -27,9 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from wanjax.attention import attention
+from wanjax.kernels.attention import attention
 from wanjax.models.layers import Params
-from wanjax.models.vae_config import Layer
+from wanjax.models.vae.config import Layer
 
 _FLOAT32 = np.dtype(np.float32)
 

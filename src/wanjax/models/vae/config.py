@@ -12,8 +12,8 @@ import itertools
 import math
 from typing import Literal
 
-from wanjax.config import ComponentConfig
 from wanjax.errors import ConfigError
+from wanjax.models.config import ComponentConfig
 
 # Wan 2.1 latent statistics (diffusers defaults = the HF checkpoints' values).
 WAN21_LATENTS_MEAN = (

@@ -1,6 +1,6 @@
 """``wanjax plan``: per-device memory of a run on a mesh, from abstract shapes (no weights, no devices).
 
-Weights: every leaf's shard under the sharding rules (:mod:`wanjax.sharding`), in the run's dtypes;
+Weights: every leaf's shard under the sharding rules (:mod:`wanjax.parallel.rules`), in the run's dtypes;
 the pipeline keeps all three components loaded, so they add up. Activations: an analytic estimate of
 each stage's largest live set per device (DiT block under the token layout, text encoder layer, VAE
 decoder at full resolution plus its causal cache under spatial sharding). A mesh fits when weights
@@ -20,22 +20,18 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from wanjax.checkpoint import abstract_params
-from wanjax.config import PRESETS, TransformerConfig, parse_dtype
 from wanjax.errors import WanjaxError
-from wanjax.models import dit, umt5, vae
+from wanjax.io.checkpoint import abstract_params
+from wanjax.models import dit, umt5
+from wanjax.models.config import PRESETS, TransformerConfig, parse_dtype
 from wanjax.models.umt5 import UMT5Config
-from wanjax.models.vae_blocks import Numerics
-from wanjax.models.vae_config import VAEConfig
-from wanjax.parallel_attention import sequence_mode
-from wanjax.sharding import (
-    DIT_PARAM_AXES,
-    UMT5_PARAM_AXES,
-    MeshSpec,
-    auto_mesh,
-    per_device_param_bytes,
-    token_layout,
-)
+from wanjax.models.vae import model as vae
+from wanjax.models.vae.blocks import Numerics
+from wanjax.models.vae.config import VAEConfig
+from wanjax.parallel.attention import sequence_mode
+from wanjax.parallel.layouts import token_layout
+from wanjax.parallel.mesh import MeshSpec, auto_mesh
+from wanjax.parallel.rules import DIT_PARAM_AXES, UMT5_PARAM_AXES, per_device_param_bytes
 
 HEADROOM = 0.9
 GiB = 1 << 30

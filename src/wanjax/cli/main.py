@@ -81,7 +81,7 @@ def _parallel(parser: argparse.ArgumentParser) -> None:
 
 
 def _attention(parser: argparse.ArgumentParser) -> None:
-    from wanjax.attention import BACKENDS
+    from wanjax.kernels.attention import BACKENDS
 
     group = parser.add_argument_group("attention")
     _flag(group, "attention", choices=BACKENDS, default="auto", help="backend (default auto: by platform)")
@@ -98,7 +98,7 @@ def _attention(parser: argparse.ArgumentParser) -> None:
 
 
 def _prompt(parser: argparse.ArgumentParser) -> None:
-    from wanjax.commands import DEFAULT_PROMPT
+    from wanjax.cli.commands import DEFAULT_PROMPT
 
     _flag(
         parser,
@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(pl, "use_fsdp", action="store_true", help="FSDP weights")
     pl.add_argument("--debug", action="store_true", help="show tracebacks for errors")
 
-    from wanjax import bench, tune_attention
+    from wanjax.tools import bench, tune_attention
 
     bench_parser = sub.add_parser("bench", help="time each stage of a built-in architecture (random weights)")
     bench.add_arguments(bench_parser)
@@ -198,8 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_info(args: argparse.Namespace) -> None:
     """Print components, their configs, tensor counts, sizes and dtypes."""
-    from wanjax.checkpoint import open_component
-    from wanjax.hub import resolve_model
+    from wanjax.io.checkpoint import open_component
+    from wanjax.pipeline.hub import resolve_model
 
     source = resolve_model(args.model)
     root = source.path
@@ -250,8 +250,8 @@ def _read_json(path) -> dict:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Print the per-device memory plan; exit 1 when the requested mesh (or every mesh) does not fit."""
-    from wanjax import plan as planning
-    from wanjax.sharding import parse_mesh
+    from wanjax.parallel.mesh import parse_mesh
+    from wanjax.tools import plan as planning
 
     model = planning.model_configs(args.model)
     memory = planning.parse_memory(args.device_memory)
@@ -315,16 +315,16 @@ def _main(args: argparse.Namespace) -> int:
         elif args.command == "plan":
             return cmd_plan(args)
         elif args.command == "bench":
-            from wanjax import bench
+            from wanjax.tools import bench
 
             bench.run(args)
         elif args.command == "tune-attention":
-            from wanjax import tune_attention
+            from wanjax.tools import tune_attention
 
             return tune_attention.run(args)
         else:
-            from wanjax.commands import COMMANDS
-            from wanjax.multihost import initialize
+            from wanjax.cli.commands import COMMANDS
+            from wanjax.parallel.multihost import initialize
 
             initialize(args.coordinator_address, args.num_processes, args.process_id)
 

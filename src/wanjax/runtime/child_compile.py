@@ -21,7 +21,7 @@ versions, the devices, ``XLA_FLAGS`` and the host CPU's features (XLA:CPU compil
 
 Each program built this way is reported through :mod:`jax.monitoring` like JAX's own compiles: a
 :data:`COMPILE_EVENT` time span (the child's whole run) and a :data:`STORE_HIT_EVENT` when the
-executable came from the store (see :class:`wanjax.timing.CompileMeter`).
+executable came from the store (see :class:`wanjax.runtime.timing.CompileMeter`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any
 import jax
 import jaxlib
 
-from wanjax.atomic import atomic_path
+from wanjax.io.atomic import atomic_path
 
 # JAX settings that change the program a builder makes
 SHARED_CONFIG = ("jax_enable_x64", "jax_default_matmul_precision")

@@ -19,9 +19,10 @@ import jax.numpy as jnp
 from wanjax.errors import NumericalError
 from wanjax.models.dit import WanTransformer
 from wanjax.models.layers import Params
-from wanjax.scheduler import Scheduler
-from wanjax.sharding import replicated, to_global, to_host
-from wanjax.timing import StepTimes
+from wanjax.parallel.layouts import to_global, to_host
+from wanjax.parallel.rules import replicated
+from wanjax.pipeline.scheduler import Scheduler
+from wanjax.runtime.timing import StepTimes
 
 __all__ = ["Sampler", "StepTimes", "denoise", "guided_velocity"]
 

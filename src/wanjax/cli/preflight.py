@@ -28,7 +28,7 @@ from wanjax.errors import CheckpointError, ConfigError, WanjaxError
 
 def check_flags(args: argparse.Namespace) -> None:
     """Value checks of the numeric and dtype flags a command has (absent flags are skipped)."""
-    from wanjax.config import parse_dtype
+    from wanjax.models.config import parse_dtype
 
     def given(name: str) -> Any:
         return getattr(args, name, None)
@@ -64,11 +64,11 @@ def check_flags(args: argparse.Namespace) -> None:
             except ConfigError as e:
                 raise ConfigError(f"--{name}: {e}") from None
     if given("vae_decode_chunk") is not None:
-        from wanjax.models.vae import parse_chunk
+        from wanjax.models.vae.model import parse_chunk
 
         parse_chunk(given("vae_decode_chunk"), "--vae_decode_chunk")
     if given("vae_tiling") is not None:
-        from wanjax.models.vae import Tiling
+        from wanjax.models.vae.model import Tiling
 
         try:
             Tiling.parse(given("vae_tiling"))
@@ -130,14 +130,14 @@ def read_component_config(cls: Any, path: Path) -> Any:
 def _component_spec(name: str, directory: Path) -> tuple[Any, Any, tuple[str, ...], Any]:
     """(config, checkpoint spec builder, weight stems, ignore) of one component."""
     if name == "transformer":
-        from wanjax.config import TransformerConfig
         from wanjax.models import dit
+        from wanjax.models.config import TransformerConfig
 
         cfg = read_component_config(TransformerConfig, directory / "config.json")
         return cfg, lambda refs: dit.checkpoint_spec(cfg), ("diffusion_pytorch_model", "model"), None
     if name == "vae":
-        from wanjax.models import vae
-        from wanjax.models.vae_config import VAEConfig
+        from wanjax.models.vae import model as vae
+        from wanjax.models.vae.config import VAEConfig
 
         cfg = read_component_config(VAEConfig, directory / "config.json")
         return cfg, lambda refs: vae.checkpoint_spec(cfg), ("diffusion_pytorch_model", "model"), None
@@ -158,7 +158,7 @@ def check_component(root: str | Path, name: str) -> Any:
     """Check one component of a model directory from its config and safetensors headers only: the
     config parses, the weights are safetensors (not pickle), every shard the index names exists,
     no file is truncated, and the tensors' names and shapes match the config. Returns the config."""
-    from wanjax.checkpoint import check_checkpoint, open_component, resolve_component_dir
+    from wanjax.io.checkpoint import check_checkpoint, open_component, resolve_component_dir
 
     root = Path(root)
     if name == "tokenizer":
@@ -206,7 +206,7 @@ def check_rope(cfg: Any, geometry: Any, video: Mapping[str, int]) -> None:
 def check_mesh(request: Any, num_devices: int, heads: int | None) -> Any:
     """The mesh a run will use (None: one device); raise when it does not use exactly the visible
     devices or its tp axis cannot split the attention heads, suggesting one that can."""
-    from wanjax.sharding import MeshSpec, auto_mesh, check_device_count, mesh_spec_from_flags
+    from wanjax.parallel.mesh import MeshSpec, auto_mesh, check_device_count, mesh_spec_from_flags
 
     if request is None:
         return None

@@ -2,7 +2,7 @@
 
 The directory is, in order: the value passed in (the ``--jax_cache_dir`` flag), ``$WANJAX_JAX_CACHE_DIR``,
 a directory already configured for JAX (``$JAX_COMPILATION_CACHE_DIR`` or ``jax.config``), else
-``<wanjax cache>/jax`` (see :func:`wanjax.hub.cache_root`). ``off`` (or ``none``) disables it.
+``<wanjax cache>/jax`` (see :func:`wanjax.pipeline.hub.cache_root`). ``off`` (or ``none``) disables it.
 Every program is cached, however small or quick to compile.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import jax
 
-from wanjax.hub import cache_root
+from wanjax.io.paths import cache_root
 
 ENV_VAR = "WANJAX_JAX_CACHE_DIR"
 OFF = ("off", "none", "")

@@ -26,30 +26,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wanjax.attention import AttentionSpec
-from wanjax.checkpoint import resolve_component_dir
-from wanjax.config import TransformerConfig, parse_dtype
 from wanjax.errors import CheckpointError, WanjaxError
-from wanjax.hub import ModelSource, resolve_model
-from wanjax.jax_cache import enable_compilation_cache
+from wanjax.io.checkpoint import resolve_component_dir
+from wanjax.kernels.attention import AttentionSpec
+from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.dit import WanTransformer, load_transformer
 from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
-from wanjax.models.vae import Tiling, WanVAE, load_vae, parse_chunk
-from wanjax.models.vae_config import VAEConfig
-from wanjax.sampling import Sampler
-from wanjax.scheduler import make_scheduler
-from wanjax.sharding import (
-    UMT5_PARAM_AXES,
-    MeshSpec,
-    make_mesh,
-    mesh_spec_from_flags,
-    param_sharding,
-    replicated,
-    spatial_sharding,
-    to_global,
-    to_host,
-)
-from wanjax.timing import StageTiming, StepTimes
+from wanjax.models.vae.config import VAEConfig
+from wanjax.models.vae.model import Tiling, WanVAE, load_vae, parse_chunk
+from wanjax.parallel.layouts import spatial_sharding, to_global, to_host
+from wanjax.parallel.mesh import MeshSpec, make_mesh, mesh_spec_from_flags
+from wanjax.parallel.rules import UMT5_PARAM_AXES, param_sharding, replicated
+from wanjax.pipeline.hub import ModelSource, resolve_model
+from wanjax.pipeline.sampler import Sampler
+from wanjax.pipeline.scheduler import make_scheduler
+from wanjax.runtime.jax_cache import enable_compilation_cache
+from wanjax.runtime.timing import StageTiming, StepTimes
 
 Prompt = str | Sequence[str]
 
@@ -156,11 +148,11 @@ class WanPipeline:
         weights (default: ``vae_dtype``). ``vae_decode_chunk``: latent frames per VAE decode step
         (an int or ``"all"``; the frames are the same whatever it is). ``vae_tiling``: decode in
         blended spatial tiles (``True``: diffusers' 256-pixel tiles every 192; or a
-        :class:`~wanjax.models.vae.Tiling`), for frames too large to decode whole; not equal to an
+        :class:`~wanjax.models.vae.model.Tiling`), for frames too large to decode whole; not equal to an
         untiled decode at the seams. ``jax_cache_dir``: the persistent
         compilation cache -- ``True`` for the default directory, a path, ``"off"``, or ``False`` to
         leave JAX's configuration alone. Weights are read when a stage first needs them.
-        ``mesh``: run sharded over all devices -- a :class:`~wanjax.sharding.MeshSpec`, a string
+        ``mesh``: run sharded over all devices -- a :class:`~wanjax.parallel.mesh.\1`, a string
         such as ``"dp=2,sp=1,tp=4"``, or ``"auto"``; ``None`` runs on one device. ``fsdp`` also
         splits the weights' model dimension over the non-tp axes.
         """

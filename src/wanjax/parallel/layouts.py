@@ -1,0 +1,113 @@
+"""Device meshes, logical axis names and the rules that map them onto mesh axes.
+
+A mesh has the named axes ``dp`` (data: the batch, i.e. the CFG pair), ``sp`` (sequence: video
+tokens) and ``tp`` (tensor: attention heads and FFN columns), in the order written by the user
+(default ``(dp, sp, tp)``, the order the reference measured fastest). Every parameter leaf has
+logical axis names (``embed``, ``heads``, ``mlp``, ``vocab``, ``layers``); :data:`PARAM_RULES` maps
+each to mesh axes, and a mesh axis is used on a dimension only when it divides it.
+
+Meshes use ``AxisType.Auto``: the model code stays free of per-op sharding annotations, XLA's
+partitioner propagates the weights' shardings, activations are pinned at block boundaries with
+``with_sharding_constraint``, and attention runs under ``shard_map`` (see
+:mod:`wanjax.parallel.attention`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenLayout:
+    """How ``(B, L, H, D)`` token activations are split: mesh axes for batch, sequence and heads.
+
+    Mesh axes that divide none of them compute redundantly (replicated)."""
+
+    batch: tuple[str, ...]
+    seq: tuple[str, ...]
+    heads: tuple[str, ...]
+
+    @staticmethod
+    def _entry(axes: tuple[str, ...]) -> Any:
+        return None if not axes else axes[0] if len(axes) == 1 else axes
+
+    def tokens(self) -> P:
+        """``(B, L, D)``."""
+        return P(self._entry(self.batch), self._entry(self.seq))
+
+    def qkv(self, split_seq: bool = True) -> P:
+        """``(B, L, H, D)``; keys of cross-attention keep their (short) sequence whole."""
+        return P(
+            self._entry(self.batch), self._entry(self.seq) if split_seq else None, self._entry(self.heads)
+        )
+
+    def context(self) -> P:
+        """``(B, L_text, D)`` text context: split over the batch only."""
+        return P(self._entry(self.batch))
+
+
+def token_layout(sizes: dict[str, int], batch: int, length: int, heads: int) -> TokenLayout:
+    """``dp`` on the batch (the CFG pair) when it divides it, ``tp`` on the heads when it divides them,
+    then ``sp`` and every axis left over on the token sequence while the product divides ``length``."""
+    dp, tp = sizes.get("dp", 1), sizes.get("tp", 1)
+    batch_axes = ("dp",) if dp > 1 and batch % dp == 0 else ()
+    head_axes = ("tp",) if tp > 1 and heads % tp == 0 else ()
+    seq: list[str] = []
+    for a in ("sp", "dp", "tp"):
+        size = sizes.get(a, 1)
+        if (
+            size > 1
+            and a not in batch_axes + head_axes
+            and length % (math.prod(sizes[s] for s in seq) * size) == 0
+        ):
+            seq.append(a)
+    return TokenLayout(batch_axes, tuple(seq), head_axes)
+
+
+def constrain(x: jax.Array, mesh: Mesh | None, spec: P) -> jax.Array:
+    """``with_sharding_constraint`` under ``mesh`` (identity without a mesh)."""
+    return x if mesh is None else jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def to_global(x: Any, sharding: NamedSharding) -> jax.Array:
+    """A global array with ``sharding`` from a value every process holds in full (host or local)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        return x if x.sharding == sharding else jax.device_put(x, sharding)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def to_host(x: jax.Array) -> np.ndarray:
+    """The full value of ``x`` on every process (gathered across hosts when needed)."""
+    if not isinstance(x, jax.Array) or x.is_fully_addressable:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def spatial_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
+    """VAE activations ``(B, C, T, H, W)`` split over every device along W, then H, for the mesh axes
+    that divide them (the batch stays whole: each device decodes a strip of every video)."""
+    sizes = _mesh_sizes(mesh)
+    width: list[str] = []
+    height: list[str] = []
+    for a in (a for a in mesh.axis_names if sizes[a] > 1):
+        for dims, dim in ((width, shape[-1]), (height, shape[-2])):
+            if dim % (math.prod(sizes[c] for c in dims) * sizes[a]) == 0:
+                dims.append(a)
+                break
+    entry = TokenLayout._entry
+    return NamedSharding(mesh, P(None, None, None, entry(tuple(height)), entry(tuple(width))))
+
+
+def _mesh_sizes(mesh: Mesh) -> dict[str, int]:
+    return dict(mesh.shape)
