@@ -18,15 +18,16 @@ def write_model(root: Path, heads: int = 12) -> Path:
     """The demo pipeline with a 12-head transformer: 8 devices cannot split its heads evenly."""
     from safetensors.numpy import save_file
 
+    from wanjax.io.checkpoint import random_checkpoint
     from wanjax.models import dit
-    from wanjax.pipeline.demo import DEMO_TRANSFORMER, checkpoint_tensors, write_demo_model
+    from wanjax.pipeline.demo import DEMO_TRANSFORMER, write_demo_model
 
     write_demo_model(root)
     cfg = dataclasses.replace(
         DEMO_TRANSFORMER, num_attention_heads=heads, attention_head_dim=12, ffn_dim=96, num_layers=2
     )
     folder = root / "transformer"
-    tensors = checkpoint_tensors(dit.checkpoint_spec(cfg), 3)
+    tensors = random_checkpoint(dit.checkpoint_spec(cfg), 3)
     save_file(tensors, str(folder / "diffusion_pytorch_model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(cfg.to_dict()))
     return root
@@ -76,13 +77,13 @@ def params(root: str, meshes: list[str]) -> dict:
     from wanjax.models.dit import load_transformer
     from wanjax.models.umt5 import load_text_encoder
     from wanjax.parallel.mesh import make_mesh, parse_mesh
-    from wanjax.parallel.rules import UMT5_PARAM_AXES, param_sharding, sharded_bytes
+    from wanjax.parallel.rules import param_sharding, sharded_bytes
 
     out = {}
     for text in meshes:
         mesh = make_mesh(parse_mesh(text))
         model = load_transformer(root, "float32", mesh=mesh)
-        encoder = load_text_encoder(root, "float32", sharding=param_sharding(mesh, UMT5_PARAM_AXES))
+        encoder = load_text_encoder(root, "float32", sharding=param_sharding(mesh))
         leaves = {}
         for name, tree in (("dit", model.params), ("umt5", encoder.params)):
             for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
@@ -110,7 +111,7 @@ def vae_memory(root: str, counts: list[str]) -> dict:
     out = {}
     for n in map(int, counts):
         mesh = make_mesh(parse_mesh(f"sp={n}"), jax.devices()[:n])
-        vae = load_vae(root, "float32", sharding=lambda path, shape, mesh=mesh: replicated(mesh))
+        vae = load_vae(root, "float32", sharding=lambda source, mesh=mesh: replicated(mesh))
         x = to_global(z, spatial_sharding(mesh, z.shape))
         memory = vae.compile("decode_uint8", x).memory_analysis()
         out[n] = {"temp": memory.temp_size_in_bytes, "spec": str(x.sharding.spec)}

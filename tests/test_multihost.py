@@ -51,7 +51,14 @@ def _start(cwd, name: str, devices: int, *extra: str) -> subprocess.Popen:
     )
 
 
-def test_two_processes_write_the_single_process_frames(tmp_path):
+@pytest.mark.parametrize(
+    "heads, mesh",
+    [
+        (12, "sp=2,tp=2"),  # Ulysses across the processes, heads over tp
+        (3, "dp=1,sp=2,tp=2"),  # tp cannot split 3 heads: it joins the token split
+    ],
+)
+def test_two_processes_write_the_single_process_frames(tmp_path, heads, mesh):
     """Two processes with the mesh of one process write that process's frames, to float32 rounding.
 
     Not bit for bit: the embeddings and latents are (checked with the stage files), but XLA:CPU's
@@ -61,9 +68,9 @@ def test_two_processes_write_the_single_process_frames(tmp_path):
     compiled programs are identical (AMD EPYC with AVX-512, jax 0.10.2). Here that moves one
     uint8 value of ~30,000 by one level.
     """
-    model = str(write_model(tmp_path / "model"))
+    model = str(write_model(tmp_path / "model", heads=heads))
     port = _free_port()
-    mesh = ["--model", model, "--mesh", "sp=2,tp=2"]  # Ulysses across the processes, heads over tp
+    mesh = ["--model", model, "--mesh", mesh]
     runs = {
         "one_device": _start(tmp_path, "one", 1, "--model", model, "--frames_out", "one.npy"),
         "one_process": _start(tmp_path, "single", 4, *mesh, "--frames_out", "single.npy"),

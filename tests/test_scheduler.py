@@ -16,7 +16,7 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
-import wanjax.pipeline.scheduler as scheduler_module
+import wanjax.pipeline.scheduler.unipc as unipc_module
 from wanjax.errors import ConfigError
 from wanjax.pipeline.scheduler import (
     FlowEulerScheduler,
@@ -255,7 +255,7 @@ def test_unipc_bf16_rounding_rule_matters(inputs, monkeypatch) -> None:
     def fp32_sigma_product(sigma, v):
         return (sigma * v.astype(jnp.float32)).astype(v.dtype).astype(jnp.float32)
 
-    monkeypatch.setattr(scheduler_module, "_scalar_times", fp32_sigma_product)
+    monkeypatch.setattr(unipc_module, "scalar_times", fp32_sigma_product)
     sched = make_scheduler(SchedulerConfig(flow_shift=3.0), 10)
     wrong = our_trajectory(sched, x0, c, dtype=jnp.bfloat16)
     assert rel_err(wrong[-1], ref[-1]) > 10 * RTOL

@@ -28,9 +28,10 @@ SCRIPT = textwrap.dedent(
 
     LeafSource.read = counting_read
 
-    def sharding(path, shape):
+    def sharding(source):
         # Column-parallel kernels: split the output axis over tp when it divides.
-        if path[-1] == "kernel" and shape[-1] % 4 == 0:
+        shape = source.target_shape()
+        if source.names[0].endswith(".weight") and len(shape) >= 2 and shape[-1] % 4 == 0:
             return NamedSharding(mesh, P(*([None] * (len(shape) - 1)), "tp"))
         return NamedSharding(mesh, P())
 

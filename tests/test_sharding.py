@@ -11,18 +11,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 from sharding_worker import write_model
 
 from wanjax.errors import WanjaxError
-from wanjax.io.checkpoint import abstract_params
 from wanjax.models import dit, umt5
 from wanjax.models.config import transformer_preset
 from wanjax.parallel.attention import sequence_mode
 from wanjax.parallel.layouts import token_layout
 from wanjax.parallel.mesh import auto_mesh, mesh_spec_from_flags, parse_mesh
-from wanjax.parallel.rules import DIT_PARAM_AXES, UMT5_PARAM_AXES, partition_spec, per_device_param_bytes
+from wanjax.parallel.rules import partition_spec, per_device_param_bytes
 
 WORKER = Path(__file__).with_name("sharding_worker.py")
 MESHES = ["dp=1,sp=1,tp=8", "dp=2,sp=1,tp=4", "dp=2,sp=2,tp=2", "dp=1,sp=8,tp=1", "dp=8,sp=1,tp=1"]
@@ -125,18 +125,18 @@ def test_14b_weights_are_sharded_not_replicated():
     """Under (2,1,4) the 14B transformer and the UMT5-XXL encoder keep < 1% of their bytes replicated
     and each device holds about a quarter; FSDP over dp halves that again."""
     cfg = transformer_preset("14B")
-    abstract = abstract_params(dit.checkpoint_spec(cfg), "bfloat16")
+    spec = dit.checkpoint_spec(cfg)
     sizes = {"dp": 2, "sp": 1, "tp": 4}
-    total, _ = per_device_param_bytes(abstract, DIT_PARAM_AXES, {"dp": 1, "sp": 1, "tp": 1})
-    per_device, replicated = per_device_param_bytes(abstract, DIT_PARAM_AXES, sizes)
-    fsdp, _ = per_device_param_bytes(abstract, DIT_PARAM_AXES, sizes, fsdp=True)
+    total, _ = per_device_param_bytes(spec, "bfloat16", {"dp": 1, "sp": 1, "tp": 1})
+    per_device, replicated = per_device_param_bytes(spec, "bfloat16", sizes)
+    fsdp, _ = per_device_param_bytes(spec, "bfloat16", sizes, fsdp=True)
     assert replicated < 0.01 * total
     assert total / 4 <= per_device < 1.01 * total / 4
     assert total / 8 <= fsdp < 1.02 * total / 8
     te = umt5.UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64)
-    abstract = abstract_params(umt5.checkpoint_spec(te), "bfloat16")
-    total, _ = per_device_param_bytes(abstract, UMT5_PARAM_AXES, {"tp": 1})
-    per_device, replicated = per_device_param_bytes(abstract, UMT5_PARAM_AXES, sizes)
+    spec = umt5.checkpoint_spec(te)
+    total, _ = per_device_param_bytes(spec, "bfloat16", {"tp": 1})
+    per_device, replicated = per_device_param_bytes(spec, "bfloat16", sizes)
     assert replicated < 0.01 * total and per_device < 1.01 * total / 4
 
 
@@ -198,3 +198,34 @@ def test_cli_refuses_bad_mesh_flags_in_one_line(flags, message, capsys, tmp_path
     assert main(["generate", "--model", "demo", "--output_video", str(tmp_path / "v.mp4"), *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def _generate(cwd: Path, model: str, devices: int, name: str, *flags: str) -> np.ndarray:
+    """``wanjax generate`` on ``devices`` fake CPU devices in a new process; its uint8 frames."""
+    env = {
+        **os.environ,
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_PLATFORMS": "cpu",
+    }
+    args = ["--model", model, "--prompt", "cat", "--height", "32", "--width", "64", "--frames", "5"]
+    args += ["--num_inference_steps", "2", "--dtype", "float32", "--jax_cache_dir", "off"]
+    args += ["--output_video", f"{name}.mp4", "--frames_out", f"{name}.npy", *flags]
+    result = subprocess.run(
+        [sys.executable, "-m", "wanjax.cli", "generate", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return np.load(cwd / f"{name}.npy")
+
+
+def test_cli_runs_a_tp_that_does_not_divide_the_heads(model_dir, tmp_path):
+    """``--mesh dp=1,sp=1,tp=8`` on the 12-head model: tp joins the token split, the frames are the
+    one-device frames to float32 rounding."""
+    sharded = _generate(tmp_path, model_dir, 8, "tp8", "--mesh", "dp=1,sp=1,tp=8")
+    single = _generate(tmp_path, model_dir, 1, "one")
+    assert sharded.shape == (1, 5, 32, 64, 3)
+    assert np.abs(sharded.astype(int) - single).max() <= 1

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from wanjax.errors import CheckpointError, ConfigError, WanjaxError
+from wanjax.errors import ConfigError, WanjaxError
 
 # ----------------------------------------------------------------------------------------------
 # Flags
@@ -115,69 +115,12 @@ def check_outputs(outputs: Mapping[str, str | Path | None]) -> None:
 # Model directories
 
 
-def read_component_config(cls: Any, path: Path) -> Any:
-    """``cls.from_file(path)`` with every malformed-file failure turned into a ConfigError."""
-    try:
-        return cls.from_file(path)
-    except WanjaxError:
-        raise
-    except (OSError, UnicodeDecodeError, RecursionError) as e:
-        raise ConfigError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
-    except (TypeError, ValueError, AttributeError, KeyError) as e:
-        raise ConfigError(f"{path}: malformed config ({type(e).__name__}: {e})") from None
-
-
-def _component_spec(name: str, directory: Path) -> tuple[Any, Any, tuple[str, ...], Any]:
-    """(config, checkpoint spec builder, weight stems, ignore) of one component."""
-    if name == "transformer":
-        from wanjax.models import dit
-        from wanjax.models.config import TransformerConfig
-
-        cfg = read_component_config(TransformerConfig, directory / "config.json")
-        return cfg, lambda refs: dit.checkpoint_spec(cfg), ("diffusion_pytorch_model", "model"), None
-    if name == "vae":
-        from wanjax.models.vae import model as vae
-        from wanjax.models.vae.config import VAEConfig
-
-        cfg = read_component_config(VAEConfig, directory / "config.json")
-        return cfg, lambda refs: vae.checkpoint_spec(cfg), ("diffusion_pytorch_model", "model"), None
-    if name == "text_encoder":
-        from wanjax.models import umt5
-
-        cfg = read_component_config(umt5.UMT5Config, directory / "config.json")
-
-        def spec(refs: Mapping[str, Any]) -> Any:
-            embedding = next((n for n in umt5._EMBEDDING_NAMES if n in refs), "shared.weight")
-            return umt5.checkpoint_spec(cfg, embedding)
-
-        return cfg, spec, ("model",), umt5._ignored_tensor
-    raise ValueError(name)
-
-
 def check_component(root: str | Path, name: str) -> Any:
-    """Check one component of a model directory from its config and safetensors headers only: the
-    config parses, the weights are safetensors (not pickle), every shard the index names exists,
-    no file is truncated, and the tensors' names and shapes match the config. Returns the config."""
-    from wanjax.io.checkpoint import check_checkpoint, open_component, resolve_component_dir
+    """Check one component of a model directory from its config and safetensors headers only
+    (:meth:`wanjax.io.component.Component.check`); returns its config."""
+    from wanjax.pipeline.components import COMPONENTS
 
-    root = Path(root)
-    if name == "tokenizer":
-        if not (root / "tokenizer" / "tokenizer.json").is_file():
-            raise CheckpointError(f"{root}: model has no tokenizer/tokenizer.json; is the download complete?")
-        return None
-    if not (root / name / "config.json").exists() and not (root / "config.json").exists():
-        what = "component folder" if not (root / name).is_dir() else "config.json"
-        raise CheckpointError(f"{root}: model lacks its {name}/ {what}; is the download complete?")
-    directory = resolve_component_dir(root, name)
-    cfg, spec, stems, ignore = _component_spec(name, directory)
-    refs = open_component(directory, stems)
-    kwargs = {"ignore": ignore} if ignore else {}
-    try:
-        tree = spec(refs)
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise ConfigError(f"{directory / 'config.json'}: values of the wrong type or range ({e})") from None
-    check_checkpoint(refs, tree, str(directory), **kwargs)
-    return cfg
+    return COMPONENTS[name].check(root)
 
 
 def check_model(root: str | Path, components: Iterable[str]) -> dict[str, Any]:
@@ -186,27 +129,30 @@ def check_model(root: str | Path, components: Iterable[str]) -> dict[str, Any]:
 
 
 def check_rope(cfg: Any, geometry: Any, video: Mapping[str, int]) -> None:
-    """Raise when the video's latent grid needs more positions than the transformer's RoPE table."""
-    shape = geometry.latent_shape(1, video["height"], video["width"], video["frames"])
-    limit = cfg.rope_max_seq_len
-    per_latent = {"frames": geometry.temporal, "height": geometry.spatial, "width": geometry.spatial}
-    for size, patch, key in zip(shape[2:], cfg.patch_size, ("frames", "height", "width"), strict=True):
-        if size // patch <= limit:
-            continue
-        if key == "frames":
-            largest = geometry.temporal * (limit * patch - 1) + 1
-        else:
-            largest = limit * patch * per_latent[key]
-        raise WanjaxError(
-            f"{key} {video[key]} needs {size // patch} positions along {key} but the transformer's RoPE "
-            f"table has {limit} (rope_max_seq_len); use {key} <= {largest}"
-        )
+    """Raise when the video's latent grid needs more positions than the transformer's RoPE table
+    (:func:`wanjax.models.dit.rope_excess` decides), naming the largest size that fits."""
+    from wanjax.models.dit import rope_excess
+
+    excess = rope_excess(cfg, geometry.latent_shape(1, video["height"], video["width"], video["frames"]))
+    if excess is None:
+        return
+    axis, positions = excess
+    key, limit, patch = ("frames", "height", "width")[axis], cfg.rope_max_seq_len, cfg.patch_size[axis]
+    if key == "frames":
+        largest = geometry.temporal * (limit * patch - 1) + 1
+    else:
+        largest = limit * patch * geometry.spatial
+    raise WanjaxError(
+        f"{key} {video[key]} needs {positions} positions along {key} but the transformer's RoPE "
+        f"table has {limit} (rope_max_seq_len); use {key} <= {largest}"
+    )
 
 
 def check_mesh(request: Any, num_devices: int, heads: int | None) -> Any:
     """The mesh a run will use (None: one device); raise when it does not use exactly the visible
-    devices or its tp axis cannot split the attention heads, suggesting one that can."""
-    from wanjax.parallel.mesh import MeshSpec, auto_mesh, check_device_count, mesh_spec_from_flags
+    devices, suggesting one that does. Any such mesh runs: an axis that cannot split the attention
+    heads or the CFG pair joins the token split (:func:`wanjax.parallel.layouts.token_layout`)."""
+    from wanjax.parallel.mesh import MeshSpec, check_device_count, mesh_spec_from_flags
 
     if request is None:
         return None
@@ -214,12 +160,6 @@ def check_mesh(request: Any, num_devices: int, heads: int | None) -> Any:
         request if isinstance(request, MeshSpec) else mesh_spec_from_flags(request, num_devices, heads=heads)
     )
     check_device_count(spec, num_devices, heads)
-    tp = spec.sizes["tp"]
-    if heads and tp > 1 and heads % tp:
-        raise WanjaxError(
-            f"mesh {spec.flag}: tp={tp} cannot split the transformer's {heads} attention heads; use a tp "
-            f"dividing {heads} (e.g. --mesh {auto_mesh(num_devices, heads).flag})"
-        )
     return spec
 
 

@@ -23,15 +23,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from wanjax.errors import ConfigError
-from wanjax.io.checkpoint import (
-    LeafSource,
-    ShardingFn,
-    linear_kernel,
-    load_params,
-    open_component,
-    resolve_component_dir,
-    stacked,
-)
+from wanjax.io.checkpoint import REPLICATED, Axes, LeafSource, ShardingFn, linear_kernel, stacked
+from wanjax.io.component import Component
 from wanjax.kernels.attention import AttentionSpec, attention
 from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.layers import (
@@ -48,7 +41,7 @@ from wanjax.models.layers import (
 )
 from wanjax.parallel.attention import sharded_attention
 from wanjax.parallel.layouts import constrain, token_layout
-from wanjax.parallel.rules import DIT_PARAM_AXES, param_sharding
+from wanjax.parallel.rules import param_sharding
 
 # ----------------------------------------------------------------------------------------------
 # Checkpoint layout
@@ -64,66 +57,97 @@ def _squeeze_leading(a: np.ndarray) -> np.ndarray:
 
 
 def checkpoint_spec(cfg: TransformerConfig) -> Params:
-    """Which diffusers tensors build each params leaf (see :class:`wanjax.io.checkpoint.LeafSource`)."""
+    """Which diffusers tensors build each params leaf, and each leaf's logical axes (see
+    :class:`wanjax.io.checkpoint.LeafSource`): Q/K/V and FFN-in column-parallel over ``heads``/``mlp``,
+    the output projections row-parallel, ``embed`` dims FSDP-able."""
     d, ff, n = cfg.inner_dim, cfg.ffn_dim, cfg.num_layers
     keep = {"keep_fp32": True}
 
-    def lin(name: str, n_in: int, n_out: int, **kw) -> Params:
+    def lin(name: str, n_in: int, n_out: int, axes: Axes, bias: Axes, **kw) -> Params:
         return {
-            "kernel": LeafSource((f"{name}.weight",), (n_out, n_in), linear_kernel, **kw),
-            "bias": LeafSource((f"{name}.bias",), (n_out,), **kw),
+            "kernel": LeafSource((f"{name}.weight",), (n_out, n_in), linear_kernel, axes=axes, **kw),
+            "bias": LeafSource((f"{name}.bias",), (n_out,), axes=bias, **kw),
         }
 
-    def block_lin(name: str, n_in: int, n_out: int) -> Params:
+    def block_lin(name: str, n_in: int, n_out: int, axes: tuple[str, str]) -> Params:
         return {
-            "kernel": stacked(f"blocks.{{i}}.{name}.weight", n, (n_out, n_in), layout=linear_kernel),
-            "bias": stacked(f"blocks.{{i}}.{name}.bias", n, (n_out,)),
+            "kernel": stacked(
+                f"blocks.{{i}}.{name}.weight", n, (n_out, n_in), layout=linear_kernel, axes=("layers", *axes)
+            ),
+            "bias": stacked(f"blocks.{{i}}.{name}.bias", n, (n_out,), axes=("layers", axes[1])),
         }
 
-    def block_vec(name: str, **kw) -> LeafSource:
-        return stacked(f"blocks.{{i}}.{name}", n, (d,), **kw)
+    def block_vec(name: str, axis: str, **kw) -> LeafSource:
+        return stacked(f"blocks.{{i}}.{name}", n, (d,), axes=("layers", axis), **kw)
 
     def attn(name: str) -> Params:
         return {
-            **{proj: block_lin(f"{name}.{proj}", d, d) for proj in ("to_q", "to_k", "to_v")},
-            "to_out": block_lin(f"{name}.to_out.0", d, d),
-            "norm_q": {"scale": block_vec(f"{name}.norm_q.weight")},
-            "norm_k": {"scale": block_vec(f"{name}.norm_k.weight")},
+            **{
+                proj: block_lin(f"{name}.{proj}", d, d, ("embed", "heads"))
+                for proj in ("to_q", "to_k", "to_v")
+            },
+            "to_out": block_lin(f"{name}.to_out.0", d, d, ("heads", "embed")),
+            "norm_q": {"scale": block_vec(f"{name}.norm_q.weight", "heads")},
+            "norm_k": {"scale": block_vec(f"{name}.norm_k.weight", "heads")},
         }
 
     blocks: Params = {
         "scale_shift_table": stacked(
-            "blocks.{i}.scale_shift_table", n, (1, 6, d), layout=_squeeze_leading, **keep
+            "blocks.{i}.scale_shift_table",
+            n,
+            (1, 6, d),
+            layout=_squeeze_leading,
+            axes=("layers", None, "embed"),
+            **keep,
         ),
         "attn1": attn("attn1"),
         "attn2": attn("attn2"),
-        "ffn": {"proj_in": block_lin("ffn.net.0.proj", d, ff), "proj_out": block_lin("ffn.net.2", ff, d)},
+        "ffn": {
+            "proj_in": block_lin("ffn.net.0.proj", d, ff, ("embed", "mlp")),
+            "proj_out": block_lin("ffn.net.2", ff, d, ("mlp", "embed")),
+        },
     }
     if cfg.cross_attn_norm:
         blocks["norm2"] = {
-            "scale": block_vec("norm2.weight", **keep),
-            "bias": block_vec("norm2.bias", **keep),
+            "scale": block_vec("norm2.weight", "embed", **keep),
+            "bias": block_vec("norm2.bias", "embed", **keep),
         }
+    embedder = "condition_embedder"
     return {
         "patch_embedding": {
             "kernel": LeafSource(
-                ("patch_embedding.weight",), (d, cfg.in_channels, *cfg.patch_size), _patch_kernel
+                ("patch_embedding.weight",),
+                (d, cfg.in_channels, *cfg.patch_size),
+                _patch_kernel,
+                axes=(None, "embed"),
             ),
-            "bias": LeafSource(("patch_embedding.bias",), (d,)),
+            "bias": LeafSource(("patch_embedding.bias",), (d,), axes=REPLICATED),
         },
         "time_embedder": {
-            "linear_1": lin("condition_embedder.time_embedder.linear_1", cfg.freq_dim, d, **keep),
-            "linear_2": lin("condition_embedder.time_embedder.linear_2", d, d, **keep),
+            "linear_1": lin(
+                f"{embedder}.time_embedder.linear_1", cfg.freq_dim, d, (None, "mlp"), ("mlp",), **keep
+            ),
+            "linear_2": lin(f"{embedder}.time_embedder.linear_2", d, d, ("mlp", "embed"), (None,), **keep),
         },
-        "time_proj": lin("condition_embedder.time_proj", d, 6 * d),
+        "time_proj": lin(f"{embedder}.time_proj", d, 6 * d, ("embed", "mlp"), ("mlp",)),
         "text_embedder": {
-            "linear_1": lin("condition_embedder.text_embedder.linear_1", cfg.text_dim, d),
-            "linear_2": lin("condition_embedder.text_embedder.linear_2", d, d),
+            "linear_1": lin(f"{embedder}.text_embedder.linear_1", cfg.text_dim, d, (None, "mlp"), ("mlp",)),
+            "linear_2": lin(f"{embedder}.text_embedder.linear_2", d, d, ("mlp", "embed"), (None,)),
         },
         "blocks": blocks,
-        "scale_shift_table": LeafSource(("scale_shift_table",), (1, 2, d), _squeeze_leading, **keep),
-        "proj_out": lin("proj_out", d, cfg.out_channels * cfg.patch_volume),
+        "scale_shift_table": LeafSource(
+            ("scale_shift_table",), (1, 2, d), _squeeze_leading, axes=REPLICATED, **keep
+        ),
+        "proj_out": lin("proj_out", d, cfg.out_channels * cfg.patch_volume, ("embed", None), (None,)),
     }
+
+
+TRANSFORMER = Component(
+    "transformer",
+    config=TransformerConfig,
+    weight_stems=("diffusion_pytorch_model", "model"),
+    spec=lambda cfg, names: checkpoint_spec(cfg),
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -319,17 +343,33 @@ class WanTransformer:
 
     def check_shape(self, shape: tuple[int, ...]) -> None:
         """Raise ConfigError unless ``shape`` is a latent shape this model can run."""
-        cfg = self.cfg
-        if len(shape) != 5 or shape[1] != cfg.in_channels:
-            raise ConfigError(f"latents must be (B, {cfg.in_channels}, T, H, W), got {shape}")
-        for size, p, axis in zip(shape[2:], cfg.patch_size, "THW", strict=True):
-            if size % p:
-                raise ConfigError(f"latent {axis}={size} is not a multiple of the patch size {p}")
-            if size // p > cfg.rope_max_seq_len:
-                raise ConfigError(
-                    f"latent {axis}={size} exceeds the RoPE table "
-                    f"({cfg.rope_max_seq_len} positions of patch {p}); use a smaller size"
-                )
+        check_latent_shape(self.cfg, shape)
+
+
+def check_latent_shape(cfg: TransformerConfig, shape: tuple[int, ...]) -> None:
+    """Raise ConfigError unless latents of ``shape`` fit the transformer: channels, patch multiples,
+    and no more patches along an axis than its RoPE table has positions."""
+    if len(shape) != 5 or shape[1] != cfg.in_channels:
+        raise ConfigError(f"latents must be (B, {cfg.in_channels}, T, H, W), got {shape}")
+    for size, p, axis in zip(shape[2:], cfg.patch_size, "THW", strict=True):
+        if size % p:
+            raise ConfigError(f"latent {axis}={size} is not a multiple of the patch size {p}")
+    excess = rope_excess(cfg, shape)
+    if excess is not None:
+        axis, _ = excess
+        raise ConfigError(
+            f"latent {'THW'[axis]}={shape[2 + axis]} exceeds the RoPE table "
+            f"({cfg.rope_max_seq_len} positions of patch {cfg.patch_size[axis]}); use a smaller size"
+        )
+
+
+def rope_excess(cfg: TransformerConfig, shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """``(axis, positions)`` of the first latent axis (0: T, 1: H, 2: W) of ``(B, C, T, H, W)`` that
+    needs more RoPE positions than the table has; None when every axis fits."""
+    for axis, (size, p) in enumerate(zip(shape[2:], cfg.patch_size, strict=True)):
+        if size // p > cfg.rope_max_seq_len:
+            return axis, size // p
+    return None
 
 
 def load_transformer(
@@ -346,11 +386,8 @@ def load_transformer(
     With ``mesh``, each weight is read straight into its shards (:data:`wanjax.parallel.rules.\1`;
     ``fsdp`` also splits ``embed`` dimensions over the non-tp axes) and the forward runs on the mesh.
     """
-    directory = resolve_component_dir(path, "transformer")
-    cfg = TransformerConfig.from_file(directory / "config.json")
     dtype = parse_dtype(dtype)
-    refs = open_component(directory, ("diffusion_pytorch_model", "model"))
     if mesh is not None and sharding is None:
-        sharding = param_sharding(mesh, DIT_PARAM_AXES, fsdp)
-    params = load_params(refs, checkpoint_spec(cfg), dtype, str(directory), sharding=sharding)
+        sharding = param_sharding(mesh, fsdp)
+    cfg, params = TRANSFORMER.load(path, dtype, sharding)
     return WanTransformer(cfg, params, dtype, attention_backend, mesh)

@@ -29,6 +29,7 @@ import tokenizers
 from tokenizers import normalizers, pre_tokenizers, processors
 
 from wanjax.errors import CheckpointError, ConfigError, WanjaxError
+from wanjax.io.component import Component
 
 # Unicode White_Space, which is what the `regex` module's \s matches (Python's `re` \s also matches
 # U+001C..U+001F; str.strip() does strip those, as in the reference).
@@ -164,6 +165,9 @@ def _token_name(value: Any, default: str) -> str:
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else default
+
+
+TOKENIZER = Component("tokenizer", files=("tokenizer.json",))
 
 
 def resolve_tokenizer_dir(path: str | Path) -> Path:

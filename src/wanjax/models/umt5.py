@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,15 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from wanjax.errors import CheckpointError, ConfigError, WanjaxError
-from wanjax.io.checkpoint import (
-    LeafSource,
-    ShardingFn,
-    linear_kernel,
-    load_params,
-    open_component,
-    resolve_component_dir,
-    stacked,
-)
+from wanjax.io.checkpoint import REPLICATED, LeafSource, ShardingFn, linear_kernel, stacked
+from wanjax.io.component import Component
 from wanjax.models.config import ComponentConfig, parse_dtype
 from wanjax.models.layers import Params, gelu_tanh, linear, matmul, scan_layers
 from wanjax.models.tokenizer import Tokenizer, load_tokenizer
@@ -148,44 +141,65 @@ _EMBEDDING_NAMES = ("encoder.embed_tokens.weight", "shared.weight")
 
 
 def checkpoint_spec(cfg: UMT5Config, embedding: str = "shared.weight") -> Params:
-    """Which transformers tensors build each params leaf; ``embedding`` names the stored embedding."""
+    """Which transformers tensors build each params leaf, with each leaf's logical axes; ``embedding``
+    names the stored embedding (the 256k-token table splits its vocabulary over ``tp``, or its model
+    dim when ``tp`` does not divide the vocabulary)."""
     n, d, inner, ff = cfg.num_layers, cfg.d_model, cfg.inner_dim, cfg.d_ff
 
-    def lin(name: str, n_in: int, n_out: int) -> Params:
+    def lin(name: str, n_in: int, n_out: int, axes: tuple[str, str]) -> Params:
         return {
-            "kernel": stacked(f"encoder.block.{{i}}.{name}.weight", n, (n_out, n_in), layout=linear_kernel)
+            "kernel": stacked(
+                f"encoder.block.{{i}}.{name}.weight",
+                n,
+                (n_out, n_in),
+                layout=linear_kernel,
+                axes=("layers", *axes),
+            )
         }
 
     def norm(name: str) -> Params:
-        return {"scale": stacked(f"encoder.block.{{i}}.{name}.weight", n, (d,))}
+        return {"scale": stacked(f"encoder.block.{{i}}.{name}.weight", n, (d,), axes=("layers", "embed"))}
 
     attn = "layer.0.SelfAttention"
     ffn = "layer.1.DenseReluDense"
     return {
-        "embedding": LeafSource((embedding,), (cfg.vocab_size, d)),
+        "embedding": LeafSource(
+            (embedding,), (cfg.vocab_size, d), axes=("vocab", "embed"), alt_axes=((None, "embed_tp"),)
+        ),
         "layers": {
             "attn_norm": norm("layer.0.layer_norm"),
-            "q": lin(f"{attn}.q", d, inner),
-            "k": lin(f"{attn}.k", d, inner),
-            "v": lin(f"{attn}.v", d, inner),
-            "o": lin(f"{attn}.o", inner, d),
+            "q": lin(f"{attn}.q", d, inner, ("embed", "heads")),
+            "k": lin(f"{attn}.k", d, inner, ("embed", "heads")),
+            "v": lin(f"{attn}.v", d, inner, ("embed", "heads")),
+            "o": lin(f"{attn}.o", inner, d, ("heads", "embed")),
             "rel_bias": stacked(
                 f"encoder.block.{{i}}.{attn}.relative_attention_bias.weight",
                 n,
                 (cfg.relative_attention_num_buckets, cfg.num_heads),
+                axes=("layers", None, None),
             ),
             "ffn_norm": norm("layer.1.layer_norm"),
-            "wi_0": lin(f"{ffn}.wi_0", d, ff),
-            "wi_1": lin(f"{ffn}.wi_1", d, ff),
-            "wo": lin(f"{ffn}.wo", ff, d),
+            "wi_0": lin(f"{ffn}.wi_0", d, ff, ("embed", "mlp")),
+            "wi_1": lin(f"{ffn}.wi_1", d, ff, ("embed", "mlp")),
+            "wo": lin(f"{ffn}.wo", ff, d, ("mlp", "embed")),
         },
-        "final_norm": {"scale": LeafSource(("encoder.final_layer_norm.weight",), (d,))},
+        "final_norm": {"scale": LeafSource(("encoder.final_layer_norm.weight",), (d,), axes=REPLICATED)},
     }
+
+
+def _stored_spec(cfg: UMT5Config, names: Collection[str]) -> Params:
+    """:func:`checkpoint_spec` for the embedding name the checkpoint stores."""
+    return checkpoint_spec(cfg, next((n for n in _EMBEDDING_NAMES if n in names), "shared.weight"))
 
 
 def _ignored_tensor(name: str) -> bool:
     """The second copy of the tied embedding and decoder-side weights of a full UMT5 checkpoint."""
     return name in _EMBEDDING_NAMES or name.startswith(("decoder.", "lm_head."))
+
+
+TEXT_ENCODER = Component(
+    "text_encoder", config=UMT5Config, weight_stems=("model",), spec=_stored_spec, ignore=_ignored_tensor
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -377,18 +391,13 @@ def load_encoder_params(
     path: str | Path, dtype: str | jnp.dtype = "bfloat16", *, sharding: ShardingFn | None = None
 ) -> tuple[UMT5Config, Params]:
     """Config and params of ``text_encoder/`` (``path`` = model root or that folder), no tokenizer."""
-    directory = resolve_component_dir(path, "text_encoder")
-    cfg = UMT5Config.from_file(directory / "config.json")
     dtype = parse_dtype(dtype)
     if dtype == jnp.float16:
         raise ConfigError(
             "float16 is not supported for the UMT5 encoder (its activations overflow float16); "
             "use bfloat16 or float32"
         )
-    refs = open_component(directory, ("model",))
-    embedding = next((name for name in _EMBEDDING_NAMES if name in refs), "shared.weight")
-    spec = checkpoint_spec(cfg, embedding)
-    return cfg, load_params(refs, spec, dtype, str(directory), sharding=sharding, ignore=_ignored_tensor)
+    return TEXT_ENCODER.load(path, dtype, sharding)
 
 
 def load_text_encoder(
@@ -404,7 +413,7 @@ def load_text_encoder(
     ``path`` is the model root or the ``text_encoder`` folder; the tokenizer is read from
     ``tokenizer`` when given, else from the ``tokenizer/`` folder next to the text encoder.
     """
-    directory = resolve_component_dir(path, "text_encoder")
+    directory = TEXT_ENCODER.directory(path)
     if tokenizer is None:
         tokenizer = directory.parent / "tokenizer"
         if not tokenizer.is_dir():
@@ -413,7 +422,7 @@ def load_text_encoder(
             )
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
-    cfg = UMT5Config.from_file(directory / "config.json")
+    cfg = TEXT_ENCODER.read_config(directory)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise CheckpointError(
             f"{directory}: the tokenizer has {tokenizer.vocab_size} tokens but the encoder embeds only "

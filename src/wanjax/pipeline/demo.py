@@ -1,7 +1,7 @@
 """The built-in smoke model: a tiny Wan 2.1 pipeline with random weights, in the diffusers layout.
 
 ``demo_model_dir(cache)`` writes it on first use into the cache folder (see
-:func:`wanjax.pipeline.hub.cache_root`) as ``demo-<hash>/`` with ``model_index.json``,
+:func:`wanjax.io.paths.cache_root`) as ``demo-<hash>/`` with ``model_index.json``,
 ``tokenizer/``, ``text_encoder/``, ``transformer/``, ``vae/`` and ``scheduler/``, and it is then
 loaded through exactly the code real checkpoints use. Everything is generated deterministically
 from fixed seeds with the run-time dependencies only (NumPy, safetensors, ``tokenizers``); the hash
@@ -22,23 +22,22 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import jax
-import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import AddedToken, Tokenizer, decoders, pre_tokenizers
 from tokenizers.models import Unigram
 
-from wanjax.io.checkpoint import LeafSource
-from wanjax.models import dit, umt5
+from wanjax.io.checkpoint import random_checkpoint
+from wanjax.io.component import Component
 from wanjax.models.config import TransformerConfig
-from wanjax.models.umt5 import UMT5Config
-from wanjax.models.vae import model as vae
+from wanjax.models.dit import TRANSFORMER
+from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
 from wanjax.models.vae.config import VAEConfig
+from wanjax.models.vae.model import VAE
 
 DEMO_NAME = "demo"
 SMOKE_NOTE = "wanjax built-in demo: tiny random weights, a smoke model (its videos are noise)"
 # Bump when the generator changes in a way the configs below do not show.
-GENERATOR_VERSION = 1
+GENERATOR_VERSION = 2
 SEED = 0
 
 # Special tokens first, with T5's ids: <pad>=0, </s>=1, <unk>=2.
@@ -128,55 +127,14 @@ def _tokenizer_files() -> dict[str, str]:
     return {"tokenizer.json": tok.to_str(pretty=True), "tokenizer_config.json": json.dumps(config, indent=2)}
 
 
-def _init_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """Random values of a sensible scale for the tensor's role (so activations stay O(1))."""
-    noise = rng.standard_normal(shape)
-    leaf = name.rsplit(".", 1)[-1]
-    if leaf == "gamma" or (leaf == "weight" and "norm" in name and len(shape) == 1):
-        values = 1.0 + 0.1 * noise  # RMS / layer norm scales
-    elif leaf == "bias":
-        values = 0.02 * noise
-    elif "scale_shift_table" in name:
-        values = noise / np.sqrt(shape[-1])
-    elif name in ("shared.weight", "encoder.embed_tokens.weight"):
-        values = noise
-    elif "relative_attention_bias" in name:
-        values = 0.5 * noise
-    else:  # linear / conv weights (out, in, ...): variance 1 / fan_in
-        values = noise / np.sqrt(int(np.prod(shape[1:])) or 1)
-    return values.astype(np.float32)
-
-
-def checkpoint_tensors(spec: Any, seed: int) -> dict[str, np.ndarray]:
-    """Random float32 tensors for every checkpoint name of a spec tree, in the checkpoint's layout."""
-    rng = np.random.default_rng(seed)
-    sources = jax.tree.leaves(spec, is_leaf=lambda x: isinstance(x, LeafSource))
-    return {name: _init_tensor(name, s.shape, rng) for s in sources for name in s.names}
-
-
-def _components() -> dict[str, tuple[Any, dict[str, Any], str, tuple[str, str]]]:
-    """component -> (weights spec, config.json, weights file name, model_index entry)."""
+def _components() -> dict[Component, tuple[Any, dict[str, Any], tuple[str, str]]]:
+    """component -> (config, config.json, model_index entry)."""
     te = demo_text_encoder_config()
     te_config = {**te.to_dict(), "architectures": ["UMT5EncoderModel"], "dtype": "float32"}
     return {
-        "text_encoder": (
-            umt5.checkpoint_spec(te),
-            te_config,
-            "model.safetensors",
-            ("transformers", "UMT5EncoderModel"),
-        ),
-        "transformer": (
-            dit.checkpoint_spec(DEMO_TRANSFORMER),
-            DEMO_TRANSFORMER.to_dict(),
-            "diffusion_pytorch_model.safetensors",
-            ("diffusers", "WanTransformer3DModel"),
-        ),
-        "vae": (
-            vae.checkpoint_spec(DEMO_VAE),
-            DEMO_VAE.to_dict(),
-            "diffusion_pytorch_model.safetensors",
-            ("diffusers", "AutoencoderKLWan"),
-        ),
+        TEXT_ENCODER: (te, te_config, ("transformers", "UMT5EncoderModel")),
+        TRANSFORMER: (DEMO_TRANSFORMER, DEMO_TRANSFORMER.to_dict(), ("diffusers", "WanTransformer3DModel")),
+        VAE: (DEMO_VAE, DEMO_VAE.to_dict(), ("diffusers", "AutoencoderKLWan")),
     }
 
 
@@ -185,11 +143,15 @@ def demo_fingerprint() -> str:
     described = {
         "generator": GENERATOR_VERSION,
         "seed": SEED,
-        "configs": {name: c[1] for name, c in _components().items()},
+        "configs": {c.folder: config for c, (_, config, _) in _components().items()},
         "scheduler": DEMO_SCHEDULER,
         "tokenizer": _tokenizer_files(),
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _folder(item: tuple[Component, Any]) -> str:
+    return item[0].folder
 
 
 def write_demo_model(directory: str | Path) -> Path:
@@ -199,12 +161,14 @@ def write_demo_model(directory: str | Path) -> Path:
         "_class_name": "WanPipeline",
         "_wanjax_demo": {"note": SMOKE_NOTE, "fingerprint": demo_fingerprint()},
     }
-    for i, (name, (spec, config, weights, entry)) in enumerate(sorted(_components().items())):
-        folder = root / name
+    for i, (component, (cfg, config, entry)) in enumerate(sorted(_components().items(), key=_folder)):
+        folder = root / component.folder
         folder.mkdir(parents=True, exist_ok=True)
-        save_file(checkpoint_tensors(spec, SEED + i), str(folder / weights), metadata={"format": "pt"})
-        (folder / "config.json").write_text(json.dumps(config, indent=2))
-        index[name] = list(entry)
+        tensors = random_checkpoint(component.spec(cfg, ()), SEED + i)
+        weights = folder / f"{component.weight_stems[0]}.safetensors"
+        save_file(tensors, str(weights), metadata={"format": "pt"})
+        (folder / component.config_file).write_text(json.dumps(config, indent=2))
+        index[component.folder] = list(entry)
     (root / "tokenizer").mkdir(parents=True, exist_ok=True)
     for file, text in _tokenizer_files().items():
         (root / "tokenizer" / file).write_text(text)

@@ -27,16 +27,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from wanjax.errors import CheckpointError, WanjaxError
-from wanjax.io.checkpoint import resolve_component_dir
 from wanjax.kernels.attention import AttentionSpec
-from wanjax.models.config import TransformerConfig, parse_dtype
-from wanjax.models.dit import WanTransformer, load_transformer
+from wanjax.models.config import parse_dtype
+from wanjax.models.dit import TRANSFORMER, WanTransformer, load_transformer
 from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
-from wanjax.models.vae.config import VAEConfig
-from wanjax.models.vae.model import Tiling, WanVAE, load_vae, parse_chunk
+from wanjax.models.vae.model import VAE, Tiling, WanVAE, load_vae, parse_chunk
 from wanjax.parallel.layouts import spatial_sharding, to_global, to_host
 from wanjax.parallel.mesh import MeshSpec, make_mesh, mesh_spec_from_flags
-from wanjax.parallel.rules import UMT5_PARAM_AXES, param_sharding, replicated
+from wanjax.parallel.rules import param_sharding, replicated
 from wanjax.pipeline.hub import ModelSource, resolve_model
 from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import make_scheduler
@@ -185,9 +183,7 @@ class WanPipeline:
             return None
         if isinstance(request, MeshSpec):
             return dataclasses.replace(request, fsdp=request.fsdp or self._fsdp)
-        heads = TransformerConfig.from_file(
-            resolve_component_dir(self.path, "transformer") / "config.json"
-        ).num_attention_heads
+        heads = TRANSFORMER.read_config(TRANSFORMER.directory(self.path)).num_attention_heads
         return mesh_spec_from_flags(request, jax.device_count(), heads=heads, use_fsdp=self._fsdp)
 
     @functools.cached_property
@@ -200,7 +196,7 @@ class WanPipeline:
             with self.stage_timing("encode").loading():
                 sharding = None
                 if self.mesh is not None:
-                    sharding = param_sharding(self.mesh, UMT5_PARAM_AXES, self.mesh_spec.fsdp)
+                    sharding = param_sharding(self.mesh, self.mesh_spec.fsdp)
                 self._text_encoder = load_text_encoder(self.path, self.text_encoder_dtype, sharding=sharding)
                 jax.block_until_ready(self._text_encoder.params)
         return self._text_encoder
@@ -223,7 +219,7 @@ class WanPipeline:
     def vae(self) -> WanVAE:
         if self._vae is None:
             with self.stage_timing("decode").loading():
-                sharding = None if self.mesh is None else (lambda path, shape: replicated(self.mesh))
+                sharding = None if self.mesh is None else (lambda source: replicated(self.mesh))
                 self._vae = load_vae(
                     self.path,
                     self.vae_dtype,
@@ -238,14 +234,12 @@ class WanPipeline:
     def geometry(self) -> VideoGeometry:
         """Latent/video size relation, read from the configs only (no weights)."""
         try:
-            vae_cfg = VAEConfig.from_file(resolve_component_dir(self.path, "vae") / "config.json")
+            vae_cfg = VAE.read_config(VAE.directory(self.path))
             geometry = VideoGeometry(vae_cfg.z_dim, vae_cfg.spatial_factor, vae_cfg.temporal_factor)
         except CheckpointError:  # a model without vae/: Wan 2.1's VAE
             geometry = VideoGeometry()
         try:
-            dit_cfg = TransformerConfig.from_file(
-                resolve_component_dir(self.path, "transformer") / "config.json"
-            )
+            dit_cfg = TRANSFORMER.read_config(TRANSFORMER.directory(self.path))
         except CheckpointError:
             return geometry
         return dataclasses.replace(geometry, patch=tuple(dit_cfg.patch_size[1:]))

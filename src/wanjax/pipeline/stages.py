@@ -135,7 +135,7 @@ def read_config(directory: str | Path) -> dict[str, Any]:
 def record_stage(config: Mapping[str, Any], stage: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """``config`` with ``params`` as ``stage``'s entry; later stages' entries dropped (they are stale
     now) and the flat fields rebuilt from the stages in order."""
-    from wanjax import __version__
+    from wanjax.version import __version__
 
     order = STAGES.index(stage)
     stages = {k: v for k, v in config.get("stages", {}).items() if k in STAGES and STAGES.index(k) < order}

@@ -26,11 +26,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from wanjax.errors import WanjaxError
 from wanjax.io.atomic import write_text
-from wanjax.io.checkpoint import abstract_params
+from wanjax.io.checkpoint import random_params
 from wanjax.models import dit, umt5
 from wanjax.models.config import PRESETS, parse_dtype
 from wanjax.models.vae.config import VAEConfig
@@ -112,24 +111,6 @@ class StageResult:
         return out
 
 
-def random_weights(spec: Any, dtype: Any, seed: int = 0, std: float = 0.02) -> Any:
-    """Random weights of the spec's shapes, drawn by NumPy on the host and cast there.
-
-    Same distribution as :func:`wanjax.io.checkpoint.random_params`, ~15x faster here: JAX's eager
-    ``jax.random.normal`` builds a program per leaf shape and its threefry bits are slow on CPU
-    (the real VAE decoder's 73 M weights took 58 s that way, 3.4 s with NumPy, on this 2-core
-    machine); the benchmark's timings do not depend on the values.
-    """
-    rng = np.random.default_rng(seed)
-
-    def leaf(a: jax.ShapeDtypeStruct) -> jax.Array:
-        x = rng.standard_normal(a.shape, dtype=np.float32)
-        x *= std
-        return jnp.asarray(x.astype(a.dtype))
-
-    return jax.block_until_ready(jax.tree.map(leaf, abstract_params(spec, dtype)))
-
-
 def timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     jax.block_until_ready(fn())
@@ -178,7 +159,7 @@ def _repeat(fn: Callable[[], Any], repeats: int) -> StageResult:
 def bench_encode(cfg: BenchConfig) -> StageResult:
     layers = min(cfg.layers or umt5.UMT5_XXL.num_layers, umt5.UMT5_XXL.num_layers)
     ucfg = dataclasses.replace(umt5.UMT5_XXL, num_layers=layers, vocab_size=BENCH_VOCAB)
-    params = random_weights(umt5.checkpoint_spec(ucfg), parse_dtype(cfg.dtype))
+    params = random_params(umt5.checkpoint_spec(ucfg), parse_dtype(cfg.dtype))
     length = cfg.max_sequence_length
     ids = jax.random.randint(jax.random.key(1), (2, length), 0, BENCH_VOCAB)  # prompt + negative
     mask = jnp.ones((2, length), jnp.int32)
@@ -192,7 +173,7 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     base = PRESETS[cfg.arch]
     tcfg = dataclasses.replace(base, num_layers=cfg.layers or base.num_layers)
     dtype = parse_dtype(cfg.dtype)
-    model = dit.WanTransformer(tcfg, random_weights(dit.checkpoint_spec(tcfg), dtype), dtype)
+    model = dit.WanTransformer(tcfg, random_params(dit.checkpoint_spec(tcfg), dtype), dtype)
     shape = cfg.latent_shape()
     noise = jax.random.normal(jax.random.key(2), shape, jnp.float32)
     text = jax.random.normal(jax.random.key(3), (1, cfg.max_sequence_length, tcfg.text_dim), dtype)
@@ -215,7 +196,7 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
 def bench_decode(cfg: BenchConfig) -> StageResult:
     vcfg = VAEConfig()
     dtype = parse_dtype(cfg.vae_dtype)
-    vae = WanVAE(vcfg, random_weights(vae_spec(vcfg, "decoder"), dtype), dtype)
+    vae = WanVAE(vcfg, random_params(vae_spec(vcfg, "decoder"), dtype), dtype)
     shape = cfg.latent_shape()
     latents = jax.random.normal(jax.random.key(4), shape, jnp.float32)
     result = _repeat(lambda: vae.decode_uint8(latents), cfg.repeats)

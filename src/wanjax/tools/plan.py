@@ -16,22 +16,25 @@ import functools
 import itertools
 import math
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
 
 from wanjax.errors import WanjaxError
 from wanjax.io.checkpoint import abstract_params
+from wanjax.io.component import Component
 from wanjax.models import dit, umt5
 from wanjax.models.config import PRESETS, TransformerConfig, parse_dtype
-from wanjax.models.umt5 import UMT5Config
+from wanjax.models.dit import TRANSFORMER
+from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
 from wanjax.models.vae import model as vae
 from wanjax.models.vae.blocks import Numerics
 from wanjax.models.vae.config import VAEConfig
 from wanjax.parallel.attention import sequence_mode
 from wanjax.parallel.layouts import token_layout
 from wanjax.parallel.mesh import MeshSpec, auto_mesh
-from wanjax.parallel.rules import DIT_PARAM_AXES, UMT5_PARAM_AXES, per_device_param_bytes
+from wanjax.parallel.rules import per_device_param_bytes
 
 HEADROOM = 0.9
 GiB = 1 << 30
@@ -51,20 +54,20 @@ def model_configs(model: str) -> Model:
     if model in PRESETS:
         return Model(PRESETS[model], UMT5_XXL, VAEConfig())
     root = Path(model)
-    if not (root / "transformer" / "config.json").is_file():
+    if not (root / TRANSFORMER.folder / TRANSFORMER.config_file).is_file():
         raise WanjaxError(
             f"--model {model!r} is neither a preset ({', '.join(PRESETS)}) nor a diffusers model directory "
             "with transformer/config.json"
         )
 
-    def read(cls, name, default):
-        path = root / name / "config.json"
-        return cls.from_file(path) if path.is_file() else default
+    def read(component: Component, default: Any) -> Any:
+        folder = root / component.folder
+        return component.read_config(folder) if (folder / component.config_file).is_file() else default
 
     return Model(
-        TransformerConfig.from_file(root / "transformer" / "config.json"),
-        read(UMT5Config, "text_encoder", UMT5_XXL),
-        read(VAEConfig, "vae", VAEConfig()),
+        TRANSFORMER.read_config(root / TRANSFORMER.folder),
+        read(TEXT_ENCODER, UMT5_XXL),
+        read(vae.VAE, VAEConfig()),
     )
 
 
@@ -124,12 +127,11 @@ def plan(
     sizes = mesh.sizes
     act, vae_act = np.dtype(parse_dtype(dtype)).itemsize, np.dtype(parse_dtype(vae_dtype)).itemsize
     t = model.transformer
-    d_abstract = abstract_params(dit.checkpoint_spec(t), parse_dtype(dtype))
-    e_abstract = abstract_params(umt5.checkpoint_spec(model.text_encoder), parse_dtype(dtype))
-    v_abstract = abstract_params(vae.checkpoint_spec(model.vae, "decoder"), parse_dtype(vae_dtype))
-    d_weights, _ = per_device_param_bytes(d_abstract, DIT_PARAM_AXES, sizes, mesh.fsdp)
-    e_weights, _ = per_device_param_bytes(e_abstract, UMT5_PARAM_AXES, sizes, mesh.fsdp)
-    v_weights, _ = per_device_param_bytes(v_abstract, (), sizes)  # replicated
+    d_weights, _ = per_device_param_bytes(dit.checkpoint_spec(t), parse_dtype(dtype), sizes, mesh.fsdp)
+    e_spec = umt5.checkpoint_spec(model.text_encoder)
+    e_weights, _ = per_device_param_bytes(e_spec, parse_dtype(dtype), sizes, mesh.fsdp)
+    v_spec = vae.checkpoint_spec(model.vae, "decoder")
+    v_weights, _ = per_device_param_bytes(v_spec, parse_dtype(vae_dtype), sizes)
 
     # DiT: one block's live set per device.
     rows = batch * (2 if cfg else 1)

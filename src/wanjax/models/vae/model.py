@@ -59,15 +59,15 @@ import numpy as np
 
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import (
+    REPLICATED,
     LeafSource,
     ShardingFn,
     abstract_params,
     check_checkpoint,
     first_device,
     load_params,
-    open_component,
-    resolve_component_dir,
 )
+from wanjax.io.component import Component
 from wanjax.models.config import parse_dtype
 from wanjax.models.layers import Params
 from wanjax.models.vae.blocks import (
@@ -111,15 +111,16 @@ def _vector(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1)  # RMS gamma (C, 1, 1[, 1]) -> (C,)
 
 
+# The VAE's (small) weights are replicated on every device.
 def _conv(name: str, shape: tuple[int, ...], layout: Callable[[np.ndarray], np.ndarray]) -> Params:
     return {
-        "kernel": LeafSource((f"{name}.weight",), shape, layout),
-        "bias": LeafSource((f"{name}.bias",), (shape[0],)),
+        "kernel": LeafSource((f"{name}.weight",), shape, layout, axes=REPLICATED),
+        "bias": LeafSource((f"{name}.bias",), (shape[0],), axes=REPLICATED),
     }
 
 
 def _gamma(name: str, dim: int, images: bool = False) -> LeafSource:
-    return LeafSource((f"{name}.gamma",), (dim, 1, 1) if images else (dim, 1, 1, 1), _vector)
+    return LeafSource((f"{name}.gamma",), (dim, 1, 1) if images else (dim, 1, 1, 1), _vector, axes=REPLICATED)
 
 
 def _layer_spec(layer: Layer) -> Params:
@@ -167,6 +168,14 @@ def checkpoint_spec(cfg: VAEConfig, part: str = "all") -> Params:
         spec["quant_conv"] = _conv("quant_conv", (2 * z, 2 * z, 1, 1, 1), _pointwise_kernel)
         spec.update({layer.name: _layer_spec(layer) for layer in encoder_plan(cfg)})
     return spec
+
+
+VAE = Component(
+    "vae",
+    config=VAEConfig,
+    weight_stems=("diffusion_pytorch_model", "model"),
+    spec=lambda cfg, names: checkpoint_spec(cfg),
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -829,19 +838,18 @@ def load_vae(
     The checkpoint's names, shapes and dtypes are checked now; each part's weights are read on its
     first use, after that call's program is compiled.
     """
-    directory = resolve_component_dir(path, "vae")
-    cfg = VAEConfig.from_file(directory / "config.json")
+    directory = VAE.directory(path)
+    cfg = VAE.read_config(directory)
     dtype = parse_dtype(dtype)
     weights_dtype = parse_dtype(weights_dtype) if weights_dtype is not None else dtype
-    stems = ("diffusion_pytorch_model", "model")
-    check_checkpoint(open_component(directory, stems), checkpoint_spec(cfg), str(directory))
+    check_checkpoint(VAE.open_weights(directory), checkpoint_spec(cfg), str(directory))
 
     def load(part: str) -> Params:
         """One part's weights; the files are mapped only while they are read."""
         other = "encoder" if part == "decoder" else "decoder"
         other_names = {n for s in jax.tree.leaves(checkpoint_spec(cfg, other)) for n in s.names}
         params = load_params(
-            open_component(directory, stems),
+            VAE.open_weights(directory),
             checkpoint_spec(cfg, part),
             weights_dtype,
             str(directory),

@@ -1,0 +1,110 @@
+"""One description per component of a diffusers-layout model directory.
+
+A :class:`Component` says once where a component lives (its folder), how its config is read (class
+and file), which files hold its weights (safetensors stems), how its checkpoint tensors become a
+params tree with each leaf's logical axes (a :class:`~wanjax.io.checkpoint.LeafSource` tree), and
+which stored tensors it does not use. Loaders, pre-flight checks, ``wanjax info``, ``wanjax plan``,
+the demo model and random initialisation all read the same description.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection
+from pathlib import Path
+from typing import Any
+
+from wanjax.errors import CheckpointError, ConfigError, WanjaxError
+from wanjax.io.checkpoint import TensorRef, check_checkpoint, load_params, open_component
+
+SpecFn = Callable[[Any, Collection[str]], Any]  # (config, stored tensor names) -> LeafSource tree
+
+
+def _uses_everything(name: str) -> bool:
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Component:
+    """A model component: folder, config, weight files, params spec and ignored tensors.
+
+    ``config``: a class with ``from_file(path)`` (None: the component has no config file, e.g. the
+    tokenizer); ``files``: files the folder must hold besides the config and weights; ``spec``:
+    ``(config, names) -> LeafSource tree`` (None: no weights); ``ignore``: stored tensor names that
+    are not an error though no leaf reads them.
+    """
+
+    folder: str
+    config: Any = None
+    config_file: str = "config.json"
+    weight_stems: tuple[str, ...] = ()
+    spec: SpecFn | None = None
+    ignore: Callable[[str], bool] = _uses_everything
+    files: tuple[str, ...] = ()
+
+    @property
+    def has_weights(self) -> bool:
+        return self.spec is not None
+
+    def directory(self, path: str | Path) -> Path:
+        """``path`` may be a model root (holding ``<folder>/``) or the component folder itself."""
+        path = Path(path)
+        if not path.exists():
+            raise CheckpointError(f"{path}: model path does not exist")
+        marker = self.config_file if self.config is not None else (self.files or ("",))[0]
+        if (path / self.folder / marker).exists():
+            return path / self.folder
+        if (path / marker).exists() and marker:
+            return path
+        raise CheckpointError(
+            f"{path}: no {self.folder}/{marker}; pass a diffusers model directory or its {self.folder}/ folder"
+        )
+
+    def read_config(self, directory: Path) -> Any:
+        """The component's config, every malformed-file failure a ConfigError naming the file."""
+        path = directory / self.config_file
+        try:
+            return self.config.from_file(path)
+        except WanjaxError:
+            raise
+        except (OSError, UnicodeDecodeError, RecursionError) as e:
+            raise ConfigError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+        except (TypeError, ValueError, AttributeError, KeyError) as e:
+            raise ConfigError(f"{path}: malformed config ({type(e).__name__}: {e})") from None
+
+    def open_weights(self, directory: Path) -> dict[str, TensorRef]:
+        """The component's tensors (memory-mapped; single file or shards)."""
+        return open_component(directory, self.weight_stems)
+
+    def checkpoint_spec(self, cfg: Any, refs: Collection[str]) -> Any:
+        """The LeafSource tree for this config and these stored tensor names."""
+        try:
+            return self.spec(cfg, refs)  # type: ignore[misc]
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise ConfigError(
+                f"{self.folder}/{self.config_file}: values of the wrong type or range ({e})"
+            ) from None
+
+    def check(self, root: str | Path) -> Any:
+        """Check the component from its files' headers only (no weight is read): present, its config
+        parses, weights are safetensors, shards complete, tensor names and shapes match the config.
+        Returns the config (None for a component without one)."""
+        root = Path(root)
+        marker = self.config_file if self.config is not None else (self.files or ("",))[0]
+        if not (root / self.folder / marker).exists() and not (root / marker).exists():
+            what = "/ component folder" if not (root / self.folder).is_dir() else f"/{marker}"
+            raise CheckpointError(f"{root}: model lacks its {self.folder}{what}; is the download complete?")
+        directory = self.directory(root)
+        cfg = self.read_config(directory) if self.config is not None else None
+        if self.has_weights:
+            refs = self.open_weights(directory)
+            check_checkpoint(refs, self.checkpoint_spec(cfg, refs), str(directory), self.ignore)
+        return cfg
+
+    def load(self, path: str | Path, dtype: Any, sharding: Any = None) -> tuple[Any, Any]:
+        """``(config, params)``: every weight read straight into its shards (``sharding(source)``)."""
+        directory = self.directory(path)
+        cfg = self.read_config(directory)
+        refs = self.open_weights(directory)
+        spec = self.checkpoint_spec(cfg, refs)
+        return cfg, load_params(refs, spec, dtype, str(directory), sharding=sharding, ignore=self.ignore)

@@ -1,0 +1,19 @@
+"""The components of a Wan pipeline directory, each described once (:class:`~wanjax.io.component.Component`).
+
+The pre-flight checks, ``wanjax info`` and the demo model read this registry; each model's loader
+reads its own entry.
+"""
+
+from __future__ import annotations
+
+from wanjax.io.component import Component
+from wanjax.models.dit import TRANSFORMER
+from wanjax.models.tokenizer import TOKENIZER
+from wanjax.models.umt5 import TEXT_ENCODER
+from wanjax.models.vae.model import VAE
+
+SCHEDULER = Component("scheduler", files=("scheduler_config.json",))
+
+COMPONENTS: dict[str, Component] = {
+    c.folder: c for c in (TOKENIZER, TEXT_ENCODER, TRANSFORMER, VAE, SCHEDULER)
+}

@@ -1,0 +1,102 @@
+"""The package's import structure: layers in a fixed order, no cycles.
+
+Every import counts, function-local ones included: a module may import only from its own layer or a
+lower one, and the module graph has no cycle. The layers, bottom to top, are the README's Design tree.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import wanjax
+
+ROOT = Path(wanjax.__file__).parent
+LAYERS = ("base", "io", "runtime", "kernels", "parallel", "models", "pipeline", "tools", "cli", "api")
+BASE = {"wanjax.errors", "wanjax.version"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in ROOT.rglob("*.py")}
+
+
+def layer(module: str) -> str:
+    if module in BASE:
+        return "base"
+    if module == "wanjax":
+        return "api"
+    return module.split(".")[1]
+
+
+def imports(module: str) -> set[str]:
+    """The wanjax modules ``module`` imports anywhere in its body (``from pkg import sub`` names the
+    submodule when ``sub`` is one)."""
+    tree = ast.parse(MODULES[module].read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                sub = f"{node.module}.{a.name}"
+                found.add(sub if sub in MODULES else node.module)
+    return {m for m in found if m in MODULES and m != module}
+
+
+GRAPH = {m: imports(m) for m in MODULES}
+
+
+def test_every_module_has_a_known_layer():
+    unknown = sorted(m for m in MODULES if layer(m) not in LAYERS)
+    assert not unknown, f"modules outside the layers {LAYERS}: {unknown}"
+
+
+def test_no_import_goes_up_the_layers():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    upward = sorted(
+        f"{m} ({layer(m)}) imports {d} ({layer(d)})"
+        for m, deps in GRAPH.items()
+        for d in deps
+        if rank[layer(d)] > rank[layer(m)]
+    )
+    assert not upward, "imports against the layer order:\n" + "\n".join(upward)
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a list of modules (first == last), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(m: str) -> list[str] | None:
+        state[m] = 1
+        path.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                return [*path[path.index(d) :], d]
+            if d not in state and (cycle := visit(d)):
+                return cycle
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (cycle := visit(m)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_checks_catch_what_they_should():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert layer("wanjax.models.vae.model") == "models" and layer("wanjax.errors") == "base"
+    assert "wanjax.io.checkpoint" in GRAPH["wanjax.models.dit"]  # function-local imports are seen too:
+    assert "wanjax.pipeline.components" in GRAPH["wanjax.cli.preflight"]
