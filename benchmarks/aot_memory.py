@@ -4,10 +4,10 @@ Compiles, from abstract inputs only (``jax.ShapeDtypeStruct`` with their ``Named
 are created), the two largest programs of a 14B 1280x720x81 run on 8 devices under the chosen mesh:
 
 * one denoising step: the real :class:`wanjax.pipeline.sampler.Sampler` step program (DiT forward on the CFG
-  pair, guidance, UniPC update), bf16 weights sharded by :data:`wanjax.parallel.rules.\1`,
+  pair, guidance, UniPC update), bf16 weights sharded by the axes of :func:`wanjax.models.dit.checkpoint_spec`,
   latents ``[1,16,21,90,160]`` and the scheduler state replicated as the sampler places them;
 * the VAE decode (``decode_uint8``, float32) of those latents split spatially as
-  :meth:`wanjax.WanPipeline.decode` splits them (:func:`wanjax.parallel.layouts.\1`), weights
+  :meth:`wanjax.WanPipeline.decode` splits them (:func:`wanjax.parallel.layouts.spatial_sharding`), weights
   replicated.
 
 ``compiled.memory_analysis()`` of an SPMD program describes one device's program: arguments (the
@@ -56,20 +56,10 @@ from wanjax.models.dit import WanTransformer  # noqa: E402
 from wanjax.models.vae import model as vae  # noqa: E402
 from wanjax.parallel.layouts import spatial_sharding  # noqa: E402
 from wanjax.parallel.mesh import make_mesh, parse_mesh  # noqa: E402
-from wanjax.parallel.rules import DIT_PARAM_AXES, param_sharding, replicated  # noqa: E402
+from wanjax.parallel.rules import param_sharding, replicated  # noqa: E402
 from wanjax.pipeline.sampler import Sampler  # noqa: E402
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler  # noqa: E402
 from wanjax.tools.plan import HEADROOM, GiB, model_configs, plan  # noqa: E402
-
-
-def sharded_abstract(abstract: Any, sharding) -> Any:
-    """Attach ``sharding(path, shape)`` to every ``ShapeDtypeStruct`` leaf."""
-
-    def leaf(path, a: jax.ShapeDtypeStruct) -> jax.ShapeDtypeStruct:
-        keys = tuple(str(getattr(k, "key", k)) for k in path)
-        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding(keys, a.shape))
-
-    return jax.tree_util.tree_map_with_path(leaf, abstract)
 
 
 def shard_bytes(tree: Any) -> int:
@@ -122,9 +112,7 @@ def dit_step(
     if layers is not None:
         cfg = dataclasses.replace(cfg, num_layers=layers)
     dt = parse_dtype(dtype)
-    params = sharded_abstract(
-        abstract_params(dit.checkpoint_spec(cfg), dt), param_sharding(mesh, DIT_PARAM_AXES)
-    )
+    params = abstract_params(dit.checkpoint_spec(cfg), dt, param_sharding(mesh))
     saved = dit.scan_layers
     if variant == "tpu":
         half = jnp.dtype(jnp.bfloat16)
@@ -167,7 +155,7 @@ def vae_decode(mesh, latent_shape, conv: str, dtype: str) -> dict[str, Any]:
     cfg = model_configs("14B").vae
     dt = parse_dtype(dtype)
     rep = replicated(mesh)
-    params = sharded_abstract(abstract_params(vae.checkpoint_spec(cfg, "decoder"), dt), lambda p, s: rep)
+    params = abstract_params(vae.checkpoint_spec(cfg, "decoder"), dt, lambda source: rep)
     model = vae.WanVAE(cfg, params, dt, conv=conv)
     x = jax.ShapeDtypeStruct(latent_shape, jnp.float32, sharding=spatial_sharding(mesh, latent_shape))
     start = time.perf_counter()

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 import wanjax
 from wanjax.errors import CheckpointError, ConfigError
-from wanjax.io.checkpoint import copy_into, open_component
+from wanjax.io.checkpoint import REPLICATED, LeafSource, copy_into, linear_kernel, open_component
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
@@ -161,3 +161,13 @@ def test_tiled_copy_equals_numpy_copy(shape, axes, dtype):
     dst = np.empty(src.shape, dtype)
     copy_into(dst, src)
     np.testing.assert_array_equal(dst, np.ascontiguousarray(src))
+
+
+def test_a_leaf_declares_its_axes_when_it_is_defined():
+    with pytest.raises(TypeError, match="axes"):
+        LeafSource(("w",), (4, 8))  # no axes: an error, not a silent replication
+    with pytest.raises(ValueError, match="2 dimensions"):
+        LeafSource(("w",), (4, 8), axes=("embed",))
+    assert LeafSource(("w",), (4, 8), axes=REPLICATED).axes == (None, None)
+    kernel = LeafSource(("w",), (4, 8), linear_kernel, axes=("embed", "heads"), alt_axes=((None, "mlp"),))
+    assert kernel.candidate_axes == (("embed", "heads"), (None, "mlp"))

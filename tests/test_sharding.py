@@ -229,3 +229,14 @@ def test_cli_runs_a_tp_that_does_not_divide_the_heads(model_dir, tmp_path):
     single = _generate(tmp_path, model_dir, 1, "one")
     assert sharded.shape == (1, 5, 32, 64, 3)
     assert np.abs(sharded.astype(int) - single).max() <= 1
+
+
+def test_the_layout_says_how_each_mesh_axis_is_used():
+    sizes = parse_mesh("dp=1,sp=2,tp=2").sizes
+    assert (
+        token_layout(sizes, batch=2, length=16, heads=3).describe(sizes) == "dp=1, sp=2: tokens, tp=2: tokens"
+    )
+    sizes = parse_mesh("dp=2,sp=1,tp=4").sizes
+    assert (
+        token_layout(sizes, batch=2, length=16, heads=12).describe(sizes) == "dp=2: batch, sp=1, tp=4: heads"
+    )

@@ -40,7 +40,7 @@ from wanjax.models.layers import (
     timestep_embedding,
 )
 from wanjax.parallel.attention import sharded_attention
-from wanjax.parallel.layouts import constrain, token_layout
+from wanjax.parallel.layouts import TokenLayout, constrain, token_layout
 from wanjax.parallel.rules import param_sharding
 
 # ----------------------------------------------------------------------------------------------
@@ -257,7 +257,7 @@ def forward(
     """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``.
 
     Activations run in ``dtype``; the result is returned in ``dtype`` as the reference does. Under
-    ``mesh`` the tokens are split as :func:`wanjax.parallel.layouts.\1` says (batch over dp, tokens
+    ``mesh`` the tokens are split as :func:`wanjax.parallel.layouts.token_layout` says (batch over dp, tokens
     over sp, heads over tp) and pinned so at every block boundary.
     """
     b, _, t, h, w = latents.shape
@@ -345,6 +345,13 @@ class WanTransformer:
         """Raise ConfigError unless ``shape`` is a latent shape this model can run."""
         check_latent_shape(self.cfg, shape)
 
+    def token_layout(self, shape: tuple[int, ...]) -> TokenLayout | None:
+        """How the forward splits the tokens of latents of ``shape`` over the mesh (None: no mesh)."""
+        if self.mesh is None:
+            return None
+        length = math.prod(s // p for s, p in zip(shape[2:], self.cfg.patch_size, strict=True))
+        return token_layout(dict(self.mesh.shape), shape[0], length, self.cfg.num_attention_heads)
+
 
 def check_latent_shape(cfg: TransformerConfig, shape: tuple[int, ...]) -> None:
     """Raise ConfigError unless latents of ``shape`` fit the transformer: channels, patch multiples,
@@ -383,7 +390,7 @@ def load_transformer(
 ) -> WanTransformer:
     """Load ``transformer/`` of a diffusers-layout Wan model (``path`` = model root or that folder).
 
-    With ``mesh``, each weight is read straight into its shards (:data:`wanjax.parallel.rules.\1`;
+    With ``mesh``, each weight is read straight into its shards (the axes of :func:`checkpoint_spec`;
     ``fsdp`` also splits ``embed`` dimensions over the non-tp axes) and the forward runs on the mesh.
     """
     dtype = parse_dtype(dtype)

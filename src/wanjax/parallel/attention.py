@@ -1,6 +1,6 @@
 """Attention under a device mesh: :func:`wanjax.kernels.attention.attention` inside ``shard_map``.
 
-Queries, keys and values ``(B, L, H, D)`` are split by a :class:`~wanjax.parallel.layouts.\1`:
+Queries, keys and values ``(B, L, H, D)`` are split by a :class:`~wanjax.parallel.layouts.TokenLayout`:
 batch over its batch axes, heads over its head axes, tokens over its sequence axes.
 
 * self-attention with a split sequence: **Ulysses** (an all-to-all turns the token split into a

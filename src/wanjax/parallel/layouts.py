@@ -49,6 +49,16 @@ class TokenLayout:
             self._entry(self.batch), self._entry(self.seq) if split_seq else None, self._entry(self.heads)
         )
 
+    def describe(self, sizes: dict[str, int]) -> str:
+        """How each mesh axis is used, e.g. ``dp=2: batch, sp=2: tokens, tp=2: tokens`` (an axis
+        that cannot split the heads or the batch joins the token split; one that splits nothing
+        computes redundantly)."""
+        roles = {**{a: "tokens" for a in self.seq}, **{a: "batch" for a in self.batch}}
+        roles.update({a: "heads" for a in self.heads})
+        return ", ".join(
+            f"{a}={n}: {roles.get(a, 'replicated')}" if n > 1 else f"{a}=1" for a, n in sizes.items()
+        )
+
     def context(self) -> P:
         """``(B, L_text, D)`` text context: split over the batch only."""
         return P(self._entry(self.batch))

@@ -117,6 +117,7 @@ class WanPipeline:
         self.attention_backend = attention_backend
         self.timings: dict[str, StageTiming] = {}
         self.step_times: StepTimes | None = None
+        self.mesh_usage: str | None = None  # how the last denoise used each mesh axis
         self._text_encoder: UMT5Encoder | None = None
         self._transformer: WanTransformer | None = None
         self._sampler: Sampler | None = None
@@ -150,7 +151,7 @@ class WanPipeline:
         untiled decode at the seams. ``jax_cache_dir``: the persistent
         compilation cache -- ``True`` for the default directory, a path, ``"off"``, or ``False`` to
         leave JAX's configuration alone. Weights are read when a stage first needs them.
-        ``mesh``: run sharded over all devices -- a :class:`~wanjax.parallel.mesh.\1`, a string
+        ``mesh``: run sharded over all devices -- a :class:`~wanjax.parallel.mesh.MeshSpec`, a string
         such as ``"dp=2,sp=1,tp=4"``, or ``"auto"``; ``None`` runs on one device. ``fsdp`` also
         splits the weights' model dimension over the non-tp axes.
         """
@@ -288,6 +289,10 @@ class WanPipeline:
 
         model = self.transformer
         self._check_embeddings(model, prompt_embeds, negative_prompt_embeds, latents, guidance_scale)
+        cfg_pair = negative_prompt_embeds is not None and guidance_scale > 1  # run as one batch
+        rows = latents.shape[0] * (2 if cfg_pair else 1)
+        layout = model.token_layout((rows, *latents.shape[1:]))
+        self.mesh_usage = None if layout is None else layout.describe(dict(self.mesh.shape))
         if self._sampler is None:
             self._sampler = Sampler(model)
         timing = self.stage_timing("denoise")
