@@ -50,10 +50,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from wanjax.io.checkpoint import abstract_params  # noqa: E402
-from wanjax.models import dit  # noqa: E402
+from wanjax.models import dit, vae  # noqa: E402
 from wanjax.models.config import parse_dtype  # noqa: E402
 from wanjax.models.dit import WanTransformer  # noqa: E402
-from wanjax.models.vae import model as vae  # noqa: E402
 from wanjax.parallel.layouts import spatial_sharding  # noqa: E402
 from wanjax.parallel.mesh import make_mesh, parse_mesh  # noqa: E402
 from wanjax.parallel.rules import param_sharding, replicated  # noqa: E402

@@ -49,7 +49,7 @@ def child(args: argparse.Namespace) -> None:
 
     jnp.zeros(1).block_until_ready()
     phase("jax imported")
-    from wanjax.models.vae.model import load_vae
+    from wanjax.models.vae import load_vae
     from wanjax.runtime.jax_cache import enable_compilation_cache
 
     enable_compilation_cache("off")

@@ -68,7 +68,7 @@ def child_wanjax(args: argparse.Namespace) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from wanjax.models.vae.model import load_vae
+    from wanjax.models.vae import load_vae
     from wanjax.runtime.jax_cache import enable_compilation_cache
 
     enable_compilation_cache(args.compile_cache or "off")

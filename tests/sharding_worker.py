@@ -102,7 +102,7 @@ def params(root: str, meshes: list[str]) -> dict:
 
 def vae_memory(root: str, counts: list[str]) -> dict:
     """Per-device temporary bytes of the decode program with the latents split over n devices."""
-    from wanjax.models.vae.model import load_vae
+    from wanjax.models.vae import load_vae
     from wanjax.parallel.layouts import spatial_sharding, to_global
     from wanjax.parallel.mesh import make_mesh, parse_mesh
     from wanjax.parallel.rules import replicated

@@ -16,7 +16,7 @@ import pytest
 
 from wanjax import WanPipeline
 from wanjax.errors import ConfigError
-from wanjax.models.vae.model import Tiling
+from wanjax.models.vae import Tiling
 from wanjax.pipeline.demo import DEMO_DEFAULTS, demo_model_dir, is_demo_model
 
 

@@ -11,11 +11,10 @@ import pytest
 from jax.extend import core as jex_core
 
 from wanjax.io.checkpoint import abstract_params
-from wanjax.models import dit, umt5
+from wanjax.models import dit, umt5, vae
 from wanjax.models.config import TransformerConfig
-from wanjax.models.vae import model as vae
-from wanjax.models.vae.blocks import Numerics
 from wanjax.models.vae.config import VAEConfig
+from wanjax.models.vae.ops import Numerics
 from wanjax.tools.flops import (
     Flops,
     achieved,

@@ -20,9 +20,11 @@ from diffusers import AutoencoderKLWan
 
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import abstract_params
-from wanjax.models.vae import model as vae_module
-from wanjax.models.vae.model import Tiling, VAEConfig, WanVAE, checkpoint_spec, load_vae
-from wanjax.runtime import child_compile
+from wanjax.models import vae as vae_module
+from wanjax.models.vae import Tiling, VAEConfig, WanVAE, checkpoint_spec, load_vae
+from wanjax.models.vae import model as vae_model
+from wanjax.models.vae import programs as vae_programs
+from wanjax.runtime import child_compile, programs
 from wanjax.runtime.timing import CompileMeter
 from wanjax.tools.flops import vae_decode_flops
 
@@ -256,11 +258,9 @@ def test_weights_are_read_after_the_program_is_compiled(small, monkeypatch):
     the compiler freed."""
     root, _, base = small
     events = []
-    real_load, real_compiled = vae_module.load_params, vae_module._compiled
-    monkeypatch.setattr(
-        vae_module, "load_params", lambda *a, **k: events.append("read") or real_load(*a, **k)
-    )
-    monkeypatch.setattr(vae_module, "_compiled", lambda *a: events.append("compile") or real_compiled(*a))
+    real_load, real_compiled = vae_model.load_params, vae_programs.compiled
+    monkeypatch.setattr(vae_model, "load_params", lambda *a, **k: events.append("read") or real_load(*a, **k))
+    monkeypatch.setattr(vae_programs, "compiled", lambda *a: events.append("compile") or real_compiled(*a))
     vae = load_vae(root)
     assert events == []
     z = jnp.asarray(randn((1, 4, 2, *LATENT_HW), seed=8).numpy())
@@ -298,7 +298,7 @@ def test_a_failing_child_compile_falls_back_to_this_process(small, monkeypatch):
     program is compiled here and decodes as usual."""
     _, _, base = small
     with pytest.raises(child_compile.ChildCompileError, match=r"AttributeError.*no_such_builder"):
-        child_compile.compile_in_child("wanjax.models.vae.model:no_such_builder")
+        child_compile.compile_in_child("wanjax.models.vae.programs:no_such_builder")
     monkeypatch.setattr(child_compile.sys, "executable", "/nonexistent/python")
     z = jnp.asarray(randn((1, 4, 2, *LATENT_HW), seed=43).numpy())
     vae = WanVAE(base.cfg, base.params, compile_in_child=True, decode_chunk=2)  # a program of its own
@@ -309,9 +309,9 @@ def test_a_failing_child_compile_falls_back_to_this_process(small, monkeypatch):
 
 def _child_program(vae: WanVAE, x: jax.Array) -> tuple:
     """The builder arguments ``WanVAE.compile`` gives a child for ``decode`` of ``x``."""
-    unplaced = vae_module._unplaced(vae_module._signature(vae.params))
+    unplaced = programs.unplaced(programs.signature(vae.params))
     return (
-        "wanjax.models.vae.model:lower_program",
+        "wanjax.models.vae.programs:lower_program",
         "decode",
         vae._statics_for("decode", x),
         unplaced,
@@ -391,7 +391,7 @@ def test_programs_for_large_frames_compile_in_a_child_by_default(small):
     switched off. Deciding compiles nothing."""
     _, _, base = small
     auto, never = WanVAE(base.cfg, base.params), WanVAE(base.cfg, base.params, compile_in_child=False)
-    signature = vae_module._signature(base.params)
+    signature = programs.signature(base.params)
     decides = lambda vae, method, shape: vae._compiles_in_child(method, jnp.zeros(shape), signature)  # noqa: E731
     assert child_compile.available()
     assert decides(auto, "decode", (1, 4, 2, 32, 32)) and decides(auto, "decode_uint8", (1, 4, 2, 16, 64))

@@ -15,7 +15,7 @@ _EXPORTS = {
     "CheckpointError": "wanjax.errors",
     "ConfigError": "wanjax.errors",
     "SchedulerConfig": "wanjax.pipeline.scheduler",
-    "Tiling": "wanjax.models.vae.model",
+    "Tiling": "wanjax.models.vae",
     "Tokenizer": "wanjax.models.tokenizer",
     "TransformerConfig": "wanjax.models.config",
     "UMT5Config": "wanjax.models.umt5",
@@ -23,12 +23,12 @@ _EXPORTS = {
     "VAEConfig": "wanjax.models.vae.config",
     "WanPipeline": "wanjax.pipeline.pipeline",
     "WanTransformer": "wanjax.models.dit",
-    "WanVAE": "wanjax.models.vae.model",
+    "WanVAE": "wanjax.models.vae",
     "WanjaxError": "wanjax.errors",
     "load_text_encoder": "wanjax.models.umt5",
     "load_tokenizer": "wanjax.models.tokenizer",
     "load_transformer": "wanjax.models.dit",
-    "load_vae": "wanjax.models.vae.model",
+    "load_vae": "wanjax.models.vae",
     "make_scheduler": "wanjax.pipeline.scheduler",
     "prompt_clean": "wanjax.models.tokenizer",
 }
@@ -62,8 +62,8 @@ if TYPE_CHECKING:
     from wanjax.models.dit import WanTransformer, load_transformer
     from wanjax.models.tokenizer import Tokenizer, load_tokenizer, prompt_clean
     from wanjax.models.umt5 import UMT5Config, UMT5Encoder, load_text_encoder
+    from wanjax.models.vae import Tiling, WanVAE, load_vae
     from wanjax.models.vae.config import VAEConfig
-    from wanjax.models.vae.model import Tiling, WanVAE, load_vae
     from wanjax.pipeline.pipeline import WanPipeline
     from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 

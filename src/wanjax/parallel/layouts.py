@@ -1,15 +1,9 @@
-"""Device meshes, logical axis names and the rules that map them onto mesh axes.
+"""Where activations live on a mesh, and moving arrays between the host and the mesh.
 
-A mesh has the named axes ``dp`` (data: the batch, i.e. the CFG pair), ``sp`` (sequence: video
-tokens) and ``tp`` (tensor: attention heads and FFN columns), in the order written by the user
-(default ``(dp, sp, tp)``, the order the reference measured fastest). Every parameter leaf has
-logical axis names (``embed``, ``heads``, ``mlp``, ``vocab``, ``layers``); :data:`PARAM_RULES` maps
-each to mesh axes, and a mesh axis is used on a dimension only when it divides it.
-
-Meshes use ``AxisType.Auto``: the model code stays free of per-op sharding annotations, XLA's
-partitioner propagates the weights' shardings, activations are pinned at block boundaries with
-``with_sharding_constraint``, and attention runs under ``shard_map`` (see
-:mod:`wanjax.parallel.attention`).
+DiT tokens ``(B, L, H, D)``: the batch over ``dp`` (the CFG pair), the heads over ``tp``, the token
+sequence over ``sp`` and over any axis that cannot split the batch or the heads (so every mesh runs
+for every head count). VAE frames: split spatially over every device. Host values become global
+arrays and back, across processes too.
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
-"""Device meshes, logical axis names and the rules that map them onto mesh axes.
+"""Device meshes: the named axes ``dp``, ``sp``, ``tp`` and how the flags choose their sizes.
 
 A mesh has the named axes ``dp`` (data: the batch, i.e. the CFG pair), ``sp`` (sequence: video
 tokens) and ``tp`` (tensor: attention heads and FFN columns), in the order written by the user
-(default ``(dp, sp, tp)``, the order the reference measured fastest). Every parameter leaf has
-logical axis names (``embed``, ``heads``, ``mlp``, ``vocab``, ``layers``); :data:`PARAM_RULES` maps
-each to mesh axes, and a mesh axis is used on a dimension only when it divides it.
+(default ``(dp, sp, tp)``, the order the reference measured fastest). Any sizes whose product is the
+device count run (see :mod:`wanjax.parallel.layouts` for an axis that cannot split its dimension).
 
 Meshes use ``AxisType.Auto``: the model code stays free of per-op sharding annotations, XLA's
-partitioner propagates the weights' shardings, activations are pinned at block boundaries with
-``with_sharding_constraint``, and attention runs under ``shard_map`` (see
-:mod:`wanjax.parallel.attention`).
+partitioner propagates the weights' shardings (:mod:`wanjax.parallel.rules`), activations are
+pinned at block boundaries with ``with_sharding_constraint``, and attention runs under
+``shard_map`` (see :mod:`wanjax.parallel.attention`).
 """
 
 from __future__ import annotations

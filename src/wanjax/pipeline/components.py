@@ -10,7 +10,7 @@ from wanjax.io.component import Component
 from wanjax.models.dit import TRANSFORMER
 from wanjax.models.tokenizer import TOKENIZER
 from wanjax.models.umt5 import TEXT_ENCODER
-from wanjax.models.vae.model import VAE
+from wanjax.models.vae import VAE
 
 SCHEDULER = Component("scheduler", files=("scheduler_config.json",))
 

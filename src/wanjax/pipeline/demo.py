@@ -31,8 +31,8 @@ from wanjax.io.component import Component
 from wanjax.models.config import TransformerConfig
 from wanjax.models.dit import TRANSFORMER
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
+from wanjax.models.vae import VAE
 from wanjax.models.vae.config import VAEConfig
-from wanjax.models.vae.model import VAE
 
 DEMO_NAME = "demo"
 SMOKE_NOTE = "wanjax built-in demo: tiny random weights, a smoke model (its videos are noise)"

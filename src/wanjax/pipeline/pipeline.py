@@ -31,7 +31,7 @@ from wanjax.kernels.attention import AttentionSpec
 from wanjax.models.config import parse_dtype
 from wanjax.models.dit import TRANSFORMER, WanTransformer, load_transformer
 from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
-from wanjax.models.vae.model import VAE, Tiling, WanVAE, load_vae, parse_chunk
+from wanjax.models.vae import VAE, Tiling, WanVAE, load_vae, parse_chunk
 from wanjax.parallel.layouts import spatial_sharding, to_global, to_host
 from wanjax.parallel.mesh import MeshSpec, make_mesh, mesh_spec_from_flags
 from wanjax.parallel.rules import param_sharding, replicated
@@ -147,7 +147,7 @@ class WanPipeline:
         weights (default: ``vae_dtype``). ``vae_decode_chunk``: latent frames per VAE decode step
         (an int or ``"all"``; the frames are the same whatever it is). ``vae_tiling``: decode in
         blended spatial tiles (``True``: diffusers' 256-pixel tiles every 192; or a
-        :class:`~wanjax.models.vae.model.Tiling`), for frames too large to decode whole; not equal to an
+        :class:`~wanjax.models.vae.tiling.Tiling`), for frames too large to decode whole; not equal to an
         untiled decode at the seams. ``jax_cache_dir``: the persistent
         compilation cache -- ``True`` for the default directory, a path, ``"off"``, or ``False`` to
         leave JAX's configuration alone. Weights are read when a stage first needs them.

@@ -22,6 +22,7 @@ from wanjax.models.layers import Params
 from wanjax.parallel.layouts import to_global, to_host
 from wanjax.parallel.rules import replicated
 from wanjax.pipeline.scheduler import Scheduler
+from wanjax.runtime.programs import ProgramCache, signature
 from wanjax.runtime.timing import StepTimes
 
 __all__ = ["Sampler", "StepTimes", "denoise", "guided_velocity"]
@@ -56,11 +57,6 @@ def guided_velocity(
     return uncond + scaled.astype(model.dtype)
 
 
-def _signature(tree: Any) -> tuple[Any, ...]:
-    leaves, treedef = jax.tree.flatten(tree)
-    return (treedef, tuple((a.shape, jnp.dtype(a.dtype), getattr(a, "sharding", None)) for a in leaves))
-
-
 class Sampler:
     """The denoising loop of one model, with its compiled step programs.
 
@@ -70,26 +66,27 @@ class Sampler:
 
     def __init__(self, model: WanTransformer):
         self.model = model
-        self._programs: dict[tuple[Any, ...], jax.stages.Compiled] = {}
+        self._programs = ProgramCache()
         self.finite_flags: list[jax.Array] = []
 
     def _program(self, scheduler: Scheduler, args: tuple[Any, ...]) -> jax.stages.Compiled:
-        key = (scheduler.kind, scheduler.config, scheduler.num_inference_steps, _signature(args))
-        if key not in self._programs:
-            model = self.model
+        model = self.model
 
-            def step(params, state, index, cond, uncond, guidance):
-                timestep = scheduler.model_timestep(index)
-                velocity = guided_velocity(model, params, state.sample, timestep, cond, uncond, guidance)
-                state = scheduler.step(state, velocity, index)[0]
-                # A device-side flag per step (read back only once, after the loop).
-                return state, jnp.all(jnp.isfinite(state.sample))
+        def step(params, state, index, cond, uncond, guidance):
+            timestep = scheduler.model_timestep(index)
+            velocity = guided_velocity(model, params, state.sample, timestep, cond, uncond, guidance)
+            state = scheduler.step(state, velocity, index)[0]
+            # A device-side flag per step (read back only once, after the loop).
+            return state, jnp.all(jnp.isfinite(state.sample))
 
+        def lower() -> jax.stages.Lowered:
             # Under a mesh the (small) scheduler state stays replicated, so every step's output has
             # exactly the input sharding the program was compiled for.
             out = None if model.mesh is None else replicated(model.mesh)
-            self._programs[key] = jax.jit(step, out_shardings=out).lower(*args).compile()
-        return self._programs[key]
+            return jax.jit(step, out_shardings=out).lower(*args)
+
+        key = (scheduler.kind, scheduler.config, scheduler.num_inference_steps, signature(args))
+        return self._programs.get(key, lower)
 
     def __call__(
         self,

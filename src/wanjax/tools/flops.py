@@ -16,8 +16,10 @@ from collections.abc import Sequence
 
 from wanjax.models.config import TransformerConfig
 from wanjax.models.umt5 import UMT5Config
-from wanjax.models.vae.blocks import Numerics, caches_lowres_input, caches_owed_sums
+from wanjax.models.vae.causal_conv import caches_owed_sums
 from wanjax.models.vae.config import VAEConfig, decoder_plan
+from wanjax.models.vae.ops import Numerics
+from wanjax.models.vae.upsampling import caches_lowres_input
 
 
 def matmul_flops(m: int, k: int, n: int) -> int:
@@ -113,7 +115,7 @@ def vae_decode_flops(
 ) -> Flops:
     """The Wan VAE decoder over latents ``(B, z, T', h, w)`` -> ``1 + 4 (T' - 1)`` frames (Wan 2.1).
 
-    Follows ``WanDecoder3d`` (``models/vae_blocks.py``): ``post_quant_conv`` (1x1x1), ``conv_in`` and
+    Follows ``WanDecoder3d`` (``models/vae/blocks.py``): ``post_quant_conv`` (1x1x1), ``conv_in`` and
     every residual block's two 3x3x3 causal convolutions (one output frame per input frame: the
     causal cache, or zeros before frame 0, pads time), 1x1x1 shortcuts where channels change, the
     mid block's single-head attention over each frame's pixels (``to_qkv``, ``Q·Kᵀ``, ``P·V``,
@@ -126,9 +128,9 @@ def vae_decode_flops(
     on one device. ``upsample="subpixel"`` runs the upsampling conv as four 2x2 convs on the
     low-resolution frame (16/36 of the reference's); ``conv="taps"`` skips the two temporal taps of
     the first frame that only read the zero padding, except in convs caching owed partial sums
-    (:func:`~wanjax.models.vae.blocks.caches_owed_sums`), which run every tap of every frame;
+    (:func:`~wanjax.models.vae.causal_conv.caches_owed_sums`), which run every tap of every frame;
     residual blocks caching their low-resolution input (one-frame steps,
-    :func:`~wanjax.models.vae.blocks.caches_lowres_input`) run their upsampling twice more per
+    :func:`~wanjax.models.vae.upsampling.caches_lowres_input`) run their upsampling twice more per
     frame after the first.
     Padding of the last chunk (``decode_chunk`` > 1 not dividing ``T' - 1``) is not counted;
     spatial tiling neither.

@@ -24,13 +24,13 @@ import numpy as np
 from wanjax.errors import WanjaxError
 from wanjax.io.checkpoint import abstract_params
 from wanjax.io.component import Component
-from wanjax.models import dit, umt5
+from wanjax.models import dit, umt5, vae
 from wanjax.models.config import PRESETS, TransformerConfig, parse_dtype
 from wanjax.models.dit import TRANSFORMER
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
-from wanjax.models.vae import model as vae
-from wanjax.models.vae.blocks import Numerics
 from wanjax.models.vae.config import VAEConfig
+from wanjax.models.vae.ops import Numerics
+from wanjax.models.vae.scan import decoder_chunk
 from wanjax.parallel.attention import sequence_mode
 from wanjax.parallel.layouts import token_layout
 from wanjax.parallel.mesh import MeshSpec, auto_mesh
@@ -195,7 +195,7 @@ def vae_cache_bytes(cfg: VAEConfig, height: int, width: int, dtype: str = "float
     f = cfg.spatial_factor
     z = jax.ShapeDtypeStruct((1, 1, height // f, width // f, cfg.z_dim), dt)
     nm = Numerics(dt, "conv3d")
-    _, cache = jax.eval_shape(lambda p, z: vae._decoder_chunk(p, cfg, z, {}, True, nm, 1), params, z)
+    _, cache = jax.eval_shape(lambda p, z: decoder_chunk(p, cfg, z, {}, True, nm, 1), params, z)
     return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(cache))
 
 

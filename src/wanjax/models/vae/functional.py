@@ -1,0 +1,88 @@
+"""The VAE as pure functions in diffusers' layout (channels first): :func:`decode`,
+:func:`decode_uint8` and :func:`encode`, what :class:`~wanjax.models.vae.model.WanVAE` compiles
+(``cfg``, ``nm``, ``chunk``, ``frames`` and ``tiling`` are static)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from wanjax.models.layers import Params
+from wanjax.models.vae.config import VAEConfig
+from wanjax.models.vae.ops import Numerics
+from wanjax.models.vae.postprocess import clamp, denormalize_latents, to_uint8
+from wanjax.models.vae.scan import decode_frames, encode_frames
+from wanjax.models.vae.tiling import Tiling, decode_frames_tiled
+
+__all__ = ["decode", "decode_uint8", "encode"]
+
+
+def _decode_any(
+    params: Params,
+    cfg: VAEConfig,
+    z: jax.Array,
+    finish: Callable[[jax.Array], jax.Array],
+    time_axis: int,
+    *,
+    nm: Numerics,
+    chunk: int | None,
+    frames: int,
+    tiling: Tiling | None,
+) -> jax.Array:
+    """Channel-last VAE latents -> ``finish(frames)`` (time on ``time_axis``), tiled when ``tiling``
+    applies to this size."""
+    size = None if tiling is None else tiling.size // cfg.spatial_factor
+    if size is None or (z.shape[2] <= size and z.shape[3] <= size):
+        return decode_frames(params, cfg, z, finish, nm=nm, chunk=chunk, frames=frames, time_axis=time_axis)
+    video = decode_frames_tiled(params, cfg, z, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
+    return finish(video)
+
+
+def _to_channels_last(x: jax.Array) -> jax.Array:
+    return jnp.moveaxis(x, 1, -1)
+
+
+def _to_channels_first(x: jax.Array) -> jax.Array:
+    return jnp.moveaxis(x, -1, 1)
+
+
+def decode(
+    params: Params,
+    cfg: VAEConfig,
+    vae_latents: jax.Array,
+    *,
+    nm: Numerics,
+    chunk: int | None,
+    frames: int,
+    tiling: Tiling | None = None,
+) -> jax.Array:
+    """diffusers ``vae.decode``: VAE latents ``(B, z, T', h, w)`` -> video ``(B, 3, T, H, W)`` in [-1, 1]."""
+    z = _to_channels_last(vae_latents)
+    finish = lambda v: _to_channels_first(clamp(v))  # noqa: E731
+    return _decode_any(params, cfg, z, finish, 2, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
+
+
+def decode_uint8(
+    params: Params,
+    cfg: VAEConfig,
+    normalized_latents: jax.Array,
+    *,
+    nm: Numerics,
+    chunk: int | None,
+    frames: int,
+    tiling: Tiling | None = None,
+) -> jax.Array:
+    """Transformer output ``(B, z, T', h, w)`` -> ``uint8 (B, T, H, W, 3)`` frames, all on the device."""
+    z = _to_channels_last(denormalize_latents(cfg, normalized_latents))
+    finish = lambda v: to_uint8(clamp(v))  # noqa: E731
+    return _decode_any(params, cfg, z, finish, 1, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
+
+
+def encode(
+    params: Params, cfg: VAEConfig, video: jax.Array, *, nm: Numerics, chunk: int | None, frames: int
+) -> jax.Array:
+    """diffusers ``vae.encode(video).latent_dist.mean``: ``(B, 3, T, H, W)`` in [-1, 1] -> VAE latents."""
+    mean = encode_frames(params, cfg, _to_channels_last(video), nm=nm, chunk=chunk, frames=frames)
+    return _to_channels_first(mean)
