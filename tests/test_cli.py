@@ -4,11 +4,14 @@ before any work is done and without leaving partial files."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from wanjax.cli.main import main
+from wanjax.cli import requests
+from wanjax.cli.main import build_parser, main, subcommands
 from wanjax.pipeline import stages
 
 
@@ -27,6 +30,92 @@ def one_line_error(capsys, args, *needles: str) -> str:
     return lines[0]
 
 
+ATTENTION_CHOICES = "(choose from auto, xla, cudnn, splash, splash_exp2)"
+COMMANDS = "generate, encode, denoise, decode, plan, bench, tune-attention, info"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ("generate", "--attention", "nope"),
+            f"wanjax generate: error: argument --attention: invalid choice 'nope' {ATTENTION_CHOICES}",
+        ),
+        (("generate", "--nope", "3"), "wanjax generate: error: unrecognized arguments: --nope 3"),
+        (("decode", "--frames", "x"), "wanjax decode: error: argument --frames: invalid int value: 'x'"),
+        (
+            ("bench", "--stages", "all"),
+            "wanjax bench: error: argument --stages: invalid choice 'all' (choose from encode, denoise, decode)",
+        ),
+        (("info",), "wanjax info: error: the following arguments are required: model"),
+        (("nope",), f"wanjax: error: argument command: invalid choice 'nope' (choose from {COMMANDS})"),
+        ((), "wanjax: error: the following arguments are required: command"),
+    ],
+)
+def test_parser_mistakes_are_one_line(tmp_path, monkeypatch, capsys, args, line):
+    """argparse's own mistakes (invalid choices, unknown flags, missing arguments) are one line too,
+    exit 2, without the usage."""
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run(capsys, *args)
+    assert (code, out, err) == (2, "", line + "\n")
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_console_command_exits_2_with_one_line():
+    result = subprocess.run(
+        [sys.executable, "-m", "wanjax.cli", "generate", "--attention", "nope"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    assert result.returncode == 2, result.stderr
+    assert (
+        result.stderr
+        == f"wanjax generate: error: argument --attention: invalid choice 'nope' {ATTENTION_CHOICES}\n"
+    )
+
+
+def test_help_is_the_full_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "--help"])
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and out.startswith("usage: wanjax generate")
+    for flag in ("--num_inference_steps", "--num-inference-steps", "--attention", "--vae_tiling", "--debug"):
+        assert flag in out
+    assert "(default 50; demo 10)" in out and "(default 480; demo 128)" in out
+
+
+def test_every_flag_lands_in_the_request():
+    """Each pipeline, plan and info flag is a field of its command's request (and each field a flag);
+    left-out flags take the request's defaults, the ones a run records."""
+    commands = subcommands()
+    parser = build_parser(commands)
+    for name in ("generate", "encode", "denoise", "decode", "plan", "info"):
+        args = parser.parse_args([name, "demo"] if name == "info" else [name])
+        request = commands[name].request(args)
+        assert isinstance(request, requests.Request) and request.command == name
+        assert set(request.flags()) == set(vars(args)) - {"command", "debug"}, name
+    recorded = commands["generate"].request(parser.parse_args(["generate", "--debug"])).arguments()
+    assert list(recorded) == sorted(recorded) and "debug" not in recorded
+    assert recorded["command"] == "generate" and recorded["prompt"] == [requests.DEFAULT_PROMPT]
+    defaults = {
+        "attention": "auto",
+        "vae_dtype": "float32",
+        "vae_decode_chunk": "1",
+        "max_sequence_length": 512,
+    }
+    assert {k: recorded[k] for k in defaults} == defaults
+    assert recorded["height"] is None and recorded["use_dp"] is False and recorded["model"] is None
+    plan = commands["plan"].request(parser.parse_args(["plan"]))
+    assert (plan.model, plan.height, plan.width, plan.frames, plan.device_memory) == (
+        "14B",
+        720,
+        1280,
+        81,
+        "32GiB",
+    )
+
+
 def test_info_reads_a_diffusers_saved_model(tiny_transformer_dir, capsys):
     root, _ = tiny_transformer_dir
     code, out, _ = run(capsys, "info", root / "transformer")
@@ -40,6 +129,40 @@ def test_info_on_the_demo_model(demo_env, capsys):
     for component in ("[text_encoder]", "[tokenizer]", "[transformer]", "[vae]", "[scheduler]"):
         assert component in out
     assert "UMT5EncoderModel" in out and "AutoencoderKLWan" in out and "tokenizer.json" in out
+
+
+def test_info_and_generate_accept_transformer_weights_named_model(demo_env, tmp_path, capsys):
+    """``transformer/model.safetensors`` loads (a weight stem the transformer's description lists), so
+    ``info`` and the pre-flight checks read it too."""
+    import shutil
+
+    from wanjax.pipeline.hub import resolve_model
+
+    root = tmp_path / "model"
+    shutil.copytree(resolve_model("demo").path, root)
+    folder = root / "transformer"
+    (folder / "diffusion_pytorch_model.safetensors").rename(folder / "model.safetensors")
+    code, out, _ = run(capsys, "info", root)
+    transformer = out.split("[transformer]")[1].split("\n[")[0]
+    assert code == 0 and "weights: " in transformer and "tensors" in transformer, out
+    code, _, err = run(
+        capsys,
+        "generate",
+        "--model",
+        root,
+        "--num_inference_steps",
+        "1",
+        "--frames",
+        "5",
+        "--height",
+        "32",
+        "--width",
+        "64",
+        "--output_video",
+        tmp_path / "v.mp4",
+    )
+    assert code == 0, err
+    assert (tmp_path / "v.mp4").is_file()
 
 
 def test_hub_id_resolved_from_the_local_hf_cache(demo_env, tmp_path, monkeypatch, capsys):

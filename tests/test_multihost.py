@@ -52,13 +52,13 @@ def _start(cwd, name: str, devices: int, *extra: str) -> subprocess.Popen:
 
 
 @pytest.mark.parametrize(
-    "heads, mesh",
+    "heads, mesh, usage",
     [
-        (12, "sp=2,tp=2"),  # Ulysses across the processes, heads over tp
-        (3, "dp=1,sp=2,tp=2"),  # tp cannot split 3 heads: it joins the token split
+        (12, "sp=2,tp=2", "sp=2: tokens, tp=2: heads, dp=1"),  # Ulysses across the processes
+        (3, "dp=1,sp=2,tp=2", "dp=1, sp=2: tokens, tp=2: tokens"),  # tp cannot split 3 heads
     ],
 )
-def test_two_processes_write_the_single_process_frames(tmp_path, heads, mesh):
+def test_two_processes_write_the_single_process_frames(tmp_path, heads, mesh, usage):
     """Two processes with the mesh of one process write that process's frames, to float32 rounding.
 
     Not bit for bit: the embeddings and latents are (checked with the stage files), but XLA:CPU's
@@ -96,6 +96,7 @@ def test_two_processes_write_the_single_process_frames(tmp_path, heads, mesh):
         assert diff.max() <= 1 and np.mean(diff > 0) < 1e-3
     assert (tmp_path / "multi.mp4").is_file()
     assert "total" in logs["process_0"] and "total" not in logs["process_1"]  # only process 0 reports
+    assert f"mesh: {usage}" in logs["process_0"]
 
 
 def test_incomplete_multiprocess_flags_are_refused():

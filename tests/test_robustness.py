@@ -23,6 +23,7 @@ from wanjax.cli import preflight as validation
 from wanjax.cli.main import main
 from wanjax.errors import NumericalError, WanjaxError
 from wanjax.io.checkpoint import open_safetensors, read_safetensors_header
+from wanjax.io.component import read_config_file
 from wanjax.models.config import TransformerConfig
 from wanjax.pipeline import stages
 from wanjax.pipeline.hub import resolve_model
@@ -94,6 +95,25 @@ def generate_args(model, out: Path, *flags) -> tuple:
 def test_bad_flags_fail_before_any_work(demo_env, tmp_path, capsys, flags, needles):
     out = tmp_path / "out"
     one_line_error(capsys, generate_args("demo", out, *flags), *needles)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (
+            ("--attention", "nope"),
+            "argument --attention: invalid choice 'nope' (choose from auto, xla, cudnn, splash, splash_exp2)",
+        ),
+        (("--vae_decode_chunk", "2", "--nope", "3"), "unrecognized arguments: --nope 3"),
+        (("--bogus",), "unrecognized arguments: --bogus"),
+        (("--seed", "1.5"), "argument --seed: invalid int value: '1.5'"),
+    ],
+)
+def test_invalid_choices_and_unknown_flags_fail_before_any_work(demo_env, tmp_path, capsys, flags, line):
+    out = tmp_path / "out"
+    code, stdout, err = run(capsys, *generate_args("demo", out, *flags))
+    assert (code, stdout, err) == (2, "", f"wanjax generate: error: {line}\n")
     assert not out.exists()
 
 
@@ -539,7 +559,7 @@ def test_fuzzed_stage_files_and_configs_give_clean_errors(demo_dir, tmp_path):
         (read_safetensors_header, (d / stages.LATENTS_FILE).read_bytes(), True),
         (open_safetensors, (d / stages.EMBEDDINGS_FILE).read_bytes(), True),
         (read_config, (d / stages.CONFIG_FILE).read_bytes(), False),
-        (lambda p: validation.read_component_config(TransformerConfig, p), transformer_config, False),
+        (lambda p: read_config_file(TransformerConfig, p), transformer_config, False),
     ]
     for read, data, safetensors in readers:
         blobs = _mutations(data, rng, 50, safetensors) + (_structured_headers() if safetensors else [])
@@ -550,12 +570,12 @@ def test_fuzzed_stage_files_and_configs_give_clean_errors(demo_dir, tmp_path):
 
 def test_runtime_failures_exit_1_and_user_mistakes_exit_2(demo_env, tmp_path, capsys, monkeypatch):
     """An OSError while working (disk full) is one line with exit 1; --debug re-raises it."""
-    from wanjax.cli import commands
+    from wanjax.cli import requests
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(commands.validation, "check_flags", disk_full)
+    monkeypatch.setattr(requests, "check_flags", disk_full)
     one_line_error(capsys, generate_args("demo", tmp_path), "No space left on device", code=1)
     with pytest.raises(OSError):
         main([str(a) for a in generate_args("demo", tmp_path, "--debug")])

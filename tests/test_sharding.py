@@ -200,8 +200,8 @@ def test_cli_refuses_bad_mesh_flags_in_one_line(flags, message, capsys, tmp_path
     assert message in err and len(err.splitlines()) == 1
 
 
-def _generate(cwd: Path, model: str, devices: int, name: str, *flags: str) -> np.ndarray:
-    """``wanjax generate`` on ``devices`` fake CPU devices in a new process; its uint8 frames."""
+def _generate(cwd: Path, model: str, devices: int, name: str, *flags: str) -> tuple[np.ndarray, str]:
+    """``wanjax generate`` on ``devices`` fake CPU devices in a new process; its uint8 frames and report."""
     env = {
         **os.environ,
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
@@ -219,14 +219,15 @@ def _generate(cwd: Path, model: str, devices: int, name: str, *flags: str) -> np
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return np.load(cwd / f"{name}.npy")
+    return np.load(cwd / f"{name}.npy"), result.stdout
 
 
 def test_cli_runs_a_tp_that_does_not_divide_the_heads(model_dir, tmp_path):
     """``--mesh dp=1,sp=1,tp=8`` on the 12-head model: tp joins the token split, the frames are the
     one-device frames to float32 rounding."""
-    sharded = _generate(tmp_path, model_dir, 8, "tp8", "--mesh", "dp=1,sp=1,tp=8")
-    single = _generate(tmp_path, model_dir, 1, "one")
+    sharded, report = _generate(tmp_path, model_dir, 8, "tp8", "--mesh", "dp=1,sp=1,tp=8")
+    single, _ = _generate(tmp_path, model_dir, 1, "one")
+    assert "mesh: dp=1, sp=1, tp=8: tokens" in report
     assert sharded.shape == (1, 5, 32, 64, 3)
     assert np.abs(sharded.astype(int) - single).max() <= 1
 

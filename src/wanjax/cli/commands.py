@@ -1,61 +1,68 @@
-"""What the ``generate``, ``encode``, ``denoise`` and ``decode`` commands do.
+"""What each ``wanjax`` subcommand does with its request (:mod:`wanjax.cli.requests`).
 
-``generate`` runs the three stages in memory; the stage commands run one each and pass their
-results through the files of a stage directory (:mod:`wanjax.pipeline.stages`). Both paths call the same
-:class:`~wanjax.pipeline.pipeline.WanPipeline` methods on the same values, so they give the same frames.
-Each command ends with a :class:`~wanjax.runtime.timing.RunReport`.
+``generate`` runs the three stages in memory; ``encode``, ``denoise`` and ``decode`` run one each and
+pass their results through the files of a stage directory (:mod:`wanjax.pipeline.stages`). Both paths
+call the same :class:`~wanjax.pipeline.pipeline.WanPipeline` methods on the same values, so they give
+the same frames. Each ends with a :class:`~wanjax.runtime.timing.RunReport` recording the request's
+flags and the run's environment. ``info`` and ``plan`` read configs only.
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import datetime
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from wanjax.cli import preflight as validation
+from wanjax.cli.requests import (
+    DEFAULT_DTYPE,
+    DEFAULT_MODEL,
+    OUTPUT_SUFFIXES,
+    AttentionFlags,
+    CommonFlags,
+    DecodeRequest,
+    DenoiseRequest,
+    EncodeRequest,
+    GenerateRequest,
+    OutputFlags,
+    ParallelFlags,
+    PipelineRequest,
+    PromptFlags,
+    Request,
+    SamplingFlags,
+    VaeFlags,
+    model_defaults,
+)
 from wanjax.errors import ConfigError, WanjaxError
 from wanjax.io.atomic import atomic_path
 from wanjax.kernels.attention import AttentionSpec, resolve_backend
 from wanjax.kernels.common import check_block
 from wanjax.parallel.layouts import to_host
 from wanjax.parallel.mesh import MeshSpec, mesh_spec_from_flags, parse_mesh
-from wanjax.parallel.multihost import is_primary
+from wanjax.parallel.multihost import initialize, is_primary
 from wanjax.pipeline import stages
 from wanjax.pipeline.hub import DEMO, ModelSource
 from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.runtime.environment import environment
 from wanjax.runtime.timing import RunReport
 
-DEFAULT_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
-DEFAULT_PROMPT = "A cat walks on the grass, realistic"
-DEFAULTS: dict[str, Any] = {
-    "height": 480,
-    "width": 832,
-    "frames": 81,
-    "fps": 16,
-    "num_inference_steps": 50,
-    "guidance_scale": 5.0,
-    "seed": 42,
-    "dtype": "bfloat16",
-}
-OUTPUT_SUFFIXES = {"output_video": ".mp4", "frames_out": ".npy", "preview": ".png"}
+Writing = TypeVar("Writing", GenerateRequest, DecodeRequest)  # the commands that write videos
 
 
 # ----------------------------------------------------------------------------------------------
 # Shared pieces
 
 
-def model_defaults(source: ModelSource) -> dict[str, Any]:
-    """Defaults for this model: the reference's, or small ones for the demo model."""
-    if not source.is_demo:
-        return DEFAULTS
-    from wanjax.pipeline.demo import DEMO_DEFAULTS
-
-    return {**DEFAULTS, **DEMO_DEFAULTS}
+def begin(parallel: ParallelFlags) -> float:
+    """Join the other processes of a multi-process run (before anything touches a device); the
+    start time of the run."""
+    initialize(parallel.coordinator_address, parallel.num_processes, parallel.process_id)
+    return time.perf_counter()
 
 
 def model_label(source: ModelSource) -> str:
@@ -65,74 +72,75 @@ def model_label(source: ModelSource) -> str:
     return source.name if not Path(source.name).exists() else str(Path(source.name).resolve())
 
 
-def open_pipeline(args: argparse.Namespace, model: str | None, dtype: str | None) -> WanPipeline:
-    from wanjax.models.vae.model import Tiling
+def open_pipeline(
+    common: CommonFlags,
+    model: str | None,
+    dtype: str | None,
+    mesh: MeshSpec | str | None,
+    fsdp: bool,
+    *,
+    vae: VaeFlags = VaeFlags(),  # noqa: B008 (frozen)
+    attention: AttentionFlags = AttentionFlags(),  # noqa: B008 (frozen)
+) -> WanPipeline:
+    from wanjax.models.vae import Tiling
 
-    cache = args.jax_cache_dir if args.jax_cache_dir is not None else True
-    mesh, fsdp = mesh_request(args)
-    tiling = getattr(args, "vae_tiling", None)
     return WanPipeline.from_pretrained(
         model or DEFAULT_MODEL,
-        dtype or DEFAULTS["dtype"],
-        vae_dtype=getattr(args, "vae_dtype", "float32"),
-        vae_weights_dtype=getattr(args, "vae_weights_dtype", None),
-        vae_decode_chunk=getattr(args, "vae_decode_chunk", 1),
-        vae_tiling=Tiling.parse(tiling) if tiling else None,
-        attention_backend=attention_spec(args),
-        jax_cache_dir=cache,
+        dtype or DEFAULT_DTYPE,
+        vae_dtype=vae.vae_dtype,
+        vae_weights_dtype=vae.vae_weights_dtype,
+        vae_decode_chunk=vae.vae_decode_chunk,
+        vae_tiling=Tiling.parse(vae.vae_tiling) if vae.vae_tiling else None,
+        attention_backend=attention_spec(attention),
+        jax_cache_dir=common.jax_cache_dir if common.jax_cache_dir is not None else True,
         mesh=mesh,
         fsdp=fsdp,
     )
 
 
-def attention_spec(args: argparse.Namespace) -> AttentionSpec:
-    """The attention backend and options from the flags, checked against this platform now (an
-    unavailable backend fails before any weight is read)."""
-    name = (
-        "splash_exp2" if getattr(args, "use_custom_attention", False) else getattr(args, "attention", "auto")
-    )
+def attention_spec(flags: AttentionFlags) -> AttentionSpec:
+    """The attention backend and options, checked against this platform now (an unavailable
+    backend fails before any weight is read)."""
     spec = AttentionSpec(
-        name or "auto",
-        block_q=getattr(args, "bqsize", None),
-        block_kv=getattr(args, "bkvsize", None),
-        block_kv_compute=getattr(args, "bkvcomputesize", None),
-        block_kv_compute_in=getattr(args, "bkvcomputeinsize", None),
-        k_smooth=bool(getattr(args, "use_k_smooth", False)),
-        window_size=getattr(args, "window_size", None),
+        flags.backend,
+        block_q=flags.bqsize,
+        block_kv=flags.bkvsize,
+        block_kv_compute=flags.bkvcomputesize,
+        block_kv_compute_in=flags.bkvcomputeinsize,
+        k_smooth=flags.use_k_smooth,
+        window_size=flags.window_size,
     )
     resolve_backend(spec.backend)
-    for flag in ("bqsize", "bkvsize", "bkvcomputesize", "bkvcomputeinsize"):
-        if getattr(args, flag, None) is not None:
-            check_block(flag, getattr(args, flag))
+    for name, value in flags.blocks().items():
+        check_block(name, value)
     return spec
 
 
-def mesh_request(args: argparse.Namespace) -> tuple[MeshSpec | str | None, bool]:
+def mesh_request(parallel: ParallelFlags) -> tuple[MeshSpec | str | None, bool]:
     """``(mesh, fsdp)`` from ``--mesh`` or the reference's aliases; ``auto`` when more than one device
     is visible and nothing is said, one device otherwise."""
     import jax
 
-    mesh, use_dp, sp_num, fsdp = (getattr(args, k, None) for k in ("mesh", "use_dp", "sp_num", "use_fsdp"))
-    if use_dp or sp_num:
-        return mesh_spec_from_flags(mesh, jax.device_count(), use_dp=use_dp, sp_num=sp_num), bool(fsdp)
+    mesh, fsdp = parallel.mesh, parallel.use_fsdp
+    if parallel.use_dp or parallel.sp_num:
+        spec = mesh_spec_from_flags(mesh, jax.device_count(), use_dp=parallel.use_dp, sp_num=parallel.sp_num)
+        return spec, fsdp
     if mesh is None:
-        mesh = "auto" if jax.device_count() > 1 or fsdp else None
-    elif mesh != "auto":
-        mesh = parse_mesh(mesh)  # a bad string fails now, before any work
-    return mesh, bool(fsdp)
+        return ("auto" if jax.device_count() > 1 or fsdp else None), fsdp
+    return (mesh if mesh == "auto" else parse_mesh(mesh)), fsdp  # a bad string fails now, before any work
 
 
-def check_output_names(args: argparse.Namespace) -> None:
-    """Reject output paths with the wrong extension before any work is done."""
-    for key, suffix in OUTPUT_SUFFIXES.items():
-        value = getattr(args, key, None)
-        if value and Path(value).suffix.lower() != suffix:
-            raise WanjaxError(f"--{key} {value} must end in {suffix}")
+def check_devices(mesh: MeshSpec | str | None, heads: int | None) -> None:
+    """The requested mesh fits the visible devices (and splits the heads), before any weight is read."""
+    import jax
+
+    validation.check_mesh(mesh, jax.device_count(), heads)
 
 
-def check_output_paths(args: argparse.Namespace, **more: str | Path | None) -> None:
+def check_output_paths(request: Request, **more: str | Path | None) -> None:
     """Every file the command will write can be written (checked before any work)."""
-    outputs = {f"--{key}": getattr(args, key, None) for key in (*OUTPUT_SUFFIXES, "metrics_json")}
+    flags = request.flags()
+    outputs = {f"--{key}": flags.get(key) for key in (*OUTPUT_SUFFIXES, "metrics_json")}
     validation.check_outputs({**outputs, **more})
 
 
@@ -143,17 +151,6 @@ def check_vae_tiling(pipe: WanPipeline) -> None:
             pipe.vae_tiling.check_stride(pipe.geometry.spatial)
         except ConfigError as e:
             raise ConfigError(f"--vae_tiling {e}") from None
-
-
-def check_pipeline_mesh(pipe: WanPipeline, heads: int | None) -> None:
-    """The requested mesh fits the visible devices (and splits the heads), before any weight is read."""
-    import jax
-
-    validation.check_mesh(pipe._mesh_request, jax.device_count(), heads)
-
-
-def video_flags(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(args, k, None) for k in stages.VIDEO_KEYS}
 
 
 def resolve_video(
@@ -167,7 +164,7 @@ def resolve_video(
     """Height, width and frames: flag > earlier stage > ``--init_latents`` shape > model default;
     checked against the init latents' shape when there are some."""
     from_init = pipe.geometry.video_size(init.shape) if init is not None else {}
-    defaults = model_defaults(pipe.source)
+    defaults = dataclasses.asdict(model_defaults(pipe.source.is_demo))
     video = {}
     for key in ("height", "width", "frames"):
         for source in (given, earlier, from_init, defaults):
@@ -183,7 +180,7 @@ def resolve_video(
     return video
 
 
-def write_outputs(frames: np.ndarray, args: argparse.Namespace, fps: float) -> dict[str, str]:
+def write_outputs(frames: np.ndarray, outputs: OutputFlags, fps: float) -> dict[str, str]:
     """mp4 (one per batch item), optional raw frames and preview, written by process 0 only;
     returns the paths."""
     from wanjax.io.video import write_mp4, write_preview
@@ -194,21 +191,21 @@ def write_outputs(frames: np.ndarray, args: argparse.Namespace, fps: float) -> d
         return path if frames.shape[0] == 1 else path.with_name(f"{path.stem}_{i}{path.suffix}")
 
     written: dict[str, str] = {}
-    video = Path(args.output_video)
+    video = Path(outputs.output_video)
     for i, clip in enumerate(frames if primary else ()):
         write_mp4(clip, numbered(video, i), fps=fps)
     written["video"] = str(
         video if frames.shape[0] == 1 else numbered(video, 0).with_name(f"{video.stem}_*.mp4")
     )
-    if args.frames_out and primary:
-        with atomic_path(args.frames_out) as tmp, open(tmp, "wb") as f:
+    if outputs.frames_out and primary:
+        with atomic_path(outputs.frames_out) as tmp, open(tmp, "wb") as f:
             np.save(f, frames)
-    if args.frames_out:
-        written["frames"] = args.frames_out
-    if args.preview:
+    if outputs.frames_out:
+        written["frames"] = outputs.frames_out
+    if outputs.preview:
         for i, clip in enumerate(frames if primary else ()):
-            write_preview(clip, numbered(Path(args.preview), i))
-        written["preview"] = args.preview
+            write_preview(clip, numbered(Path(outputs.preview), i))
+        written["preview"] = outputs.preview
     return written
 
 
@@ -217,31 +214,42 @@ def timestamped_video_name() -> str:
     return datetime.datetime.now().strftime("%Y%m%d_%H%M%S") + ".mp4"
 
 
+def with_output_video(request: Writing, default: str) -> Writing:
+    """``request`` with ``--output_video`` resolved (``default`` when left out)."""
+    outputs = dataclasses.replace(request.outputs, output_video=request.outputs.output_video or default)
+    return dataclasses.replace(request, outputs=outputs)
+
+
 def scheduler_flow_shift(pipe: WanPipeline, flow_shift: float | None) -> float:
     from wanjax.pipeline.scheduler import load_scheduler_config
 
     return float(flow_shift) if flow_shift is not None else float(load_scheduler_config(pipe.path).flow_shift)
 
 
-def finish(report: RunReport, args: argparse.Namespace, start: float) -> RunReport:
+def recorded(request: PipelineRequest) -> dict[str, Any]:
+    """What every stage config records of its run: the arguments and the environment."""
+    return {"arguments": request.arguments(), "environment": environment()}
+
+
+def finish(report: RunReport, request: PipelineRequest, start: float) -> RunReport:
     import jax
 
-    from wanjax import __version__
+    from wanjax.version import __version__
 
     report.total = time.perf_counter() - start
     report.extra.update(
         {
             "backend": jax.default_backend(),
             "wanjax_version": __version__,
-            "environment": validation.environment(),
-            "arguments": validation.arguments(args),
+            "environment": environment(),
+            "arguments": request.arguments(),
         }
     )
     if not is_primary():
         return report
     print(report.table())
-    if args.metrics_json:
-        report.write_json(args.metrics_json)
+    if request.common.metrics_json:
+        report.write_json(request.common.metrics_json)
     return report
 
 
@@ -255,57 +263,69 @@ def make_report(command: str, pipe: WanPipeline, video: dict[str, Any], outputs:
         steps=pipe.step_times,
         video=video,
         outputs=outputs,
-        extra={"dtype": str(pipe.dtype)},
+        extra={"dtype": str(pipe.dtype), **({"mesh": pipe.mesh_usage} if pipe.mesh_usage else {})},
     )
 
 
 # ----------------------------------------------------------------------------------------------
-# Commands
+# Pipeline commands
 
 
-def cmd_generate(args: argparse.Namespace) -> RunReport:
+def cmd_generate(request: GenerateRequest) -> RunReport:
     """Prompt to mp4 in one process."""
-    start = time.perf_counter()
-    check_output_names(args)
-    validation.check_flags(args)
-    args.output_video = args.output_video or timestamped_video_name()
-    check_output_paths(args)
-    pipe = open_pipeline(args, args.model, args.dtype)
+    start = begin(request.parallel)
+    request = with_output_video(request, timestamped_video_name())
+    check_output_paths(request)
+    mesh, fsdp = mesh_request(request.parallel)
+    pipe = open_pipeline(
+        request.common,
+        request.common.model,
+        request.dtype,
+        mesh,
+        fsdp,
+        vae=request.vae,
+        attention=request.attention,
+    )
     configs = validation.check_model(pipe.path, ("tokenizer", "text_encoder", "transformer", "vae"))
     check_vae_tiling(pipe)
-    init = stages.load_latents(args.init_latents) if args.init_latents else None
-    prompts = batch_prompts(prompt_list(args), None if init is None else init.shape[0])
+    init_name = request.sampling.init_latents
+    init = stages.load_latents(init_name) if init_name else None
+    prompts = batch_prompts(prompt_list(request.text), None if init is None else init.shape[0])
     batch = len(prompts)
-    video = resolve_video(pipe, video_flags(args), {}, init, batch, args.init_latents)
+    video = resolve_video(pipe, dataclasses.asdict(request.video), {}, init, batch, init_name)
     validation.check_rope(configs["transformer"], pipe.geometry, video)
-    check_pipeline_mesh(pipe, configs["transformer"].num_attention_heads)
-    params = sampling_params(pipe, args)
-    negative = args.negative_prompt if args.negative_prompt is not None else ""
-    pos, neg = pipe.encode_prompt(prompts, [negative] * batch, args.max_sequence_length)
+    check_devices(mesh, configs["transformer"].num_attention_heads)
+    params = sampling_params(pipe, request.sampling)
+    negative = negative_prompt(request.text)
+    pos, neg = pipe.encode_prompt(prompts, [negative] * batch, request.text.max_sequence_length)
     latents = (
         init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
     )
     final = denoise(pipe, pos, neg, latents, params)
     frames = pipe.decode(final)
-    fps = args.fps or DEFAULTS["fps"]
-    outputs = write_outputs(frames, args, fps)
+    fps = request.video.fps or model_defaults(pipe.source.is_demo).fps
+    outputs = write_outputs(frames, request.outputs, fps)
     report = make_report("generate", pipe, {"batch": batch, **video, "fps": fps}, outputs)
     report.extra["sampling"] = params
-    return finish(report, args, start)
+    return finish(report, request, start)
 
 
-def prompt_list(args: argparse.Namespace) -> list[str]:
+def prompt_list(text: PromptFlags) -> list[str]:
     """The prompts of this run: ``--prompt_file`` (one per non-empty line) or the ``--prompt`` values."""
-    if not getattr(args, "prompt_file", None):
-        return list(args.prompt)
+    if not text.prompt_file:
+        return list(text.prompt)
     try:
-        text = Path(args.prompt_file).read_text(encoding="utf-8")
+        content = Path(text.prompt_file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise WanjaxError(f"--prompt_file {args.prompt_file}: cannot read it ({e})") from None
-    prompts = [line.strip() for line in text.splitlines() if line.strip()]
+        raise WanjaxError(f"--prompt_file {text.prompt_file}: cannot read it ({e})") from None
+    prompts = [line.strip() for line in content.splitlines() if line.strip()]
     if not prompts:
-        raise WanjaxError(f"--prompt_file {args.prompt_file} holds no prompt (one per line)")
+        raise WanjaxError(f"--prompt_file {text.prompt_file} holds no prompt (one per line)")
     return prompts
+
+
+def negative_prompt(text: PromptFlags) -> str:
+    return text.negative_prompt if text.negative_prompt is not None else ""
 
 
 def batch_prompts(prompts: list[str], batch: int | None) -> list[str]:
@@ -320,52 +340,52 @@ def batch_prompts(prompts: list[str], batch: int | None) -> list[str]:
     )
 
 
-def cmd_encode(args: argparse.Namespace) -> RunReport:
+def cmd_encode(request: EncodeRequest) -> RunReport:
     """Stage 1: prompts -> ``stage1_embeddings.safetensors``."""
-    start = time.perf_counter()
-    out = Path(args.output_dir)
-    validation.check_flags(args)
-    check_output_paths(args, **{"--output_dir": out / stages.EMBEDDINGS_FILE})
-    pipe = open_pipeline(args, args.model, args.dtype)
+    start = begin(request.parallel)
+    out = Path(request.output_dir)
+    check_output_paths(request, **{"--output_dir": out / stages.EMBEDDINGS_FILE})
+    mesh, fsdp = mesh_request(request.parallel)
+    pipe = open_pipeline(request.common, request.common.model, request.dtype, mesh, fsdp)
     validation.check_model(pipe.path, ("tokenizer", "text_encoder"))
-    check_pipeline_mesh(pipe, None)
-    given = {k: v for k, v in video_flags(args).items() if v is not None}
+    check_devices(mesh, None)
+    given = {k: v for k, v in dataclasses.asdict(request.video).items() if v is not None}
     if {"height", "width", "frames"} & given.keys():
-        defaults = model_defaults(pipe.source)
+        defaults = dataclasses.asdict(model_defaults(pipe.source.is_demo))
         pipe.geometry.check(*(given.get(k, defaults[k]) for k in ("height", "width", "frames")))
-    negative = args.negative_prompt if args.negative_prompt is not None else ""
-    prompts = prompt_list(args)
-    pos, neg = (
-        to_host(e) for e in pipe.encode_prompt(prompts, [negative] * len(prompts), args.max_sequence_length)
-    )
+    negative = negative_prompt(request.text)
+    prompts = prompt_list(request.text)
+    length = request.text.max_sequence_length
+    pos, neg = (to_host(e) for e in pipe.encode_prompt(prompts, [negative] * len(prompts), length))
     path = stages.save_embeddings(out, pos, neg) if is_primary() else out / stages.EMBEDDINGS_FILE
     params = {
         "model": model_label(pipe.source),
         "dtype": pipe.text_encoder_dtype.name,
         "prompt": prompts[0] if len(prompts) == 1 else prompts,
         "negative_prompt": negative,
-        "max_sequence_length": args.max_sequence_length,
+        "max_sequence_length": length,
         **given,
-        "arguments": validation.arguments(args),
-        "environment": validation.environment(),
+        **recorded(request),
     }
     if is_primary():
         stages.write_config(out, stages.record_stage({}, "encode", params))
     shape = {"batch": int(pos.shape[0]), "tokens": int(pos.shape[1]), "text_dim": int(pos.shape[2])}
-    return finish(make_report("encode", pipe, shape, {"embeddings": str(path)}), args, start)
+    return finish(make_report("encode", pipe, shape, {"embeddings": str(path)}), request, start)
 
 
-def cmd_denoise(args: argparse.Namespace) -> RunReport:
+def cmd_denoise(request: DenoiseRequest) -> RunReport:
     """Stage 2: embeddings (+ noise) -> ``stage2_latents.safetensors``."""
-    start = time.perf_counter()
-    directory = Path(args.input_dir)
-    validation.check_flags(args)
+    start = begin(request.parallel)
+    directory = Path(request.input_dir)
     config = stages.read_config(directory)
     pos, neg = stages.load_embeddings(directory)
-    check_output_paths(args, **{"--input_dir": directory / stages.LATENTS_FILE})
-    stages.check_video_flags(config, "denoise", video_flags(args), directory)
+    check_output_paths(request, **{"--input_dir": directory / stages.LATENTS_FILE})
+    given = dataclasses.asdict(request.video)
+    stages.check_video_flags(config, "denoise", given, directory)
     earlier = {k: v for k, (v, _) in stages.upstream(config, "denoise").items()}
-    pipe = open_pipeline(args, args.model or earlier.get("model"), args.dtype or earlier.get("dtype"))
+    mesh, fsdp = mesh_request(request.parallel)
+    model, dtype = request.common.model or earlier.get("model"), request.dtype or earlier.get("dtype")
+    pipe = open_pipeline(request.common, model, dtype, mesh, fsdp, attention=request.attention)
     cfg = validation.check_model(pipe.path, ("transformer",))["transformer"]
     if pos.shape[2] != cfg.text_dim:
         raise WanjaxError(
@@ -373,50 +393,50 @@ def cmd_denoise(args: argparse.Namespace) -> RunReport:
             f"{model_label(pipe.source)} takes {cfg.text_dim}; they come from another model (re-run "
             "`wanjax encode` with this model)"
         )
-    init = stages.load_latents(args.init_latents) if args.init_latents else None
+    init_name = request.sampling.init_latents
+    init = stages.load_latents(init_name) if init_name else None
     batch = pos.shape[0]
-    video = resolve_video(pipe, video_flags(args), earlier, init, batch, args.init_latents)
+    video = resolve_video(pipe, given, earlier, init, batch, init_name)
     validation.check_rope(cfg, pipe.geometry, video)
-    check_pipeline_mesh(pipe, cfg.num_attention_heads)
-    params = sampling_params(pipe, args)
+    check_devices(mesh, cfg.num_attention_heads)
+    params = sampling_params(pipe, request.sampling)
     latents = (
         init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
     )
-    final = denoise(pipe, pos, neg, latents, params)
-    final = to_host(final)
+    final = to_host(denoise(pipe, pos, neg, latents, params))
     path = directory / stages.LATENTS_FILE
     if is_primary():
         stages.save_latents(path, final)
-    recorded = {
+    fps = request.video.fps
+    entry = {
         "model": model_label(pipe.source),
         "dtype": pipe.dtype.name,
         **video,
-        **({"fps": args.fps} if args.fps else {}),
+        **({"fps": fps} if fps else {}),
         **params,
-        "arguments": validation.arguments(args),
-        "environment": validation.environment(),
+        **recorded(request),
     }
     if is_primary():
-        stages.write_config(directory, stages.record_stage(config, "denoise", recorded))
+        stages.write_config(directory, stages.record_stage(config, "denoise", entry))
     report = make_report("denoise", pipe, {"batch": batch, **video}, {"latents": str(path)})
     report.extra["sampling"] = params
-    return finish(report, args, start)
+    return finish(report, request, start)
 
 
-def cmd_decode(args: argparse.Namespace) -> RunReport:
+def cmd_decode(request: DecodeRequest) -> RunReport:
     """Stage 3: ``stage2_latents.safetensors`` -> mp4 (and raw frames / preview)."""
-    start = time.perf_counter()
-    check_output_names(args)
-    validation.check_flags(args)
-    directory = Path(args.input_dir)
+    start = begin(request.parallel)
+    directory = Path(request.input_dir)
     config = stages.read_config(directory)
     latents_path = directory / stages.LATENTS_FILE
     latents = stages.load_latents(latents_path)
-    args.output_video = args.output_video or str(directory / "output_video.mp4")
-    check_output_paths(args, **{"--input_dir": directory / stages.CONFIG_FILE})
-    stages.check_video_flags(config, "decode", {"fps": args.fps}, directory)
+    request = with_output_video(request, str(directory / "output_video.mp4"))
+    check_output_paths(request, **{"--input_dir": directory / stages.CONFIG_FILE})
+    stages.check_video_flags(config, "decode", {"fps": request.video.fps}, directory)
     earlier = {k: v for k, (v, _) in stages.upstream(config, "decode").items()}
-    pipe = open_pipeline(args, args.model or earlier.get("model"), None)
+    mesh, fsdp = mesh_request(request.parallel)
+    model = request.common.model or earlier.get("model")
+    pipe = open_pipeline(request.common, model, None, mesh, fsdp, vae=request.vae)
     vae_cfg = validation.check_model(pipe.path, ("vae",))["vae"]
     check_vae_tiling(pipe)
     if latents.shape[1] != vae_cfg.z_dim:
@@ -424,61 +444,53 @@ def cmd_decode(args: argparse.Namespace) -> RunReport:
             f"{latents_path}: latents have {latents.shape[1]} channels but the VAE of "
             f"{model_label(pipe.source)} decodes {vae_cfg.z_dim}; they come from another model"
         )
-    check_pipeline_mesh(pipe, None)
+    check_devices(mesh, None)
     size = pipe.geometry.video_size(latents.shape)
+    given = dataclasses.asdict(request.video)
     for key in ("height", "width", "frames"):
-        value = getattr(args, key)
-        if value is not None and value != size[key]:
+        if given[key] is not None and given[key] != size[key]:
             raise WanjaxError(
-                f"--{key} {value} contradicts {latents_path} (latents {list(latents.shape)} decode to "
+                f"--{key} {given[key]} contradicts {latents_path} (latents {list(latents.shape)} decode to "
                 f"{size['frames']} frames of {size['width']}x{size['height']}); leave --{key} out"
             )
     frames = pipe.decode(latents)
-    fps = args.fps or earlier.get("fps") or DEFAULTS["fps"]
-    outputs = write_outputs(frames, args, fps)
-    recorded = {
+    fps = request.video.fps or earlier.get("fps") or model_defaults(pipe.source.is_demo).fps
+    outputs = write_outputs(frames, request.outputs, fps)
+    entry = {
         "model": model_label(pipe.source),
         "vae_dtype": pipe.vae_dtype.name,
         "vae_weights_dtype": pipe.vae_weights_dtype.name,
         "fps": fps,
         "output_video": outputs["video"],
-        "frames_out": args.frames_out,
-        "preview": args.preview,
-        "arguments": validation.arguments(args),
-        "environment": validation.environment(),
+        "frames_out": request.outputs.frames_out,
+        "preview": request.outputs.preview,
+        **recorded(request),
     }
     if is_primary():
-        stages.write_config(directory, stages.record_stage(config, "decode", recorded))
-    return finish(make_report("decode", pipe, {**size, "fps": fps}, outputs), args, start)
+        stages.write_config(directory, stages.record_stage(config, "decode", entry))
+    return finish(make_report("decode", pipe, {**size, "fps": fps}, outputs), request, start)
 
 
 # ----------------------------------------------------------------------------------------------
 # Denoising parameters
 
 
-def sampling_params(pipe: WanPipeline, args: argparse.Namespace) -> dict[str, Any]:
-    """Steps, guidance, flow shift (the checkpoint's unless given), seed (None with init latents)."""
-    defaults = model_defaults(pipe.source)
-    steps = (
-        args.num_inference_steps if args.num_inference_steps is not None else defaults["num_inference_steps"]
-    )
-    if steps < 1:
-        raise WanjaxError(f"--num_inference_steps must be at least 1, got {steps}")
-    if args.guidance_scale is not None and not args.guidance_scale >= 0:
-        raise WanjaxError(f"--guidance_scale must be >= 0, got {args.guidance_scale}")
-    if args.flow_shift is not None and not args.flow_shift > 0:
-        raise WanjaxError(
-            f"--flow_shift must be positive (3.0 for 480p, 5.0 for 720p), got {args.flow_shift}"
-        )
+def sampling_params(pipe: WanPipeline, sampling: SamplingFlags) -> dict[str, Any]:
+    """Steps, guidance, flow shift (the checkpoint's unless given), seed (None with init latents);
+    the flags' values were checked when the request was built."""
+    defaults = model_defaults(pipe.source.is_demo)
+    init = sampling.init_latents
     return {
-        "num_inference_steps": steps,
-        "guidance_scale": args.guidance_scale
-        if args.guidance_scale is not None
-        else defaults["guidance_scale"],
-        "flow_shift": scheduler_flow_shift(pipe, args.flow_shift),
-        "seed": None if args.init_latents else (args.seed if args.seed is not None else defaults["seed"]),
-        "init_latents": str(Path(args.init_latents).resolve()) if args.init_latents else None,
+        "num_inference_steps": _given_or(sampling.num_inference_steps, defaults.num_inference_steps),
+        "guidance_scale": _given_or(sampling.guidance_scale, defaults.guidance_scale),
+        "flow_shift": scheduler_flow_shift(pipe, sampling.flow_shift),
+        "seed": None if init else _given_or(sampling.seed, defaults.seed),
+        "init_latents": str(Path(init).resolve()) if init else None,
     }
+
+
+def _given_or(value: Any, default: Any) -> Any:
+    return value if value is not None else default
 
 
 def video_args(video: Mapping[str, int]) -> dict[str, int]:
@@ -494,11 +506,3 @@ def denoise(pipe: WanPipeline, pos: Any, neg: Any, latents: Any, params: Mapping
         guidance_scale=params["guidance_scale"],
         flow_shift=params["flow_shift"],
     )
-
-
-COMMANDS: dict[str, Callable[[argparse.Namespace], Any]] = {
-    "generate": cmd_generate,
-    "encode": cmd_encode,
-    "denoise": cmd_denoise,
-    "decode": cmd_decode,
-}

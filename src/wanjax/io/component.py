@@ -20,6 +20,18 @@ from wanjax.io.checkpoint import TensorRef, check_checkpoint, load_params, open_
 SpecFn = Callable[[Any, Collection[str]], Any]  # (config, stored tensor names) -> LeafSource tree
 
 
+def read_config_file(cls: Any, path: Path) -> Any:
+    """``cls.from_file(path)``, every malformed-file failure a ConfigError naming the file."""
+    try:
+        return cls.from_file(path)
+    except WanjaxError:
+        raise
+    except (OSError, UnicodeDecodeError, RecursionError) as e:
+        raise ConfigError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+    except (TypeError, ValueError, AttributeError, KeyError) as e:
+        raise ConfigError(f"{path}: malformed config ({type(e).__name__}: {e})") from None
+
+
 def _uses_everything(name: str) -> bool:
     return False
 
@@ -61,16 +73,8 @@ class Component:
         )
 
     def read_config(self, directory: Path) -> Any:
-        """The component's config, every malformed-file failure a ConfigError naming the file."""
-        path = directory / self.config_file
-        try:
-            return self.config.from_file(path)
-        except WanjaxError:
-            raise
-        except (OSError, UnicodeDecodeError, RecursionError) as e:
-            raise ConfigError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
-        except (TypeError, ValueError, AttributeError, KeyError) as e:
-            raise ConfigError(f"{path}: malformed config ({type(e).__name__}: {e})") from None
+        """The component's config (see :func:`read_config_file`)."""
+        return read_config_file(self.config, directory / self.config_file)
 
     def open_weights(self, directory: Path) -> dict[str, TensorRef]:
         """The component's tensors (memory-mapped; single file or shards)."""

@@ -187,6 +187,8 @@ class RunReport:
                 sum(getattr(t, f) for t in self.stages.values()) for f in ("load", "compile", "run")
             )
             lines.append(f"{'all':<9}{load:>9.2f}{comp:>11.2f}{run:>9.2f}")
+        if "mesh" in self.extra:
+            lines.append(f"mesh: {self.extra['mesh']}")
         if self.steps is not None and self.steps.steps:
             lines.append(
                 f"denoise: {self.steps.steps} steps, {self.steps.per_step:.3f} s/step "

@@ -32,9 +32,9 @@ from wanjax.io.atomic import write_text
 from wanjax.io.checkpoint import random_params
 from wanjax.models import dit, umt5
 from wanjax.models.config import PRESETS, parse_dtype
+from wanjax.models.vae import WanVAE
+from wanjax.models.vae import checkpoint_spec as vae_spec
 from wanjax.models.vae.config import VAEConfig
-from wanjax.models.vae.model import WanVAE
-from wanjax.models.vae.model import checkpoint_spec as vae_spec
 from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.tools.flops import Flops, achieved, dit_step_flops, umt5_flops, vae_decode_flops
@@ -344,27 +344,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", help="also write the numbers to this JSON file")
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """``wanjax bench``: run, print the table, write ``--json``."""
-    cfg = BenchConfig(
-        arch=args.arch,
-        layers=args.layers,
-        height=args.height,
-        width=args.width,
-        frames=args.frames,
-        num_inference_steps=args.num_inference_steps,
-        guidance_scale=args.guidance_scale,
-        dtype=args.dtype,
-        vae_dtype=args.vae_dtype,
-        max_sequence_length=args.max_sequence_length,
-        repeats=args.repeats,
-        stages=tuple(args.stages),
-    )
-    result = run_bench(cfg)
+@dataclasses.dataclass(frozen=True)
+class BenchRequest:
+    """``wanjax bench``: what to run, and the JSON file to write the numbers to."""
+
+    config: BenchConfig
+    json: str | None = None
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace) -> BenchRequest:
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(BenchConfig)}
+        return cls(BenchConfig(**{**values, "stages": tuple(args.stages)}), args.json)
+
+
+def run_request(request: BenchRequest) -> dict[str, Any]:
+    """``wanjax bench``: run, print the table, write the JSON file."""
+    result = run_bench(request.config)
     print(format_table(result))
-    if args.json:
-        write_text(args.json, json.dumps(result, indent=2) + "\n")
+    if request.json:
+        write_text(request.json, json.dumps(result, indent=2) + "\n")
     return result
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """:func:`run_request` with flags parsed by a parser :func:`add_arguments` filled."""
+    return run_request(BenchRequest.from_flags(args))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -143,19 +143,46 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+@dataclasses.dataclass(frozen=True)
+class TuneRequest:
+    """``wanjax tune-attention``: the model and video whose shapes to tune, and how."""
+
+    model: str = "1.3B"
+    height: int = 480
+    width: int = 832
+    frames: int = 81
+    batch: int = 1
+    heads: int | None = None
+    backend: str = "splash_exp2"
+    dtype: str = "bfloat16"
+    repeats: int = 3
+    quick: bool = False
+    tune_file: Path | None = None
+    allow_interpret: bool = False
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace) -> TuneRequest:
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``wanjax tune-attention`` flags."""
-    p.add_argument("--model", default="1.3B", help="preset (1.3B, 14B) or model directory")
-    p.add_argument("--height", type=int, default=480)
-    p.add_argument("--width", type=int, default=832)
-    p.add_argument("--frames", type=int, default=81)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--heads", type=int, default=None, help="heads per device (e.g. heads / tp under a mesh)")
-    p.add_argument("--backend", choices=("splash", "splash_exp2"), default="splash_exp2")
-    p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--repeats", type=int, default=3)
+    d = TuneRequest()
+    p.add_argument("--model", default=d.model, help="preset (1.3B, 14B) or model directory")
+    p.add_argument("--height", type=int, default=d.height)
+    p.add_argument("--width", type=int, default=d.width)
+    p.add_argument("--frames", type=int, default=d.frames)
+    p.add_argument("--batch", type=int, default=d.batch)
+    p.add_argument(
+        "--heads", type=int, default=d.heads, help="heads per device (e.g. heads / tp under a mesh)"
+    )
+    p.add_argument("--backend", choices=("splash", "splash_exp2"), default=d.backend)
+    p.add_argument("--dtype", default=d.dtype)
+    p.add_argument("--repeats", type=int, default=d.repeats)
     p.add_argument("--quick", action="store_true", help="a smaller candidate grid")
-    p.add_argument("--tune_file", type=Path, default=None, help=f"cache file (default {tuning.tune_file()})")
+    p.add_argument(
+        "--tune_file", type=Path, default=d.tune_file, help=f"cache file (default {tuning.tune_file()})"
+    )
     p.add_argument("--allow_interpret", action="store_true", help="allow interpret mode off TPU (testing)")
 
 
@@ -165,19 +192,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``wanjax tune-attention`` with parsed flags."""
-    if jax.default_backend() != "tpu" and not args.allow_interpret:
+    """:func:`run_request` with flags parsed by a parser :func:`add_arguments` filled."""
+    return run_request(TuneRequest.from_flags(args))
+
+
+def run_request(request: TuneRequest) -> int:
+    """``wanjax tune-attention``: tune every attention shape of the request's model and video."""
+    if jax.default_backend() != "tpu" and not request.allow_interpret:
         raise ConfigError(
             f"tune-attention times TPU kernels, but the device here is {jax.default_backend()}; "
             "run it on a TPU (or pass --allow_interpret to exercise it, timings meaningless)"
         )
-    cfg = load_config(args.model)
-    dtype = parse_dtype(args.dtype)
-    print(
-        f"tuning {args.backend} on {tuning.device_kind()} for {args.model} {args.height}x{args.width}x{args.frames}"
+    cfg = load_config(request.model)
+    dtype = parse_dtype(request.dtype)
+    size = f"{request.height}x{request.width}x{request.frames}"
+    print(f"tuning {request.backend} on {tuning.device_kind()} for {request.model} {size}")
+    problems = model_problems(
+        cfg, request.height, request.width, request.frames, request.batch, request.heads
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", InterpretModeWarning)
-        for problem in model_problems(cfg, args.height, args.width, args.frames, args.batch, args.heads):
-            tune(problem, args.backend, dtype, candidates(problem, args.quick), args.repeats, args.tune_file)
+        for problem in problems:
+            blocks = candidates(problem, request.quick)
+            tune(problem, request.backend, dtype, blocks, request.repeats, request.tune_file)
     return 0

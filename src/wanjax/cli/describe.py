@@ -1,0 +1,105 @@
+"""``wanjax info`` and ``wanjax plan``: what a model directory holds, and what a run would need."""
+
+from __future__ import annotations
+
+from wanjax.cli.requests import InfoRequest, PlanRequest
+from wanjax.errors import WanjaxError
+
+
+def cmd_info(request: InfoRequest) -> None:
+    """Print components, their configs, tensor counts, sizes and dtypes."""
+    from wanjax.pipeline.components import COMPONENTS
+    from wanjax.pipeline.hub import resolve_model
+
+    source = resolve_model(request.model)
+    root = source.path
+    index_path = root / "model_index.json"
+    if index_path.exists():
+        index = _read_json(index_path)
+        components = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list)]
+        print(f"{root}: {index.get('_class_name', 'model')}")
+        if source.is_demo:
+            print(f"  {index['_wanjax_demo']['note']}")
+    elif (root / "config.json").exists():
+        components, root = [root.name], root.parent
+    else:
+        raise WanjaxError(
+            f"{root}: neither model_index.json nor config.json found; pass a diffusers model directory"
+        )
+    for name in components:
+        folder = root / name
+        print(f"\n[{name}]")
+        if not folder.is_dir():
+            print("  (missing)")
+            continue
+        config = folder / "config.json"
+        if config.exists():
+            cfg = _read_json(config)
+            print("  class: " + str(cfg.get("_class_name", cfg.get("architectures", "?"))))
+            print("  config: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if not k.startswith("_")))
+        for json_file in sorted(folder.glob("*config.json")):
+            if json_file.name != "config.json":
+                print(f"  {json_file.name}: {json_file.read_text().strip()[:400]}")
+        component = COMPONENTS.get(name)
+        if component is not None and component.has_weights:
+            print("  weights: " + _weights_summary(component.open_weights(folder)))
+        else:
+            files = sorted(p for p in folder.iterdir() if p.is_file())
+            print("  files: " + ", ".join(f"{p.name} ({p.stat().st_size / 1024:.0f} KiB)" for p in files))
+
+
+def _read_json(path) -> dict:
+    """A JSON object from ``path``; WanjaxError naming the file otherwise."""
+    from wanjax.errors import parse_json_object
+
+    try:
+        text = path.read_bytes()
+    except OSError as e:
+        raise WanjaxError(f"{path}: cannot read ({e.strerror or e})") from None
+    return parse_json_object(text, str(path))
+
+
+def cmd_plan(request: PlanRequest) -> int:
+    """Print the per-device memory plan; exit 1 when the requested mesh (or every mesh) does not fit."""
+    from wanjax.parallel.mesh import parse_mesh
+    from wanjax.tools import plan as planning
+
+    model = planning.model_configs(request.model)
+    memory = planning.parse_memory(request.device_memory)
+    requested = parse_mesh(request.mesh, request.use_fsdp) if request.mesh else None
+    count = request.num_devices or (requested.num_devices if requested else None)
+    if count is None:
+        import jax
+
+        count = jax.device_count()
+    if requested and requested.num_devices != count:
+        raise WanjaxError(
+            f"--mesh {request.mesh} uses {requested.num_devices} devices, --num_devices {count}"
+        )
+    size = dict(height=request.height, width=request.width, frames=request.frames)
+    kwargs = dict(**size, device_memory=memory, dtype=request.dtype, vae_dtype=request.vae_dtype)
+    print(f"{request.model}: {request.width}x{request.height}, {request.frames} frames, {count} devices")
+    if requested:
+        result = planning.plan(model, requested, **kwargs)
+        print(result.table())
+        return 0 if result.fits else 1
+    plans = [planning.plan(model, m, **kwargs) for m in planning.candidate_meshes(count, request.use_fsdp)]
+    for p in plans:
+        print(p.table())
+    best = planning.best_mesh(plans, model.transformer.num_attention_heads)
+    if best is None:
+        print("no mesh fits; use more devices, --use_fsdp, or a smaller video")
+        return 1
+    print(f"suggested: --mesh {best.mesh.flag} (peak {best.peak / planning.GiB:.2f} GiB)")
+    return 0
+
+
+def _weights_summary(refs: dict) -> str:
+    counts: dict[str, int] = {}
+    total_bytes = 0
+    for ref in refs.values():
+        counts[str(ref.dtype)] = counts.get(str(ref.dtype), 0) + int(ref.array().size)
+        total_bytes += ref.array().nbytes
+    params = sum(counts.values()) or 1
+    dtypes = ", ".join(f"{k} {v / params:.0%}" for k, v in sorted(counts.items()))
+    return f"{len(refs)} tensors, {params / 1e6:.2f} M params, {total_bytes / 2**20:.1f} MiB ({dtypes})"

@@ -1,0 +1,259 @@
+"""The ``wanjax`` flags: an argparse parser whose mistakes are one line, and the flag groups of the
+pipeline subcommands.
+
+Flags use the reference scripts' names (``--num_inference_steps``) and accept hyphenated spellings
+(``--num-inference-steps``). Their defaults are the requests' (:mod:`wanjax.cli.requests`): a flag
+left out parses to ``None`` and the request fills it in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Any, NoReturn
+
+from wanjax.cli.requests import (
+    DEFAULT_MODEL,
+    DEFAULT_PROMPT,
+    STAGE_DIR,
+    AttentionFlags,
+    PlanRequest,
+    PromptFlags,
+    VaeFlags,
+    model_defaults,
+)
+
+_INVALID_CHOICE = re.compile(r"invalid choice: (?P<value>.*) \(choose from (?P<choices>.*)\)")
+
+
+class UsageError(Exception):
+    """A command-line mistake argparse found; the message is the whole line to print."""
+
+
+class CliParser(argparse.ArgumentParser):
+    """argparse, with a mistake raised as a one-line :class:`UsageError`
+    (``wanjax generate: error: ...``) instead of the usage printed and an exit. Subcommand parsers
+    are of this class too, and flags no subcommand knows are reported by the subcommand given."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._subcommands: Any = None
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        kwargs.setdefault("parser_class", type(self))
+        self._subcommands = super().add_subparsers(**kwargs)
+        return self._subcommands
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
+        namespace, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            self._parser_of(namespace).error(f"unrecognized arguments: {' '.join(unknown)}")
+        return namespace
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {one_line(_plain_choices(message))}")
+
+    def _parser_of(self, namespace: argparse.Namespace) -> argparse.ArgumentParser:
+        """The parser of the subcommand ``namespace`` holds (this one if none)."""
+        if self._subcommands is None:
+            return self
+        return self._subcommands.choices.get(getattr(namespace, self._subcommands.dest, None), self)
+
+
+def one_line(message: object) -> str:
+    """The message on one line (multi-line messages are joined)."""
+    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
+def _plain_choices(message: str) -> str:
+    """argparse's ``invalid choice: 'x' (choose from 'a', 'b')`` as ``invalid choice 'x' (choose
+    from a, b)``."""
+
+    def plain(match: re.Match[str]) -> str:
+        choices = ", ".join(choice.strip("'") for choice in match["choices"].split(", "))
+        return f"invalid choice {match['value']} (choose from {choices})"
+
+    return _INVALID_CHOICE.sub(plain, message)
+
+
+# ----------------------------------------------------------------------------------------------
+# Flag groups
+
+
+def flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
+    """``--name`` plus its hyphenated spelling."""
+    spellings = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+    parser.add_argument(*spellings, dest=name, **kwargs)
+
+
+def add_common(
+    parser: argparse.ArgumentParser, *, model_help: str, dtype: bool = True, vae: bool = False
+) -> None:
+    flag(parser, "model", help=model_help)
+    if dtype:
+        flag(parser, "dtype", help="transformer / text encoder dtype: bfloat16 (default), float32")
+    if vae:
+        add_vae(parser)
+    flag(
+        parser,
+        "jax_cache_dir",
+        help="persistent compilation cache (default $WANJAX_JAX_CACHE_DIR or ~/.cache/wanjax/jax; 'off')",
+    )
+    flag(parser, "metrics_json", help="also write the timing report as JSON to this file")
+    add_parallel(parser)
+
+
+def add_vae(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("VAE")
+    flag(group, "vae_dtype", help=f"VAE dtype (default {VaeFlags.vae_dtype}, as the reference)")
+    flag(group, "vae_weights_dtype", help="VAE weights dtype (default: --vae_dtype)")
+    flag(
+        group,
+        "vae_decode_chunk",
+        help=f"latent frames per VAE decode step, or all (default {VaeFlags.vae_decode_chunk}; "
+        "the frames are the same)",
+    )
+    flag(
+        group,
+        "vae_tiling",
+        nargs="?",
+        const="256:192",
+        metavar="SIZE[:STRIDE]",
+        help="decode in blended tiles of SIZE pixels every STRIDE (alone: 256:192, as diffusers), "
+        "for frames too large to decode whole; seams differ slightly from a whole-frame decode",
+    )
+
+
+def add_parallel(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("devices and processes")
+    for name, kwargs in (
+        ("mesh", dict(help="dp=2,sp=1,tp=4 (order = device order), or auto (default with > 1 device)")),
+        ("use_dp", dict(action="store_true", help="alias: dp=2 (the CFG pair), the rest on tp")),
+        ("sp_num", dict(type=int, help="alias: sequence-parallel shards (sp=N)")),
+        ("use_fsdp", dict(action="store_true", help="also shard weights' model dims over dp/sp")),
+        ("coordinator_address", dict(help="multi-process: HOST:PORT of process 0, or auto")),
+        ("num_processes", dict(type=int, help="multi-process: number of processes")),
+        ("process_id", dict(type=int, help="multi-process: this process's index")),
+    ):
+        flag(group, name, **kwargs)
+
+
+def add_attention(parser: argparse.ArgumentParser) -> None:
+    from wanjax.kernels.attention import BACKENDS
+
+    group = parser.add_argument_group("attention")
+    default = AttentionFlags.attention
+    flag(group, "attention", choices=BACKENDS, help=f"backend (default {default}: by platform)")
+    flag(group, "use_custom_attention", action="store_true", help="alias: --attention splash_exp2")
+    for name, what in (
+        ("bqsize", "query block"),
+        ("bkvsize", "key/value block"),
+        ("bkvcomputesize", "kv compute block"),
+        ("bkvcomputeinsize", "inner kv compute block (splash_exp2)"),
+    ):
+        flag(group, name, type=int, help=f"TPU kernel {what}, a multiple of 128 (default: tuned/preset)")
+    flag(group, "use_k_smooth", action="store_true", help="subtract the mean key first (exact)")
+    flag(group, "window_size", type=int, help="self-attention to keys within this many tokens only")
+
+
+def add_prompt(parser: argparse.ArgumentParser) -> None:
+    flag(
+        parser,
+        "prompt",
+        nargs="+",
+        help="what the video shows; several prompts run as one batch (one mp4 each: NAME_0.mp4, ...) "
+        f"(default {DEFAULT_PROMPT!r})",
+    )
+    flag(parser, "prompt_file", help="a text file with one prompt per line (a batch; instead of --prompt)")
+    flag(parser, "negative_prompt", help='what to steer away from (default "")')
+    length = PromptFlags.max_sequence_length
+    flag(parser, "max_sequence_length", type=int, help=f"text tokens (default {length}, as trained)")
+
+
+def add_video(parser: argparse.ArgumentParser) -> None:
+    ref, demo = model_defaults(False), model_defaults(True)
+    flag(
+        parser, "height", type=int, help=f"pixels, multiple of 16 (default {ref.height}; demo {demo.height})"
+    )
+    flag(parser, "width", type=int, help=f"pixels, multiple of 16 (default {ref.width}; demo {demo.width})")
+    flag(parser, "frames", type=int, help=f"4n+1 frames (default {ref.frames}; demo {demo.frames})")
+    flag(parser, "fps", type=float, help=f"mp4 frame rate (default {ref.fps})")
+
+
+def add_sampling(parser: argparse.ArgumentParser) -> None:
+    ref, demo = model_defaults(False), model_defaults(True)
+    steps = f"default {ref.num_inference_steps}; demo {demo.num_inference_steps}"
+    flag(parser, "num_inference_steps", type=int, help=f"denoising steps ({steps})")
+    guidance = f"default {ref.guidance_scale}; <= 1: off"
+    flag(parser, "guidance_scale", type=float, help=f"classifier-free guidance ({guidance})")
+    flag(parser, "seed", type=int, help=f"noise seed (default {ref.seed}; batch item i uses seed + i)")
+    flag(parser, "flow_shift", type=float, help="UniPC flow shift (default: the checkpoint's, 3.0)")
+    flag(parser, "init_latents", help="start from this noise (safetensors, key 'latents') instead of --seed")
+
+
+def add_outputs(parser: argparse.ArgumentParser, default_video: str) -> None:
+    flag(parser, "output_video", help=f"mp4 to write (default {default_video})")
+    flag(parser, "frames_out", help="also save the uint8 [B,T,H,W,3] frames as .npy")
+    flag(parser, "preview", help="also write a PNG contact sheet of the frames")
+
+
+def add_stage_dir(parser: argparse.ArgumentParser, name: str) -> None:
+    flag(parser, name, help=f"stage directory (default {STAGE_DIR})")
+
+
+# ----------------------------------------------------------------------------------------------
+# The subcommands' flags
+
+MODEL_HELP = f"diffusers model directory, hub id in the local HF cache, or demo (default {DEFAULT_MODEL})"
+LATER_MODEL_HELP = "model (default: the one the stage directory was made with)"
+
+
+def generate_flags(parser: argparse.ArgumentParser) -> None:
+    add_common(parser, model_help=MODEL_HELP, vae=True)
+    add_prompt(parser)
+    add_video(parser)
+    add_sampling(parser)
+    add_attention(parser)
+    add_outputs(parser, "YYYYMMDD_HHMMSS.mp4")
+
+
+def encode_flags(parser: argparse.ArgumentParser) -> None:
+    add_common(parser, model_help=MODEL_HELP)
+    add_prompt(parser)
+    add_video(parser)
+    add_stage_dir(parser, "output_dir")
+
+
+def denoise_flags(parser: argparse.ArgumentParser) -> None:
+    add_common(parser, model_help=LATER_MODEL_HELP)
+    add_video(parser)
+    add_sampling(parser)
+    add_attention(parser)
+    add_stage_dir(parser, "input_dir")
+
+
+def decode_flags(parser: argparse.ArgumentParser) -> None:
+    add_common(parser, model_help=LATER_MODEL_HELP, dtype=False, vae=True)
+    add_video(parser)
+    add_outputs(parser, "INPUT_DIR/output_video.mp4")
+    add_stage_dir(parser, "input_dir")
+
+
+def plan_flags(parser: argparse.ArgumentParser) -> None:
+    d = PlanRequest
+    flag(parser, "model", help=f"1.3B, 14B (presets) or a diffusers model directory (default {d.model})")
+    flag(parser, "mesh", help="dp=2,sp=1,tp=4 (default: every mesh of --num_devices, best one named)")
+    flag(parser, "num_devices", type=int, help="devices (default: the mesh's size, else those visible)")
+    flag(parser, "device_memory", help=f"memory per device (default {d.device_memory}, a TPU v6e chip)")
+    flag(parser, "height", type=int, help=f"pixels (default {d.height})")
+    flag(parser, "width", type=int, help=f"pixels (default {d.width})")
+    flag(parser, "frames", type=int, help=f"frames (default {d.frames})")
+    flag(parser, "dtype", help=f"transformer / text encoder dtype (default {d.dtype})")
+    flag(parser, "vae_dtype", help=f"VAE dtype (default {d.vae_dtype})")
+    flag(parser, "use_fsdp", action="store_true", help="FSDP weights")
+
+
+def info_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model", help="model directory (or one component folder), hub id in the HF cache, or demo"
+    )

@@ -1,0 +1,367 @@
+"""What each ``wanjax`` subcommand is asked to do: typed requests, built once from the parsed flags.
+
+Every default of the command line lives here. A request field is named as its flag
+(``--num_inference_steps`` -> ``num_inference_steps``); flags a command shares sit in groups
+(:class:`VideoFlags`, :class:`SamplingFlags`, ...). ``None`` means "not given": the value then comes
+from an earlier stage, the ``--init_latents`` shape, the checkpoint, or the model's defaults
+(:func:`model_defaults`: the reference's, smaller ones for the demo model). Building a request
+checks the flag values (:func:`check_flags`), so a command never sees a bad one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import typing
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+from wanjax.errors import ConfigError, WanjaxError
+
+DEFAULT_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+DEFAULT_PROMPT = "A cat walks on the grass, realistic"
+DEFAULT_DTYPE = "bfloat16"
+STAGE_DIR = "stage_outputs"
+OUTPUT_SUFFIXES = {"output_video": ".mp4", "frames_out": ".npy", "preview": ".png"}
+
+R = TypeVar("R", bound="Request")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDefaults:
+    """Video and sampling values for flags left out (when no earlier stage or input fixed them)."""
+
+    height: int = 480
+    width: int = 832
+    frames: int = 81
+    fps: float = 16
+    num_inference_steps: int = 50
+    guidance_scale: float = 5.0
+    seed: int = 42
+
+
+def model_defaults(is_demo: bool) -> ModelDefaults:
+    """The reference's defaults, or the demo model's smaller ones."""
+    if not is_demo:
+        return ModelDefaults()
+    from wanjax.pipeline.demo import DEMO_DEFAULTS
+
+    return ModelDefaults(**DEMO_DEFAULTS)
+
+
+# ----------------------------------------------------------------------------------------------
+# Flag groups
+
+
+@dataclasses.dataclass(frozen=True)
+class CommonFlags:
+    """Every pipeline command: the model, the compilation cache, the metrics file."""
+
+    model: str | None = None
+    jax_cache_dir: str | None = None
+    metrics_json: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelFlags:
+    """Devices and processes: ``--mesh`` or the reference's aliases; multi-process set-up."""
+
+    mesh: str | None = None
+    use_dp: bool = False
+    sp_num: int | None = None
+    use_fsdp: bool = False
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptFlags:
+    """The text: prompts (a batch), or a file of them, and the negative prompt."""
+
+    prompt: tuple[str, ...] = (DEFAULT_PROMPT,)
+    prompt_file: str | None = None
+    negative_prompt: str | None = None
+    max_sequence_length: int = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoFlags:
+    """The video's size and frame rate (``None``: see the module docstring)."""
+
+    height: int | None = None
+    width: int | None = None
+    frames: int | None = None
+    fps: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingFlags:
+    """Denoising: steps, guidance, seed, flow shift, or given starting latents."""
+
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    seed: int | None = None
+    flow_shift: float | None = None
+    init_latents: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionFlags:
+    """The attention backend and its kernel options."""
+
+    attention: str = "auto"
+    use_custom_attention: bool = False
+    bqsize: int | None = None
+    bkvsize: int | None = None
+    bkvcomputesize: int | None = None
+    bkvcomputeinsize: int | None = None
+    use_k_smooth: bool = False
+    window_size: int | None = None
+
+    @property
+    def backend(self) -> str:
+        """``--attention``, or ``splash_exp2`` under its alias ``--use_custom_attention``."""
+        return "splash_exp2" if self.use_custom_attention else self.attention
+
+    def blocks(self) -> dict[str, int]:
+        """The kernel block sizes given, by flag name."""
+        sizes = {
+            "bqsize": self.bqsize,
+            "bkvsize": self.bkvsize,
+            "bkvcomputesize": self.bkvcomputesize,
+            "bkvcomputeinsize": self.bkvcomputeinsize,
+        }
+        return {name: value for name, value in sizes.items() if value is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class VaeFlags:
+    """The VAE's dtypes, decode chunk and tiling."""
+
+    vae_dtype: str = "float32"
+    vae_weights_dtype: str | None = None
+    vae_decode_chunk: str = "1"
+    vae_tiling: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputFlags:
+    """The files a decoding command writes (``output_video`` is resolved by the command)."""
+
+    output_video: str | None = None
+    frames_out: str | None = None
+    preview: str | None = None
+
+
+# ----------------------------------------------------------------------------------------------
+# Requests
+
+
+class Request:
+    """Base of the subcommand requests: built from parsed flags, recorded as flags."""
+
+    command: ClassVar[str]
+
+    @classmethod
+    def from_flags(cls: type[R], args: argparse.Namespace) -> R:
+        """The request of these parsed flags, its values checked (WanjaxError naming the flag)."""
+        request = _from_namespace(cls, args)
+        check_flags(request)
+        return request
+
+    def flags(self) -> dict[str, Any]:
+        """Every flag value by flag name (the groups' fields merged)."""
+        return _flags(self)
+
+    def arguments(self) -> dict[str, Any]:
+        """The command and its flags as JSON values, keys sorted: what a run records."""
+        recorded = {"command": self.command, **self.flags()}
+        return {key: _json_value(recorded[key]) for key in sorted(recorded)}
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateRequest(Request):
+    """``wanjax generate``: prompt to mp4 in one run."""
+
+    command: ClassVar[str] = "generate"
+    common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
+    dtype: str | None = None
+    text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
+    video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
+    sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
+    attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
+    vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
+    outputs: OutputFlags = dataclasses.field(default_factory=OutputFlags)
+    parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodeRequest(Request):
+    """``wanjax encode``: prompts to the stage directory's embeddings."""
+
+    command: ClassVar[str] = "encode"
+    common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
+    dtype: str | None = None
+    text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
+    video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
+    output_dir: str = STAGE_DIR
+    parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
+
+
+@dataclasses.dataclass(frozen=True)
+class DenoiseRequest(Request):
+    """``wanjax denoise``: the stage directory's embeddings to its latents."""
+
+    command: ClassVar[str] = "denoise"
+    common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
+    dtype: str | None = None
+    video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
+    sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
+    attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
+    input_dir: str = STAGE_DIR
+    parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeRequest(Request):
+    """``wanjax decode``: the stage directory's latents to mp4."""
+
+    command: ClassVar[str] = "decode"
+    common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
+    video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
+    vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
+    outputs: OutputFlags = dataclasses.field(default_factory=OutputFlags)
+    input_dir: str = STAGE_DIR
+    parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
+
+
+PipelineRequest = GenerateRequest | EncodeRequest | DenoiseRequest | DecodeRequest
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRequest(Request):
+    """``wanjax plan``: per-device memory of a run on a mesh."""
+
+    command: ClassVar[str] = "plan"
+    model: str = "14B"
+    mesh: str | None = None
+    num_devices: int | None = None
+    device_memory: str = "32GiB"
+    height: int = 720
+    width: int = 1280
+    frames: int = 81
+    dtype: str = DEFAULT_DTYPE
+    vae_dtype: str = "float32"
+    use_fsdp: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class InfoRequest(Request):
+    """``wanjax info``: what a model directory holds."""
+
+    command: ClassVar[str] = "info"
+    model: str
+
+
+def _from_namespace(cls: type[Any], args: argparse.Namespace) -> Any:
+    """``cls`` with each field from the flag of its name (groups recursively); a flag left out
+    (``None``) keeps the field's default. Lists (``nargs``) become tuples."""
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[field.name]):
+            values[field.name] = _from_namespace(hints[field.name], args)
+        elif (value := getattr(args, field.name)) is not None:
+            values[field.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**values)
+
+
+def _flags(group: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(group):
+        value = getattr(group, field.name)
+        values.update(_flags(value) if dataclasses.is_dataclass(value) else {field.name: value})
+    return values
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, tuple):
+        value = list(value)
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# Checks
+
+
+def check_flags(request: Request) -> None:
+    """Value checks of the flags a request has: output file names, numbers, dtypes, VAE options."""
+    flags = request.flags()
+    _check_output_names(flags)
+    _check_numbers(flags)
+    _check_dtypes(flags)
+    _check_vae_options(flags)
+
+
+def _check_output_names(flags: dict[str, Any]) -> None:
+    for key, suffix in OUTPUT_SUFFIXES.items():
+        value = flags.get(key)
+        if value and Path(value).suffix.lower() != suffix:
+            raise WanjaxError(f"--{key} {value} must end in {suffix}")
+
+
+def _check_numbers(flags: dict[str, Any]) -> None:
+    steps = flags.get("num_inference_steps")
+    if steps is not None and steps < 1:
+        raise WanjaxError(f"--num_inference_steps must be at least 1, got {steps}")
+    guidance = flags.get("guidance_scale")
+    if guidance is not None and not (math.isfinite(guidance) and guidance >= 0):
+        raise WanjaxError(
+            f"--guidance_scale must be >= 0 (5.0 is the default; <= 1 turns CFG off), got {guidance}"
+        )
+    shift = flags.get("flow_shift")
+    if shift is not None and not (math.isfinite(shift) and shift > 0):
+        raise WanjaxError(f"--flow_shift must be positive (3.0 for 480p, 5.0 for 720p), got {shift}")
+    fps = flags.get("fps")
+    if fps is not None and not (math.isfinite(fps) and fps > 0):
+        raise WanjaxError(f"--fps must be positive (e.g. 16), got {fps}")
+    length = flags.get("max_sequence_length")
+    if length is not None and length < 1:
+        raise WanjaxError(f"--max_sequence_length must be at least 1 (512 as trained), got {length}")
+    for name in ("height", "width", "frames"):
+        value = flags.get(name)
+        if value is not None and value < 1:
+            raise WanjaxError(f"--{name} must be positive, got {value}")
+    seed = flags.get("seed")
+    if seed is not None and not 0 <= seed < 2**63:
+        raise WanjaxError(f"--seed must be a non-negative integer, got {seed}")
+
+
+def _check_dtypes(flags: dict[str, Any]) -> None:
+    from wanjax.models.config import parse_dtype
+
+    for name in ("dtype", "vae_dtype", "vae_weights_dtype"):
+        if flags.get(name) is not None:
+            try:
+                parse_dtype(flags[name])
+            except ConfigError as e:
+                raise ConfigError(f"--{name}: {e}") from None
+
+
+def _check_vae_options(flags: dict[str, Any]) -> None:
+    from wanjax.models.vae import Tiling, parse_chunk
+
+    if flags.get("vae_decode_chunk") is not None:
+        parse_chunk(flags["vae_decode_chunk"], "--vae_decode_chunk")
+    if flags.get("vae_tiling") is not None:
+        try:
+            Tiling.parse(flags["vae_tiling"])
+        except ConfigError as e:
+            raise ConfigError(f"--vae_tiling: {e}") from None
