@@ -98,5 +98,5 @@ def test_the_checks_catch_what_they_should():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     assert layer("wanjax.models.vae.model") == "models" and layer("wanjax.errors") == "base"
-    assert "wanjax.io.checkpoint" in GRAPH["wanjax.models.dit"]  # function-local imports are seen too:
-    assert "wanjax.pipeline.components" in GRAPH["wanjax.cli.preflight"]
+    assert "wanjax.io.checkpoint" in GRAPH["wanjax.models.dit"]
+    assert "wanjax.pipeline.components" in GRAPH["wanjax.cli.preflight"]  # a function-local import

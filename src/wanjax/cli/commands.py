@@ -4,7 +4,7 @@
 pass their results through the files of a stage directory (:mod:`wanjax.pipeline.stages`). Both paths
 call the same :class:`~wanjax.pipeline.pipeline.WanPipeline` methods on the same values, so they give
 the same frames. Each ends with a :class:`~wanjax.runtime.timing.RunReport` recording the request's
-flags and the run's environment. ``info`` and ``plan`` read configs only.
+flags and the run's environment (``info`` and ``plan`` are in :mod:`wanjax.cli.describe`).
 """
 
 from __future__ import annotations
