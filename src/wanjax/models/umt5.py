@@ -71,6 +71,7 @@ class UMT5Config(ComponentConfig):
             "decoder_start_token_id",
             "use_cache",
             "output_past",
+            "scale_decoder_outputs",  # transformers >= 5.24: scales the decoder's output before lm_head
             # the encoder's input embedding is always the shared one (transformers forces the tie)
             "tie_word_embeddings",
             # token ids the tokenizer uses; the encoder has no padding_idx
