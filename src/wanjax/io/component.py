@@ -58,12 +58,17 @@ class Component:
     def has_weights(self) -> bool:
         return self.spec is not None
 
+    @property
+    def marker(self) -> str:
+        """The file that shows a folder holds this component: its config, else its first required file."""
+        return self.config_file if self.config is not None else (self.files or ("",))[0]
+
     def directory(self, path: str | Path) -> Path:
         """``path`` may be a model root (holding ``<folder>/``) or the component folder itself."""
         path = Path(path)
         if not path.exists():
             raise CheckpointError(f"{path}: model path does not exist")
-        marker = self.config_file if self.config is not None else (self.files or ("",))[0]
+        marker = self.marker
         if (path / self.folder / marker).exists():
             return path / self.folder
         if (path / marker).exists() and marker:
@@ -94,7 +99,7 @@ class Component:
         parses, weights are safetensors, shards complete, tensor names and shapes match the config.
         Returns the config (None for a component without one)."""
         root = Path(root)
-        marker = self.config_file if self.config is not None else (self.files or ("",))[0]
+        marker = self.marker
         if not (root / self.folder / marker).exists() and not (root / marker).exists():
             what = "/ component folder" if not (root / self.folder).is_dir() else f"/{marker}"
             raise CheckpointError(f"{root}: model lacks its {self.folder}{what}; is the download complete?")
