@@ -1,11 +1,11 @@
 """Loading diffusers-layout checkpoints (safetensors only) into params pytrees.
 
 A component directory (``transformer/``, ``vae/``, ``text_encoder/``) holds one
-``<stem>.safetensors`` file or shards plus ``<stem>.safetensors.index.json``. Files are memory-mapped:
-a tensor is a zero-copy NumPy view into the mapping, layout changes (transposes, reshapes) are views
-too, and bytes are read only when a leaf is materialised. Each leaf is built with
-``jax.make_array_from_callback``, so a caller that passes shardings gets every device's shard read
-straight from the file, with no full host copy per device.
+``<stem>.safetensors`` file or shards plus ``<stem>.safetensors.index.json``. Files are opened with
+``safetensors.safe_open`` (which checks each header), and bytes are read only when a leaf is
+materialised. Each leaf is built with ``jax.make_array_from_callback``: a device's shard is read as
+the matching slice of the stored tensors (for layouts that only transpose, see :class:`Transpose`),
+so a caller that passes shardings gets no full host copy per device.
 
 Models describe their checkpoint with a tree of :class:`LeafSource` (which tensor names feed each
 leaf, how to lay them out, whether they stay float32); :func:`load_params` checks the whole
@@ -17,124 +17,108 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import mmap
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
-import ml_dtypes
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
-from wanjax.errors import CheckpointError, parse_json_object
+from wanjax.errors import CheckpointError
 
-# safetensors dtype tags -> NumPy dtypes (ml_dtypes supplies the ones NumPy lacks).
-_SAFETENSORS_DTYPES: dict[str, np.dtype] = {
-    "F64": np.dtype(np.float64),
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "I64": np.dtype(np.int64),
-    "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16),
-    "I8": np.dtype(np.int8),
-    "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
-}
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 _MAX_LISTED = 12
+
+Index = tuple[slice, ...]  # what jax.make_array_from_callback asks for: one slice per dimension
 
 
 @dataclasses.dataclass(frozen=True)
 class TensorRef:
-    """One tensor of a safetensors file, readable as a zero-copy memory-mapped view."""
+    """One tensor of a file opened with ``safe_open``; indexing it reads only the slice asked for."""
 
     name: str
     file: Path
     dtype: np.dtype
     shape: tuple[int, ...]
-    buffer: np.ndarray = dataclasses.field(repr=False, compare=False)  # uint8 view of the tensor bytes
+    handle: Any = dataclasses.field(repr=False, compare=False)  # the file's safe_open, shared by its tensors
+
+    def __getitem__(self, index: Index) -> np.ndarray:
+        """``tensor[index]`` (a slice per dimension), read from the file."""
+        if math.prod(self.shape) == 0:  # safe_open's slices reject empty dimensions
+            return self.array()[index]
+        return self.handle.get_slice(self.name)[index]
 
     def array(self) -> np.ndarray:
-        """The tensor as a read-only NumPy view (no bytes are read until used)."""
-        return self.buffer.view(self.dtype).reshape(self.shape)
+        """The whole tensor, read from the file."""
+        return self.handle.get_tensor(self.name)
 
 
-def read_safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
-    """The JSON header of a safetensors file and the byte offset where tensor data starts.
+@dataclasses.dataclass(frozen=True)
+class ArrayRef:
+    """An in-memory tensor standing where a :class:`TensorRef` would (random weights)."""
 
-    The header is checked to be well formed (every entry a known dtype, a shape of non-negative
-    ints and a ``[begin, end]`` byte range); anything else is a CheckpointError naming the file."""
-    try:
-        with open(path, "rb") as f:
-            prefix = f.read(8)
-            if len(prefix) < 8:
-                raise CheckpointError(f"{path}: truncated safetensors file (no header)")
-            n = int.from_bytes(prefix, "little")
-            if n < 2 or n > 100_000_000:
-                raise CheckpointError(f"{path}: not a safetensors file (header length {n})")
-            raw = f.read(n)
-        if len(raw) < n:
-            raise CheckpointError(f"{path}: truncated safetensors file (header cut short)")
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
-    header = parse_json_object(raw, f"{path}: corrupt safetensors header", CheckpointError)
-    header.pop("__metadata__", None)
-    for name, info in header.items():
-        _check_header_entry(path, name, info)
-    return header, 8 + n
+    value: np.ndarray
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.value.shape)
+
+    def __getitem__(self, index: Index) -> np.ndarray:
+        return self.value[index]
+
+    def array(self) -> np.ndarray:
+        return self.value
 
 
-def _check_header_entry(path: Path, name: str, info: Any) -> None:
-    def is_int(x: Any) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool) and x >= 0
-
-    ok = (
-        isinstance(info, dict)
-        and isinstance(info.get("dtype"), str)
-        and isinstance(info.get("shape"), list)
-        and all(is_int(d) for d in info["shape"])
-        and isinstance(info.get("data_offsets"), list)
-        and len(info["data_offsets"]) == 2
-        and all(is_int(o) for o in info["data_offsets"])
-        and info["data_offsets"][0] <= info["data_offsets"][1]
-    )
-    if not ok:
-        raise CheckpointError(f"{path}: corrupt safetensors header (entry {name!r} is malformed)")
+Ref = TensorRef | ArrayRef
 
 
 def open_safetensors(path: Path) -> dict[str, TensorRef]:
-    """Memory-map one safetensors file; check every tensor lies inside the file."""
-    header, data_start = read_safetensors_header(path)
+    """The tensors of one safetensors file (its header checked; no tensor read)."""
     try:
-        size = path.stat().st_size
-        if size == data_start:  # mmap cannot map zero bytes
-            mapped = np.zeros(0, np.uint8)
-        else:
-            with open(path, "rb") as f:
-                mapped = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
-    refs = {}
-    for name, info in header.items():
-        dtype = _SAFETENSORS_DTYPES.get(info["dtype"])
-        if dtype is None:
-            raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {info['dtype']}")
-        begin, end = info["data_offsets"]
-        shape = tuple(info["shape"])
-        if data_start + end > size:
-            raise CheckpointError(
-                f"{path}: truncated file: tensor {name} ends at byte {data_start + end} "
-                f"but the file has {size} bytes; download it again"
-            )
-        if end - begin != math.prod(shape) * dtype.itemsize:
-            raise CheckpointError(
-                f"{path}: corrupt header: tensor {name} byte range does not match its shape"
-            )
-        refs[name] = TensorRef(name, path, dtype, shape, mapped[data_start + begin : data_start + end])
-    return refs
+        handle = safe_open(path, framework="numpy")
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read ({e.strerror or e})") from None
+    except SafetensorError as e:
+        reason = str(e).removeprefix("Error while deserializing header: ")
+        if reason.startswith("incomplete metadata"):  # a valid header, but not the file size it implies
+            raise _truncated(path) or _corrupt(path, reason) from None
+        raise _corrupt(path, reason) from None
+    names = handle.keys()
+    return {name: _tensor_ref(path, handle, name) for name in names}
+
+
+def _tensor_ref(path: Path, handle: Any, name: str) -> TensorRef:
+    stored = handle.get_slice(name)
+    shape = tuple(stored.get_shape())
+    try:  # NumPy's dtype as safe_open gives it, from a read of at most one element
+        dtype = (stored[:0] if math.prod(shape) > 1 else handle.get_tensor(name)).dtype
+    except (AttributeError, SafetensorError):
+        raise CheckpointError(f"{path}: tensor {name} has unsupported dtype {stored.get_dtype()}") from None
+    return TensorRef(name, path, dtype, shape, handle)
+
+
+def _corrupt(path: Path, reason: str) -> CheckpointError:
+    return CheckpointError(f"{path}: corrupt safetensors header ({reason})")
+
+
+def _truncated(path: Path) -> CheckpointError | None:
+    """The error for a file that ends before its (valid) header's last tensor does, as after an
+    interrupted download, or None; safe_open rejects such a file without saying why."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    ends = {name: 8 + n + info["data_offsets"][1] for name, info in header.items()}
+    name = max(ends, key=ends.__getitem__, default=None)
+    if name is None or ends[name] <= size:
+        return None
+    return CheckpointError(
+        f"{path}: truncated file: tensor {name} ends at byte {ends[name]} "
+        f"but the file has {size} bytes; download it again"
+    )
 
 
 def open_component(directory: str | Path, stems: Iterable[str]) -> dict[str, TensorRef]:
@@ -196,9 +180,23 @@ def identity(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def linear_kernel(a: np.ndarray) -> np.ndarray:
-    """PyTorch ``Linear.weight`` (out, in) -> our kernel (in, out): ``y = x @ kernel``."""
-    return a.T
+@dataclasses.dataclass(frozen=True)
+class Transpose:
+    """A layout that only permutes axes, ``a.transpose(axes)``: a slice of the leaf is read as the
+    matching slice of the stored tensor (any other layout reads whole tensors)."""
+
+    axes: tuple[int, ...]
+
+    def __call__(self, a: np.ndarray) -> np.ndarray:
+        return a.transpose(self.axes)
+
+    def stored_index(self, index: Index) -> Index:
+        """The slice of the stored tensor that ``index`` (in our layout) selects."""
+        return tuple(index[self.axes.index(axis)] for axis in range(len(self.axes)))
+
+
+# PyTorch ``Linear.weight`` (out, in) -> our kernel (in, out): y = x @ kernel
+linear_kernel = Transpose((1, 0))
 
 
 Axes = tuple[str | None, ...]
@@ -243,18 +241,28 @@ class LeafSource:
         per_tensor = self.layout(np.empty(self.shape, np.uint8)).shape
         return (len(self.names), *per_tensor) if self.stacked else per_tensor
 
-    def read(self, refs: Mapping[str, TensorRef], index: tuple[slice, ...], dtype: np.dtype) -> np.ndarray:
-        """The slice ``index`` of the leaf, read from the mapped files and cast to ``dtype``."""
+    def read(self, refs: Mapping[str, Ref], index: Index, dtype: np.dtype) -> np.ndarray:
+        """The slice ``index`` of the leaf, read from the files and cast to ``dtype``."""
         if not self.stacked:
-            view = self.layout(refs[self.names[0]].array())[index]
+            view = self._layout_slice(refs[self.names[0]], index)
+            if self.layout is identity and view.dtype == dtype:  # read as it is wanted: no second copy
+                return view
             out = np.empty(view.shape, dtype)
             copy_into(out, view)
             return out
         layers = range(len(self.names))[index[0]]
         out = np.empty((len(layers), *self.target_shape()[1:]), dtype)[(slice(None), *index[1:])]
         for j, layer in enumerate(layers):
-            copy_into(out[j], self.layout(refs[self.names[layer]].array())[index[1:]])
+            copy_into(out[j], self._layout_slice(refs[self.names[layer]], index[1:]))
         return out
+
+    def _layout_slice(self, ref: Ref, index: Index) -> np.ndarray:
+        """``layout(tensor)[index]``, reading only that slice when the layout allows."""
+        if self.layout is identity:
+            return ref[index]
+        if isinstance(self.layout, Transpose):
+            return self.layout(ref[self.layout.stored_index(index)])
+        return self.layout(ref.array())[index]
 
 
 _TILE = 128
@@ -285,7 +293,7 @@ def leaf_dtype(source: LeafSource, dtype: np.dtype) -> np.dtype:
 
 
 def check_checkpoint(
-    refs: Mapping[str, TensorRef], spec: Any, where: str, ignore: Callable[[str], bool] = lambda name: False
+    refs: Mapping[str, Ref], spec: Any, where: str, ignore: Callable[[str], bool] = lambda name: False
 ) -> None:
     """Raise one CheckpointError listing missing, unexpected and wrongly-shaped tensors."""
     sources = _sources(spec)
@@ -312,7 +320,7 @@ ShardingFn = Callable[[LeafSource], jax.sharding.Sharding]
 
 
 def load_params(
-    refs: Mapping[str, TensorRef],
+    refs: Mapping[str, Ref],
     spec: Any,
     dtype: Any,
     where: str,
@@ -322,7 +330,7 @@ def load_params(
     """Materialise a params pytree from a spec tree of LeafSource.
 
     ``sharding(source)`` gives each leaf's target sharding (default: the first device); every
-    addressable shard is read directly from the memory-mapped file.
+    addressable shard is read as its slice of the stored tensors.
     """
     check_checkpoint(refs, spec, where, ignore)
     dtype, sharding = np.dtype(dtype), sharding or first_device
@@ -330,7 +338,7 @@ def load_params(
 
 
 def _build_leaf(
-    source: LeafSource, refs: Mapping[str, TensorRef | ArrayRef], dtype: np.dtype, sharding: ShardingFn
+    source: LeafSource, refs: Mapping[str, Ref], dtype: np.dtype, sharding: ShardingFn
 ) -> jax.Array:
     ldtype = leaf_dtype(source, dtype)
     return jax.make_array_from_callback(
@@ -367,20 +375,6 @@ def abstract_params(spec: Any, dtype: Any, sharding: ShardingFn | None = None) -
 
 # ----------------------------------------------------------------------------------------------
 # Random weights (demo model, benchmarks, tests; never a substitute for a checkpoint)
-
-
-@dataclasses.dataclass(frozen=True)
-class ArrayRef:
-    """An in-memory tensor standing where a :class:`TensorRef` would."""
-
-    value: np.ndarray
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.value.shape)
-
-    def array(self) -> np.ndarray:
-        return self.value
 
 
 def random_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

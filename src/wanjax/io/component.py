@@ -82,7 +82,7 @@ class Component:
         return read_config_file(self.config, directory / self.config_file)
 
     def open_weights(self, directory: Path) -> dict[str, TensorRef]:
-        """The component's tensors (memory-mapped; single file or shards)."""
+        """The component's tensors (single file or shards; headers read, no tensor)."""
         return open_component(directory, self.weight_stems)
 
     def checkpoint_spec(self, cfg: Any, refs: Collection[str]) -> Any:
