@@ -25,11 +25,11 @@ _EXPORTS = {
     "WanTransformer": "wanjax.models.dit",
     "WanVAE": "wanjax.models.vae",
     "WanjaxError": "wanjax.errors",
-    "load_text_encoder": "wanjax.models.umt5",
-    "load_tokenizer": "wanjax.models.tokenizer",
-    "load_transformer": "wanjax.models.dit",
-    "load_vae": "wanjax.models.vae",
-    "make_scheduler": "wanjax.pipeline.scheduler",
+    "load_text_encoder": "wanjax.pipeline.loaders",
+    "load_tokenizer": "wanjax.pipeline.loaders",
+    "load_transformer": "wanjax.pipeline.loaders",
+    "load_vae": "wanjax.pipeline.loaders",
+    "make_scheduler": "wanjax.pipeline.loaders",
     "prompt_clean": "wanjax.models.tokenizer",
 }
 
@@ -59,13 +59,20 @@ __all__ = [
 if TYPE_CHECKING:
     from wanjax.errors import CheckpointError, ConfigError, WanjaxError
     from wanjax.models.config import TransformerConfig
-    from wanjax.models.dit import WanTransformer, load_transformer
-    from wanjax.models.tokenizer import Tokenizer, load_tokenizer, prompt_clean
-    from wanjax.models.umt5 import UMT5Config, UMT5Encoder, load_text_encoder
-    from wanjax.models.vae import Tiling, WanVAE, load_vae
+    from wanjax.models.dit import WanTransformer
+    from wanjax.models.tokenizer import Tokenizer, prompt_clean
+    from wanjax.models.umt5 import UMT5Config, UMT5Encoder
+    from wanjax.models.vae import Tiling, WanVAE
     from wanjax.models.vae.config import VAEConfig
+    from wanjax.pipeline.loaders import (
+        load_text_encoder,
+        load_tokenizer,
+        load_transformer,
+        load_vae,
+        make_scheduler,
+    )
     from wanjax.pipeline.pipeline import WanPipeline
-    from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+    from wanjax.pipeline.scheduler import SchedulerConfig
 
 
 def __getattr__(name: str) -> Any:

@@ -2,7 +2,8 @@
 
 The cache is a small JSON file, ``{device_kind: {shape_key: [bq, bkv, bkv_compute, bkv_compute_in]}}``,
 read on each lookup (no process-wide state): ``$WANJAX_ATTENTION_TUNE_FILE``, else
-``<wanjax cache>/attention_tuning.json``.
+``<wanjax cache>/attention_tuning.json``. An absent or unreadable file is an empty cache; one that
+cannot be written is reported (a :class:`~wanjax.io.paths.CacheWarning`), never an error.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 import jax
 
 from wanjax.io.atomic import write_text
-from wanjax.io.paths import cache_root
+from wanjax.io.paths import cache_root, warn_unwritable
 
 Blocks = tuple[int, int, int, int]  # (bq, bkv, bkv_compute, bkv_compute_in)
 
@@ -56,11 +57,18 @@ def lookup(key: str, kind: str, path: Path | None = None) -> Blocks:
     return DEFAULT_BLOCKS
 
 
-def store(key: str, kind: str, blocks: Blocks, path: Path | None = None) -> Path:
-    """Record ``blocks`` for ``key`` on ``kind`` (atomic rewrite of the file); returns its path."""
+def store(key: str, kind: str, blocks: Blocks, path: Path | None = None) -> Path | None:
+    """Record ``blocks`` for ``key`` on ``kind`` (atomic rewrite of the file); returns its path, or
+    ``None`` when it cannot be written (with a :class:`~wanjax.io.paths.CacheWarning`)."""
     path = tune_file() if path is None else path
     data = read_cache(path)
     data.setdefault(kind, {})[key] = list(blocks)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    try:
+        write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+    except OSError as err:
+        kept = (
+            "the tuned blocks are not kept: give --tune_file or $WANJAX_ATTENTION_TUNE_FILE a writable path"
+        )
+        warn_unwritable(path, "the attention tune cache", err, kept)
+        return None
     return path

@@ -6,7 +6,9 @@
 loaded through exactly the code real checkpoints use. Everything is generated deterministically
 from fixed seeds with the run-time dependencies only (NumPy, safetensors, ``tokenizers``); the hash
 covers the configs, the vocabulary and the generator, so a changed generator gets a new folder.
-The folder is assembled under a temporary name and renamed when complete.
+The folder is assembled under a temporary name and renamed when complete. A cache folder that
+cannot be written does not stop a demo run: the model is then generated, with a warning, in a
+temporary folder removed at exit.
 
 Its output is structured noise: it exercises the whole engine quickly, it is not a trained model.
 """
@@ -28,6 +30,7 @@ from tokenizers.models import Unigram
 
 from wanjax.io.checkpoint import random_checkpoint
 from wanjax.io.component import Component
+from wanjax.io.paths import scratch_dir, writable_dir
 from wanjax.models.config import TransformerConfig
 from wanjax.models.dit import TRANSFORMER
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
@@ -83,6 +86,11 @@ DEMO_SCHEDULER: dict[str, Any] = {
     "solver_type": "bh2",
     "lower_order_final": True,
 }
+# What happens when the cache folder cannot be written, as the warning says it.
+UNCACHED = (
+    "the demo model is generated in a temporary folder for this run: "
+    "set $WANJAX_CACHE to a writable folder to keep it"
+)
 # What a demo run uses unless told otherwise: small enough to finish in seconds on a CPU.
 DEMO_DEFAULTS = {"height": 128, "width": 192, "frames": 17, "num_inference_steps": 10}
 
@@ -182,23 +190,29 @@ def write_demo_model(directory: str | Path) -> Path:
 
 def demo_model_dir(parent: str | Path) -> Path:
     """The demo model's directory under ``parent``, generated on first use (atomically: built aside,
-    then renamed)."""
-    parent = Path(parent)
-    target = parent / f"{DEMO_NAME}-{demo_fingerprint()}"
-    if (target / "model_index.json").is_file():
+    then renamed); in :func:`~wanjax.io.paths.scratch_dir` instead, with a warning, when ``parent``
+    cannot be written."""
+    target = Path(parent) / f"{DEMO_NAME}-{demo_fingerprint()}"
+    if not _complete(target) and not writable_dir(target.parent, "the wanjax cache", UNCACHED):
+        target = scratch_dir() / target.name
+    if _complete(target):
         return target
-    staging = parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    staging = target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     staging.mkdir(parents=True)
     try:
         write_demo_model(staging)
         try:
             staging.rename(target)
         except OSError:  # another process finished first: keep its copy
-            if not (target / "model_index.json").is_file():
+            if not _complete(target):
                 raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _complete(directory: Path) -> bool:
+    return (directory / "model_index.json").is_file()
 
 
 def is_demo_model(path: str | Path) -> bool:

@@ -138,9 +138,12 @@ class WanPipeline:
         jax_cache_dir: str | Path | bool = True,
         mesh: MeshSpec | str | None = None,
         fsdp: bool = False,
+        revision: str | None = None,
+        download: bool = False,
     ) -> WanPipeline:
-        """A pipeline for ``model``: a diffusers-layout directory, a hub repo id already in the local
-        Hugging Face cache, or ``"demo"`` (the built-in smoke model).
+        """A pipeline for ``model``: a diffusers-layout directory, a hub repo id in the local Hugging
+        Face cache (at ``revision``: a branch, tag or commit; fetched first with ``download=True``), or
+        ``"demo"`` (the built-in smoke model).
 
         ``dtype``: transformer (and, unless ``text_encoder_dtype`` says otherwise, text encoder)
         weights and activations; ``vae_dtype``: the VAE's activations, ``vae_weights_dtype`` its
@@ -158,7 +161,7 @@ class WanPipeline:
         if jax_cache_dir is not False:
             enable_compilation_cache(None if jax_cache_dir is True else jax_cache_dir)
         return cls(
-            resolve_model(model),
+            resolve_model(model, revision=revision, download=download),
             dtype,
             text_encoder_dtype=text_encoder_dtype,
             vae_dtype=vae_dtype,

@@ -18,6 +18,8 @@ with ``NOT_FOUND: Function ... not found``). Instead, while that cache is on, th
 executables are kept beside it (:func:`executable_store`) under a key of everything that makes the
 program what it is: the lowered module, its compiler options, the JAX, jaxlib and backend
 versions, the devices, ``XLA_FLAGS`` and the host CPU's features (XLA:CPU compiles for them).
+A store entry that cannot be read or written costs a compile, never the run; with the cache off
+(as it is when its directory cannot be written) there is no store.
 
 Each program built this way is reported through :mod:`jax.monitoring` like JAX's own compiles: a
 :data:`COMPILE_EVENT` time span (the child's whole run) and a :data:`STORE_HIT_EVENT` when the
@@ -158,10 +160,12 @@ def _child(request_path: str, result_path: str) -> None:
     stored = (
         None if request["store"] is None else Path(request["store"], f"{cache_key(lowered, options)}.pkl")
     )
-    from_store = stored is not None and stored.exists()
-    if from_store:
-        serialized = stored.read_bytes()
-    else:
+    serialized = None
+    if stored is not None:
+        with contextlib.suppress(OSError):  # absent or unreadable: compiled anew
+            serialized = stored.read_bytes()
+    from_store = serialized is not None
+    if serialized is None:
         serialized = pickle.dumps(serialize(lowered.compile()))
         if stored is not None:
             # a read-only or full store: the program is compiled again next time

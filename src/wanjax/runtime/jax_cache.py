@@ -2,8 +2,13 @@
 
 The directory is, in order: the value passed in (the ``--jax_cache_dir`` flag), ``$WANJAX_JAX_CACHE_DIR``,
 a directory already configured for JAX (``$JAX_COMPILATION_CACHE_DIR`` or ``jax.config``), else
-``<wanjax cache>/jax`` (see :func:`wanjax.pipeline.hub.cache_root`). ``off`` (or ``none``) disables it.
+``<wanjax cache>/jax`` (see :func:`wanjax.io.paths.cache_root`). ``off`` (or ``none``) disables it.
 Every program is cached, however small or quick to compile.
+
+A directory that cannot be written never stops a run: it is reported once (a
+:class:`~wanjax.io.paths.CacheWarning` naming it and the setting it came from) and the cache stays
+off. Should an entry fail to be written later, JAX itself warns and goes on (unless
+``jax_raise_persistent_cache_errors`` is set).
 """
 
 from __future__ import annotations
@@ -13,34 +18,46 @@ from pathlib import Path
 
 import jax
 
-from wanjax.io.paths import cache_root
+from wanjax.io.paths import locate_cache_root, writable_dir
 
 ENV_VAR = "WANJAX_JAX_CACHE_DIR"
+JAX_ENV_VAR = "JAX_COMPILATION_CACHE_DIR"
 OFF = ("off", "none", "")
+FIX = (
+    f"running without it: give a writable folder (--jax_cache_dir, ${ENV_VAR} or $WANJAX_CACHE) "
+    "or --jax_cache_dir off"
+)
 
 
-def resolve_cache_dir(directory: str | Path | None = None) -> Path | None:
-    """The cache directory to use (``None``: disabled)."""
+def resolve_cache_dir(directory: str | Path | None = None) -> tuple[Path | None, str]:
+    """The cache directory to use (``None``: disabled) and the setting it came from
+    (``--jax_cache_dir`` for ``directory``, else a variable's ``$NAME`` or ``jax.config``)."""
+    source = "--jax_cache_dir"
     if directory is None:
-        directory = os.environ.get(ENV_VAR)
+        directory, source = os.environ.get(ENV_VAR), f"${ENV_VAR}"
     if directory is None:
         configured = jax.config.jax_compilation_cache_dir
-        return Path(configured) if configured else cache_root() / "jax"
+        if configured:
+            return Path(configured), f"${JAX_ENV_VAR}" if os.environ.get(JAX_ENV_VAR) else "jax.config"
+        root, source = locate_cache_root()
+        return root / "jax", source
     if str(directory).strip().lower() in OFF:
-        return None
-    return Path(directory).expanduser()
+        return None, source
+    return Path(directory).expanduser(), source
 
 
 def enable_compilation_cache(directory: str | Path | None = None) -> Path | None:
-    """Turn the persistent compilation cache on (see the module docstring); returns its directory.
+    """Turn the persistent compilation cache on (see the module docstring); returns its directory
+    (``None``: off, as asked or because it cannot be written).
 
     JAX reads the setting when it first compiles; call this before any computation.
     """
-    path = resolve_cache_dir(directory)
+    path, source = resolve_cache_dir(directory)
+    if path is not None and not writable_dir(path, f"the JAX compilation cache (from {source})", FIX):
+        path = None
     if path is None:
         jax.config.update("jax_enable_compilation_cache", False)
         return None
-    path.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_enable_compilation_cache", True)
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
