@@ -3,35 +3,43 @@
 VENV   ?= .venv
 PYTHON ?= python3
 BIN     = $(VENV)/bin
-STAMP   = $(VENV)/.installed
 
 .PHONY: venv demo test lint bench clean
 
-$(STAMP): pyproject.toml
+# Two stamps: `make demo` installs the package and its run-time dependencies only; `make test`
+# adds the test extra (the references: torch, diffusers, transformers).
+RUN_STAMP  = $(VENV)/.installed-run
+TEST_STAMP = $(VENV)/.installed-test
+
+$(RUN_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUN_STAMP)
+
+$(TEST_STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(TEST_STAMP)
 
-venv: $(STAMP)
+venv: $(TEST_STAMP)
 
 ## demo: the main job (built-in tiny random model, no downloads): prompt -> out/demo.mp4
-demo: $(STAMP)
+demo: $(RUN_STAMP)
 	$(BIN)/wanjax generate --model demo --prompt "A cat plays the piano in a jazz club" \
 		--output_video out/demo.mp4 --preview out/demo.png --metrics_json out/demo.json
 
 ## test: the whole test suite (parity against diffusers on tiny models)
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check src tests benchmarks
 
 ## bench: side-by-side DiT benchmark against diffusers (not part of the tests)
-bench: $(STAMP)
+bench: $(TEST_STAMP)
 	$(BIN)/python benchmarks/dit_vs_diffusers.py --layers 2 --repeats 5
 
 clean:

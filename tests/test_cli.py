@@ -90,14 +90,16 @@ def test_every_flag_lands_in_the_request():
     left-out flags take the request's defaults, the ones a run records."""
     commands = subcommands()
     parser = build_parser(commands)
+    given = {"info": ["demo"], "generate": ["--prompt", "a cat"], "encode": ["--prompt", "a cat"]}
     for name in ("generate", "encode", "denoise", "decode", "plan", "info"):
-        args = parser.parse_args([name, "demo"] if name == "info" else [name])
+        args = parser.parse_args([name, *given.get(name, [])])
         request = commands[name].request(args)
         assert isinstance(request, requests.Request) and request.command == name
         assert set(request.flags()) == set(vars(args)) - {"command", "debug"}, name
-    recorded = commands["generate"].request(parser.parse_args(["generate", "--debug"])).arguments()
+    args = parser.parse_args(["generate", "--prompt", "a cat", "--debug"])
+    recorded = commands["generate"].request(args).arguments()
     assert list(recorded) == sorted(recorded) and "debug" not in recorded
-    assert recorded["command"] == "generate" and recorded["prompt"] == [requests.DEFAULT_PROMPT]
+    assert recorded["command"] == "generate" and recorded["prompt"] == ["a cat"]
     defaults = {
         "attention": "auto",
         "vae_dtype": "float32",
@@ -150,6 +152,8 @@ def test_info_and_generate_accept_transformer_weights_named_model(demo_env, tmp_
         "generate",
         "--model",
         root,
+        "--prompt",
+        "a cat",
         "--num_inference_steps",
         "1",
         "--frames",
@@ -167,7 +171,8 @@ def test_info_and_generate_accept_transformer_weights_named_model(demo_env, tmp_
 
 def test_hub_id_resolved_from_the_local_hf_cache(demo_env, tmp_path, monkeypatch, capsys):
     """A repo id is read from the HF cache snapshot that refs/main names; absent, the error says how to get it."""
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    # huggingface_hub reads $HF_HUB_CACHE when it is imported: set what it read
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
     one_line_error(
         capsys, ("info", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"), "not in the Hugging Face cache", "hf download"
     )
@@ -184,7 +189,9 @@ def test_hub_id_resolved_from_the_local_hf_cache(demo_env, tmp_path, monkeypatch
 
 def test_missing_model_path(tmp_path, capsys):
     one_line_error(capsys, ("info", tmp_path / "missing"), "does not exist")
-    one_line_error(capsys, ("generate", "--model", tmp_path / "missing"), "does not exist")
+    one_line_error(
+        capsys, ("generate", "--model", tmp_path / "missing", "--prompt", "a cat"), "does not exist"
+    )
 
 
 @pytest.mark.parametrize(
@@ -207,7 +214,18 @@ def test_missing_model_path(tmp_path, capsys):
 )
 def test_generate_rejects_bad_flags(demo_env, tmp_path, capsys, flags, needles):
     out = tmp_path / "v.mp4"
-    args = ("generate", "--model", "demo", "--output_video", out, "--jax_cache_dir", "off", *flags)
+    args = (
+        "generate",
+        "--model",
+        "demo",
+        "--prompt",
+        "a cat",
+        "--output_video",
+        out,
+        "--jax_cache_dir",
+        "off",
+        *flags,
+    )
     one_line_error(capsys, args, *needles)
     assert not list(tmp_path.iterdir())  # nothing written, not even a partial file
 
@@ -223,7 +241,9 @@ def test_stage_mistakes(demo_env, tmp_path, capsys):
     )
 
     video = ("--height", "32", "--width", "48", "--frames", "5")
-    assert run(capsys, "encode", "--model", "demo", "--output_dir", d, *video, *off)[0] == 0
+    assert (
+        run(capsys, "encode", "--model", "demo", "--prompt", "a cat", "--output_dir", d, *video, *off)[0] == 0
+    )
     one_line_error(
         capsys, ("denoise", "--input_dir", d, "--height", "64", *off), "--height 64 contradicts", "height 32"
     )
@@ -265,7 +285,17 @@ def test_attention_flags_reach_the_model(demo_env, tmp_path, capsys):
         ("exp2", ("--use_custom_attention", "--bqsize", "128")),
     ):
         path = tmp_path / f"{name}.npy"
-        args = ("generate", "--model", "demo", "--num_inference_steps", "2", "--dtype", "float32")
+        args = (
+            "generate",
+            "--model",
+            "demo",
+            "--prompt",
+            "a cat",
+            "--num_inference_steps",
+            "2",
+            "--dtype",
+            "float32",
+        )
         code, _, err = run(
             capsys,
             *args,
@@ -292,7 +322,17 @@ def test_vae_flags_reach_the_decoder(demo_env, tmp_path, capsys):
         ("tiled", ("--vae_tiling", "64:48")),
     ):
         path = tmp_path / f"{name}.npy"
-        args = ("generate", "--model", "demo", "--num_inference_steps", "2", "--dtype", "float32")
+        args = (
+            "generate",
+            "--model",
+            "demo",
+            "--prompt",
+            "a cat",
+            "--num_inference_steps",
+            "2",
+            "--dtype",
+            "float32",
+        )
         out = ("--frames_out", path, "--output_video", tmp_path / f"{name}.mp4", "--jax_cache_dir", "off")
         code, _, err = run(capsys, *args, *out, *flags)
         assert code == 0, err

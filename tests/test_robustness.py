@@ -22,7 +22,7 @@ from safetensors.numpy import load_file, save_file
 from wanjax.cli import preflight as validation
 from wanjax.cli.main import main
 from wanjax.errors import NumericalError, WanjaxError
-from wanjax.io.checkpoint import open_safetensors, read_safetensors_header
+from wanjax.io.checkpoint import open_safetensors
 from wanjax.io.component import read_config_file
 from wanjax.models.config import TransformerConfig
 from wanjax.pipeline import stages
@@ -31,6 +31,7 @@ from wanjax.pipeline.sampler import check_steps_finite
 
 OFF = ("--jax_cache_dir", "off")
 SMALL = ("--height", "32", "--width", "48", "--frames", "5")
+PROMPT = ("--prompt", "a cat")
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def copy_model(demo_dir: Path, tmp_path: Path) -> Path:
 
 
 def generate_args(model, out: Path, *flags) -> tuple:
-    return ("generate", "--model", model, "--output_video", out / "v.mp4", *OFF, *SMALL, *flags)
+    return ("generate", "--model", model, *PROMPT, "--output_video", out / "v.mp4", *OFF, *SMALL, *flags)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -138,9 +139,21 @@ def test_unwritable_outputs_are_refused_up_front(demo_env, tmp_path, capsys):
         ("--frames_out", blocker / "sub" / "f.npy"),
         ("--metrics_json", blocker / "m.json"),
     ):
-        args = ("generate", "--model", "demo", *OFF, *SMALL, "--output_video", tmp_path / "v.mp4", flag, path)
+        args = (
+            "generate",
+            "--model",
+            "demo",
+            *PROMPT,
+            *OFF,
+            *SMALL,
+            "--output_video",
+            tmp_path / "v.mp4",
+            flag,
+            path,
+        )
         one_line_error(capsys, args, flag, "is not a directory")
-    one_line_error(capsys, ("encode", "--model", "demo", "--output_dir", blocker, *OFF), "is not a directory")
+    args = ("encode", "--model", "demo", *PROMPT, "--output_dir", blocker, *OFF)
+    one_line_error(capsys, args, "is not a directory")
     folder = tmp_path / "sheet.png"
     folder.mkdir()
     one_line_error(capsys, generate_args("demo", tmp_path, "--preview", folder), "is a directory")
@@ -327,7 +340,18 @@ def test_same_seed_same_frames_and_everything_recorded(demo_env, tmp_path, capsy
     cache = ("--jax_cache_dir", tmp_path / "jax")
     frames = {}
     for name, seed in (("a", 7), ("b", 7), ("c", 8)):
-        args = ("generate", "--model", "demo", *SMALL, *cache, "--num_inference_steps", "2", "--seed", seed)
+        args = (
+            "generate",
+            "--model",
+            "demo",
+            *PROMPT,
+            *SMALL,
+            *cache,
+            "--num_inference_steps",
+            "2",
+            "--seed",
+            seed,
+        )
         files = ("--output_video", tmp_path / f"{name}.mp4", "--frames_out", tmp_path / f"{name}.npy")
         code, _, err = run(capsys, *args, *files, "--metrics_json", tmp_path / f"{name}.json")
         assert code == 0, err
@@ -345,7 +369,7 @@ def test_same_seed_same_frames_and_everything_recorded(demo_env, tmp_path, capsy
 
 def test_stage_config_records_seed_versions_and_arguments(demo_env, tmp_path, capsys):
     d = tmp_path / "s"
-    assert run(capsys, "encode", "--model", "demo", "--output_dir", d, *SMALL, *OFF)[0] == 0
+    assert run(capsys, "encode", "--model", "demo", *PROMPT, "--output_dir", d, *SMALL, *OFF)[0] == 0
     code, _, err = run(capsys, "denoise", "--input_dir", d, "--num_inference_steps", "1", "--seed", "3", *OFF)
     assert code == 0, err
     config = stages.read_config(d)
@@ -381,6 +405,10 @@ class SlowContainer:
 
     def __exit__(self, *exc):
         return self.container.__exit__(*exc)
+
+    @property
+    def metadata(self):
+        return self.container.metadata
 
     def add_stream(self, *args, **kwargs):
         return self.container.add_stream(*args, **kwargs)
@@ -552,12 +580,17 @@ def test_fuzzed_stage_files_and_configs_give_clean_errors(demo_dir, tmp_path):
         path.rename(bad / stages.CONFIG_FILE)
         stages.read_config(bad)
 
+    def read_tensors(path: Path) -> None:
+        for ref in open_safetensors(path).values():
+            ref.array()
+            ref[tuple(slice(0, 1) for _ in ref.shape)]
+
     transformer_config = (demo_dir / "transformer" / "config.json").read_bytes()
     readers = [
         (stages.load_latents, (d / stages.LATENTS_FILE).read_bytes(), True),
         (read_embeddings, (d / stages.EMBEDDINGS_FILE).read_bytes(), True),
-        (read_safetensors_header, (d / stages.LATENTS_FILE).read_bytes(), True),
-        (open_safetensors, (d / stages.EMBEDDINGS_FILE).read_bytes(), True),
+        (open_safetensors, (d / stages.LATENTS_FILE).read_bytes(), True),
+        (read_tensors, (d / stages.EMBEDDINGS_FILE).read_bytes(), True),
         (read_config, (d / stages.CONFIG_FILE).read_bytes(), False),
         (lambda p: read_config_file(TransformerConfig, p), transformer_config, False),
     ]

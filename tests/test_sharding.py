@@ -195,7 +195,8 @@ def test_vae_decode_memory_per_device_shrinks_with_spatial_sharding(model_dir):
 def test_cli_refuses_bad_mesh_flags_in_one_line(flags, message, capsys, tmp_path):
     from wanjax.cli.main import main
 
-    assert main(["generate", "--model", "demo", "--output_video", str(tmp_path / "v.mp4"), *flags]) == 2
+    args = ["generate", "--model", "demo", "--prompt", "a cat", "--output_video", str(tmp_path / "v.mp4")]
+    assert main([*args, *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
 

@@ -10,7 +10,6 @@ flags and the run's environment (``info`` and ``plan`` are in :mod:`wanjax.cli.d
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from wanjax.cli import preflight as validation
+from wanjax.cli.outputs import clip_infos, fresh_video_name, record_file, write_outputs
 from wanjax.cli.requests import (
     DEFAULT_DTYPE,
     DEFAULT_MODEL,
@@ -29,7 +29,6 @@ from wanjax.cli.requests import (
     DenoiseRequest,
     EncodeRequest,
     GenerateRequest,
-    OutputFlags,
     ParallelFlags,
     PipelineRequest,
     PromptFlags,
@@ -39,7 +38,6 @@ from wanjax.cli.requests import (
     model_defaults,
 )
 from wanjax.errors import ConfigError, WanjaxError
-from wanjax.io.atomic import atomic_path
 from wanjax.kernels.attention import AttentionSpec, resolve_backend
 from wanjax.kernels.common import check_block
 from wanjax.parallel.layouts import to_host
@@ -48,6 +46,7 @@ from wanjax.parallel.multihost import initialize, is_primary
 from wanjax.pipeline import stages
 from wanjax.pipeline.hub import DEMO, ModelSource
 from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.pipeline.prompts import negative_prompt, read_prompt_file
 from wanjax.runtime.environment import environment
 from wanjax.runtime.timing import RunReport
 
@@ -79,9 +78,11 @@ def open_pipeline(
     mesh: MeshSpec | str | None,
     fsdp: bool,
     *,
+    revision: str | None = None,
     vae: VaeFlags = VaeFlags(),  # noqa: B008 (frozen)
     attention: AttentionFlags = AttentionFlags(),  # noqa: B008 (frozen)
 ) -> WanPipeline:
+    """The pipeline of ``model`` (a hub model at ``revision``, else ``--revision``)."""
     from wanjax.models.vae import Tiling
 
     return WanPipeline.from_pretrained(
@@ -95,6 +96,8 @@ def open_pipeline(
         jax_cache_dir=common.jax_cache_dir if common.jax_cache_dir is not None else True,
         mesh=mesh,
         fsdp=fsdp,
+        revision=revision or common.revision,
+        download=common.download,
     )
 
 
@@ -144,6 +147,11 @@ def check_output_paths(request: Request, **more: str | Path | None) -> None:
     validation.check_outputs({**outputs, **more})
 
 
+def video_record(request: Writing) -> Path:
+    """The JSON record a video-writing run leaves (``--output_video`` must be resolved)."""
+    return record_file(request.outputs.output_video, request.common.metrics_json)
+
+
 def check_vae_tiling(pipe: WanPipeline) -> None:
     """``--vae_tiling`` against the VAE's config (read without weights), before any work."""
     if pipe.vae_tiling is not None:
@@ -180,40 +188,6 @@ def resolve_video(
     return video
 
 
-def write_outputs(frames: np.ndarray, outputs: OutputFlags, fps: float) -> dict[str, str]:
-    """mp4 (one per batch item), optional raw frames and preview, written by process 0 only;
-    returns the paths."""
-    from wanjax.io.video import write_mp4, write_preview
-
-    primary = is_primary()
-
-    def numbered(path: Path, i: int) -> Path:
-        return path if frames.shape[0] == 1 else path.with_name(f"{path.stem}_{i}{path.suffix}")
-
-    written: dict[str, str] = {}
-    video = Path(outputs.output_video)
-    for i, clip in enumerate(frames if primary else ()):
-        write_mp4(clip, numbered(video, i), fps=fps)
-    written["video"] = str(
-        video if frames.shape[0] == 1 else numbered(video, 0).with_name(f"{video.stem}_*.mp4")
-    )
-    if outputs.frames_out and primary:
-        with atomic_path(outputs.frames_out) as tmp, open(tmp, "wb") as f:
-            np.save(f, frames)
-    if outputs.frames_out:
-        written["frames"] = outputs.frames_out
-    if outputs.preview:
-        for i, clip in enumerate(frames if primary else ()):
-            write_preview(clip, numbered(Path(outputs.preview), i))
-        written["preview"] = outputs.preview
-    return written
-
-
-def timestamped_video_name() -> str:
-    """The default output name, as the reference scripts: ``YYYYMMDD_HHMMSS.mp4`` in the working directory."""
-    return datetime.datetime.now().strftime("%Y%m%d_%H%M%S") + ".mp4"
-
-
 def with_output_video(request: Writing, default: str) -> Writing:
     """``request`` with ``--output_video`` resolved (``default`` when left out)."""
     outputs = dataclasses.replace(request.outputs, output_video=request.outputs.output_video or default)
@@ -231,7 +205,11 @@ def recorded(request: PipelineRequest) -> dict[str, Any]:
     return {"arguments": request.arguments(), "environment": environment()}
 
 
-def finish(report: RunReport, request: PipelineRequest, start: float) -> RunReport:
+def finish(
+    report: RunReport, request: PipelineRequest, start: float, record: Path | None = None
+) -> RunReport:
+    """Complete the report, print it and write it as JSON to ``record`` (default ``--metrics_json``;
+    process 0 only)."""
     import jax
 
     from wanjax.version import __version__
@@ -245,11 +223,14 @@ def finish(report: RunReport, request: PipelineRequest, start: float) -> RunRepo
             "arguments": request.arguments(),
         }
     )
+    record = record or (Path(request.common.metrics_json) if request.common.metrics_json else None)
+    if record is not None:
+        report.outputs["record"] = str(record)
     if not is_primary():
         return report
+    if record is not None:
+        report.write_json(record)
     print(report.table())
-    if request.common.metrics_json:
-        report.write_json(request.common.metrics_json)
     return report
 
 
@@ -274,8 +255,9 @@ def make_report(command: str, pipe: WanPipeline, video: dict[str, Any], outputs:
 def cmd_generate(request: GenerateRequest) -> RunReport:
     """Prompt to mp4 in one process."""
     start = begin(request.parallel)
-    request = with_output_video(request, timestamped_video_name())
-    check_output_paths(request)
+    request = with_output_video(request, fresh_video_name())
+    record = video_record(request)
+    check_output_paths(request, **{"--metrics_json": record})
     mesh, fsdp = mesh_request(request.parallel)
     pipe = open_pipeline(
         request.common,
@@ -296,7 +278,7 @@ def cmd_generate(request: GenerateRequest) -> RunReport:
     validation.check_rope(configs["transformer"], pipe.geometry, video)
     check_devices(mesh, configs["transformer"].num_attention_heads)
     params = sampling_params(pipe, request.sampling)
-    negative = negative_prompt(request.text)
+    negative = negative_prompt(request.text.negative_prompt)
     pos, neg = pipe.encode_prompt(prompts, [negative] * batch, request.text.max_sequence_length)
     latents = (
         init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
@@ -304,28 +286,27 @@ def cmd_generate(request: GenerateRequest) -> RunReport:
     final = denoise(pipe, pos, neg, latents, params)
     frames = pipe.decode(final)
     fps = request.video.fps or model_defaults(pipe.source.is_demo).fps
-    outputs = write_outputs(frames, request.outputs, fps)
+    described = {
+        "model": model_label(pipe.source),
+        "negative_prompt": negative,
+        **video,
+        "fps": fps,
+        **params,
+    }
+    outputs = write_outputs(frames, request.outputs, fps, clip_infos(batch, prompts, described))
     report = make_report("generate", pipe, {"batch": batch, **video, "fps": fps}, outputs)
-    report.extra["sampling"] = params
-    return finish(report, request, start)
+    report.extra.update(sampling=params, prompts=prompts, negative_prompt=negative)
+    return finish(report, request, start, record)
 
 
 def prompt_list(text: PromptFlags) -> list[str]:
-    """The prompts of this run: ``--prompt_file`` (one per non-empty line) or the ``--prompt`` values."""
+    """The prompts of this run: ``--prompt_file``'s (see :func:`read_prompt_file`) or the ``--prompt`` values."""
     if not text.prompt_file:
         return list(text.prompt)
     try:
-        content = Path(text.prompt_file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise WanjaxError(f"--prompt_file {text.prompt_file}: cannot read it ({e})") from None
-    prompts = [line.strip() for line in content.splitlines() if line.strip()]
-    if not prompts:
-        raise WanjaxError(f"--prompt_file {text.prompt_file} holds no prompt (one per line)")
-    return prompts
-
-
-def negative_prompt(text: PromptFlags) -> str:
-    return text.negative_prompt if text.negative_prompt is not None else ""
+        return read_prompt_file(text.prompt_file)
+    except WanjaxError as e:
+        raise WanjaxError(f"--prompt_file {e}") from None
 
 
 def batch_prompts(prompts: list[str], batch: int | None) -> list[str]:
@@ -353,13 +334,14 @@ def cmd_encode(request: EncodeRequest) -> RunReport:
     if {"height", "width", "frames"} & given.keys():
         defaults = dataclasses.asdict(model_defaults(pipe.source.is_demo))
         pipe.geometry.check(*(given.get(k, defaults[k]) for k in ("height", "width", "frames")))
-    negative = negative_prompt(request.text)
+    negative = negative_prompt(request.text.negative_prompt)
     prompts = prompt_list(request.text)
     length = request.text.max_sequence_length
     pos, neg = (to_host(e) for e in pipe.encode_prompt(prompts, [negative] * len(prompts), length))
     path = stages.save_embeddings(out, pos, neg) if is_primary() else out / stages.EMBEDDINGS_FILE
     params = {
         "model": model_label(pipe.source),
+        "revision": request.common.revision,
         "dtype": pipe.text_encoder_dtype.name,
         "prompt": prompts[0] if len(prompts) == 1 else prompts,
         "negative_prompt": negative,
@@ -385,7 +367,10 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
     earlier = {k: v for k, (v, _) in stages.upstream(config, "denoise").items()}
     mesh, fsdp = mesh_request(request.parallel)
     model, dtype = request.common.model or earlier.get("model"), request.dtype or earlier.get("dtype")
-    pipe = open_pipeline(request.common, model, dtype, mesh, fsdp, attention=request.attention)
+    revision = None if request.common.model else earlier.get("revision")
+    pipe = open_pipeline(
+        request.common, model, dtype, mesh, fsdp, revision=revision, attention=request.attention
+    )
     cfg = validation.check_model(pipe.path, ("transformer",))["transformer"]
     if pos.shape[2] != cfg.text_dim:
         raise WanjaxError(
@@ -410,6 +395,7 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
     fps = request.video.fps
     entry = {
         "model": model_label(pipe.source),
+        "revision": revision or request.common.revision,
         "dtype": pipe.dtype.name,
         **video,
         **({"fps": fps} if fps else {}),
@@ -431,12 +417,14 @@ def cmd_decode(request: DecodeRequest) -> RunReport:
     latents_path = directory / stages.LATENTS_FILE
     latents = stages.load_latents(latents_path)
     request = with_output_video(request, str(directory / "output_video.mp4"))
-    check_output_paths(request, **{"--input_dir": directory / stages.CONFIG_FILE})
+    record = video_record(request)
+    check_output_paths(request, **{"--input_dir": directory / stages.CONFIG_FILE, "--metrics_json": record})
     stages.check_video_flags(config, "decode", {"fps": request.video.fps}, directory)
     earlier = {k: v for k, (v, _) in stages.upstream(config, "decode").items()}
     mesh, fsdp = mesh_request(request.parallel)
     model = request.common.model or earlier.get("model")
-    pipe = open_pipeline(request.common, model, None, mesh, fsdp, vae=request.vae)
+    revision = None if request.common.model else earlier.get("revision")
+    pipe = open_pipeline(request.common, model, None, mesh, fsdp, revision=revision, vae=request.vae)
     vae_cfg = validation.check_model(pipe.path, ("vae",))["vae"]
     check_vae_tiling(pipe)
     if latents.shape[1] != vae_cfg.z_dim:
@@ -455,20 +443,26 @@ def cmd_decode(request: DecodeRequest) -> RunReport:
             )
     frames = pipe.decode(latents)
     fps = request.video.fps or earlier.get("fps") or model_defaults(pipe.source.is_demo).fps
-    outputs = write_outputs(frames, request.outputs, fps)
+    batch = latents.shape[0]
+    described = {**earlier, **size, "fps": fps}
+    outputs = write_outputs(frames, request.outputs, fps, clip_infos(batch, earlier.get("prompt"), described))
     entry = {
         "model": model_label(pipe.source),
+        "revision": revision or request.common.revision,
         "vae_dtype": pipe.vae_dtype.name,
         "vae_weights_dtype": pipe.vae_weights_dtype.name,
         "fps": fps,
-        "output_video": outputs["video"],
+        "output_video": request.outputs.output_video,
         "frames_out": request.outputs.frames_out,
         "preview": request.outputs.preview,
+        "written": outputs,
         **recorded(request),
     }
     if is_primary():
         stages.write_config(directory, stages.record_stage(config, "decode", entry))
-    return finish(make_report("decode", pipe, {**size, "fps": fps}, outputs), request, start)
+    return finish(
+        make_report("decode", pipe, {"batch": batch, **size, "fps": fps}, outputs), request, start, record
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -2,29 +2,34 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from wanjax.cli.requests import InfoRequest, PlanRequest
 from wanjax.errors import WanjaxError
+
+if TYPE_CHECKING:
+    from wanjax.io.component import Component
 
 
 def cmd_info(request: InfoRequest) -> None:
     """Print components, their configs, tensor counts, sizes and dtypes."""
-    from wanjax.pipeline.components import COMPONENTS
     from wanjax.pipeline.hub import resolve_model
 
-    source = resolve_model(request.model)
+    source = resolve_model(request.model, revision=request.revision, download=request.download)
     root = source.path
     index_path = root / "model_index.json"
+    marker = _component(root.name).marker  # the file that makes ``root`` one component's folder
     if index_path.exists():
         index = _read_json(index_path)
         components = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list)]
         print(f"{root}: {index.get('_class_name', 'model')}")
         if source.is_demo:
             print(f"  {index['_wanjax_demo']['note']}")
-    elif (root / "config.json").exists():
+    elif (root / marker).is_file():
         components, root = [root.name], root.parent
     else:
         raise WanjaxError(
-            f"{root}: neither model_index.json nor config.json found; pass a diffusers model directory"
+            f"{root}: neither model_index.json nor {marker} found; pass a diffusers model directory"
         )
     for name in components:
         folder = root / name
@@ -32,20 +37,51 @@ def cmd_info(request: InfoRequest) -> None:
         if not folder.is_dir():
             print("  (missing)")
             continue
-        config = folder / "config.json"
-        if config.exists():
-            cfg = _read_json(config)
-            print("  class: " + str(cfg.get("_class_name", cfg.get("architectures", "?"))))
-            print("  config: " + ", ".join(f"{k}={v}" for k, v in cfg.items() if not k.startswith("_")))
-        for json_file in sorted(folder.glob("*config.json")):
-            if json_file.name != "config.json":
-                print(f"  {json_file.name}: {json_file.read_text().strip()[:400]}")
-        component = COMPONENTS.get(name)
-        if component is not None and component.has_weights:
+        component = _component(name)
+        configs = sorted(folder.glob("*config.json"), key=lambda p: (p.name != component.config_file, p.name))
+        for config in configs:
+            for line in _config_lines(config.name, _read_json(config)):
+                print(f"  {line}")
+        if component.has_weights:
             print("  weights: " + _weights_summary(component.open_weights(folder)))
         else:
             files = sorted(p for p in folder.iterdir() if p.is_file())
             print("  files: " + ", ".join(f"{p.name} ({p.stat().st_size / 1024:.0f} KiB)" for p in files))
+
+
+def _component(folder: str) -> Component:
+    """The registry's description of ``folder``; for another folder, one holding a config.json."""
+    from wanjax.io.component import Component
+    from wanjax.pipeline.components import COMPONENTS
+
+    return COMPONENTS.get(folder) or Component(folder, files=("config.json",))
+
+
+# The key that names a config's class: diffusers, transformers models, transformers tokenizers.
+CLASS_KEYS = ("_class_name", "architectures", "tokenizer_class")
+
+
+def _config_lines(file_name: str, cfg: dict[str, Any]) -> list[str]:
+    """``class: NAME`` (when the config names one) and ``FILE: key=value, ...`` (metadata left out)."""
+    key = next((k for k in CLASS_KEYS if k in cfg), None)
+    values = ", ".join(f"{k}={_short(v)}" for k, v in cfg.items() if k != key and not k.startswith("_"))
+    if key is None:
+        return [f"{file_name}: {values}"]
+    name = cfg[key]
+    return [
+        "class: " + (", ".join(map(str, name)) if isinstance(name, list) else str(name)),
+        f"{file_name}: {values}",
+    ]
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    """``value`` as text, a long list or dict as its length (tokenizer configs list hundreds of tokens)."""
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    if isinstance(value, list | dict):
+        return f"<{len(value)} {'items' if isinstance(value, list) else 'entries'}>"
+    return text[:limit] + "..."
 
 
 def _read_json(path) -> dict:
@@ -86,20 +122,28 @@ def cmd_plan(request: PlanRequest) -> int:
     plans = [planning.plan(model, m, **kwargs) for m in planning.candidate_meshes(count, request.use_fsdp)]
     for p in plans:
         print(p.table())
-    best = planning.best_mesh(plans, model.transformer.num_attention_heads)
-    if best is None:
+    suggestion = planning.suggest_mesh(plans, model.transformer.num_attention_heads)
+    if suggestion is None:
         print("no mesh fits; use more devices, --use_fsdp, or a smaller video")
         return 1
+    best = suggestion.plan
     print(f"suggested: --mesh {best.mesh.flag} (peak {best.peak / planning.GiB:.2f} GiB)")
+    print(f"  why: {suggestion.reason}")
     return 0
 
 
 def _weights_summary(refs: dict) -> str:
+    """Tensor count, parameters, bytes and the dtype mix, from the files' headers (no tensor read)."""
+    import math
+
+    import numpy as np
+
     counts: dict[str, int] = {}
     total_bytes = 0
     for ref in refs.values():
-        counts[str(ref.dtype)] = counts.get(str(ref.dtype), 0) + int(ref.array().size)
-        total_bytes += ref.array().nbytes
+        size = math.prod(ref.shape)
+        counts[str(ref.dtype)] = counts.get(str(ref.dtype), 0) + size
+        total_bytes += size * np.dtype(ref.dtype).itemsize
     params = sum(counts.values()) or 1
     dtypes = ", ".join(f"{k} {v / params:.0%}" for k, v in sorted(counts.items()))
     return f"{len(refs)} tensors, {params / 1e6:.2f} M params, {total_bytes / 2**20:.1f} MiB ({dtypes})"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -92,7 +93,10 @@ def subcommands() -> dict[str, Subcommand]:
 
 def build_parser(commands: Mapping[str, Subcommand]) -> CliParser:
     """The ``wanjax`` parser with a subparser per command (each with ``--debug``)."""
+    from wanjax.version import __version__
+
     parser = CliParser(prog="wanjax", description="Wan 2.1 text-to-video inference in JAX.")
+    parser.add_argument("--version", action="version", version=f"wanjax {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, command in commands.items():
         command_parser = sub.add_parser(name, help=command.help)
@@ -102,19 +106,33 @@ def build_parser(commands: Mapping[str, Subcommand]) -> CliParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    commands = subcommands()
     try:
-        args = build_parser(commands).parse_args(argv)
-    except UsageError as e:
-        print(e, file=sys.stderr)
-        return 2
-    command = commands[args.command]
-    if args.debug:
-        return _run(command, args, debug=True)
+        return _main(argv)
+    except BrokenPipeError:  # the reader went away (`wanjax info demo | head`): not an error
+        _silence_stdout()
+        return 0
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so Python's flush of it at exit does not fail once more."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     original = warnings.formatwarning
     warnings.formatwarning = _one_line_warning  # "wanjax: warning: ..." instead of file:line + source
     try:
-        return _run(command, args, debug=False)
+        commands = subcommands()
+        try:
+            args = build_parser(commands).parse_args(argv)
+        except UsageError as e:
+            print(e, file=sys.stderr)
+            return 2
+        if args.debug:
+            warnings.formatwarning = original
+        return _run(commands[args.command], args, debug=args.debug)
     finally:
         warnings.formatwarning = original
 
@@ -137,6 +155,8 @@ def _run(command: Subcommand, args: argparse.Namespace, debug: bool) -> int:
             raise
         print("wanjax: interrupted (no partial output files were left)", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise  # stdout's reader went away: see main
     except (OSError, MemoryError) as e:  # a runtime failure: disk full, out of host memory, ...
         if debug:
             raise

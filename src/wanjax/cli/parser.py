@@ -14,7 +14,6 @@ from typing import Any, NoReturn
 
 from wanjax.cli.requests import (
     DEFAULT_MODEL,
-    DEFAULT_PROMPT,
     STAGE_DIR,
     AttentionFlags,
     PlanRequest,
@@ -22,6 +21,7 @@ from wanjax.cli.requests import (
     VaeFlags,
     model_defaults,
 )
+from wanjax.pipeline.prompts import NAMED_NEGATIVE_PROMPTS
 
 _INVALID_CHOICE = re.compile(r"invalid choice: (?P<value>.*) \(choose from (?P<choices>.*)\)")
 
@@ -36,6 +36,7 @@ class CliParser(argparse.ArgumentParser):
     are of this class too, and flags no subcommand knows are reported by the subcommand given."""
 
     def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("allow_abbrev", False)  # --num_inference_step is a typo, not a flag
         super().__init__(*args, **kwargs)
         self._subcommands: Any = None
 
@@ -90,6 +91,7 @@ def add_common(
     parser: argparse.ArgumentParser, *, model_help: str, dtype: bool = True, vae: bool = False
 ) -> None:
     flag(parser, "model", help=model_help)
+    add_hub(parser)
     if dtype:
         flag(parser, "dtype", help="transformer / text encoder dtype: bfloat16 (default), float32")
     if vae:
@@ -101,6 +103,16 @@ def add_common(
     )
     flag(parser, "metrics_json", help="also write the timing report as JSON to this file")
     add_parallel(parser)
+
+
+def add_hub(parser: argparse.ArgumentParser) -> None:
+    flag(parser, "revision", help="hub model: a branch, tag or commit (default main)")
+    flag(
+        parser,
+        "download",
+        action="store_true",
+        help="hub model: download what is not in the local Hugging Face cache (default: never download)",
+    )
 
 
 def add_vae(parser: argparse.ArgumentParser) -> None:
@@ -161,11 +173,21 @@ def add_prompt(parser: argparse.ArgumentParser) -> None:
         parser,
         "prompt",
         nargs="+",
-        help="what the video shows; several prompts run as one batch (one mp4 each: NAME_0.mp4, ...) "
-        f"(default {DEFAULT_PROMPT!r})",
+        help="what the video shows (required, or --prompt_file); several prompts run as one batch "
+        "(one mp4 each: NAME_0.mp4, ...)",
     )
-    flag(parser, "prompt_file", help="a text file with one prompt per line (a batch; instead of --prompt)")
-    flag(parser, "negative_prompt", help='what to steer away from (default "")')
+    flag(
+        parser,
+        "prompt_file",
+        help="a text file with one prompt per line, a batch (instead of --prompt; blank and # lines skipped)",
+    )
+    names = ", ".join(NAMED_NEGATIVE_PROMPTS)
+    flag(
+        parser,
+        "negative_prompt",
+        help=f'what to steer away from (default "", as diffusers); {names}: the Wan authors\' negative '
+        "prompt that diffusers' Wan examples use",
+    )
     length = PromptFlags.max_sequence_length
     flag(parser, "max_sequence_length", type=int, help=f"text tokens (default {length}, as trained)")
 
@@ -250,10 +272,11 @@ def plan_flags(parser: argparse.ArgumentParser) -> None:
     flag(parser, "frames", type=int, help=f"frames (default {d.frames})")
     flag(parser, "dtype", help=f"transformer / text encoder dtype (default {d.dtype})")
     flag(parser, "vae_dtype", help=f"VAE dtype (default {d.vae_dtype})")
-    flag(parser, "use_fsdp", action="store_true", help="FSDP weights")
+    flag(parser, "use_fsdp", action="store_true", help="also shard weights' model dims over dp/sp")
 
 
 def info_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model", help="model directory (or one component folder), hub id in the HF cache, or demo"
     )
+    add_hub(parser)

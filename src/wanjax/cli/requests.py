@@ -21,7 +21,6 @@ from typing import Any, ClassVar, TypeVar
 from wanjax.errors import ConfigError, WanjaxError
 
 DEFAULT_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
-DEFAULT_PROMPT = "A cat walks on the grass, realistic"
 DEFAULT_DTYPE = "bfloat16"
 STAGE_DIR = "stage_outputs"
 OUTPUT_SUFFIXES = {"output_video": ".mp4", "frames_out": ".npy", "preview": ".png"}
@@ -57,9 +56,12 @@ def model_defaults(is_demo: bool) -> ModelDefaults:
 
 @dataclasses.dataclass(frozen=True)
 class CommonFlags:
-    """Every pipeline command: the model, the compilation cache, the metrics file."""
+    """Every pipeline command: the model (and its hub revision, downloaded when asked), the
+    compilation cache, the metrics file."""
 
     model: str | None = None
+    revision: str | None = None
+    download: bool = False
     jax_cache_dir: str | None = None
     metrics_json: str | None = None
 
@@ -79,9 +81,10 @@ class ParallelFlags:
 
 @dataclasses.dataclass(frozen=True)
 class PromptFlags:
-    """The text: prompts (a batch), or a file of them, and the negative prompt."""
+    """The text: prompts (a batch), or a file of them (one is required), and the negative prompt
+    (a text, or a name of :data:`wanjax.pipeline.prompts.NAMED_NEGATIVE_PROMPTS`)."""
 
-    prompt: tuple[str, ...] = (DEFAULT_PROMPT,)
+    prompt: tuple[str, ...] = ()
     prompt_file: str | None = None
     negative_prompt: str | None = None
     max_sequence_length: int = 512
@@ -264,6 +267,8 @@ class InfoRequest(Request):
 
     command: ClassVar[str] = "info"
     model: str
+    revision: str | None = None
+    download: bool = False
 
 
 def _from_namespace(cls: type[Any], args: argparse.Namespace) -> Any:
@@ -304,10 +309,21 @@ def _json_value(value: Any) -> Any:
 def check_flags(request: Request) -> None:
     """Value checks of the flags a request has: output file names, numbers, dtypes, VAE options."""
     flags = request.flags()
+    _check_prompts(flags)
     _check_output_names(flags)
     _check_numbers(flags)
     _check_dtypes(flags)
     _check_vae_options(flags)
+
+
+def _check_prompts(flags: dict[str, Any]) -> None:
+    """A command that encodes text is given exactly one of ``--prompt`` and ``--prompt_file``."""
+    if "prompt" not in flags:
+        return
+    if not flags["prompt"] and not flags["prompt_file"]:
+        raise WanjaxError('no prompt: give --prompt "what the video shows" (or --prompt_file FILE)')
+    if flags["prompt"] and flags["prompt_file"]:
+        raise WanjaxError("--prompt and --prompt_file both given; give one of them")
 
 
 def _check_output_names(flags: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +18,21 @@ def _check_frames(frames: np.ndarray) -> np.ndarray:
     return frames
 
 
-def write_mp4(frames: np.ndarray, path: str | Path, fps: float = 16.0, crf: int = 18) -> Path:
-    """Encode ``uint8 [T, H, W, 3]`` frames as H.264 (yuv420p) at ``fps``; written atomically."""
+def write_mp4(
+    frames: np.ndarray,
+    path: str | Path,
+    fps: float = 16.0,
+    crf: int = 18,
+    metadata: Mapping[str, str] | None = None,
+) -> Path:
+    """Encode ``uint8 [T, H, W, 3]`` frames as H.264 (yuv420p) at ``fps``; written atomically.
+    ``metadata``: container tags (mp4 keeps ``title``, ``comment``, ``description``, ...)."""
     import av  # imported here: only the video stage needs it
 
     frames = _check_frames(frames)
     path = Path(path)
     with atomic_path(path) as tmp, av.open(str(tmp), mode="w", format="mp4") as container:
+        container.metadata.update(metadata or {})
         stream = container.add_stream("libx264", rate=round(fps) if float(fps).is_integer() else fps)
         stream.width, stream.height = frames.shape[2], frames.shape[1]
         stream.pix_fmt = "yuv420p"

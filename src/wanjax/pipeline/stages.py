@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import save_file
+from safetensors.numpy import save
 
 from wanjax.errors import NumericalError, WanjaxError
 from wanjax.io.atomic import atomic_path, write_text
@@ -33,15 +33,16 @@ LATENTS_FILE = "stage2_latents.safetensors"
 CONFIG_FILE = "generation_config.json"
 STAGES = ("encode", "denoise", "decode")
 VIDEO_KEYS = ("height", "width", "frames", "fps")
-_UNFLATTENED = ("arguments", "environment")  # per-stage records, not parameters
+_UNFLATTENED = ("arguments", "environment", "written")  # per-stage records, not parameters
 _PRODUCED_BY = {EMBEDDINGS_FILE: "encode --output_dir", LATENTS_FILE: "denoise --input_dir"}
 
 
 def _save(path: Path, tensors: Mapping[str, np.ndarray]) -> Path:
+    """Serialised in memory (stage tensors are small) and written through :func:`atomic_path`, so the
+    file gets the umask's mode as every other output (safetensors' own writer makes it 0600)."""
+    data = save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata={"format": "pt"})
     with atomic_path(path) as tmp:
-        save_file(
-            {k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"}
-        )
+        tmp.write_bytes(data)
     return path
 
 
@@ -55,7 +56,7 @@ def _read(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
     missing = [k for k in keys if k not in refs]
     if missing:
         raise WanjaxError(f"{path}: no tensor {', '.join(missing)} (has {', '.join(sorted(refs)) or 'none'})")
-    return {k: np.array(refs[k].array()) for k in keys}
+    return {k: refs[k].array() for k in keys}
 
 
 def check_finite(path: Path, name: str, array: np.ndarray) -> None:

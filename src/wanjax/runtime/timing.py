@@ -137,7 +137,7 @@ class RunReport:
     stages: dict[str, StageTiming] = dataclasses.field(default_factory=dict)
     steps: StepTimes | None = None
     video: dict[str, int | float] = dataclasses.field(default_factory=dict)
-    outputs: dict[str, str] = dataclasses.field(default_factory=dict)
+    outputs: dict[str, str | list[str]] = dataclasses.field(default_factory=dict)  # files by kind
     total: float = 0.0
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -200,7 +200,8 @@ class RunReport:
             lines.append(f"video: {v['batch']} x {v['frames']} frames, {v['width']}x{v['height']}{fps}")
         elif v:
             lines.append("shape: " + ", ".join(f"{k} {value}" for k, value in v.items()))
-        lines += [f"{kind}: {path}" for kind, path in self.outputs.items()]
+        for kind, paths in self.outputs.items():
+            lines.append(f"{kind}: {', '.join(paths) if isinstance(paths, list) else paths}")
         lines.append(f"total {self.total:.2f} s")
         return "\n".join(lines)
 

@@ -325,22 +325,55 @@ def format_table(result: dict[str, Any]) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``wanjax bench`` flags (seed names, hyphenated spellings accepted)."""
     d = BenchConfig()
-    parser.add_argument("--arch", default=d.arch, choices=["1.3B", "14B"])
+    parser.add_argument(
+        "--arch", default=d.arch, choices=["1.3B", "14B"], help=f"built-in architecture (default {d.arch})"
+    )
     parser.add_argument("--layers", type=int, default=None, help="DiT/UMT5 layers (default: all)")
-    parser.add_argument("--height", type=int, default=d.height)
-    parser.add_argument("--width", type=int, default=d.width)
-    parser.add_argument("--frames", type=int, default=d.frames)
     parser.add_argument(
-        "--num_inference_steps", "--num-inference-steps", type=int, default=d.num_inference_steps
+        "--height", type=int, default=d.height, help=f"pixels, multiple of 16 (default {d.height})"
     )
-    parser.add_argument("--guidance_scale", "--guidance-scale", type=float, default=d.guidance_scale)
-    parser.add_argument("--dtype", default=d.dtype)
-    parser.add_argument("--vae_dtype", "--vae-dtype", default=d.vae_dtype)
     parser.add_argument(
-        "--max_sequence_length", "--max-sequence-length", type=int, default=d.max_sequence_length
+        "--width", type=int, default=d.width, help=f"pixels, multiple of 16 (default {d.width})"
     )
-    parser.add_argument("--repeats", type=int, default=d.repeats)
-    parser.add_argument("--stages", nargs="+", default=list(d.stages), choices=list(STAGES))
+    parser.add_argument("--frames", type=int, default=d.frames, help=f"4n+1 frames (default {d.frames})")
+    parser.add_argument(
+        "--num_inference_steps",
+        "--num-inference-steps",
+        type=int,
+        default=d.num_inference_steps,
+        help=f"denoising steps per timed run, and in the pipeline line (default {d.num_inference_steps})",
+    )
+    parser.add_argument(
+        "--guidance_scale",
+        "--guidance-scale",
+        type=float,
+        default=d.guidance_scale,
+        help=f"classifier-free guidance; > 1 batches the CFG pair (default {d.guidance_scale})",
+    )
+    parser.add_argument("--dtype", default=d.dtype, help=f"DiT / UMT5 dtype (default {d.dtype})")
+    parser.add_argument(
+        "--vae_dtype", "--vae-dtype", default=d.vae_dtype, help=f"VAE dtype (default {d.vae_dtype})"
+    )
+    parser.add_argument(
+        "--max_sequence_length",
+        "--max-sequence-length",
+        type=int,
+        default=d.max_sequence_length,
+        help=f"text tokens of the encoded prompt (default {d.max_sequence_length})",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=d.repeats,
+        help=f"timed runs per stage after the warm-up (default {d.repeats})",
+    )
+    parser.add_argument(
+        "--stages",
+        nargs="+",
+        default=list(d.stages),
+        choices=list(STAGES),
+        help=f"stages to time (default: {' '.join(d.stages)})",
+    )
     parser.add_argument("--json", help="also write the numbers to this JSON file")
 
 

@@ -32,7 +32,7 @@ from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import Numerics
 from wanjax.models.vae.scan import decoder_chunk
 from wanjax.parallel.attention import sequence_mode
-from wanjax.parallel.layouts import token_layout
+from wanjax.parallel.layouts import TokenLayout, token_layout
 from wanjax.parallel.mesh import MeshSpec, auto_mesh
 from wanjax.parallel.rules import per_device_param_bytes
 
@@ -82,6 +82,7 @@ class Plan:
     mesh: MeshSpec
     stages: dict[str, StagePlan]
     device_memory: int
+    layout: TokenLayout  # how the DiT's tokens are split over the mesh
 
     @property
     def weights(self) -> int:
@@ -95,6 +96,17 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.peak <= HEADROOM * self.device_memory
+
+    @property
+    def block_devices(self) -> int:
+        """Devices that exchange activations in every DiT block: those of one batch shard."""
+        return self.mesh.num_devices // math.prod(self.mesh.sizes[a] for a in self.layout.batch)
+
+    @property
+    def roles(self) -> str:
+        """What each axis of size > 1 splits, as `` (dp=2: batch, tp=4: heads)`` ("" on one device)."""
+        roles = self.layout.describe({a: n for a, n in self.mesh.sizes.items() if n > 1})
+        return f" ({roles})" if roles else ""
 
     def table(self) -> str:
         lines = [f"mesh {self.mesh}:"]
@@ -182,7 +194,7 @@ def plan(
         "denoise": StagePlan(d_weights, dit_act),
         "decode": StagePlan(v_weights, vae_act),
     }
-    return Plan(mesh, stages, device_memory)
+    return Plan(mesh, stages, device_memory, layout)
 
 
 @functools.lru_cache(maxsize=16)
@@ -223,13 +235,38 @@ def parse_memory(text: str) -> int:
     return int(value * units[unit])
 
 
-def best_mesh(plans: list[Plan], heads: int) -> Plan | None:
-    """The auto mesh when it fits, else the fitting mesh with the lowest peak."""
+@dataclasses.dataclass(frozen=True)
+class Suggestion:
+    """The mesh ``wanjax plan`` suggests, and why (one line, from the plans' numbers)."""
+
+    plan: Plan
+    reason: str
+
+
+def suggest_mesh(plans: list[Plan], heads: int) -> Suggestion | None:
+    """Of ``plans`` (one per :func:`candidate_meshes` mesh), the ``--mesh auto`` mesh (what ``generate``
+    runs) when it fits, else the fitting mesh with the lowest peak; None when none fits."""
     fitting = [p for p in plans if p.fits]
     if not fitting:
         return None
+    leanest = min(fitting, key=lambda p: p.peak)
     preferred = auto_mesh(plans[0].mesh.num_devices, heads, fsdp=plans[0].mesh.fsdp)
-    for p in fitting:
-        if p.mesh.shape == preferred.shape:
-            return p
-    return min(fitting, key=lambda p: p.peak)
+    auto = next(p for p in plans if p.mesh.shape == preferred.shape)
+    if not auto.fits:
+        usable = HEADROOM * auto.device_memory
+        return Suggestion(
+            leanest,
+            f"--mesh auto ({auto.mesh.flag}) would peak at {auto.peak / GiB:.2f} GiB, over the "
+            f"{usable / GiB:.1f} GiB usable; this is the fitting mesh with the lowest peak",
+        )
+    n = auto.block_devices
+    devices = "one device" if n == 1 else f"{n} devices that exchange activations"
+    reason = f"--mesh auto (generate's default) fits; each DiT block runs on {devices}{auto.roles}"
+    if leanest.peak < auto.peak:
+        on = "but on" if leanest.block_devices > n else "on the same"
+        lower = (auto.peak - leanest.peak) / GiB
+        reason += (
+            f"; {leanest.mesh.flag} peaks {lower:.2f} GiB lower, {on} {leanest.block_devices} devices"
+            f"{leanest.roles}"
+        )
+    return Suggestion(auto, reason)

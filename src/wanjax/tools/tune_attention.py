@@ -116,7 +116,8 @@ def tune(
     seconds, best = min(results)
     key = tuning.shape_key(backend, problem.q_len, problem.k_len, problem.head_dim, jnp.dtype(dtype).name)
     stored = tuning.store(key, tuning.device_kind(), best, path)
-    log(f"{problem.name}: best {best} ({seconds * 1e3:.2f} ms), stored in {stored} under {key!r}")
+    where = f"stored in {stored} under {key!r}" if stored else "not stored (see the warning)"
+    log(f"{problem.name}: best {best} ({seconds * 1e3:.2f} ms), {where}")
     return best, seconds
 
 
@@ -168,17 +169,37 @@ class TuneRequest:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``wanjax tune-attention`` flags."""
     d = TuneRequest()
-    p.add_argument("--model", default=d.model, help="preset (1.3B, 14B) or model directory")
-    p.add_argument("--height", type=int, default=d.height)
-    p.add_argument("--width", type=int, default=d.width)
-    p.add_argument("--frames", type=int, default=d.frames)
-    p.add_argument("--batch", type=int, default=d.batch)
     p.add_argument(
-        "--heads", type=int, default=d.heads, help="heads per device (e.g. heads / tp under a mesh)"
+        "--model", default=d.model, help=f"preset (1.3B, 14B) or model directory (default {d.model})"
     )
-    p.add_argument("--backend", choices=("splash", "splash_exp2"), default=d.backend)
-    p.add_argument("--dtype", default=d.dtype)
-    p.add_argument("--repeats", type=int, default=d.repeats)
+    p.add_argument("--height", type=int, default=d.height, help=f"pixels (default {d.height})")
+    p.add_argument("--width", type=int, default=d.width, help=f"pixels (default {d.width})")
+    p.add_argument("--frames", type=int, default=d.frames, help=f"4n+1 frames (default {d.frames})")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=d.batch,
+        help=f"videos per attention call (default {d.batch}; 2: a CFG pair on one device)",
+    )
+    p.add_argument(
+        "--heads",
+        type=int,
+        default=d.heads,
+        help="heads per device (e.g. heads / tp under a mesh; default: all)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("splash", "splash_exp2"),
+        default=d.backend,
+        help=f"TPU kernel to tune (default {d.backend})",
+    )
+    p.add_argument("--dtype", default=d.dtype, help=f"query/key/value dtype (default {d.dtype})")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=d.repeats,
+        help=f"timed calls per candidate, median kept (default {d.repeats})",
+    )
     p.add_argument("--quick", action="store_true", help="a smaller candidate grid")
     p.add_argument(
         "--tune_file", type=Path, default=d.tune_file, help=f"cache file (default {tuning.tune_file()})"
