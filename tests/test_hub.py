@@ -245,3 +245,25 @@ def test_pipeline_from_pretrained_takes_revisions(hf_cache, demo_dir, cached_rep
     with pytest.raises(WanjaxError, match="HF_HUB_OFFLINE"), pytest.MonkeyPatch.context() as mp:
         mp.setattr(constants, "HF_HUB_OFFLINE", True)
         wanjax.WanPipeline.from_pretrained("Wan-AI/Missing", download=True, jax_cache_dir=False)
+
+
+def test_cli_revision_and_download_flags(hf_cache, demo_dir, cached_repo, capsys):
+    """``info --revision`` reads that snapshot; an uncached revision names the fix; ``--download``
+    reaches the hub (a closed port here), and the error says so in one line."""
+    from wanjax.cli.main import main
+
+    add_snapshot(hf_cache, REPO, demo_dir, V2, "v2")
+    assert main(["info", REPO, "--revision", "v2"]) == 0
+    assert capsys.readouterr().out.startswith(
+        str(hf_cache / f"models--{REPO.replace('/', '--')}/snapshots/{V2}")
+    )
+    for flags, needle in (
+        (["--revision", "v3"], f"hf download {REPO} --revision v3"),
+        (["--revision", "v3", "--download"], "download failed"),
+    ):
+        assert main(["info", REPO, *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and needle in err, err
+    args = ["generate", "--model", REPO, "--revision", "v3", "--prompt", "a cat", "--jax_cache_dir", "off"]
+    assert main(args) == 2
+    assert "--revision v3" in capsys.readouterr().err
