@@ -30,6 +30,18 @@ def one_line_error(capsys, args, *needles: str) -> str:
     return lines[0]
 
 
+# a short float32 demo run: frames comparable across flags
+DEMO_FLOAT32 = (
+    "generate",
+    "--model",
+    "demo",
+    "--prompt",
+    "a cat",
+    "--num_inference_steps",
+    "2",
+    "--dtype",
+    "float32",
+)
 ATTENTION_CHOICES = "(choose from auto, xla, cudnn, splash, splash_exp2)"
 COMMANDS = "generate, encode, denoise, decode, plan, bench, tune-attention, info"
 
@@ -285,20 +297,9 @@ def test_attention_flags_reach_the_model(demo_env, tmp_path, capsys):
         ("exp2", ("--use_custom_attention", "--bqsize", "128")),
     ):
         path = tmp_path / f"{name}.npy"
-        args = (
-            "generate",
-            "--model",
-            "demo",
-            "--prompt",
-            "a cat",
-            "--num_inference_steps",
-            "2",
-            "--dtype",
-            "float32",
-        )
         code, _, err = run(
             capsys,
-            *args,
+            *DEMO_FLOAT32,
             "--jax_cache_dir",
             "off",
             "--frames_out",
@@ -322,19 +323,8 @@ def test_vae_flags_reach_the_decoder(demo_env, tmp_path, capsys):
         ("tiled", ("--vae_tiling", "64:48")),
     ):
         path = tmp_path / f"{name}.npy"
-        args = (
-            "generate",
-            "--model",
-            "demo",
-            "--prompt",
-            "a cat",
-            "--num_inference_steps",
-            "2",
-            "--dtype",
-            "float32",
-        )
         out = ("--frames_out", path, "--output_video", tmp_path / f"{name}.mp4", "--jax_cache_dir", "off")
-        code, _, err = run(capsys, *args, *out, *flags)
+        code, _, err = run(capsys, *DEMO_FLOAT32, *out, *flags)
         assert code == 0, err
         frames[name] = np.load(path)
     np.testing.assert_array_equal(frames["whole"], frames["default"])
