@@ -9,7 +9,7 @@ import pytest
 from attention_reference import random_qkv, reference, rel
 
 from wanjax.errors import ConfigError
-from wanjax.kernels.attention import AttentionSpec, attention, resolve_backend
+from wanjax.kernels.attention import AttentionShape, AttentionSpec, attention, resolve_backend
 
 # (B, Lq, Lk, H, D): self-attention with lengths that are not multiples of the blocks, cross-attention.
 SHAPES = [(2, 130, 130, 2, 64), (1, 195, 512, 3, 128), (1, 97, 33, 12, 16)]
@@ -89,7 +89,9 @@ def test_window_leaves_cross_attention_global():
 
 
 def test_auto_is_xla_on_cpu():
-    assert resolve_backend("auto") == resolve_backend("auto", jnp.bfloat16) == "xla"
+    """(Other platforms, simulated: tests/test_backend_choice.py.)"""
+    bf16, f32 = AttentionShape(128, jnp.bfloat16), AttentionShape(384, jnp.float32)
+    assert resolve_backend("auto") == resolve_backend("auto", bf16) == resolve_backend("auto", f32) == "xla"
 
 
 ON_CPU = "; available: auto, xla, splash, splash_exp2$"

@@ -4,36 +4,66 @@
 key) and returns ``(B, Lq, H, D)`` in the query dtype. ``backend`` is a name or an
 :class:`AttentionSpec` (name plus options):
 
-* ``xla``: portable matmuls, blockwise online softmax at long lengths (bounded memory); CPU default;
-* ``cudnn``: cuDNN flash attention, NVIDIA GPUs only, 16-bit inputs; GPU default (float32: ``xla``);
-* ``splash``: JAX's Pallas TPU splash attention; TPU default;
+* ``xla``: portable matmuls, blockwise online softmax at long lengths (bounded memory); runs
+  any shape and dtype;
+* ``cudnn``: cuDNN flash attention, NVIDIA GPUs only, for the shapes cuDNN runs (16-bit inputs, head
+  dim a multiple of 8 and at most 256 on Hopper, no window: see :func:`wanjax.kernels.cudnn.cudnn_limit`);
+* ``splash``: JAX's Pallas TPU splash attention;
 * ``splash_exp2``: our Pallas TPU kernel with exp2 and an inner kv compute loop (the seed's custom
   kernel, ``--use_custom_attention``);
-* ``auto``: the platform's default.
+* ``auto``: per call, the first backend of the platform's :data:`PREFERENCE` that can run the call's
+  :class:`AttentionShape` (GPU: ``cudnn``, else ``xla``, e.g. for the VAE's one 384-dim head or
+  float32; TPU: ``splash``; elsewhere ``xla``).
+
+The choice is :func:`resolve_backend`, a pure function of the backend name, the call's shape and the
+:class:`Platform` (this process's unless one is given: tests simulate a GPU on a CPU). A backend asked
+for by name that cannot run a call is a :class:`ConfigError` naming the limit; :func:`check_backend`
+raises it before any work (the command line's pre-flight). Each call runs in a named scope,
+:meth:`AttentionShape.label` (its ops are named ``attention_cudnn_B1_Lq32760_...`` in profiles).
 
 The TPU kernels run anywhere: without a TPU, in Pallas interpret mode (with a warning; slow, for
-testing). Lengths that are not multiples of the blocks are padded and the padding masked.
+testing). They pad lengths to whole blocks (the padding masked) and the head dim to 128 lanes, so
+they take any shape.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import jax
 import jax.numpy as jnp
 
 from wanjax.errors import ConfigError
 from wanjax.kernels import tuning
-from wanjax.kernels.common import AttentionProblem, InterpretModeWarning
-from wanjax.kernels.cudnn import cudnn_attention, cudnn_available
+from wanjax.kernels.common import AttentionProblem, AttentionShape, InterpretModeWarning, Platform
+from wanjax.kernels.cudnn import cudnn_attention, cudnn_limit
 from wanjax.kernels.xla import DENSE_LIMIT, xla_attention
 
-__all__ = ["BACKENDS", "DENSE_LIMIT", "AttentionSpec", "InterpretModeWarning", "attention", "resolve_backend"]
+__all__ = [
+    "BACKENDS",
+    "DENSE_LIMIT",
+    "PREFERENCE",
+    "AttentionShape",
+    "AttentionSpec",
+    "InterpretModeWarning",
+    "Platform",
+    "attention",
+    "available",
+    "backend_limit",
+    "check_backend",
+    "resolve_backend",
+]
 
 BACKENDS = ("auto", "xla", "cudnn", "splash", "splash_exp2")
 TPU_KERNELS = ("splash", "splash_exp2")
+# What ``auto`` tries per platform, fastest first; ``xla`` (last everywhere) runs anything.
+PREFERENCE: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"gpu": ("cudnn", "xla"), "tpu": ("splash", "xla")}
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,30 +103,67 @@ class AttentionSpec:
         return tuple(g if g is not None else f for g, f in zip(given, found, strict=True))  # type: ignore[return-value]
 
 
-def available() -> tuple[str, ...]:
-    """Backends usable on this platform (TPU kernels everywhere: interpret mode off TPU)."""
-    return tuple(b for b in BACKENDS if b != "cudnn" or cudnn_available())
+def backend_limit(backend: str, platform: Platform, shape: AttentionShape | None = None) -> str | None:
+    """Why ``backend`` cannot run ``shape`` on ``platform`` (a phrase), or ``None`` when it can;
+    without ``shape``, only whether it runs on ``platform`` at all. The rules of every backend:
 
-
-def resolve_backend(name: str, dtype: jnp.dtype | None = None) -> str:
-    """The concrete backend ``name`` runs on this platform; ConfigError if unknown or unavailable.
-
-    ``auto``: ``splash`` on TPU, ``cudnn`` on NVIDIA GPUs for 16-bit ``dtype`` (cuDNN has no float32
-    flash attention), else ``xla``.
+    * ``cudnn``: :func:`wanjax.kernels.cudnn.cudnn_limit` (NVIDIA GPU >= sm80, 16-bit, head dim);
+    * ``splash``/``splash_exp2``: none (lengths padded to blocks, head dim to 128 lanes, any float
+      dtype; off TPU in interpret mode);
+    * ``xla``: none.
     """
-    if name not in available():
-        problem = (
-            f"unknown attention backend {name!r}"
-            if name not in BACKENDS
-            else f"attention backend {name!r} needs an NVIDIA GPU, unavailable on {jax.default_backend()}"
-        )
-        raise ConfigError(f"{problem}; available: {', '.join(available())}")
-    if name != "auto":
-        return name
-    if jax.default_backend() == "tpu":
-        return "splash"
-    half = dtype is not None and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)
-    return "cudnn" if half and cudnn_available() else "xla"
+    if backend == "cudnn":
+        return cudnn_limit(platform, shape)
+    return None
+
+
+def _platform(platform: Platform | None) -> Platform:
+    return Platform.detect() if platform is None else platform
+
+
+def available(platform: Platform | None = None) -> tuple[str, ...]:
+    """Backends usable on ``platform`` (default: this process's) for some problem (TPU kernels
+    everywhere: interpret mode off TPU)."""
+    platform = _platform(platform)
+    return tuple(b for b in BACKENDS if backend_limit(b, platform) is None)
+
+
+def resolve_backend(
+    name: str, shape: AttentionShape | None = None, *, platform: Platform | None = None
+) -> str:
+    """The concrete backend ``name`` runs ``shape`` with on ``platform`` (default: this process's).
+
+    ``auto``: the first backend of the platform's :data:`PREFERENCE` that can run ``shape`` (without
+    a shape: the first that runs on the platform at all). A named backend is returned as is if it
+    can run ``shape``; ConfigError if the name is unknown, the backend unavailable on the platform,
+    or unable to run ``shape`` (the message names the limit and what to use instead).
+    """
+    platform = _platform(platform)
+    if name not in BACKENDS:
+        raise ConfigError(f"unknown attention backend {name!r}; available: {', '.join(available(platform))}")
+    if name == "auto":
+        choices = PREFERENCE.get(platform.name, ("xla",))
+        return next(b for b in choices if backend_limit(b, platform, shape) is None)
+    reason = backend_limit(name, platform)
+    if reason is not None:
+        raise ConfigError(f"attention backend {name!r} {reason}; available: {', '.join(available(platform))}")
+    reason = None if shape is None else backend_limit(name, platform, shape)
+    if reason is not None:
+        fallback = resolve_backend("auto", shape, platform=platform)
+        raise ConfigError(f"--attention {name}: {reason}; use --attention {fallback} or auto")
+    return name
+
+
+def check_backend(
+    backend: str | AttentionSpec, shapes: Iterable[AttentionShape], *, platform: Platform | None = None
+) -> None:
+    """ConfigError, before any work, when ``backend`` cannot run one of ``shapes`` on ``platform``
+    (e.g. the transformer's self- and cross-attention shapes, from its config and dtype)."""
+    name = backend.backend if isinstance(backend, AttentionSpec) else backend
+    platform = _platform(platform)
+    resolve_backend(name, platform=platform)
+    for shape in shapes:
+        resolve_backend(name, shape, platform=platform)
 
 
 def attention(
@@ -123,33 +190,34 @@ def attention(
         block_q=spec.block_q if block_q is None else block_q,
         block_kv=spec.block_kv if block_k is None else block_k,
     )
-    name = resolve_backend(spec.backend, q.dtype)
+    shape = AttentionShape.of(q, k, spec.window_size)
+    name = resolve_backend(spec.backend, shape)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    window = spec.window_size if q.shape[1] == k.shape[1] else None
-    if spec.k_smooth:
-        k = smooth_keys(k)
-
-    if name == "xla":
-        return xla_attention(
-            q,
-            k,
-            v,
-            scale=scale,
-            window_size=window,
-            block_q=spec.block_q or 512,
-            block_k=spec.block_kv or 1024,
-            dense_limit=dense_limit,
-            per_head=jax.default_backend() == "cpu" if per_head is None else per_head,
-        )
-    if name == "cudnn":
-        return cudnn_attention(q, k, v, scale=scale, window_size=window)
-    blocks = spec.blocks(tuning.shape_key(name, q.shape[1], k.shape[1], q.shape[3], q.dtype.name))
-    # Pallas kernels are imported on first use: Pallas/Mosaic add ~15 MiB to every process
-    if name == "splash":
-        from wanjax.kernels.splash import splash_attention as kernel
-    else:
-        from wanjax.kernels.splash_exp2 import splash_exp2_attention as kernel
-    return kernel(AttentionProblem(q, k, v, scale, blocks, window))
+    with jax.named_scope(shape.label(name)):
+        if spec.k_smooth:
+            k = smooth_keys(k)
+        if name == "xla":
+            per_head = jax.default_backend() == "cpu" if per_head is None else per_head
+            return xla_attention(
+                q,
+                k,
+                v,
+                scale=scale,
+                window_size=shape.window,
+                block_q=spec.block_q or 512,
+                block_k=spec.block_kv or 1024,
+                dense_limit=dense_limit,
+                per_head=per_head,
+            )
+        if name == "cudnn":
+            return cudnn_attention(q, k, v, scale=scale)
+        blocks = spec.blocks(tuning.shape_key(name, q.shape[1], k.shape[1], q.shape[3], q.dtype.name))
+        # Pallas kernels are imported on first use: Pallas/Mosaic add ~15 MiB to every process
+        if name == "splash":
+            from wanjax.kernels.splash import splash_attention as kernel
+        else:
+            from wanjax.kernels.splash_exp2 import splash_exp2_attention as kernel
+        return kernel(AttentionProblem(q, k, v, scale, blocks, shape.window))
 
 
 def smooth_keys(k: jax.Array) -> jax.Array:

@@ -1,7 +1,10 @@
-"""Helpers shared by the attention kernels: padding, block fitting, interpret mode."""
+"""Helpers shared by the attention kernels: padding, block fitting, interpret mode, and what choosing
+a backend looks at (:class:`Platform`, :class:`AttentionShape`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import warnings
 from typing import NamedTuple
 
@@ -121,3 +124,80 @@ def use_interpret(backend: str) -> bool:
         stacklevel=4,
     )
     return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Platform:
+    """The device the attention backends are chosen for: JAX's platform ``name`` (``cpu``, ``gpu``,
+    ``tpu``) and, on NVIDIA GPUs, the CUDA compute capability ``cuda`` (``(9, 0)``: H100), ``None``
+    elsewhere (ROCm GPUs included). :meth:`detect` reads this process's; tests pass a simulated one."""
+
+    name: str
+    cuda: tuple[int, int] | None = None
+
+    @classmethod
+    def detect(cls) -> Platform:
+        """The default JAX backend's platform (the first device's compute capability on CUDA)."""
+        name = jax.default_backend()
+        if name != "gpu":
+            return cls(name)
+        device = jax.devices()[0]
+        if "cuda" not in device.client.platform_version.lower():  # JAX's own test for a CUDA GPU
+            return cls(name)
+        try:
+            major, minor = (int(x) for x in str(device.compute_capability).split(".")[:2])
+        except (AttributeError, ValueError):
+            major, minor = 0, 0  # unknown: no capability-gated kernel is chosen
+        return cls(name, (major, minor))
+
+
+_LABEL = re.compile(
+    r"attention_(?P<backend>\w+?)_B(?P<batch>\d+)_Lq(?P<q_len>\d+)_Lk(?P<k_len>\d+)_H(?P<heads>\d+)"
+    r"_D(?P<head_dim>\d+)_(?P<dtype>[a-z]+\d*)(?:_W(?P<window>\d+))?"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionShape:
+    """What choosing an attention backend looks at: one call's head dim, dtype (a NumPy name, e.g.
+    ``"bfloat16"``; any dtype-like is accepted), sizes (``None``: not known yet, e.g. in a pre-flight
+    check) and local ``window`` (self-attention only; ``None``: global)."""
+
+    head_dim: int
+    dtype: str
+    batch: int | None = None
+    q_len: int | None = None
+    k_len: int | None = None
+    heads: int | None = None
+    window: int | None = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", jnp.dtype(self.dtype).name)
+
+    @classmethod
+    def of(cls, q: jax.Array, k: jax.Array, window_size: int | None = None) -> AttentionShape:
+        """The shape of ``attention(q, k, v)`` over ``(B, L, H, D)`` arrays; a window applies to
+        self-attention (``Lq == Lk``) only, cross-attention stays global."""
+        batch, q_len, heads, head_dim = q.shape
+        window = window_size if q_len == k.shape[1] else None
+        return cls(head_dim, q.dtype, batch, q_len, k.shape[1], heads, window)
+
+    def label(self, backend: str) -> str:
+        """``attention_<backend>_B.._Lq.._Lk.._H.._D.._<dtype>[_W..]``: the named scope each attention
+        call runs in (it names the call's ops in profiles and jaxprs; :meth:`parse` reads it back)."""
+        sizes = (self.batch, self.q_len, self.k_len, self.heads)
+        if any(n is None for n in sizes):
+            raise ValueError(f"a label needs every size, got {self}")
+        b, lq, lk, h = sizes
+        window = "" if self.window is None else f"_W{self.window}"
+        return f"attention_{backend}_B{b}_Lq{lq}_Lk{lk}_H{h}_D{self.head_dim}_{self.dtype}{window}"
+
+    @classmethod
+    def parse(cls, text: str) -> list[tuple[str, AttentionShape]]:
+        """Every ``(backend, shape)`` :meth:`label` wrote in ``text`` (e.g. a jaxpr equation's name stack)."""
+        found = []
+        for m in _LABEL.finditer(text):
+            sizes = {k: int(m[k]) for k in ("batch", "q_len", "k_len", "heads", "head_dim")}
+            window = None if m["window"] is None else int(m["window"])
+            found.append((m["backend"], cls(dtype=m["dtype"], window=window, **sizes)))
+        return found

@@ -9,6 +9,10 @@ batch over its batch axes, heads over its head axes, tokens over its sequence ax
   tokens to the gathered keys and values), which works for any head count (12 heads on 8 devices);
 * cross-attention: queries keep their token split, the short text keys/values are whole on every
   device of a sequence group; no communication.
+
+Inside ``shard_map`` each device's :func:`~wanjax.kernels.attention.attention` sees its local shape
+(whole sequences and fewer heads under Ulysses, a query shard under all-gather) and chooses its
+backend for that shape, as an unsharded call would.
 """
 
 from __future__ import annotations
