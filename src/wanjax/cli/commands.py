@@ -40,6 +40,7 @@ from wanjax.cli.requests import (
 from wanjax.errors import ConfigError, WanjaxError
 from wanjax.kernels.attention import AttentionSpec, resolve_backend
 from wanjax.kernels.common import check_block
+from wanjax.models.config import TransformerConfig
 from wanjax.parallel.layouts import to_host
 from wanjax.parallel.mesh import MeshSpec, mesh_spec_from_flags, parse_mesh
 from wanjax.parallel.multihost import initialize, is_primary
@@ -50,6 +51,7 @@ from wanjax.pipeline.prompts import negative_prompt, read_prompt_file
 from wanjax.runtime.environment import environment
 from wanjax.runtime.timing import RunReport
 
+STAGE_COMPONENTS = {"encode": "text_encoder", "denoise": "transformer", "decode": "vae"}
 Writing = TypeVar("Writing", GenerateRequest, DecodeRequest)  # the commands that write videos
 
 
@@ -78,6 +80,7 @@ def open_pipeline(
     mesh: MeshSpec | str | None,
     fsdp: bool,
     *,
+    precision: str | None = None,
     revision: str | None = None,
     vae: VaeFlags = VaeFlags(),  # noqa: B008 (frozen)
     attention: AttentionFlags = AttentionFlags(),  # noqa: B008 (frozen)
@@ -90,6 +93,8 @@ def open_pipeline(
         dtype or DEFAULT_DTYPE,
         vae_dtype=vae.vae_dtype,
         vae_weights_dtype=vae.vae_weights_dtype,
+        precision=precision,
+        vae_precision=vae.vae_precision,
         vae_decode_chunk=vae.vae_decode_chunk,
         vae_tiling=Tiling.parse(vae.vae_tiling) if vae.vae_tiling else None,
         attention_backend=attention_spec(attention),
@@ -138,6 +143,16 @@ def check_devices(mesh: MeshSpec | str | None, heads: int | None) -> None:
     import jax
 
     validation.check_mesh(mesh, jax.device_count(), heads)
+
+
+def check_attention(pipe: WanPipeline, cfg: TransformerConfig) -> None:
+    """The attention backend can run the transformer's attention in this dtype, before any work."""
+    from wanjax.kernels.attention import check_backend
+    from wanjax.models.dit import attention_shapes
+
+    spec = pipe.attention_backend
+    window = spec.window_size if isinstance(spec, AttentionSpec) else None
+    check_backend(spec, attention_shapes(cfg, pipe.dtype, window))
 
 
 def check_output_paths(request: Request, **more: str | Path | None) -> None:
@@ -244,7 +259,11 @@ def make_report(command: str, pipe: WanPipeline, video: dict[str, Any], outputs:
         steps=pipe.step_times,
         video=video,
         outputs=outputs,
-        extra={"dtype": str(pipe.dtype), **({"mesh": pipe.mesh_usage} if pipe.mesh_usage else {})},
+        extra={
+            "dtype": str(pipe.dtype),
+            "precision": {s: pipe.precisions[c] for s, c in STAGE_COMPONENTS.items() if s in order},
+            **({"mesh": pipe.mesh_usage} if pipe.mesh_usage else {}),
+        },
     )
 
 
@@ -265,6 +284,7 @@ def cmd_generate(request: GenerateRequest) -> RunReport:
         request.dtype,
         mesh,
         fsdp,
+        precision=request.precision,
         vae=request.vae,
         attention=request.attention,
     )
@@ -277,6 +297,7 @@ def cmd_generate(request: GenerateRequest) -> RunReport:
     video = resolve_video(pipe, dataclasses.asdict(request.video), {}, init, batch, init_name)
     validation.check_rope(configs["transformer"], pipe.geometry, video)
     check_devices(mesh, configs["transformer"].num_attention_heads)
+    check_attention(pipe, configs["transformer"])
     params = sampling_params(pipe, request.sampling)
     negative = negative_prompt(request.text.negative_prompt)
     pos, neg = pipe.encode_prompt(prompts, [negative] * batch, request.text.max_sequence_length)
@@ -327,7 +348,9 @@ def cmd_encode(request: EncodeRequest) -> RunReport:
     out = Path(request.output_dir)
     check_output_paths(request, **{"--output_dir": out / stages.EMBEDDINGS_FILE})
     mesh, fsdp = mesh_request(request.parallel)
-    pipe = open_pipeline(request.common, request.common.model, request.dtype, mesh, fsdp)
+    pipe = open_pipeline(
+        request.common, request.common.model, request.dtype, mesh, fsdp, precision=request.precision
+    )
     validation.check_model(pipe.path, ("tokenizer", "text_encoder"))
     check_devices(mesh, None)
     given = {k: v for k, v in dataclasses.asdict(request.video).items() if v is not None}
@@ -369,7 +392,14 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
     model, dtype = request.common.model or earlier.get("model"), request.dtype or earlier.get("dtype")
     revision = None if request.common.model else earlier.get("revision")
     pipe = open_pipeline(
-        request.common, model, dtype, mesh, fsdp, revision=revision, attention=request.attention
+        request.common,
+        model,
+        dtype,
+        mesh,
+        fsdp,
+        precision=request.precision,
+        revision=revision,
+        attention=request.attention,
     )
     cfg = validation.check_model(pipe.path, ("transformer",))["transformer"]
     if pos.shape[2] != cfg.text_dim:
@@ -384,6 +414,7 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
     video = resolve_video(pipe, given, earlier, init, batch, init_name)
     validation.check_rope(cfg, pipe.geometry, video)
     check_devices(mesh, cfg.num_attention_heads)
+    check_attention(pipe, cfg)
     params = sampling_params(pipe, request.sampling)
     latents = (
         init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])

@@ -21,6 +21,7 @@ from wanjax.cli.requests import (
     VaeFlags,
     model_defaults,
 )
+from wanjax.kernels.precision import PRECISIONS
 from wanjax.pipeline.prompts import NAMED_NEGATIVE_PROMPTS
 
 _INVALID_CHOICE = re.compile(r"invalid choice: (?P<value>.*) \(choose from (?P<choices>.*)\)")
@@ -94,6 +95,12 @@ def add_common(
     add_hub(parser)
     if dtype:
         flag(parser, "dtype", help="transformer / text encoder dtype: bfloat16 (default), float32")
+        flag(
+            parser,
+            "precision",
+            choices=PRECISIONS,
+            help="their float32 matmuls (default: the platform's, highest everywhere today)",
+        )
     if vae:
         add_vae(parser)
     flag(
@@ -119,6 +126,13 @@ def add_vae(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("VAE")
     flag(group, "vae_dtype", help=f"VAE dtype (default {VaeFlags.vae_dtype}, as the reference)")
     flag(group, "vae_weights_dtype", help="VAE weights dtype (default: --vae_dtype)")
+    flag(
+        group,
+        "vae_precision",
+        choices=PRECISIONS,
+        help="the VAE's float32 convolutions and matmuls (default: the platform's: highest on CPU, "
+        "default (TF32) on GPU as torch, high on TPU)",
+    )
     flag(
         group,
         "vae_decode_chunk",

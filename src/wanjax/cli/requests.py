@@ -146,6 +146,7 @@ class VaeFlags:
 
     vae_dtype: str = "float32"
     vae_weights_dtype: str | None = None
+    vae_precision: str | None = None
     vae_decode_chunk: str = "1"
     vae_tiling: str | None = None
 
@@ -192,6 +193,7 @@ class GenerateRequest(Request):
     command: ClassVar[str] = "generate"
     common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
     dtype: str | None = None
+    precision: str | None = None
     text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
@@ -208,6 +210,7 @@ class EncodeRequest(Request):
     command: ClassVar[str] = "encode"
     common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
     dtype: str | None = None
+    precision: str | None = None
     text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     output_dir: str = STAGE_DIR
@@ -221,6 +224,7 @@ class DenoiseRequest(Request):
     command: ClassVar[str] = "denoise"
     common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
     dtype: str | None = None
+    precision: str | None = None
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
@@ -313,6 +317,7 @@ def check_flags(request: Request) -> None:
     _check_output_names(flags)
     _check_numbers(flags)
     _check_dtypes(flags)
+    _check_precisions(flags)
     _check_vae_options(flags)
 
 
@@ -367,6 +372,17 @@ def _check_dtypes(flags: dict[str, Any]) -> None:
         if flags.get(name) is not None:
             try:
                 parse_dtype(flags[name])
+            except ConfigError as e:
+                raise ConfigError(f"--{name}: {e}") from None
+
+
+def _check_precisions(flags: dict[str, Any]) -> None:
+    from wanjax.kernels.precision import parse_precision
+
+    for name in ("precision", "vae_precision"):
+        if flags.get(name) is not None:
+            try:
+                parse_precision(flags[name])
             except ConfigError as e:
                 raise ConfigError(f"--{name}: {e}") from None
 

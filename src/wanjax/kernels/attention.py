@@ -41,6 +41,7 @@ from wanjax.errors import ConfigError
 from wanjax.kernels import tuning
 from wanjax.kernels.common import AttentionProblem, AttentionShape, InterpretModeWarning, Platform
 from wanjax.kernels.cudnn import cudnn_attention, cudnn_limit
+from wanjax.kernels.precision import Precision
 from wanjax.kernels.xla import DENSE_LIMIT, xla_attention
 
 __all__ = [
@@ -177,12 +178,14 @@ def attention(
     block_k: int | None = None,
     dense_limit: int = DENSE_LIMIT,
     per_head: bool | None = None,
+    precision: Precision = "highest",
 ) -> jax.Array:
     """Softmax attention ``softmax(q k^T * scale) v`` over ``(B, L, H, D)`` arrays.
 
     ``block_q``/``block_k`` override the spec's ``block_q``/``block_kv`` (for ``xla``: its query and
     key blocks, default 512 and 1024). ``dense_limit`` and ``per_head`` tune ``xla`` (see
-    ``wanjax.kernels.xla``; ``per_head`` defaults to on for CPU only).
+    ``wanjax.kernels.xla``; ``per_head`` defaults to on for CPU only). ``precision``: float32 matmuls
+    of ``xla`` (:mod:`wanjax.kernels.precision`; the other backends take 16-bit inputs only).
     """
     spec = backend if isinstance(backend, AttentionSpec) else AttentionSpec(backend)
     spec = dataclasses.replace(
@@ -208,6 +211,7 @@ def attention(
                 block_k=spec.block_kv or 1024,
                 dense_limit=dense_limit,
                 per_head=per_head,
+                precision=precision,
             )
         if name == "cudnn":
             return cudnn_attention(q, k, v, scale=scale)

@@ -8,7 +8,8 @@
   padded queries dropped.
 
 ``per_head`` loops over (batch, head) pairs with 2-D matmuls, which XLA's CPU backend runs ~2x
-faster than batched ones (and only one head's score tile is live).
+faster than batched ones (and only one head's score tile is live). ``precision`` sets how float32
+inputs are multiplied (see :mod:`wanjax.kernels.precision`; default exact).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from wanjax.kernels.common import MASK_VALUE
+from wanjax.kernels.precision import Precision, lax_precision
 
 DENSE_LIMIT = 1 << 26  # score elements (256 MiB in float32) above which the blockwise path is used
 
@@ -34,6 +36,7 @@ def xla_attention(
     block_k: int = 1024,
     dense_limit: int = DENSE_LIMIT,
     per_head: bool = False,
+    precision: Precision = "highest",
 ) -> jax.Array:
     """``softmax(q k^T * scale) v`` over ``(B, L, H, D)`` arrays; ``window_size``: keys ``|i - j| <= w``."""
     batch, q_len, heads, _ = q.shape
@@ -44,17 +47,20 @@ def xla_attention(
     def attend(qkv: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
         q, k, v = qkv
         if math.prod(q.shape[:-1]) * k.shape[-2] <= dense_limit:
-            return _dense(q, k, v, scale, window_size)
-        return _blockwise(q, k, v, scale, window_size, min(block_q, q_len), min(block_k, k.shape[-2]))
+            return _dense(q, k, v, scale, window_size, precision)
+        return _blockwise(
+            q, k, v, scale, window_size, min(block_q, q_len), min(block_k, k.shape[-2]), precision
+        )
 
     qkv = (to_head_major(q), to_head_major(k), to_head_major(v))
     out = jax.lax.map(attend, qkv) if per_head else attend(qkv)
     return out.reshape(batch, heads, q_len, v.shape[-1]).transpose(0, 2, 1, 3)
 
 
-def _einsum(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
-    precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
-    return jnp.einsum(spec, a, b, preferred_element_type=jnp.float32, precision=precision)
+def _einsum(spec: str, a: jax.Array, b: jax.Array, precision: Precision) -> jax.Array:
+    return jnp.einsum(
+        spec, a, b, preferred_element_type=jnp.float32, precision=lax_precision(precision, a.dtype)
+    )
 
 
 def _masked_scores(
@@ -65,9 +71,10 @@ def _masked_scores(
     k_pos: jax.Array,
     k_len: int | None,
     window: int | None,
+    precision: Precision,
 ) -> jax.Array:
     """float32 ``(..., Lq, Lk)`` scaled scores, ``MASK_VALUE`` at keys ``>= k_len`` or out of the window."""
-    s = _einsum("...qd,...kd->...qk", q, k) * scale
+    s = _einsum("...qd,...kd->...qk", q, k, precision) * scale
     if k_len is None and window is None:
         return s
     valid = jnp.ones((q_pos.size, k_pos.size), bool)
@@ -78,10 +85,12 @@ def _masked_scores(
     return jnp.where(valid, s, MASK_VALUE)
 
 
-def _dense(q: jax.Array, k: jax.Array, v: jax.Array, scale: float, window: int | None) -> jax.Array:
+def _dense(
+    q: jax.Array, k: jax.Array, v: jax.Array, scale: float, window: int | None, precision: Precision
+) -> jax.Array:
     q_pos, k_pos = jnp.arange(q.shape[-2]), jnp.arange(k.shape[-2])
-    probs = jax.nn.softmax(_masked_scores(q, k, scale, q_pos, k_pos, None, window), axis=-1)
-    return _einsum("...qk,...kd->...qd", probs.astype(v.dtype), v).astype(q.dtype)
+    probs = jax.nn.softmax(_masked_scores(q, k, scale, q_pos, k_pos, None, window, precision), axis=-1)
+    return _einsum("...qk,...kd->...qd", probs.astype(v.dtype), v, precision).astype(q.dtype)
 
 
 def _blocks(x: jax.Array, size: int) -> jax.Array:
@@ -94,7 +103,14 @@ def _blocks(x: jax.Array, size: int) -> jax.Array:
 
 
 def _blockwise(
-    q: jax.Array, k: jax.Array, v: jax.Array, scale: float, window: int | None, block_q: int, block_k: int
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    scale: float,
+    window: int | None,
+    block_q: int,
+    block_k: int,
+    precision: Precision,
 ) -> jax.Array:
     """Online-softmax attention: memory ``O(block_q * block_k)`` per leading index, any length.
 
@@ -113,12 +129,13 @@ def _blockwise(
         def step(carry, kv):
             running_max, denom, acc = carry
             kb, vb, k_start = kv
-            s = _masked_scores(qb, kb, scale, q_pos, k_start + jnp.arange(block_k), padded_len, window)
+            k_pos = k_start + jnp.arange(block_k)
+            s = _masked_scores(qb, kb, scale, q_pos, k_pos, padded_len, window, precision)
             new_max = jnp.maximum(running_max, s.max(axis=-1))
             p = jnp.exp(s - new_max[..., None])
             correction = jnp.exp(running_max - new_max)
             denom = denom * correction + p.sum(axis=-1)
-            pv = _einsum("...qk,...kd->...qd", p.astype(v.dtype), vb)
+            pv = _einsum("...qk,...kd->...qd", p.astype(v.dtype), vb, precision)
             return (new_max, denom, acc * correction[..., None] + pv), None
 
         init = (

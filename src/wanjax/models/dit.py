@@ -8,7 +8,8 @@ depend on depth.
 
 Precision follows the reference bf16 pipeline: the time embedder, modulation tables and the affine
 cross-attention norm stay float32; norms and modulation are computed in float32 and rounded to the
-activation dtype; matmuls accumulate in float32.
+activation dtype; matmuls accumulate in float32, float32 ones at ``precision`` (static, see
+:mod:`wanjax.kernels.precision`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +28,8 @@ from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import REPLICATED, Axes, LeafSource, ShardingFn, linear_kernel, stacked
 from wanjax.io.component import Component
 from wanjax.kernels.attention import AttentionSpec, attention
+from wanjax.kernels.common import AttentionShape
+from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.layers import (
     Params,
@@ -175,15 +179,31 @@ def unpatchify(tokens: jax.Array, grid: tuple[int, int, int], patch: tuple[int, 
 Attend = Callable[..., jax.Array]  # (q, k, v, *, self_attention) -> out, all (B, L, H, D)
 
 
-def _attend_fn(mesh: Mesh | None, batch: int, length: int, heads: int, backend: str | AttentionSpec):
+def _attend_fn(
+    mesh: Mesh | None,
+    batch: int,
+    length: int,
+    heads: int,
+    backend: str | AttentionSpec,
+    precision: Precision,
+):
     """The attention function and the token PartitionSpecs (None without a mesh)."""
     if mesh is None:
-        return (lambda q, k, v, self_attention: attention(q, k, v, backend=backend)), None
+        return (
+            lambda q, k, v, self_attention: attention(q, k, v, backend=backend, precision=precision)
+        ), None
     layout = token_layout(dict(mesh.shape), batch, length, heads)
 
     def attend(q: jax.Array, k: jax.Array, v: jax.Array, self_attention: bool) -> jax.Array:
         return sharded_attention(
-            q, k, v, mesh=mesh, layout=layout, self_attention=self_attention, backend=backend
+            q,
+            k,
+            v,
+            mesh=mesh,
+            layout=layout,
+            self_attention=self_attention,
+            backend=backend,
+            precision=precision,
         )
 
     return attend, layout
@@ -202,11 +222,12 @@ def _attention_block(
     eps: float,
     rope: tuple[jax.Array, jax.Array] | None,
     attend: Attend,
+    precision: Precision,
 ) -> jax.Array:
     b, length, d = x.shape
 
     def project(name: str, src: jax.Array) -> jax.Array:
-        y = linear(src, p[name])
+        y = linear(src, p[name], precision=precision)
         if name in ("to_q", "to_k"):
             y = rms_norm(y, p["norm_" + name[-1]]["scale"], eps)
         return y.reshape(b, src.shape[1], heads, d // heads)
@@ -215,7 +236,7 @@ def _attention_block(
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     out = attend(q, k, v, self_attention=rope is not None)
-    return linear(out.reshape(b, length, d), p["to_out"])
+    return linear(out.reshape(b, length, d), p["to_out"], precision=precision)
 
 
 def _block(
@@ -226,20 +247,25 @@ def _block(
     rope: tuple[jax.Array, jax.Array],
     cfg: TransformerConfig,
     attend: Attend,
+    precision: Precision,
 ) -> jax.Array:
     mod = p["scale_shift_table"].astype(jnp.float32)[None] + time_mod.astype(jnp.float32)  # (B, 6, D)
     shift, scale, gate, c_shift, c_scale, c_gate = (mod[:, i : i + 1] for i in range(6))
     heads, eps, dtype = cfg.num_attention_heads, cfg.eps, x.dtype
 
     n = _modulate(x, shift, scale, eps)
-    a = _attention_block(p["attn1"], n, n, heads, eps, rope, attend)
+    a = _attention_block(p["attn1"], n, n, heads, eps, rope, attend, precision)
     x = (x.astype(jnp.float32) + a * gate).astype(dtype)
 
     n = layer_norm(x, eps, p["norm2"]["scale"], p["norm2"]["bias"]).astype(dtype) if "norm2" in p else x
-    x = x + _attention_block(p["attn2"], n, context, heads, eps, None, attend)
+    x = x + _attention_block(p["attn2"], n, context, heads, eps, None, attend, precision)
 
     n = _modulate(x, c_shift, c_scale, eps)
-    f = linear(gelu_tanh(linear(n, p["ffn"]["proj_in"])), p["ffn"]["proj_out"])
+    f = linear(
+        gelu_tanh(linear(n, p["ffn"]["proj_in"], precision=precision)),
+        p["ffn"]["proj_out"],
+        precision=precision,
+    )
     return (x.astype(jnp.float32) + f.astype(jnp.float32) * c_gate).astype(dtype)
 
 
@@ -253,45 +279,51 @@ def forward(
     dtype: jnp.dtype = jnp.float32,
     attention_backend: str | AttentionSpec = "auto",
     mesh: Mesh | None = None,
+    precision: Precision = "highest",
 ) -> jax.Array:
     """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``.
 
     Activations run in ``dtype``; the result is returned in ``dtype`` as the reference does. Under
     ``mesh`` the tokens are split as :func:`wanjax.parallel.layouts.token_layout` says (batch over dp, tokens
-    over sp, heads over tp) and pinned so at every block boundary.
+    over sp, heads over tp) and pinned so at every block boundary. ``precision``: of float32 matmuls.
     """
     b, _, t, h, w = latents.shape
     pt, ph, pw = cfg.patch_size
     grid = (t // pt, h // ph, w // pw)
     d = cfg.inner_dim
 
-    attend, layout = _attend_fn(mesh, b, math.prod(grid), cfg.num_attention_heads, attention_backend)
+    attend, layout = _attend_fn(
+        mesh, b, math.prod(grid), cfg.num_attention_heads, attention_backend, precision
+    )
 
     def pin(h: jax.Array, spec_name: str = "tokens") -> jax.Array:
         return h if layout is None else constrain(h, mesh, getattr(layout, spec_name)())
 
-    x = pin(linear(patchify(latents.astype(dtype), cfg.patch_size), params["patch_embedding"]))
+    def lin(x: jax.Array, p: Params) -> jax.Array:
+        return linear(x, p, precision=precision)
+
+    x = pin(lin(patchify(latents.astype(dtype), cfg.patch_size), params["patch_embedding"]))
 
     # Condition embedding: the time embedder runs in its own (float32) dtype, then is cast like the text.
     t_emb = timestep_embedding(timestep, cfg.freq_dim)
     te = params["time_embedder"]
-    temb = linear(silu(linear(t_emb, te["linear_1"])), te["linear_2"]).astype(dtype)
-    time_mod = linear(silu(temb), params["time_proj"]).reshape(b, 6, d)
+    temb = lin(silu(lin(t_emb, te["linear_1"])), te["linear_2"]).astype(dtype)
+    time_mod = lin(silu(temb), params["time_proj"]).reshape(b, 6, d)
     tx = params["text_embedder"]
-    context = linear(gelu_tanh(linear(prompt_embeds.astype(dtype), tx["linear_1"])), tx["linear_2"])
+    context = lin(gelu_tanh(lin(prompt_embeds.astype(dtype), tx["linear_1"])), tx["linear_2"])
     context = pin(context, "context")
 
     rope = rope_tables(grid, cfg.attention_head_dim, cfg.rope_max_seq_len)
 
     x = scan_layers(
-        lambda h, block: pin(_block(block, pin(h), context, time_mod, rope, cfg, attend)),
+        lambda h, block: pin(_block(block, pin(h), context, time_mod, rope, cfg, attend, precision)),
         x,
         params["blocks"],
     )
 
     out_mod = params["scale_shift_table"].astype(jnp.float32)[None] + temb.astype(jnp.float32)[:, None]
     x = _modulate(x, out_mod[:, 0:1], out_mod[:, 1:2], cfg.eps)
-    x = linear(x, params["proj_out"])
+    x = lin(x, params["proj_out"])
     return unpatchify(x, grid, cfg.patch_size)
 
 
@@ -304,6 +336,8 @@ class WanTransformer:
 
     Inputs use the diffusers layout (``latents (B, C, T, H, W)``, ``timestep (B,)``,
     ``prompt_embeds (B, L, text_dim)``); the forward is compiled once per input shape.
+    ``precision``: of float32 matmuls (``highest | high | default``; None: this platform's default,
+    see :func:`~wanjax.kernels.precision.default_precision`).
     """
 
     def __init__(
@@ -313,12 +347,14 @@ class WanTransformer:
         dtype: jnp.dtype,
         attention_backend: str | AttentionSpec = "auto",
         mesh: Mesh | None = None,
+        precision: str | None = None,
     ):
         self.cfg = cfg
         self.params = params
         self.dtype = jnp.dtype(dtype)
         self.attention_backend = attention_backend
         self.mesh = mesh
+        self.precision = resolve_precision(precision, "transformer")
         self._forward = jax.jit(self.apply)
 
     def __call__(self, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array) -> jax.Array:
@@ -339,6 +375,7 @@ class WanTransformer:
             dtype=self.dtype,
             attention_backend=self.attention_backend,
             mesh=self.mesh,
+            precision=self.precision,
         )
 
     def check_shape(self, shape: tuple[int, ...]) -> None:
@@ -370,6 +407,15 @@ def check_latent_shape(cfg: TransformerConfig, shape: tuple[int, ...]) -> None:
         )
 
 
+def attention_shapes(
+    cfg: TransformerConfig, dtype: Any, window_size: int | None = None
+) -> tuple[AttentionShape, AttentionShape]:
+    """The transformer's self- and cross-attention problems (sizes left open): what an attention
+    backend must be able to run for this model."""
+    head = {"head_dim": cfg.attention_head_dim, "dtype": dtype, "heads": cfg.num_attention_heads}
+    return AttentionShape(**head, window=window_size), AttentionShape(**head)
+
+
 def rope_excess(cfg: TransformerConfig, shape: tuple[int, ...]) -> tuple[int, int] | None:
     """``(axis, positions)`` of the first latent axis (0: T, 1: H, 2: W) of ``(B, C, T, H, W)`` that
     needs more RoPE positions than the table has; None when every axis fits."""
@@ -387,14 +433,17 @@ def load_transformer(
     sharding: ShardingFn | None = None,
     mesh: Mesh | None = None,
     fsdp: bool = False,
+    precision: str | None = None,
 ) -> WanTransformer:
     """Load ``transformer/`` of a diffusers-layout Wan model (``path`` = model root or that folder).
 
     With ``mesh``, each weight is read straight into its shards (the axes of :func:`checkpoint_spec`;
     ``fsdp`` also splits ``embed`` dimensions over the non-tp axes) and the forward runs on the mesh.
+    ``precision``: of float32 matmuls (None: the platform's default; see :class:`WanTransformer`).
     """
     dtype = parse_dtype(dtype)
+    precision = resolve_precision(precision, "transformer")
     if mesh is not None and sharding is None:
         sharding = param_sharding(mesh, fsdp)
     cfg, params = TRANSFORMER.load(path, dtype, sharding)
-    return WanTransformer(cfg, params, dtype, attention_backend, mesh)
+    return WanTransformer(cfg, params, dtype, attention_backend, mesh, precision)

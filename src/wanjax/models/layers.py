@@ -3,7 +3,8 @@
 Conventions: params are plain dicts of arrays; a linear layer is ``{"kernel": (in, out), "bias": (out,)}``.
 Matmuls take low-precision inputs and accumulate in float32 (``preferred_element_type``), rounding
 once at the end, which is what the reference's oneDNN/cuBLAS kernels do and what runs fastest on
-AMX/MXU/tensor cores. Norm statistics are always computed in float32.
+AMX/MXU/tensor cores. Norm statistics are always computed in float32. ``precision`` (see
+:mod:`wanjax.kernels.precision`) sets how float32 operands are multiplied; it is ignored for 16-bit ones.
 """
 
 from __future__ import annotations
@@ -15,18 +16,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wanjax.kernels.precision import Precision, lax_precision
+
 Params = dict
 
 
-def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """``x @ w`` with float32 accumulation (full float32 precision for float32 inputs, also on TPU)."""
-    precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else None
-    return jnp.matmul(x, w, preferred_element_type=jnp.float32, precision=precision)
+def matmul(x: jax.Array, w: jax.Array, precision: Precision = "highest") -> jax.Array:
+    """``x @ w`` with float32 accumulation; float32 inputs at ``precision`` (default: exact, also on TPU)."""
+    return jnp.matmul(x, w, preferred_element_type=jnp.float32, precision=lax_precision(precision, x.dtype))
 
 
-def linear(x: jax.Array, p: Params, out_dtype: jnp.dtype | None = None) -> jax.Array:
+def linear(
+    x: jax.Array, p: Params, out_dtype: jnp.dtype | None = None, precision: Precision = "highest"
+) -> jax.Array:
     """``x @ kernel + bias``, accumulated in float32, returned in ``out_dtype`` (default: x's dtype)."""
-    y = matmul(x.astype(p["kernel"].dtype), p["kernel"])
+    y = matmul(x.astype(p["kernel"].dtype), p["kernel"], precision)
     if "bias" in p:
         y = y + p["bias"].astype(jnp.float32)
     return y.astype(out_dtype or x.dtype)

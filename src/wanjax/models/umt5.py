@@ -8,7 +8,8 @@ tanh-GELU feed-forward, then a final T5 RMSNorm. Layers are stacked and run with
 :class:`UMT5Encoder` adds what ``WanPipeline.encode_prompt`` does around it: prompt cleaning,
 tokenisation to ``max_sequence_length`` and exact zeros at positions past each prompt's length.
 Precision follows a transformers model loaded in that dtype: bf16 weights and activations, norm
-statistics, softmax and matmul accumulation in float32.
+statistics, softmax and matmul accumulation in float32; float32 matmuls at ``precision`` (static, see
+:mod:`wanjax.kernels.precision`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import numpy as np
 from wanjax.errors import CheckpointError, ConfigError, WanjaxError
 from wanjax.io.checkpoint import REPLICATED, LeafSource, ShardingFn, linear_kernel, stacked
 from wanjax.io.component import Component
+from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models.config import ComponentConfig, parse_dtype
 from wanjax.models.layers import Params, gelu_tanh, linear, matmul, scan_layers
 from wanjax.models.tokenizer import Tokenizer, load_tokenizer
@@ -239,34 +241,58 @@ def _heads(x: jax.Array, heads: int) -> jax.Array:
     return x.reshape(b, length, heads, -1).transpose(0, 2, 1, 3)
 
 
-def _attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array, key_mask: jax.Array) -> jax.Array:
+def _attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    bias: jax.Array,
+    key_mask: jax.Array,
+    precision: Precision = "highest",
+) -> jax.Array:
     """``softmax(q kᵀ + bias) v`` over valid keys, ``(B, H, L, D)`` in and out; scores in float32."""
-    scores = matmul(q, k.swapaxes(-1, -2)) + bias.astype(jnp.float32)[None]
+    scores = matmul(q, k.swapaxes(-1, -2), precision) + bias.astype(jnp.float32)[None]
     scores = jnp.where(key_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1)
-    return matmul(probs.astype(v.dtype), v).astype(q.dtype)
+    return matmul(probs.astype(v.dtype), v, precision).astype(q.dtype)
 
 
-def _layer(p: Params, x: jax.Array, buckets: jax.Array, key_mask: jax.Array, cfg: UMT5Config) -> jax.Array:
+def _layer(
+    p: Params,
+    x: jax.Array,
+    buckets: jax.Array,
+    key_mask: jax.Array,
+    cfg: UMT5Config,
+    precision: Precision = "highest",
+) -> jax.Array:
     b, length, _ = x.shape
     heads, eps = cfg.num_heads, cfg.layer_norm_epsilon
 
+    def lin(x: jax.Array, name: str) -> jax.Array:
+        return linear(x, p[name], precision=precision)
+
     n = t5_rms_norm(x, p["attn_norm"]["scale"], eps)
-    q, k, v = (_heads(linear(n, p[name]), heads) for name in ("q", "k", "v"))
+    q, k, v = (_heads(lin(n, name), heads) for name in ("q", "k", "v"))
     bias = jnp.take(p["rel_bias"].T, buckets, axis=1)  # (H, L, L)
-    a = _attention(q, k, v, bias, key_mask).transpose(0, 2, 1, 3).reshape(b, length, cfg.inner_dim)
-    x = x + linear(a, p["o"])
+    a = _attention(q, k, v, bias, key_mask, precision)
+    x = x + lin(a.transpose(0, 2, 1, 3).reshape(b, length, cfg.inner_dim), "o")
 
     n = t5_rms_norm(x, p["ffn_norm"]["scale"], eps)
-    h = gelu_tanh(linear(n, p["wi_0"])) * linear(n, p["wi_1"])
-    return x + linear(h, p["wo"])
+    h = gelu_tanh(lin(n, "wi_0")) * lin(n, "wi_1")
+    return x + lin(h, "wo")
 
 
-def forward(params: Params, cfg: UMT5Config, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+def forward(
+    params: Params,
+    cfg: UMT5Config,
+    input_ids: jax.Array,
+    attention_mask: jax.Array,
+    *,
+    precision: Precision = "highest",
+) -> jax.Array:
     """``last_hidden_state (B, L, d_model)`` for ``input_ids (B, L)`` and ``attention_mask (B, L)``.
 
-    Activations run in the params' dtype. Keys with mask 0 are ignored; padded query rows are still
-    computed (as in the reference) and are not meaningful.
+    Activations run in the params' dtype, float32 matmuls at ``precision``. Keys with mask 0 are
+    ignored; padded query rows are still computed (as in the reference) and are not meaningful.
     """
     length = input_ids.shape[1]
     buckets = jnp.asarray(
@@ -277,15 +303,20 @@ def forward(params: Params, cfg: UMT5Config, input_ids: jax.Array, attention_mas
     key_mask = attention_mask.astype(bool)
     x = jnp.take(params["embedding"], input_ids, axis=0)
 
-    x = scan_layers(lambda h, p: _layer(p, h, buckets, key_mask, cfg), x, params["layers"])
+    x = scan_layers(lambda h, p: _layer(p, h, buckets, key_mask, cfg, precision), x, params["layers"])
     return t5_rms_norm(x, params["final_norm"]["scale"], cfg.layer_norm_epsilon)
 
 
 def prompt_embeddings(
-    params: Params, cfg: UMT5Config, input_ids: jax.Array, attention_mask: jax.Array
+    params: Params,
+    cfg: UMT5Config,
+    input_ids: jax.Array,
+    attention_mask: jax.Array,
+    *,
+    precision: Precision = "highest",
 ) -> jax.Array:
     """``forward`` with positions at or past each row's length (``mask.sum()``) set to exact zeros."""
-    hidden = forward(params, cfg, input_ids, attention_mask)
+    hidden = forward(params, cfg, input_ids, attention_mask, precision=precision)
     lengths = attention_mask.astype(jnp.int32).sum(axis=-1)
     keep = jnp.arange(input_ids.shape[1])[None, :] < lengths[:, None]
     return jnp.where(keep[..., None], hidden, jnp.zeros((), hidden.dtype))
@@ -314,15 +345,24 @@ class UMT5Encoder:
     d_model]`` in the model dtype); ``model(ids, mask)`` is the bare ``last_hidden_state``.
     With ``trim_padding`` (default) the encoder runs on the shortest power-of-two length holding
     every prompt of the batch and the result is zero-padded, which gives the same embeddings.
+    ``precision``: of float32 matmuls (``highest | high | default``; None: this platform's default,
+    see :func:`~wanjax.kernels.precision.default_precision`).
     """
 
     def __init__(
-        self, cfg: UMT5Config, params: Params, tokenizer: Tokenizer | None, *, trim_padding: bool = True
+        self,
+        cfg: UMT5Config,
+        params: Params,
+        tokenizer: Tokenizer | None,
+        *,
+        trim_padding: bool = True,
+        precision: str | None = None,
     ):
         self.cfg = cfg
         self.params = params
         self.tokenizer = tokenizer
         self.trim_padding = trim_padding
+        self.precision = resolve_precision(precision, "text_encoder")
         self._forward = jax.jit(self.apply)
         self._embed = jax.jit(self._embed_impl, static_argnames="out_length")
 
@@ -335,10 +375,10 @@ class UMT5Encoder:
 
     def apply(self, params: Params, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
         """The forward for use inside a caller's ``jit``; pass ``params`` as a traced argument there."""
-        return forward(params, self.cfg, input_ids, attention_mask)
+        return forward(params, self.cfg, input_ids, attention_mask, precision=self.precision)
 
     def _embed_impl(self, params: Params, ids: jax.Array, mask: jax.Array, out_length: int) -> jax.Array:
-        emb = prompt_embeddings(params, self.cfg, ids, mask)
+        emb = prompt_embeddings(params, self.cfg, ids, mask, precision=self.precision)
         return jnp.pad(emb, ((0, 0), (0, out_length - ids.shape[1]), (0, 0)))
 
     def encode_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> jax.Array:
@@ -408,12 +448,15 @@ def load_text_encoder(
     tokenizer: str | Path | Tokenizer | None = None,
     sharding: ShardingFn | None = None,
     trim_padding: bool = True,
+    precision: str | None = None,
 ) -> UMT5Encoder:
     """Load ``text_encoder/`` and its tokenizer from a diffusers-layout Wan model.
 
     ``path`` is the model root or the ``text_encoder`` folder; the tokenizer is read from
     ``tokenizer`` when given, else from the ``tokenizer/`` folder next to the text encoder.
+    ``precision``: of float32 matmuls (None: the platform's default; see :class:`UMT5Encoder`).
     """
+    precision = resolve_precision(precision, "text_encoder")
     directory = TEXT_ENCODER.directory(path)
     if tokenizer is None:
         tokenizer = directory.parent / "tokenizer"
@@ -430,4 +473,4 @@ def load_text_encoder(
             f"{cfg.vocab_size}; they belong to different models"
         )
     cfg, params = load_encoder_params(directory, dtype, sharding=sharding)
-    return UMT5Encoder(cfg, params, tokenizer, trim_padding=trim_padding)
+    return UMT5Encoder(cfg, params, tokenizer, trim_padding=trim_padding, precision=precision)

@@ -24,6 +24,7 @@ from jax.sharding import Mesh
 
 from wanjax.errors import ConfigError
 from wanjax.kernels.attention import AttentionSpec, attention
+from wanjax.kernels.precision import Precision
 from wanjax.parallel.layouts import TokenLayout
 
 
@@ -45,6 +46,7 @@ def sharded_attention(
     layout: TokenLayout,
     self_attention: bool,
     backend: str | AttentionSpec = "auto",
+    precision: Precision = "highest",
 ) -> jax.Array:
     """``attention(q, k, v)`` over ``(B, L, H, D)`` arrays split over ``mesh`` as ``layout`` says."""
     sizes = dict(mesh.shape)
@@ -61,11 +63,11 @@ def sharded_attention(
         if mode == "ulysses":
             # tokens split -> heads split: (b, L/n, h, d) -> (b, L, h/n, d), and back afterwards.
             q, k, v = (jax.lax.all_to_all(x, seq, 2, 1, tiled=True) for x in (q, k, v))
-            out = attention(q, k, v, backend=backend)
+            out = attention(q, k, v, backend=backend, precision=precision)
             return jax.lax.all_to_all(out, seq, 1, 2, tiled=True)
         if mode == "allgather":
             k, v = (jax.lax.all_gather(x, seq, axis=1, tiled=True) for x in (k, v))
-        return attention(q, k, v, backend=backend)
+        return attention(q, k, v, backend=backend, precision=precision)
 
     q_spec = layout.qkv()
     kv_spec = layout.qkv(split_seq=self_attention)

@@ -28,6 +28,7 @@ import numpy as np
 
 from wanjax.errors import CheckpointError, WanjaxError
 from wanjax.kernels.attention import AttentionSpec
+from wanjax.kernels.precision import Precision, parse_precision, resolve_precision
 from wanjax.models.config import parse_dtype
 from wanjax.models.dit import TRANSFORMER, WanTransformer, load_transformer
 from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
@@ -103,6 +104,8 @@ class WanPipeline:
         attention_backend: str | AttentionSpec = "auto",
         mesh: MeshSpec | str | None = None,
         fsdp: bool = False,
+        precision: str | None = None,
+        vae_precision: str | None = None,
     ):
         self.source = source
         self._mesh_request = mesh
@@ -115,6 +118,9 @@ class WanPipeline:
         self.vae_decode_chunk = parse_chunk(vae_decode_chunk, "vae_decode_chunk")
         self.vae_tiling = Tiling() if vae_tiling is True else vae_tiling or None
         self.attention_backend = attention_backend
+        # parsed now (a bad value fails here), resolved against the platform when used
+        self.precision = None if precision is None else parse_precision(precision)
+        self.vae_precision = None if vae_precision is None else parse_precision(vae_precision)
         self.timings: dict[str, StageTiming] = {}
         self.step_times: StepTimes | None = None
         self.mesh_usage: str | None = None  # how the last denoise used each mesh axis
@@ -138,6 +144,8 @@ class WanPipeline:
         jax_cache_dir: str | Path | bool = True,
         mesh: MeshSpec | str | None = None,
         fsdp: bool = False,
+        precision: str | None = None,
+        vae_precision: str | None = None,
         revision: str | None = None,
         download: bool = False,
     ) -> WanPipeline:
@@ -156,7 +164,11 @@ class WanPipeline:
         leave JAX's configuration alone. Weights are read when a stage first needs them.
         ``mesh``: run sharded over all devices -- a :class:`~wanjax.parallel.mesh.MeshSpec`, a string
         such as ``"dp=2,sp=1,tp=4"``, or ``"auto"``; ``None`` runs on one device. ``fsdp`` also
-        splits the weights' model dimension over the non-tp axes.
+        splits the weights' model dimension over the non-tp axes. ``precision``: of the float32
+        matmuls of the transformer and text encoder, ``vae_precision``: of the VAE's float32
+        convolutions and matmuls (``highest | high | default``, JAX's names; ``None``: the platform's
+        default, see :func:`~wanjax.kernels.precision.default_precision`; :attr:`precisions` tells
+        what each component runs at).
         """
         if jax_cache_dir is not False:
             enable_compilation_cache(None if jax_cache_dir is True else jax_cache_dir)
@@ -171,6 +183,8 @@ class WanPipeline:
             attention_backend=attention_backend,
             mesh=mesh,
             fsdp=fsdp,
+            precision=precision,
+            vae_precision=vae_precision,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -190,6 +204,16 @@ class WanPipeline:
         heads = TRANSFORMER.read_config(TRANSFORMER.directory(self.path)).num_attention_heads
         return mesh_spec_from_flags(request, jax.device_count(), heads=heads, use_fsdp=self._fsdp)
 
+    @property
+    def precisions(self) -> dict[str, Precision]:
+        """The float32 precision each component runs at (``transformer``, ``text_encoder``, ``vae``),
+        the requested settings resolved against this platform's defaults (for the run's record)."""
+        return {
+            "transformer": resolve_precision(self.precision, "transformer"),
+            "text_encoder": resolve_precision(self.precision, "text_encoder"),
+            "vae": resolve_precision(self.vae_precision, "vae"),
+        }
+
     @functools.cached_property
     def mesh(self) -> jax.sharding.Mesh | None:
         return None if self.mesh_spec is None else make_mesh(self.mesh_spec)
@@ -201,7 +225,12 @@ class WanPipeline:
                 sharding = None
                 if self.mesh is not None:
                     sharding = param_sharding(self.mesh, self.mesh_spec.fsdp)
-                self._text_encoder = load_text_encoder(self.path, self.text_encoder_dtype, sharding=sharding)
+                self._text_encoder = load_text_encoder(
+                    self.path,
+                    self.text_encoder_dtype,
+                    sharding=sharding,
+                    precision=self.precisions["text_encoder"],
+                )
                 jax.block_until_ready(self._text_encoder.params)
         return self._text_encoder
 
@@ -215,6 +244,7 @@ class WanPipeline:
                     attention_backend=self.attention_backend,
                     mesh=self.mesh,
                     fsdp=self.mesh_spec is not None and self.mesh_spec.fsdp,
+                    precision=self.precisions["transformer"],
                 )
                 jax.block_until_ready(self._transformer.params)
         return self._transformer
@@ -231,6 +261,7 @@ class WanPipeline:
                     decode_chunk=self.vae_decode_chunk,
                     tiling=self.vae_tiling,
                     sharding=sharding,
+                    precision=self.precisions["vae"],
                 )
         return self._vae
 

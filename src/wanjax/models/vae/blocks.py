@@ -86,7 +86,7 @@ def attention_block(p: Params, x: jax.Array, nm: Numerics) -> jax.Array:
     def frames(f: jax.Array) -> jax.Array:  # (N, h, w, 3C) -> (N, h, w, C); one head, L = h*w
         n, h, w, c3 = f.shape
         q, k, v = (f.reshape(n, h * w, 3, 1, c3 // 3)[:, :, i] for i in range(3))
-        return attention(q, k, v).reshape(n, h, w, c3 // 3)
+        return attention(q, k, v, precision=nm.precision).reshape(n, h, w, c3 // 3)
 
     return pointwise(per_frame(frames, qkv), p["proj"], nm) + x
 

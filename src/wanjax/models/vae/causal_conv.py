@@ -20,6 +20,7 @@ from wanjax.models.vae.ops import (
     Numerics,
     after,
     conv2d,
+    convolution,
     frame_window,
     last_frames,
     matmul,
@@ -32,15 +33,9 @@ def conv3d_causal(prev: Frames | None, x: jax.Array, kernel: jax.Array, nm: Nume
     zero-padded by 1 in H and W. Returns float32 ``(B, T, H, W, O)`` without bias."""
     t = x.shape[1]
     if nm.conv == "conv3d":
-        return lax.conv_general_dilated(
-            frame_window(prev, x, 0, t + 2, 2),
-            kernel.astype(x.dtype),
-            (1, 1, 1),
-            ((0, 0), (1, 1), (1, 1)),
-            dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
-            precision=nm.precision,
-            preferred_element_type=jnp.float32,
-        )
+        window = frame_window(prev, x, 0, t + 2, 2)
+        dims = ("NDHWC", "DHWIO", "NDHWC")
+        return convolution(window, kernel, nm, (1, 1, 1), ((0, 0), (1, 1), (1, 1)), dims)
     out = None
     for kt in (2, 1, 0):  # one 2-D conv per temporal tap, frames folded into the batch
         window = frame_window(prev, x, kt, t, 2)

@@ -36,12 +36,13 @@ import jax.numpy as jnp
 
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import ShardingFn, abstract_params, check_checkpoint, first_device, load_params
+from wanjax.kernels.precision import resolve_precision
 from wanjax.models.config import parse_dtype
 from wanjax.models.layers import Params
 from wanjax.models.vae import programs
 from wanjax.models.vae.config import VAEConfig, encoder_plan
 from wanjax.models.vae.layout import VAE, checkpoint_spec
-from wanjax.models.vae.ops import CONV_IMPLS, UPSAMPLE_IMPLS, Numerics
+from wanjax.models.vae.ops import CONV_IMPLS, UPSAMPLE_IMPLS, Numerics, f32_conv_output
 from wanjax.models.vae.postprocess import denormalize_latents, normalize_latents
 from wanjax.models.vae.scan import parse_chunk
 from wanjax.models.vae.tiling import Tiling
@@ -92,6 +93,8 @@ class WanVAE:
     real VAE) out of this one; ``None`` (default): for frames of at least
     :data:`CHILD_COMPILE_MIN_PIXELS` pixels. Only on the CPU backend in one process, for unsharded
     inputs; a failing child falls back to compiling here (with a warning).
+    ``precision``: of float32 convolutions and matmuls (``highest | high | default``; None: this
+    platform's default, see :func:`~wanjax.kernels.precision.default_precision`).
     """
 
     def __init__(
@@ -110,7 +113,9 @@ class WanVAE:
         upsample: str = "subpixel",
         tiling: Tiling | None = None,
         compile_in_child: bool | None = None,
+        precision: str | None = None,
     ):
+        precision = resolve_precision(precision, "vae")
         if conv == "auto":
             conv = "taps" if jax.default_backend() == "cpu" else "conv3d"
         if conv not in CONV_IMPLS:
@@ -127,7 +132,14 @@ class WanVAE:
             "encoder": _Weights(encoder_params, encoder_like),
         }
         self.dtype = jnp.dtype(dtype)
-        self.numerics = Numerics(self.dtype, conv, upsample)
+        self.precision = precision
+        self.numerics = Numerics(
+            self.dtype,
+            conv,
+            upsample,
+            precision=precision,
+            f32_conv_output=f32_conv_output(jax.default_backend()),
+        )
         self.decode_chunk = parse_chunk(decode_chunk, "decode_chunk")
         self.encode_chunk = parse_chunk(encode_chunk, "encode_chunk")
         if tiling is not None:
@@ -253,6 +265,7 @@ def load_vae(
     tiling: Tiling | None = None,
     sharding: ShardingFn | None = None,
     compile_in_child: bool | None = None,
+    precision: str | None = None,
 ) -> WanVAE:
     """Load ``vae/`` of a diffusers-layout Wan 2.1 model (``path`` = model root or that folder).
 
@@ -262,10 +275,12 @@ def load_vae(
     ``frames_per_step``: frames per step in the full-frame-rate layers (memory vs. speed).
     ``conv``/``upsample``: convolution formulations (see :class:`~wanjax.models.vae.ops.Numerics`).
     ``tiling``: decode large frames in blended spatial tiles (:class:`Tiling`; off by default).
-    ``compile_in_child``: see :class:`WanVAE`.
+    ``compile_in_child``, ``precision`` (of float32 convolutions and matmuls; None: the platform's
+    default): see :class:`WanVAE`.
     The checkpoint's names, shapes and dtypes are checked now; each part's weights are read on its
     first use, after that call's program is compiled.
     """
+    precision = resolve_precision(precision, "vae")
     directory = VAE.directory(path)
     cfg = VAE.read_config(directory)
     dtype = parse_dtype(dtype)
@@ -305,4 +320,5 @@ def load_vae(
         upsample=upsample,
         tiling=tiling,
         compile_in_child=compile_in_child,
+        precision=precision,
     )

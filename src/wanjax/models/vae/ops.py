@@ -1,8 +1,9 @@
 """Primitives of the Wan 2.1 VAE, channel-last (``[B, T, H, W, C]``): numerics settings, the channel
 L2 norm, pointwise and 2-D convolutions, and the frame bookkeeping of the causal cache.
 
-Convolutions accumulate in float32 and run at full float32 precision for float32 activations.
-Weights are stored in their own dtype and cast to the activation dtype at use.
+Convolutions and matmuls take their operands in the activation dtype and accumulate in float32;
+float32 ones run at ``Numerics.precision`` (see :mod:`wanjax.kernels.precision`). Weights are stored
+in their own dtype and cast to the activation dtype at use.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from wanjax.kernels.precision import Precision, lax_precision
 from wanjax.models.layers import Params, silu
 
 FLOAT32 = np.dtype(np.float32)
@@ -42,6 +44,10 @@ class Numerics:
     after a spatial x2 upsampling below the output resolution keeps its conv1's two past frames as
     the upsampling's low-resolution inputs when that is smaller, and recomputes them (see
     :func:`~wanjax.models.vae.upsampling.caches_lowres_input`).
+    ``precision``: how float32 operands are multiplied (``highest | high | default``).
+    ``f32_conv_output``: a convolution of 16-bit operands returns float32 from the convolution
+    itself (``preferred_element_type``); without it the convolution returns the activation dtype
+    and is widened after. Both accumulate in float32; see :func:`f32_conv_output` for the platforms.
     """
 
     dtype: jnp.dtype = FLOAT32
@@ -49,6 +55,8 @@ class Numerics:
     upsample: str = "subpixel"
     owed_cache: bool = True
     lowres_cache: bool = True
+    precision: Precision = "highest"
+    f32_conv_output: bool = True
 
     def for_steps(self, frames: int) -> Numerics:
         """These numerics for steps of ``frames`` video frames: the low-resolution recompute (speed
@@ -56,8 +64,22 @@ class Numerics:
         return dataclasses.replace(self, lowres_cache=self.lowres_cache and frames == 1)
 
     @property
-    def precision(self) -> lax.Precision | None:
-        return lax.Precision.HIGHEST if self.dtype == jnp.float32 else None
+    def lax_precision(self) -> lax.Precision | None:
+        """The ``precision=`` of this chunk's convolutions and matmuls (None for 16-bit operands)."""
+        return lax_precision(self.precision, self.dtype)
+
+
+def f32_conv_output(platform: str) -> bool:
+    """Whether convolutions of 16-bit operands on ``platform`` return float32 directly.
+
+    XLA's GPU compiler runs no mixed-precision convolution: its ``FloatNormalization`` pass
+    (``ConvBfloat16Support::SupportsMixedPrecisions`` is false for convolutions) widens the bf16
+    operands of a ``bf16 x bf16 -> f32`` convolution to float32, and cuDNN then runs a float32 (TF32)
+    kernel on twice the bytes. So on GPUs they return bf16 (cuDNN accumulates bf16 convolutions in
+    float32 all the same) and are widened after. CPUs (which convolve in float32 whatever the
+    inputs) and TPUs (whose MXU takes bf16 and accumulates in float32) keep the float32 result.
+    """
+    return platform.lower() not in ("gpu", "cuda", "rocm")
 
 
 def channel_sum(x: jax.Array) -> jax.Array:
@@ -96,7 +118,7 @@ def per_frame(fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
 
 def matmul(x: jax.Array, w: jax.Array, nm: Numerics) -> jax.Array:
     """``x @ w`` over the channel axis, float32 result."""
-    return jnp.matmul(x, w.astype(x.dtype), precision=nm.precision, preferred_element_type=jnp.float32)
+    return jnp.matmul(x, w.astype(x.dtype), precision=nm.lax_precision, preferred_element_type=jnp.float32)
 
 
 def pointwise(x: jax.Array, p: Params, nm: Numerics) -> jax.Array:
@@ -113,15 +135,30 @@ def conv2d(
     padding: Sequence[tuple[int, int]] = ((1, 1), (1, 1)),
 ) -> jax.Array:
     """Per-image 2-D convolution of ``(N, H, W, C)`` with an ``(kh, kw, C, O)`` kernel; float32 result."""
-    return lax.conv_general_dilated(
+    return convolution(x, kernel, nm, (stride, stride), padding, ("NHWC", "HWIO", "NHWC"))
+
+
+def convolution(
+    x: jax.Array,
+    kernel: jax.Array,
+    nm: Numerics,
+    strides: Sequence[int],
+    padding: Sequence[tuple[int, int]],
+    dimension_numbers: tuple[str, str, str],
+) -> jax.Array:
+    """``lax.conv_general_dilated`` with both operands in ``x``'s dtype, float32 accumulation and
+    result (see ``Numerics.f32_conv_output``), float32 operands at ``nm.precision``."""
+    f32_out = nm.f32_conv_output or x.dtype == jnp.float32
+    y = lax.conv_general_dilated(
         x,
         kernel.astype(x.dtype),
-        (stride, stride),
+        tuple(strides),
         tuple(padding),
-        dimension_numbers=("NHWC", "HWIO", "NHWC"),
-        precision=nm.precision,
-        preferred_element_type=jnp.float32,
+        dimension_numbers=dimension_numbers,
+        precision=nm.lax_precision,
+        preferred_element_type=jnp.float32 if f32_out else None,
     )
+    return y.astype(jnp.float32)
 
 
 def zero_frames(x: jax.Array, n: int) -> Frames:
