@@ -6,10 +6,28 @@ import argparse
 import dataclasses
 import json
 import math
+import os
+import subprocess
+import sys
+import textwrap
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from wanjax.errors import WanjaxError
+from wanjax.io.checkpoint import (
+    REPLICATED,
+    LeafSource,
+    linear_kernel,
+    random_params,
+    random_params_on_device,
+    random_scale,
+    random_tensor,
+    stacked,
+)
+from wanjax.models import dit, umt5
 from wanjax.models.config import PRESETS
 from wanjax.models.vae.config import VAEConfig
 from wanjax.tools import bench
@@ -52,6 +70,30 @@ def test_denoise_bench_reports_steps_and_flops(tmp_path, capsys):
     assert result["peak_memory_gib"] > 0
     table = capsys.readouterr().out
     assert "denoise" in table and "s/step" in table
+    # memory: the step program's own figures (XLA's memory_analysis) beside the allocator's peak
+    check_memory_report(result, json.loads(out.read_text()), table, "denoise")
+    assert denoise["random_weights_s"] > 0  # auto: ~90M weights are drawn with NumPy on a CPU
+    assert denoise["random_weights"] == ("numpy" if jax.default_backend() == "cpu" else "device")
+
+
+def check_memory_report(result, written, table, stage):
+    """Both memory figures in the result, the JSON written and the table, each named for what it is."""
+    program = result["stages"][stage]["program_memory"]
+    assert program["argument_bytes"] > 0 and program["temp_bytes"] > 0 and program["output_bytes"] > 0
+    assert program["total_bytes"] >= program["argument_bytes"] + program["temp_bytes"]
+    assert set(program) == {*bench.MEMORY_FIELDS, "total_bytes"}
+    allocator = result["memory"]["allocator_peak_bytes"]
+    stats = jax.devices()[0].memory_stats()
+    if stats is None or "peak_bytes_in_use" not in stats:  # CPU: no allocator statistics
+        assert allocator is None and result["stages"][stage]["allocator_peak_bytes"] is None
+        assert " n/a" in table.split("allocator peak GiB")[1]
+    else:
+        assert allocator > 0
+    assert result["memory"]["host_peak_rss_bytes"] > 0
+    assert written["stages"][stage]["program_memory"] == program
+    assert written["memory"]["allocator_peak_bytes"] == allocator
+    assert {"program_memory", "allocator_peak_bytes"} <= set(written["memory"]["legend"])
+    assert "program GiB" in table and "memory_analysis" in table and "peak_bytes_in_use" in table
 
 
 # The smallest decoder with every kind of layer (conv_in, mid block with attention, a temporal
@@ -81,7 +123,9 @@ def test_decode_bench_reports_vae_flops(capsys, monkeypatch):
     assert result["pipeline"] == {}  # only with all three stages
     assert decode["peak_dtype"] == "float32" and set(result["peaks"]) == {"bfloat16", "float32"}
     print(bench.format_table(result))
-    assert "wanjax's formulation executes" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "wanjax's formulation executes" in table
+    check_memory_report(result, json.loads(json.dumps(result)), table, "decode")
 
 
 def test_pipeline_summary_adds_the_stages():
@@ -128,3 +172,141 @@ def test_pipeline_fraction_of_peak_weighs_each_stage_by_its_dtype(monkeypatch):
 def test_bad_bench_config(overrides, message):
     with pytest.raises(WanjaxError, match=message):
         bench.run_bench(bench.BenchConfig(stages=("denoise",), **overrides))
+
+
+def test_encode_bench_reports_program_memory_with_device_weights(capsys):
+    """The encode stage compiles its program ahead and reports its memory; ``--random_weights
+    device`` draws the weights with jax.random (and says so)."""
+    cfg = bench.BenchConfig(
+        layers=1, stages=("encode",), max_sequence_length=8, repeats=1, random_weights="device"
+    )
+    # UMT5-XXL dims with 1 layer: ~330 M weights; a smaller model keeps this test quick
+    small = dataclasses.replace(umt5.UMT5_XXL, d_model=64, d_kv=16, num_heads=4, d_ff=128)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench.umt5, "UMT5_XXL", small)
+        mp.setattr(bench, "BENCH_VOCAB", 128)
+        mp.setattr(bench, "device_peak", lambda dtype="bfloat16": (1e12, f"test {dtype}"))
+        result = bench.run_bench(cfg)
+    encode = result["stages"]["encode"]
+    assert encode["random_weights"] == "device"
+    assert encode["program_memory"]["argument_bytes"] > 0
+    table = bench.format_table(result)
+    assert "encode" in table.split("random weights drawn")[1] and "(device)" in table
+
+
+def test_random_weights_choice():
+    assert bench.random_weights_path("numpy") == "numpy"
+    assert bench.random_weights_path("device") == "device"
+    on_cpu = jax.default_backend() == "cpu"
+    assert bench.random_weights_path("auto", 10**6) == ("numpy" if on_cpu else "device")
+    assert bench.random_weights_path("auto", bench.CPU_DEVICE_DRAW_MIN_PARAMS) == "device"
+    with pytest.raises(WanjaxError, match="random_weights"):
+        bench.run_bench(bench.BenchConfig(stages=("denoise",), random_weights="gpu"))
+
+
+def test_random_tensor_uses_the_shared_scale_rule():
+    """NumPy's draws follow :func:`random_scale`, the rule the device path uses too."""
+    rng = np.random.default_rng(0)
+    for name, shape in [("a.norm1.weight", (64,)), ("x.bias", (64,)), ("p.weight", (32, 64, 3)),
+                        ("shared.weight", (64, 8)), ("blocks.0.scale_shift_table", (1, 6, 64))]:  # fmt: skip
+        scale, offset = random_scale(name, shape)
+        expected = np.random.default_rng(1).standard_normal(shape, dtype=np.float32) * np.float32(scale)
+        drawn = random_tensor(name, shape, np.random.default_rng(1))
+        np.testing.assert_allclose(drawn, expected + offset, rtol=1e-6)
+        assert random_tensor(name, shape, rng).dtype == np.float32
+    assert random_scale("p.weight", (32, 64, 3)) == pytest.approx((1 / np.sqrt(192), 0.0))
+    assert random_scale("norm_out.gamma", (8, 1, 1, 1)) == (0.1, 1.0)
+
+
+def _same_layout(host, device):
+    flat_h, tree_h = jax.tree.flatten(host)
+    flat_d, tree_d = jax.tree.flatten(device)
+    assert tree_h == tree_d
+    for h, d in zip(flat_h, flat_d, strict=True):
+        assert (h.shape, h.dtype, h.sharding) == (d.shape, d.dtype, d.sharding)
+
+
+SMALL_UMT5 = dataclasses.replace(
+    umt5.UMT5_XXL, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, vocab_size=64
+)
+
+
+@pytest.mark.parametrize(
+    ("spec", "dtype"),
+    [
+        (dit.checkpoint_spec(PRESETS["tiny"]), jnp.bfloat16),  # keep_fp32 leaves stay float32
+        (umt5.checkpoint_spec(SMALL_UMT5), jnp.float32),
+    ],
+    ids=["dit", "umt5"],
+)
+def test_device_random_params_match_host_layout(spec, dtype):
+    _same_layout(random_params(spec, dtype), random_params_on_device(spec, dtype))
+
+
+def test_device_random_params_scale():
+    """Norm scales near 1, small biases, linear weights of std 1/sqrt(fan_in) (the checkpoint's
+    ``in`` axis, whatever our layout), every layer of a stacked leaf drawn apart."""
+    spec = {
+        "q": stacked("blocks.{i}.attn1.to_q.weight", 3, (256, 1024), layout=linear_kernel, axes=REPLICATED),
+        "norm": LeafSource(("blocks.norm2.weight",), (4096,), axes=REPLICATED),
+        "bias": LeafSource(("proj.bias",), (4096,), axes=REPLICATED),
+        "table": LeafSource(("scale_shift_table",), (1, 2, 4096), keep_fp32=True, axes=REPLICATED),
+    }
+    params = random_params_on_device(spec, jnp.bfloat16, seed=3)
+    q = np.asarray(params["q"], np.float32)
+    assert q.shape == (3, 1024, 256)
+    assert np.std(q) == pytest.approx(1 / np.sqrt(1024), rel=0.1) and abs(np.mean(q)) < 1e-3
+    assert not np.array_equal(q[0], q[1])
+    norm = np.asarray(params["norm"], np.float32)
+    assert np.mean(norm) == pytest.approx(1.0, abs=0.01) and np.std(norm) == pytest.approx(0.1, rel=0.1)
+    assert np.std(np.asarray(params["bias"], np.float32)) == pytest.approx(0.02, rel=0.1)
+    assert params["table"].dtype == jnp.float32
+    assert np.std(np.asarray(params["table"])) == pytest.approx(1 / 64, rel=0.1)
+    again = random_params_on_device(spec, jnp.bfloat16, seed=3)
+    assert np.array_equal(np.asarray(again["q"], np.float32), q)  # a seed gives the same weights
+    other = random_params_on_device(spec, jnp.bfloat16, seed=4)
+    assert not np.array_equal(np.asarray(other["q"], np.float32), q)
+
+
+SHARDED_RANDOM = textwrap.dedent(
+    """
+    import json
+    import jax, numpy as np
+    from wanjax.io.checkpoint import REPLICATED, LeafSource, linear_kernel, random_params, random_params_on_device, stacked
+    from wanjax.parallel.mesh import make_mesh, parse_mesh
+    from wanjax.parallel.rules import param_sharding
+
+    mesh = make_mesh(parse_mesh("dp=2,tp=4", fsdp=True))
+    sharding = param_sharding(mesh, fsdp=True)
+    spec = {  # a DiT block's kinds of leaves: stacked linear kernels, vectors, a replicated bias
+        "q": stacked("blocks.{i}.attn1.to_q.weight", 2, (64, 32), layout=linear_kernel, axes=("layers", "embed", "heads")),
+        "ffn": stacked("blocks.{i}.ffn.net.0.proj.bias", 2, (128,), axes=("layers", "mlp")),
+        "bias": LeafSource(("proj_out.bias",), (16,), axes=REPLICATED),
+    }
+    host = random_params(spec, np.float32, sharding=sharding)
+    device = random_params_on_device(spec, np.float32, sharding=sharding)
+    same = all(
+        (h.shape, h.dtype, h.sharding) == (d.shape, d.dtype, d.sharding)
+        for h, d in zip(jax.tree.leaves(host), jax.tree.leaves(device), strict=True)
+    )
+    split = sum(not d.sharding.is_fully_replicated for d in jax.tree.leaves(device))
+    one_device = random_params_on_device(spec, np.float32)  # threefry draws do not depend on the sharding
+    equal = all(
+        np.array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(jax.tree.leaves(device), jax.tree.leaves(one_device), strict=True)
+    )
+    print(json.dumps({"same": same, "split": split, "equal": equal, "devices": len(jax.devices())}))
+    """
+)
+
+
+def test_device_random_params_on_an_8_device_mesh():
+    """dp=2 x tp=4 with FSDP: every leaf in the sharding the host path gives it, drawn in place."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-c", SHARDED_RANDOM], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["devices"] == 8 and report["same"] and report["equal"]
+    assert report["split"] == 2  # the stacked leaves really are split over devices

@@ -15,6 +15,7 @@ checkpoint against that tree before reading any bytes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -377,22 +378,34 @@ def abstract_params(spec: Any, dtype: Any, sharding: ShardingFn | None = None) -
 # Random weights (demo model, benchmarks, tests; never a substitute for a checkpoint)
 
 
-def random_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """float32 random values of a sensible scale for the tensor's role (activations stay O(1)), by its
-    checkpoint name: norm scales near 1, small biases, linear/conv weights of variance 1/fan_in."""
-    values = rng.standard_normal(shape, dtype=np.float32)
+def random_scale(name: str, shape: tuple[int, ...]) -> tuple[float, float]:
+    """``(scale, offset)`` of the random values a checkpoint tensor gets, ``standard_normal * scale +
+    offset``, by its role (read from its name and checkpoint ``shape``), so activations stay O(1):
+    norm scales near 1, small biases, linear/conv weights of variance 1/fan_in. The one rule of
+    :func:`random_tensor` (NumPy) and :func:`random_params_on_device` (``jax.random``)."""
     leaf = name.rsplit(".", 1)[-1]
     if leaf == "gamma" or (leaf == "weight" and "norm" in name and len(shape) == 1):
-        values *= 0.1  # RMS / layer norm scales
-        values += 1.0
-    elif leaf == "bias":
-        values *= 0.02
-    elif "scale_shift_table" in name:
-        values *= 1 / np.sqrt(shape[-1])
-    elif "relative_attention_bias" in name:
-        values *= 0.5
-    elif not name.endswith(("shared.weight", "embed_tokens.weight")):  # weights (out, in, ...): 1 / fan_in
-        values *= 1 / np.sqrt(max(math.prod(shape[1:]), 1))
+        return 0.1, 1.0  # RMS / layer norm scales
+    if leaf == "bias":
+        return 0.02, 0.0
+    if "scale_shift_table" in name:
+        return 1 / np.sqrt(shape[-1]), 0.0
+    if "relative_attention_bias" in name:
+        return 0.5, 0.0
+    if name.endswith(("shared.weight", "embed_tokens.weight")):
+        return 1.0, 0.0
+    return 1 / np.sqrt(max(math.prod(shape[1:]), 1)), 0.0  # weights (out, in, ...): 1 / fan_in
+
+
+def random_tensor(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """float32 random values of a sensible scale for the tensor's role, by its checkpoint name (see
+    :func:`random_scale`)."""
+    values = rng.standard_normal(shape, dtype=np.float32)
+    scale, offset = random_scale(name, shape)
+    if scale != 1.0:
+        values *= scale
+    if offset:
+        values += offset
     return values
 
 
@@ -414,6 +427,37 @@ def random_params(spec: Any, dtype: Any, seed: int = 0, sharding: ShardingFn | N
         return jax.block_until_ready(_build_leaf(source, refs, dtype, sharding))
 
     return jax.tree.map(build, spec, is_leaf=_is_source)
+
+
+def random_params_on_device(spec: Any, dtype: Any, seed: int = 0, sharding: ShardingFn | None = None) -> Any:
+    """A params tree like :func:`random_params`'s (the same shapes, dtypes, shardings and
+    :func:`random_scale` rule; other values), each leaf drawn with ``jax.random`` by a jitted program
+    straight into its sharding: nothing is drawn on the host or transferred, and each device draws
+    only its shard. The fast path on an accelerator, and for large models on a CPU (see
+    ``wanjax bench --random_weights``)."""
+    dtype, sharding = np.dtype(dtype), sharding or first_device
+    sources, treedef = jax.tree.flatten(spec, is_leaf=_is_source)
+    leaves = []
+    for index, source in enumerate(sources):
+        # Stacked leaves: every layer's name has the same role, so the first one speaks for all.
+        scale, offset = random_scale(source.names[0], source.shape)
+        draw = _random_leaf_program(source.target_shape(), leaf_dtype(source, dtype), sharding(source))
+        leaves.append(draw(seed, index, np.float32(scale), np.float32(offset)))
+    return jax.block_until_ready(jax.tree.unflatten(treedef, leaves))
+
+
+@functools.lru_cache(maxsize=256)
+def _random_leaf_program(
+    shape: tuple[int, ...], dtype: np.dtype, sharding: jax.sharding.Sharding
+) -> Callable[..., jax.Array]:
+    """``normal * scale + offset`` of one leaf's shape and dtype, drawn in float32 (then cast) into
+    ``sharding``; one program per (shape, dtype, sharding), shared by every leaf alike."""
+
+    def draw(seed: jax.Array, index: jax.Array, scale: jax.Array, offset: jax.Array) -> jax.Array:
+        key = jax.random.fold_in(jax.random.key(seed), index)
+        return (jax.random.normal(key, shape, np.float32) * scale + offset).astype(dtype)
+
+    return jax.jit(draw, out_shardings=sharding)
 
 
 def _sources(spec: Any) -> list[LeafSource]:

@@ -118,5 +118,10 @@ class ProgramCache:
             self._programs.popitem(last=False)
         return compiled
 
+    def programs(self) -> tuple[jax.stages.Compiled, ...]:
+        """The programs kept, least recently used first (read-only; e.g. for ``memory_analysis()``
+        in a report)."""
+        return tuple(self._programs.values())
+
     def __len__(self) -> int:
         return len(self._programs)

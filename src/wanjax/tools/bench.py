@@ -11,6 +11,17 @@ what wanjax's formulation executes); the hardware peak from a table (TPU, NVIDIA
 on CPU, from a 2048^3 matmul in each stage's dtype (float32 accumulation) measured here; each
 stage's fraction of peak is against its own dtype's peak. The ``pipeline`` line adds the stages
 up: one encode, ``--num_inference_steps`` steps and one decode, at their steady medians.
+
+Memory comes in two figures that answer different questions: each stage's *program* memory, what
+XLA's ``memory_analysis()`` of the compiled program says it needs (arguments, outputs, temporaries,
+generated code), and the device *allocator's* peak (``memory_stats()["peak_bytes_in_use"]``, from
+the process's start), which also counts whatever else was allocated at the time: XLA's convolution
+autotuning on a GPU took ~30 GiB of scratch beside the 5.8 GiB the VAE decode program needs. CPUs
+report no allocator statistics ("n/a"); the process's peak RSS is given instead.
+
+Random weights are drawn on the device (``jax.random``, each leaf straight into its placement) on
+accelerators and, on a CPU, for models of 300M weights or more; smaller models on a CPU are drawn
+with NumPy, faster there per core and with nothing to compile (``--random_weights`` chooses).
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import resource
 import statistics
 import time
@@ -29,7 +41,7 @@ import jax.numpy as jnp
 
 from wanjax.errors import WanjaxError
 from wanjax.io.atomic import write_text
-from wanjax.io.checkpoint import random_params
+from wanjax.io.checkpoint import abstract_params, random_params, random_params_on_device
 from wanjax.models import dit, umt5
 from wanjax.models.config import PRESETS, parse_dtype
 from wanjax.models.vae import WanVAE
@@ -51,6 +63,8 @@ PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
     ("A100", 312.0),
 )
 BENCH_VOCAB = 32_128
+RANDOM_WEIGHTS = ("auto", "numpy", "device")
+CPU_DEVICE_DRAW_MIN_PARAMS = 300_000_000  # --random_weights auto on a CPU: jax.random from this size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +83,7 @@ class BenchConfig:
     max_sequence_length: int = 512
     repeats: int = 2
     stages: tuple[str, ...] = ("encode", "denoise", "decode")
+    random_weights: str = "auto"  # numpy (host draws), device (jax.random), auto: see random_weights_path
 
     def latent_shape(self) -> tuple[int, int, int, int, int]:
         if self.height % 16 or self.width % 16 or (self.frames - 1) % 4:
@@ -88,6 +103,9 @@ class StageResult:
     flops: Flops | None = None
     per_step: list[float] | None = None  # denoise: the steady steps
     executed_flops: Flops | None = None  # decode: what wanjax's formulation computes, if not ``flops``
+    program_memory: dict[str, int] | None = None  # memory_analysis() of the stage's compiled program
+    allocator_peak_bytes: int | None = None  # the device allocator's peak so far, after the stage
+    weights: tuple[str, float] | None = None  # how the random weights were drawn, and the seconds it took
 
     def summary(self) -> dict[str, Any]:
         med = statistics.median(self.steady) if self.steady else float("nan")
@@ -96,7 +114,11 @@ class StageResult:
             "steady_median_s": med,
             "steady_min_s": min(self.steady, default=float("nan")),
             "steady_max_s": max(self.steady, default=float("nan")),
+            "program_memory": self.program_memory,
+            "allocator_peak_bytes": self.allocator_peak_bytes,
         }
+        if self.weights is not None:
+            out["random_weights"], out["random_weights_s"] = self.weights
         if self.per_step is not None:
             out["s_per_step_median"] = statistics.median(self.per_step) if self.per_step else float("nan")
             out["s_per_step_spread"] = [min(self.per_step, default=0.0), max(self.per_step, default=0.0)]
@@ -143,12 +165,78 @@ def device_peak(dtype: str = "bfloat16") -> tuple[float, str]:
     return float("nan"), f"{kind}: unknown peak"
 
 
+def allocator_peak_bytes() -> int | None:
+    """The default device allocator's peak (``memory_stats()["peak_bytes_in_use"]``) since the process
+    started: every buffer alive at once, the compiler's and autotuner's scratch included. None where
+    the device keeps no statistics (CPU)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else int(peak)
+
+
+def host_peak_rss_bytes() -> int:
+    """The process's peak resident memory (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
 def peak_memory_bytes() -> tuple[int, str]:
     """Peak memory: the device's allocator where it reports one, else the process's RSS."""
-    stats = jax.devices()[0].memory_stats() or {}
-    if "peak_bytes_in_use" in stats:
-        return int(stats["peak_bytes_in_use"]), "device peak"
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "host peak RSS"
+    peak = allocator_peak_bytes()
+    if peak is not None:
+        return peak, "device peak"
+    return host_peak_rss_bytes(), "host peak RSS"
+
+
+MEMORY_FIELDS = {  # program_memory key -> jax.stages.CompiledMemoryStats attribute
+    "argument_bytes": "argument_size_in_bytes",
+    "output_bytes": "output_size_in_bytes",
+    "temp_bytes": "temp_size_in_bytes",
+    "generated_code_bytes": "generated_code_size_in_bytes",
+    "alias_bytes": "alias_size_in_bytes",
+}
+
+
+def program_memory(compiled: jax.stages.Compiled) -> dict[str, int] | None:
+    """What XLA's ``memory_analysis()`` says a compiled program needs, in bytes: its arguments,
+    outputs, temporaries and generated code, the outputs that alias (donated) arguments, and
+    ``total_bytes`` = arguments + outputs - aliased + temporaries + code. None where the backend
+    gives no analysis."""
+    try:
+        stats = compiled.memory_analysis()
+    except (NotImplementedError, RuntimeError):
+        return None
+    if stats is None:
+        return None
+    out = {key: int(getattr(stats, attr, 0) or 0) for key, attr in MEMORY_FIELDS.items()}
+    out["total_bytes"] = (
+        out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+        + out["generated_code_bytes"]
+    )  # fmt: skip
+    return out
+
+
+def random_weights_path(choice: str, num_params: int = 0) -> str:
+    """``numpy`` or ``device`` for ``--random_weights`` ``choice`` and a model of ``num_params``
+    weights. ``auto``: on the device, except on a CPU for models under
+    :data:`CPU_DEVICE_DRAW_MIN_PARAMS` weights: per core NumPy draws ~1.4x faster than the jitted
+    ``jax.random`` programs, which use every core but compile first (~0.2 s per leaf shape), so on
+    a CPU they pay off only for large models (BENCHMARKS.md, "Random weights on the device")."""
+    if choice not in RANDOM_WEIGHTS:
+        raise WanjaxError(f"unknown --random_weights {choice!r}; choose from {', '.join(RANDOM_WEIGHTS)}")
+    if choice == "auto":
+        on_cpu = jax.devices()[0].platform == "cpu"
+        return "numpy" if on_cpu and num_params < CPU_DEVICE_DRAW_MIN_PARAMS else "device"
+    return choice
+
+
+def bench_params(cfg: BenchConfig, spec: Any, dtype: Any) -> tuple[Any, tuple[str, float]]:
+    """Random weights for ``spec`` drawn as ``cfg.random_weights`` says, and (how, seconds)."""
+    num_params = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(abstract_params(spec, dtype)))
+    how = random_weights_path(cfg.random_weights, num_params)
+    draw = random_params_on_device if how == "device" else random_params
+    start = time.perf_counter()
+    params = jax.block_until_ready(draw(spec, dtype))
+    return params, (how, time.perf_counter() - start)
 
 
 def _repeat(fn: Callable[[], Any], repeats: int) -> StageResult:
@@ -159,13 +247,17 @@ def _repeat(fn: Callable[[], Any], repeats: int) -> StageResult:
 def bench_encode(cfg: BenchConfig) -> StageResult:
     layers = min(cfg.layers or umt5.UMT5_XXL.num_layers, umt5.UMT5_XXL.num_layers)
     ucfg = dataclasses.replace(umt5.UMT5_XXL, num_layers=layers, vocab_size=BENCH_VOCAB)
-    params = random_params(umt5.checkpoint_spec(ucfg), parse_dtype(cfg.dtype))
+    params, weights = bench_params(cfg, umt5.checkpoint_spec(ucfg), parse_dtype(cfg.dtype))
     length = cfg.max_sequence_length
     ids = jax.random.randint(jax.random.key(1), (2, length), 0, BENCH_VOCAB)  # prompt + negative
     mask = jnp.ones((2, length), jnp.int32)
-    forward = jax.jit(lambda p, i, m: umt5.forward(p, ucfg, i, m))
+    start = time.perf_counter()
+    forward = jax.jit(lambda p, i, m: umt5.forward(p, ucfg, i, m)).lower(params, ids, mask).compile()
+    compile_s = time.perf_counter() - start
     result = _repeat(lambda: forward(params, ids, mask), cfg.repeats)
+    result.warmup += compile_s
     result.flops = umt5_flops(ucfg, 2, length)
+    result.program_memory, result.weights = program_memory(forward), weights
     return result
 
 
@@ -173,7 +265,8 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     base = PRESETS[cfg.arch]
     tcfg = dataclasses.replace(base, num_layers=cfg.layers or base.num_layers)
     dtype = parse_dtype(cfg.dtype)
-    model = dit.WanTransformer(tcfg, random_params(dit.checkpoint_spec(tcfg), dtype), dtype)
+    params, weights = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype)
+    model = dit.WanTransformer(tcfg, params, dtype)
     shape = cfg.latent_shape()
     noise = jax.random.normal(jax.random.key(2), shape, jnp.float32)
     text = jax.random.normal(jax.random.key(3), (1, cfg.max_sequence_length, tcfg.text_dim), dtype)
@@ -190,19 +283,33 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
         steady.append(time.perf_counter() - start)
         per_step += [times.first, *times.steady]
     flops = dit_step_flops(tcfg, shape, cfg.max_sequence_length, guidance=guided)
-    return StageResult(warmup, steady, flops, per_step)
+    # The step program the sampler ran (the one it used last); Sampler has no public accessor.
+    programs = sampler._programs.programs()
+    memory = program_memory(programs[-1]) if programs else None
+    return StageResult(warmup, steady, flops, per_step, program_memory=memory, weights=weights)
 
 
 def bench_decode(cfg: BenchConfig) -> StageResult:
     vcfg = VAEConfig()
     dtype = parse_dtype(cfg.vae_dtype)
-    vae = WanVAE(vcfg, random_params(vae_spec(vcfg, "decoder"), dtype), dtype)
+    params, weights = bench_params(cfg, vae_spec(vcfg, "decoder"), dtype)
+    vae = WanVAE(vcfg, params, dtype)
     shape = cfg.latent_shape()
     latents = jax.random.normal(jax.random.key(4), shape, jnp.float32)
     result = _repeat(lambda: vae.decode_uint8(latents), cfg.repeats)
     result.flops = vae_decode_flops(vcfg, shape)
     result.executed_flops = vae_decode_flops(vcfg, shape, vae.numerics, vae.frames_per_step)
+    # the program decode_uint8 ran (kept by the VAE's program cache: nothing compiles here)
+    result.program_memory, result.weights = program_memory(vae.compile("decode_uint8", latents)), weights
     return result
+
+
+def _stage(name: str, cfg: BenchConfig) -> dict[str, Any]:
+    """One stage run and summarised, with the allocator's peak so far read right after it."""
+    result = STAGES[name](cfg)
+    if result.allocator_peak_bytes is None:
+        result.allocator_peak_bytes = allocator_peak_bytes()
+    return result.summary()
 
 
 STAGES: dict[str, Callable[[BenchConfig], StageResult]] = {
@@ -224,9 +331,10 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     cfg.latent_shape()
     for dtype in (cfg.dtype, cfg.vae_dtype):
         parse_dtype(dtype)
+    random_weights_path(cfg.random_weights)
     dtype, vae_dtype = (jnp.dtype(parse_dtype(d)).name for d in (cfg.dtype, cfg.vae_dtype))
     peaks = {d: device_peak(d) for d in dict.fromkeys((dtype, vae_dtype))}
-    stages = {name: STAGES[name](cfg).summary() for name in cfg.stages}
+    stages = {name: _stage(name, cfg) for name in cfg.stages}
     pipeline = pipeline_summary(cfg, stages)
     stage_dtypes = {"encode": dtype, "denoise": dtype, "decode": vae_dtype}
     for name, summary in stages.items():
@@ -247,9 +355,25 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         "peaks": {d: {"tflops": p / 1e12, "source": src} for d, (p, src) in peaks.items()},
         "peak_memory_gib": memory / 2**30,
         "memory_source": memory_source,
+        "memory": {
+            "allocator_peak_bytes": allocator_peak_bytes(),
+            "host_peak_rss_bytes": host_peak_rss_bytes(),
+            "legend": MEMORY_LEGEND,
+        },
         "stages": stages,
         "pipeline": pipeline,
     }
+
+
+MEMORY_LEGEND = {
+    "program_memory": "per stage: XLA's memory_analysis() of the compiled program, in bytes (arguments, "
+    "outputs, temporaries, generated code; total = arguments + outputs - aliased + temporaries + code): "
+    "what the program itself needs",
+    "allocator_peak_bytes": "the device allocator's peak_bytes_in_use since the process started (per "
+    "stage: right after it), everything allocated at once, XLA's autotuning scratch included; null "
+    "where the device keeps no statistics (CPU)",
+    "host_peak_rss_bytes": "the process's peak resident memory (on a CPU: weights, activations, runtime)",
+}
 
 
 def pipeline_summary(cfg: BenchConfig, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -318,8 +442,51 @@ def format_table(result: dict[str, Any]) -> str:
             f"decode FLOPs are the reference architecture's; wanjax's formulation executes "
             f"{decode['tflop_executed']:.3f} TFLOP ({decode['achieved_tflops_executed']:.3f} TFLOP/s)"
         )
-    lines.append(f"peak memory {result['peak_memory_gib']:.2f} GiB ({result['memory_source']})")
+    lines += memory_lines(result)
     return "\n".join(lines)
+
+
+def _gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**30:.3f}"
+
+
+def memory_lines(result: dict[str, Any]) -> list[str]:
+    """The memory table: per stage the program's own memory (XLA's ``memory_analysis``) beside the
+    allocator's peak, then the process-wide figures and where the random weights came from."""
+    lines = [
+        "memory: 'program' = what the compiled program needs (XLA memory_analysis: arguments + outputs "
+        "+ temporaries + code); 'allocator peak' = the device allocator's peak_bytes_in_use so far "
+        "(everything allocated at once, autotuning scratch included; n/a: the device keeps no statistics)",
+        f"{'stage':8} {'program GiB':>12} {'args GiB':>9} {'out GiB':>9} {'temp GiB':>9} {'code MiB':>9} "
+        f"{'allocator peak GiB':>19}",
+    ]
+    for name, s in result["stages"].items():
+        m = s.get("program_memory")
+        cols = (
+            [_gib(m["total_bytes"]), _gib(m["argument_bytes"]), _gib(m["output_bytes"]), _gib(m["temp_bytes"]),
+             f"{m['generated_code_bytes'] / 2**20:.1f}"]
+            if m else ["n/a"] * 5
+        )  # fmt: skip
+        lines.append(
+            f"{name:8} {cols[0]:>12} {cols[1]:>9} {cols[2]:>9} {cols[3]:>9} {cols[4]:>9} "
+            f"{_gib(s.get('allocator_peak_bytes')):>19}"
+        )
+    memory = result.get("memory") or {}
+    lines.append(
+        f"allocator peak {_gib(memory.get('allocator_peak_bytes'))} GiB, host peak RSS "
+        f"{_gib(memory.get('host_peak_rss_bytes'))} GiB; peak memory {result['peak_memory_gib']:.2f} GiB "
+        f"({result['memory_source']})"
+    )
+    drawn = [
+        f"{n} {s['random_weights_s']:.1f} s ({s['random_weights']})"
+        for n, s in result["stages"].items()
+        if "random_weights" in s
+    ]
+    if drawn:
+        lines.append(
+            f"random weights drawn (numpy: on the host; device: jax.random in place): {', '.join(drawn)}"
+        )
+    return lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -373,6 +540,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=list(d.stages),
         choices=list(STAGES),
         help=f"stages to time (default: {' '.join(d.stages)})",
+    )
+    parser.add_argument(
+        "--random_weights",
+        "--random-weights",
+        default=d.random_weights,
+        choices=list(RANDOM_WEIGHTS),
+        help="draw the random weights with numpy (host, then copied) or on the device (jax.random, "
+        "straight into place); auto: on the device, except models under 300M weights on a CPU "
+        "(default auto)",
     )
     parser.add_argument("--json", help="also write the numbers to this JSON file")
 
