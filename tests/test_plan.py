@@ -72,3 +72,194 @@ def test_vae_decode_activations_include_the_causal_cache():
     kwargs = dict(height=720, width=1280, frames=81, device_memory=32 * GiB)
     eight = plan(model, parse_mesh("dp=2,sp=1,tp=4"), **kwargs)
     assert eight.stages["decode"].activations > vae_cache_bytes(model.vae, 720, 1280) / 8
+
+
+# ----------------------------------------------------------------------------------------------
+# --offload none|model|blocks, --weights_dtype bf16|int8|fp8
+
+ONE = "dp=1,sp=1,tp=1"
+P480 = dict(height=480, width=832, frames=81)
+
+
+def leaves_with_paths(tree):
+    return [
+        ("/".join(str(k.key) for k in path), leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]
+    ]
+
+
+def nbytes(leaf) -> int:
+    return leaf.size * leaf.dtype.itemsize
+
+
+def test_quantizable_leaves_are_the_matmul_kernels():
+    """Every ``kernel`` of a linear layer (2-D, or 3-D stacked), but not the float32-kept time
+    embedder's nor the patch embedding's conv kernel; no norm, bias, embedding or modulation table."""
+    from wanjax.io.checkpoint import LeafSource
+    from wanjax.io.quantizable import is_quantizable, scale_shape
+    from wanjax.models import umt5
+    from wanjax.tools.plan import UMT5_XXL
+
+    def quantizable(spec):
+        flat = jax.tree_util.tree_flatten_with_path(spec, is_leaf=lambda x: isinstance(x, LeafSource))[0]
+        return {"/".join(str(k.key) for k in path) for path, s in flat if is_quantizable(s)}, flat
+
+    names, flat = quantizable(dit.checkpoint_spec(transformer_preset("14B")))
+    kernels = {
+        *(f"blocks/{a}/{p}/kernel" for a in ("attn1", "attn2") for p in ("to_q", "to_k", "to_v", "to_out")),
+        "blocks/ffn/proj_in/kernel",
+        "blocks/ffn/proj_out/kernel",
+        "time_proj/kernel",
+        "text_embedder/linear_1/kernel",
+        "text_embedder/linear_2/kernel",
+        "proj_out/kernel",
+    }
+    assert names == kernels
+    scales = {"/".join(str(k.key) for k in path): scale_shape(s) for path, s in flat if is_quantizable(s)}
+    assert scales["blocks/ffn/proj_in/kernel"] == (40, 13824)  # (layers, out)
+    assert scales["time_proj/kernel"] == (6 * 5120,)
+    names, _ = quantizable(umt5.checkpoint_spec(UMT5_XXL))
+    assert names == {f"layers/{p}/kernel" for p in ("q", "k", "v", "o", "wi_0", "wi_1", "wo")}
+
+
+def test_8bit_weights_are_one_byte_per_element_and_a_float32_scale_per_output_channel():
+    """Computed from the abstract params: a quantisable kernel ``(..., in, out)`` takes ``size`` bytes
+    plus 4 per ``size / in`` scales; every other leaf stays in its dtype. Under tp=4 the scale splits
+    as the kernel's output axis: Q/K/V and FFN-in (column-parallel) by 4, the row-parallel output
+    projections not at all."""
+    model = model_configs("14B")
+    spec = dit.checkpoint_spec(model.transformer)
+    abstract = leaves_with_paths(abstract_params(spec, "bfloat16"))
+    quantized = {
+        name
+        for name, leaf in abstract
+        if name.endswith("kernel") and not name.startswith(("patch_embedding", "time_embedder"))
+    }
+    assert len(quantized) == 14
+    kwargs = dict(**P480, device_memory=24 * GiB)
+    for weights in ("int8", "fp8"):
+        expected = sum(
+            (leaf.size + 4 * leaf.size // leaf.shape[-2]) if name in quantized else nbytes(leaf)
+            for name, leaf in abstract
+        )
+        got = plan(model, parse_mesh(ONE), weights_dtype=weights, **kwargs)
+        assert got.stages["denoise"].weights == expected
+        assert got.stages["decode"].weights == plan(model, parse_mesh(ONE), **kwargs).stages["decode"].weights
+
+    column = ("to_q", "to_k", "to_v", "proj_in", "time_proj", "text_embedder/linear_1")
+    row = ("to_out", "ffn/proj_out", "text_embedder/linear_2")
+    tp4 = 0
+    for name, leaf in abstract:
+        if name not in quantized:
+            continue
+        scales = leaf.size // leaf.shape[-2]
+        if any(c in name for c in column):
+            tp4 += leaf.size // 4 + 4 * scales // 4
+        elif any(r in name for r in row):
+            tp4 += leaf.size // 4 + 4 * scales
+        else:  # proj_out: (embed, None), whole without FSDP
+            assert name == "proj_out/kernel"
+            tp4 += leaf.size + 4 * scales
+    bf16 = plan(model, parse_mesh("dp=1,sp=1,tp=4"), **kwargs).stages["denoise"].weights
+    int8 = plan(model, parse_mesh("dp=1,sp=1,tp=4"), weights_dtype="int8", **kwargs).stages["denoise"].weights
+    # the kernels' bf16 bytes per device: split 4 ways but proj_out, whole
+    kept = sum(
+        nbytes(leaf) // (1 if name == "proj_out/kernel" else 4)
+        for name, leaf in abstract
+        if name in quantized
+    )
+    assert int8 == bf16 - kept + tp4
+
+
+def test_offload_modes_move_the_peak():
+    """none: all weights plus the largest activations; model: the largest stage's own weights and
+    activations; blocks: the DiT's non-stacked leaves and 2 of its layers on the device, the layers in
+    host memory."""
+    model = model_configs("14B")
+    kwargs = dict(**P480, device_memory=24 * GiB)
+    mesh = parse_mesh(ONE)
+    for weights in ("bf16", "fp8"):
+        none, by_model, blocks = (
+            plan(model, mesh, offload=o, weights_dtype=weights, **kwargs) for o in OFFLOAD
+        )
+        stored = {name: s.weights for name, s in none.stages.items()}
+        assert none.peak == sum(stored.values()) + max(s.activations for s in none.stages.values())
+        assert none.host == 0
+        assert by_model.peak == max(s.weights + s.activations for s in by_model.stages.values())
+        assert {name: s.weights for name, s in by_model.stages.items()} == stored
+        assert by_model.host == sum(stored.values()) - min(stored.values())
+        # blocks: the same encode and decode, the DiT's layers streamed
+        assert blocks.stages["encode"] == by_model.stages["encode"]
+        assert blocks.stages["decode"] == by_model.stages["decode"]
+        assert blocks.peak == max(s.weights + s.activations for s in blocks.stages.values())
+        assert blocks.peak < by_model.peak < none.peak
+
+    abstract = leaves_with_paths(abstract_params(dit.checkpoint_spec(model.transformer), "bfloat16"))
+    stacked = sum(nbytes(leaf) for name, leaf in abstract if name.startswith("blocks/"))
+    fixed = sum(nbytes(leaf) for name, leaf in abstract if not name.startswith("blocks/"))
+    blocks = plan(model, mesh, offload="blocks", **kwargs)
+    denoise = blocks.stages["denoise"]
+    assert denoise.weights == fixed + stacked * 2 // 40
+    assert denoise.stored == fixed + stacked and denoise.streamed == stacked
+    encoder, vae = blocks.stages["encode"].weights, blocks.stages["decode"].weights
+    assert blocks.host == max(encoder + vae + stacked, fixed + stacked + vae, fixed + stacked + encoder)
+
+
+OFFLOAD = ("none", "model", "blocks")
+
+
+def test_flag_choices_are_the_planners():
+    from wanjax.cli.requests import PlanRequest
+    from wanjax.io.quantizable import WEIGHTS_DTYPES
+    from wanjax.tools.plan import OFFLOAD_MODES
+
+    assert PlanRequest.offload_modes == OFFLOAD_MODES == OFFLOAD
+    assert PlanRequest.weights_dtypes == WEIGHTS_DTYPES
+    assert PlanRequest.offload in OFFLOAD and PlanRequest.weights_dtype == "bf16"
+
+
+TARGET_14B = ["plan", "--model", "14B", "--height", "480", "--width", "832", "--frames", "81"]
+
+
+def test_14b_at_480p_fits_one_24gib_device_with_streamed_fp8_blocks(capsys):
+    """The issue's target: 14B at 832x480x81 on one 24 GiB device with --offload blocks --weights_dtype
+    fp8 (the DiT step's activations, ~12 GiB, dominate; 2 fp8 layers and the non-stacked leaves add
+    ~1 GiB); resident it needs ~49 GiB, and even fp8 with whole components swapped ~26 GiB."""
+    args = [*TARGET_14B, "--num_devices", "1", "--device_memory", "24GiB"]
+    assert main([*args, "--offload", "blocks", "--weights_dtype", "fp8"]) == 0
+    out = capsys.readouterr().out
+    assert "1 device, --offload blocks --weights_dtype fp8" in out
+    peak = re.search(
+        r"peak +([\d.]+) GiB per device of 24 GiB \(90% usable\), ([\d.]+) GiB of host memory.*: fits", out
+    )
+    assert peak and float(peak.group(1)) < 0.9 * 24, out
+    assert re.search(r"blocks +[\d.]+ fits +[\d.]+ fits <-", out), out  # the mode table marks the chosen one
+    assert main([*args, "--offload", "model", "--weights_dtype", "fp8"]) == 1
+    out = capsys.readouterr().out
+    assert "hint: the cheapest mode that fits: --offload blocks --weights_dtype bf16" in out
+
+
+def test_13b_at_480p_on_8gib_needs_8bit_weights_for_the_text_encoder(capsys):
+    """The issue's second target, 1.3B at 480p on 8 GiB with --offload model, does not hold in bf16:
+    UMT5-XXL's weights alone (5.7 B parameters, 10.6 GiB) exceed the device, and the DiT stage
+    (2.6 GiB of weights + ~5.3 GiB of activations) exceeds the 7.2 GiB usable. With fp8 matmul
+    kernels (the encoder's 2 GiB embedding stays bf16) every stage fits."""
+    args = ["plan", "--model", "1.3B", "--height", "480", "--width", "832", "--device_memory", "8GiB"]
+    args += ["--num_devices", "1", "--offload", "model"]
+    model = model_configs("1.3B")
+    bf16 = plan(model, parse_mesh(ONE), **P480, device_memory=8 * GiB, offload="model")
+    assert bf16.stages["encode"].weights > 8 * GiB and not bf16.fits
+    assert main(args) == 1
+    out = capsys.readouterr().out
+    assert "hint: the cheapest mode that fits: --offload model --weights_dtype fp8" in out
+    assert main([*args, "--weights_dtype", "fp8"]) == 0
+    assert main([*args, "--weights_dtype", "int8"]) == 0  # the same bytes
+
+
+def test_bad_offload_and_weights_dtype_are_one_line_errors(capsys):
+    assert main([*ARGS, "--num_devices", "8", "--offload", "disk"]) == 2
+    assert main([*ARGS, "--num_devices", "8", "--weights_dtype", "int4"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 2, err
+    assert "--offload: invalid choice 'disk' (choose from none, model, blocks)" in err
+    assert "invalid choice 'int4' (choose from bf16, int8, fp8)" in err

@@ -96,8 +96,10 @@ def _read_json(path) -> dict:
 
 
 def cmd_plan(request: PlanRequest) -> int:
-    """Print the per-device memory plan; exit 1 when the requested mesh (or every mesh) does not fit."""
-    from wanjax.parallel.mesh import parse_mesh
+    """Print the per-device memory plan in the requested ``--offload`` / ``--weights_dtype`` mode, then
+    every mode's peak on the mesh that matters; exit 1 when the requested mode does not fit on the
+    requested mesh (or on any mesh), with the cheapest mode that does named."""
+    from wanjax.parallel.mesh import auto_mesh, parse_mesh
     from wanjax.tools import plan as planning
 
     model = planning.model_configs(request.model)
@@ -114,22 +116,47 @@ def cmd_plan(request: PlanRequest) -> int:
         )
     size = dict(height=request.height, width=request.width, frames=request.frames)
     kwargs = dict(**size, device_memory=memory, dtype=request.dtype, vae_dtype=request.vae_dtype)
-    print(f"{request.model}: {request.width}x{request.height}, {request.frames} frames, {count} devices")
+    mode = dict(offload=request.offload, weights_dtype=request.weights_dtype)
+    print(
+        f"{request.model}: {request.width}x{request.height}, {request.frames} frames, "
+        f"{count} device{'s' if count != 1 else ''}, "
+        f"--offload {request.offload} --weights_dtype {request.weights_dtype}"
+    )
+    meshes = [requested] if requested else planning.candidate_meshes(count, request.use_fsdp)
     if requested:
-        result = planning.plan(model, requested, **kwargs)
+        result = planning.plan(model, requested, **kwargs, **mode)
         print(result.table())
-        return 0 if result.fits else 1
-    plans = [planning.plan(model, m, **kwargs) for m in planning.candidate_meshes(count, request.use_fsdp)]
-    for p in plans:
-        print(p.table())
-    suggestion = planning.suggest_mesh(plans, model.transformer.num_attention_heads)
-    if suggestion is None:
-        print("no mesh fits; use more devices, --use_fsdp, or a smaller video")
-        return 1
-    best = suggestion.plan
-    print(f"suggested: --mesh {best.mesh.flag} (peak {best.peak / planning.GiB:.2f} GiB)")
-    print(f"  why: {suggestion.reason}")
-    return 0
+        fits, focus = result.fits, requested
+    else:
+        plans = [planning.plan(model, m, **kwargs, **mode) for m in meshes]
+        for p in plans:
+            print(p.table())
+        heads = model.transformer.num_attention_heads
+        suggestion = planning.suggest_mesh(plans, heads)
+        fits = suggestion is not None
+        if suggestion is None:
+            print(
+                "no mesh fits; use more devices, --use_fsdp, --offload, --weights_dtype, or a smaller video"
+            )
+            focus = auto_mesh(count, heads, fsdp=request.use_fsdp)
+        else:
+            best = suggestion.plan
+            print(f"suggested: --mesh {best.mesh.flag} (peak {best.peak / planning.GiB:.2f} GiB)")
+            print(f"  why: {suggestion.reason}")
+            focus = best.mesh
+    modes = planning.plan_modes(model, focus, request.weights_dtype, **kwargs)
+    print(planning.mode_table(modes, (request.offload, request.weights_dtype)))
+    if fits:
+        return 0
+    cheapest = planning.cheapest_fitting(model, meshes, request.weights_dtype, **kwargs)
+    if cheapest is None:
+        print(f"hint: no --offload / --weights_dtype mode fits {memory / planning.GiB:.0f} GiB per device")
+    else:
+        on = "" if requested else f" --mesh {cheapest.mesh.flag}"
+        print(
+            f"hint: the cheapest mode that fits: {cheapest.mode}{on} (peak {cheapest.peak / planning.GiB:.2f} GiB)"
+        )
+    return 1
 
 
 def _weights_summary(refs: dict) -> str:

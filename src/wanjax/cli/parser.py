@@ -287,6 +287,20 @@ def plan_flags(parser: argparse.ArgumentParser) -> None:
     flag(parser, "dtype", help=f"transformer / text encoder dtype (default {d.dtype})")
     flag(parser, "vae_dtype", help=f"VAE dtype (default {d.vae_dtype})")
     flag(parser, "use_fsdp", action="store_true", help="also shard weights' model dims over dp/sp")
+    flag(
+        parser,
+        "offload",
+        choices=d.offload_modes,
+        help=f"where weights wait (default {d.offload}): none (all on the device), model (each component on "
+        "the device only for its stage), blocks (also the DiT's layers in host memory, 2 on the device)",
+    )
+    flag(
+        parser,
+        "weights_dtype",
+        choices=d.weights_dtypes,
+        help=f"matmul kernels of the DiT and text encoder (default {d.weights_dtype}: in --dtype); "
+        "int8, fp8: 8-bit with a float32 scale per output channel",
+    )
 
 
 def info_flags(parser: argparse.ArgumentParser) -> None:

@@ -263,6 +263,10 @@ class PlanRequest(Request):
     dtype: str = DEFAULT_DTYPE
     vae_dtype: str = "float32"
     use_fsdp: bool = False
+    offload: str = "none"
+    weights_dtype: str = "bf16"
+    offload_modes: ClassVar[tuple[str, ...]] = ("none", "model", "blocks")  # wanjax.tools.plan's
+    weights_dtypes: ClassVar[tuple[str, ...]] = ("bf16", "int8", "fp8")  # wanjax.io.quantizable's
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,21 @@
 """``wanjax plan``: per-device memory of a run on a mesh, from abstract shapes (no weights, no devices).
 
-Weights: every leaf's shard under the sharding rules (:mod:`wanjax.parallel.rules`), in the run's dtypes;
-the pipeline keeps all three components loaded, so they add up. Activations: an analytic estimate of
-each stage's largest live set per device (DiT block under the token layout, text encoder layer, VAE
-decoder at full resolution plus its causal cache under spatial sharding). A mesh fits when weights
-+ the largest activation stay within ``HEADROOM`` of the device memory (the rest is left to XLA's
+Weights: every leaf's shard under the sharding rules (:mod:`wanjax.parallel.rules`), in the run's dtypes,
+or with ``--weights_dtype int8|fp8`` each quantisable leaf (:mod:`wanjax.io.quantizable`) in 1 byte per
+element plus a float32 scale per output channel, sharded as the kernel's output axis. Activations: an
+analytic estimate of each stage's largest live set per device (DiT block under the token layout, text
+encoder layer, VAE decoder at full resolution plus its causal cache under spatial sharding; with
+8-bit weights, plus one layer's kernels dequantised to the model dtype).
+
+Where the weights are while each stage runs depends on ``--offload``:
+
+- ``none``: all three components stay on the device; every stage adds its activations to all weights.
+- ``model``: a component is on the device only while its stage runs (the others wait in host memory);
+  a stage needs its own weights and activations, the peak is the largest stage.
+- ``blocks``: as ``model``, and the DiT's stacked per-layer weights stay in host memory, streamed in
+  two layers at a time (double-buffered) next to the DiT's other weights.
+
+A plan fits when its peak stays within ``HEADROOM`` of the device memory (the rest is left to XLA's
 temporaries). ``benchmarks/aot_memory.py`` checks the estimates against XLA's memory analysis of
 the compiled programs.
 """
@@ -22,8 +33,17 @@ import jax
 import numpy as np
 
 from wanjax.errors import WanjaxError
-from wanjax.io.checkpoint import abstract_params
+from wanjax.io.checkpoint import LeafSource, abstract_params, leaf_dtype
 from wanjax.io.component import Component
+from wanjax.io.quantizable import (
+    QUANTIZED_DTYPES,
+    SCALE_DTYPE,
+    UNQUANTIZED,
+    WEIGHTS_DTYPES,
+    is_quantizable,
+    scale_dims,
+    weights_dtype,
+)
 from wanjax.models import dit, umt5, vae
 from wanjax.models.config import PRESETS, TransformerConfig, parse_dtype
 from wanjax.models.dit import TRANSFORMER
@@ -34,12 +54,14 @@ from wanjax.models.vae.scan import decoder_chunk
 from wanjax.parallel.attention import sequence_mode
 from wanjax.parallel.layouts import TokenLayout, token_layout
 from wanjax.parallel.mesh import MeshSpec, auto_mesh
-from wanjax.parallel.rules import per_device_param_bytes
+from wanjax.parallel.rules import leaf_spec, num_shards, per_device_param_bytes
 
 HEADROOM = 0.9
 GiB = 1 << 30
 UMT5_XXL = UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64)
 ATTENTION_BLOCK = (512, 1024)  # the xla backend's query/key blocks
+OFFLOAD_MODES = ("none", "model", "blocks")
+STREAMED_LAYERS = 2  # --offload blocks: DiT layers on the device at a time (double-buffered)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +95,14 @@ def model_configs(model: str) -> Model:
 
 @dataclasses.dataclass
 class StagePlan:
-    weights: int  # bytes per device, this component's weights
+    weights: int  # bytes per device of this component's weights on the device while its stage runs
     activations: int  # bytes per device, estimated peak live activations
+    stored: int = -1  # bytes per device of the whole component (default: ``weights``)
+    streamed: int = 0  # of ``stored``, bytes per device held in host memory while the stage runs
+
+    def __post_init__(self) -> None:
+        if self.stored < 0:
+            self.stored = self.weights
 
 
 @dataclasses.dataclass
@@ -83,15 +111,37 @@ class Plan:
     stages: dict[str, StagePlan]
     device_memory: int
     layout: TokenLayout  # how the DiT's tokens are split over the mesh
+    offload: str = "none"
+    weights_dtype: str = UNQUANTIZED
 
     @property
     def weights(self) -> int:
-        return sum(s.weights for s in self.stages.values())
+        """Bytes per device of all three components' weights."""
+        return sum(s.stored for s in self.stages.values())
+
+    def on_device(self, stage: str) -> int:
+        """Bytes per device while ``stage`` runs: its activations plus the weights on the device then
+        (all of them with ``--offload none``, else the stage's own)."""
+        s = self.stages[stage]
+        return (self.weights if self.offload == "none" else s.weights) + s.activations
 
     @property
     def peak(self) -> int:
-        """All weights resident plus the largest stage's activations."""
-        return self.weights + max(s.activations for s in self.stages.values())
+        """The largest :meth:`on_device` of the stages."""
+        return max(self.on_device(name) for name in self.stages)
+
+    @property
+    def host(self) -> int:
+        """Bytes per device of weights in host memory, the most at once (0 with ``--offload none``):
+        the components whose stage is not running, plus the running one's streamed layers."""
+        if self.offload == "none":
+            return 0
+        return max(self.weights - s.stored + s.streamed for s in self.stages.values())
+
+    @property
+    def mode(self) -> str:
+        """The flags of the plan's offload and weights dtype."""
+        return f"--offload {self.offload} --weights_dtype {self.weights_dtype}"
 
     @property
     def fits(self) -> bool:
@@ -111,15 +161,84 @@ class Plan:
     def table(self) -> str:
         lines = [f"mesh {self.mesh}:"]
         for name, s in self.stages.items():
-            lines.append(
+            line = (
                 f"  {name:<8} weights {s.weights / GiB:7.2f} GiB   activations {s.activations / GiB:7.2f} GiB"
+                f"   on device {self.on_device(name) / GiB:7.2f} GiB"
             )
+            if s.streamed:
+                line += f"   (layers: {s.streamed / GiB:.2f} GiB in host memory, {STREAMED_LAYERS} on device)"
+            lines.append(line)
         verdict = "fits" if self.fits else "does NOT fit"
+        host = f", {self.host / GiB:.2f} GiB of host memory per device" if self.host else ""
         lines.append(
             f"  peak     {self.peak / GiB:7.2f} GiB per device of {self.device_memory / GiB:.0f} GiB "
-            f"({HEADROOM:.0%} usable): {verdict}"
+            f"({HEADROOM:.0%} usable){host}: {verdict}"
         )
         return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightBytes:
+    """Bytes per device of one component's weights: the leaves outside the layer stack, and one layer
+    of the stacked leaves (whose layer axis is never sharded)."""
+
+    fixed: int
+    layer: int
+    num_layers: int
+    dequantized_layer: int = 0  # one layer's quantised kernels in the model dtype (0 if not quantised)
+
+    @property
+    def stacked(self) -> int:
+        return self.layer * self.num_layers
+
+    @property
+    def total(self) -> int:
+        return self.fixed + self.stacked
+
+
+def weight_bytes(
+    spec: Any, dtype: Any, sizes: dict[str, int], fsdp: bool = False, weights: str = UNQUANTIZED
+) -> WeightBytes:
+    """Per-device bytes of a LeafSource tree loaded in ``dtype`` under ``sizes``, with ``weights``
+    (``--weights_dtype``) 8-bit: each :func:`~wanjax.io.quantizable.is_quantizable` leaf as 1 byte per
+    element plus a float32 scale per output channel, split as the kernel's output axis is."""
+    quantized = weights_dtype(weights)
+    dtype = np.dtype(dtype)
+    fixed = layer = dequantized = 0
+    num_layers = 0
+    for source in jax.tree.leaves(spec, is_leaf=lambda x: isinstance(x, LeafSource)):
+        shape = source.target_shape()
+        entries = tuple(leaf_spec(source, sizes, fsdp))
+        entries += (None,) * (len(shape) - len(entries))
+        if source.stacked:  # one layer: the layer axis is never split
+            if entries[0] is not None:
+                raise WanjaxError(f"{source.names[0]}: a stacked leaf split over its layers")
+            if num_layers not in (0, len(source.names)):
+                raise WanjaxError(
+                    f"{source.names[0]}: stacked leaves of {num_layers} and {len(source.names)} layers"
+                )
+            num_layers = len(source.names)
+            shape, entries = shape[1:], entries[1:]
+        if quantized is not None and is_quantizable(source):
+            nbytes = _shard_bytes(shape, entries, quantized, sizes)
+            nbytes += _shard_bytes(scale_dims(shape), scale_dims(entries), SCALE_DTYPE, sizes)
+            if source.stacked:
+                dequantized += _shard_bytes(shape, entries, dtype, sizes)
+        else:
+            nbytes = _shard_bytes(shape, entries, leaf_dtype(source, dtype), sizes)
+        if source.stacked:
+            layer += nbytes
+        else:
+            fixed += nbytes
+    return WeightBytes(fixed, layer, num_layers, dequantized)
+
+
+def _shard_bytes(
+    shape: tuple[int, ...], entries: tuple[Any, ...], dtype: np.dtype, sizes: dict[str, int]
+) -> int:
+    return (
+        math.prod(shape) * np.dtype(dtype).itemsize // num_shards(jax.sharding.PartitionSpec(*entries), sizes)
+    )
 
 
 def plan(
@@ -135,13 +254,23 @@ def plan(
     batch: int = 1,
     cfg: bool = True,
     max_sequence_length: int = 512,
+    offload: str = "none",
+    weights_dtype: str = UNQUANTIZED,
 ) -> Plan:
+    """The plan of one run on ``mesh``; ``offload`` (:data:`OFFLOAD_MODES`) and ``weights_dtype``
+    (:data:`~wanjax.io.quantizable.WEIGHTS_DTYPES`) as the flags of those names."""
+    if offload not in OFFLOAD_MODES:
+        raise WanjaxError(f"unknown --offload {offload!r}; use one of {', '.join(OFFLOAD_MODES)}")
+    if weights_dtype not in WEIGHTS_DTYPES:
+        raise WanjaxError(
+            f"unknown --weights_dtype {weights_dtype!r}; use one of {', '.join(WEIGHTS_DTYPES)}"
+        )
     sizes = mesh.sizes
     act, vae_act = np.dtype(parse_dtype(dtype)).itemsize, np.dtype(parse_dtype(vae_dtype)).itemsize
     t = model.transformer
-    d_weights, _ = per_device_param_bytes(dit.checkpoint_spec(t), parse_dtype(dtype), sizes, mesh.fsdp)
+    d_bytes = weight_bytes(dit.checkpoint_spec(t), parse_dtype(dtype), sizes, mesh.fsdp, weights_dtype)
     e_spec = umt5.checkpoint_spec(model.text_encoder)
-    e_weights, _ = per_device_param_bytes(e_spec, parse_dtype(dtype), sizes, mesh.fsdp)
+    e_bytes = weight_bytes(e_spec, parse_dtype(dtype), sizes, mesh.fsdp, weights_dtype)
     v_spec = vae.checkpoint_spec(model.vae, "decoder")
     v_weights, _ = per_device_param_bytes(v_spec, parse_dtype(vae_dtype), sizes)
 
@@ -170,6 +299,7 @@ def plan(
         + (rows // shards(layout.batch)) * heads_local * ATTENTION_BLOCK[0] * ATTENTION_BLOCK[1] * 4
         + tokens * ffn_local * (act + 4)  # FFN hidden and its float32 GELU
         + 4 * rows * 16 * latent_t * (height // 8) * (width // 8) * 4  # scheduler state (replicated)
+        + d_bytes.dequantized_layer  # 8-bit weights: one layer's kernels dequantised for its matmuls
     )
 
     # Text encoder: one layer on 2 * batch prompts.
@@ -179,6 +309,7 @@ def plan(
     te_ff = te.d_ff // tp if te.d_ff % tp == 0 else te.d_ff
     s = max_sequence_length
     te_act = te_rows * s * (te.d_model * (act + 4) * 2 + te_heads * s * 4 * 2 + 2 * te_ff * (act + 4))
+    te_act += e_bytes.dequantized_layer
 
     # VAE decoder, split spatially over all devices: full-resolution layers on one chunk (4 frames:
     # in, out, residual, conv temps), the causal conv's 3-frame input window and its padded copy, and
@@ -189,12 +320,17 @@ def plan(
     working = (4 * 4 + 2 * 3) * height * width * c0 * vae_act * batch
     vae_act = (working + batch * vae_cache_bytes(v, height, width, vae_dtype)) // spatial
 
+    if offload == "blocks":
+        on_device = d_bytes.fixed + min(STREAMED_LAYERS, d_bytes.num_layers) * d_bytes.layer
+        denoise = StagePlan(on_device, dit_act, d_bytes.total, d_bytes.stacked)
+    else:
+        denoise = StagePlan(d_bytes.total, dit_act)
     stages = {
-        "encode": StagePlan(e_weights, te_act),
-        "denoise": StagePlan(d_weights, dit_act),
+        "encode": StagePlan(e_bytes.total, te_act),
+        "denoise": denoise,
         "decode": StagePlan(v_weights, vae_act),
     }
-    return Plan(mesh, stages, device_memory, layout)
+    return Plan(mesh, stages, device_memory, layout, offload, weights_dtype)
 
 
 @functools.lru_cache(maxsize=16)
@@ -270,3 +406,55 @@ def suggest_mesh(plans: list[Plan], heads: int) -> Suggestion | None:
             f"{leanest.roles}"
         )
     return Suggestion(auto, reason)
+
+
+def mode_order(weights_dtype: str = UNQUANTIZED) -> list[tuple[str, str]]:
+    """``(offload, weights_dtype)`` pairs, cheapest first: unquantised before 8-bit (offloading changes
+    where weights wait, not the video; quantisation changes the video), and within each, less
+    host-to-device traffic first (none, model, blocks). The 8-bit dtype is ``weights_dtype`` when it is
+    one, else fp8 (int8 takes the same memory)."""
+    quantized = weights_dtype if weights_dtype in QUANTIZED_DTYPES else "fp8"
+    return [(o, w) for w in (UNQUANTIZED, quantized) for o in OFFLOAD_MODES]
+
+
+def plan_modes(
+    model: Model, mesh: MeshSpec, weights_dtype: str = UNQUANTIZED, **kwargs: Any
+) -> dict[tuple[str, str], Plan]:
+    """:func:`plan` of ``mesh`` in every mode of :func:`mode_order`."""
+    return {
+        (o, w): plan(model, mesh, offload=o, weights_dtype=w, **kwargs) for o, w in mode_order(weights_dtype)
+    }
+
+
+def mode_table(plans: dict[tuple[str, str], Plan], chosen: tuple[str, str]) -> str:
+    """Each mode's peak on one mesh (a :func:`plan_modes` result), offload by row, weights by column."""
+    first = next(iter(plans.values()))
+    columns = list(dict.fromkeys(w for _, w in plans))
+    usable = HEADROOM * first.device_memory / GiB
+    lines = [
+        f"modes on mesh {first.mesh.flag} (peak GiB per device, {usable:.1f} usable):",
+        "  --offload " + "".join(f"{'--weights_dtype ' + w:<24}" for w in columns).rstrip(),
+    ]
+    for offload in OFFLOAD_MODES:
+        cells = []
+        for w in columns:
+            p = plans[(offload, w)]
+            mark = " <-" if (offload, w) == chosen else ""
+            cells.append(f"{p.peak / GiB:6.2f} {'fits' if p.fits else 'no'}{mark}")
+        lines.append(f"  {offload:<10}" + "".join(f"{c:<24}" for c in cells).rstrip())
+    return "\n".join(lines)
+
+
+def cheapest_fitting(
+    model: Model, meshes: list[MeshSpec], weights_dtype: str = UNQUANTIZED, **kwargs: Any
+) -> Plan | None:
+    """The plan of the first mode of :func:`mode_order` that fits on one of ``meshes`` (with several,
+    on the mesh :func:`suggest_mesh` picks), or None."""
+    for offload, w in mode_order(weights_dtype):
+        plans = [plan(model, m, offload=offload, weights_dtype=w, **kwargs) for m in meshes]
+        if len(plans) == 1:
+            if plans[0].fits:
+                return plans[0]
+        elif suggestion := suggest_mesh(plans, model.transformer.num_attention_heads):
+            return suggestion.plan
+    return None
