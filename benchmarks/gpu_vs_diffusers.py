@@ -357,7 +357,7 @@ def child_sampler(c: Child) -> None:
         "loop_s": total,
         "steps": c.sizes.sampler_steps,
     }
-    programs = sampler._programs.programs()  # the step program (Sampler has no public accessor)
+    programs = sampler.programs()
     c.record.update(jax_memory(), device=jax.devices()[0].device_kind)
     c.record["program_memory"] = program_memory(programs[-1]) if programs else None
     c.finish(stats, dit_flops(root, latents.shape, c.sizes.text_tokens, guidance=True))

@@ -157,9 +157,9 @@ def test_files_are_released_after_loading(tiny_transformer_dir):
 
 def test_unsupported_dtype_is_named(tmp_path):
     path = tmp_path / WEIGHTS
-    header = json.dumps({"w": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}}).encode()
+    header = json.dumps({"w": {"dtype": "F8_E8M0", "shape": [2], "data_offsets": [0, 2]}}).encode()
     path.write_bytes(len(header).to_bytes(8, "little") + header + b"\0\0")
-    with pytest.raises(CheckpointError, match="tensor w has unsupported dtype F8_E4M3"):
+    with pytest.raises(CheckpointError, match="tensor w has unsupported dtype F8_E8M0"):
         open_component(tmp_path, ["diffusion_pytorch_model"])
 
 

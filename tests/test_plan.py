@@ -208,14 +208,22 @@ def test_offload_modes_move_the_peak():
 OFFLOAD = ("none", "model", "blocks")
 
 
-def test_flag_choices_are_the_planners():
-    from wanjax.cli.requests import PlanRequest
+def test_flag_choices_are_the_librarys():
+    from wanjax.cli.main import build_parser, subcommands
     from wanjax.io.quantizable import WEIGHTS_DTYPES
-    from wanjax.tools.plan import OFFLOAD_MODES
+    from wanjax.models.offload import OFFLOAD_MODES
 
-    assert PlanRequest.offload_modes == OFFLOAD_MODES == OFFLOAD
-    assert PlanRequest.weights_dtypes == WEIGHTS_DTYPES
-    assert PlanRequest.offload in OFFLOAD and PlanRequest.weights_dtype == "bf16"
+    assert OFFLOAD_MODES == OFFLOAD
+    parser = build_parser(subcommands())
+    for command in ("plan", "generate", "encode", "denoise"):
+        args = parser.parse_args(
+            [command, "--prompt", "a"] if command in ("generate", "encode") else [command]
+        )
+        assert (args.offload, args.weights_dtype) == (None, None), command
+        choices = {a.dest: a.choices for a in parser._subcommands.choices[command]._actions}
+        assert (
+            tuple(choices["offload"]) == OFFLOAD_MODES and tuple(choices["weights_dtype"]) == WEIGHTS_DTYPES
+        )
 
 
 TARGET_14B = ["plan", "--model", "14B", "--height", "480", "--width", "832", "--frames", "81"]

@@ -29,6 +29,7 @@ from wanjax.cli.requests import (
     DenoiseRequest,
     EncodeRequest,
     GenerateRequest,
+    MemoryFlags,
     ParallelFlags,
     PipelineRequest,
     PromptFlags,
@@ -82,6 +83,7 @@ def open_pipeline(
     *,
     precision: str | None = None,
     revision: str | None = None,
+    memory: MemoryFlags = MemoryFlags(),  # noqa: B008 (frozen)
     vae: VaeFlags = VaeFlags(),  # noqa: B008 (frozen)
     attention: AttentionFlags = AttentionFlags(),  # noqa: B008 (frozen)
 ) -> WanPipeline:
@@ -103,6 +105,8 @@ def open_pipeline(
         fsdp=fsdp,
         revision=revision or common.revision,
         download=common.download,
+        offload=memory.offload,
+        weights_dtype=memory.weights_dtype,
     )
 
 
@@ -285,6 +289,7 @@ def cmd_generate(request: GenerateRequest) -> RunReport:
         mesh,
         fsdp,
         precision=request.precision,
+        memory=request.memory,
         vae=request.vae,
         attention=request.attention,
     )
@@ -349,7 +354,13 @@ def cmd_encode(request: EncodeRequest) -> RunReport:
     check_output_paths(request, **{"--output_dir": out / stages.EMBEDDINGS_FILE})
     mesh, fsdp = mesh_request(request.parallel)
     pipe = open_pipeline(
-        request.common, request.common.model, request.dtype, mesh, fsdp, precision=request.precision
+        request.common,
+        request.common.model,
+        request.dtype,
+        mesh,
+        fsdp,
+        precision=request.precision,
+        memory=request.memory,
     )
     validation.check_model(pipe.path, ("tokenizer", "text_encoder"))
     check_devices(mesh, None)
@@ -399,6 +410,7 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
         fsdp,
         precision=request.precision,
         revision=revision,
+        memory=request.memory,
         attention=request.attention,
     )
     cfg = validation.check_model(pipe.path, ("transformer",))["transformer"]

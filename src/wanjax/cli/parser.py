@@ -150,6 +150,29 @@ def add_vae(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_memory(parser: argparse.ArgumentParser) -> None:
+    """Where weights wait and how they are stored (the choices are the library's)."""
+    from wanjax.io.quantizable import UNQUANTIZED, WEIGHTS_DTYPES
+    from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS
+
+    group = parser.add_argument_group("memory")
+    flag(
+        group,
+        "offload",
+        choices=OFFLOAD_MODES,
+        help="where weights wait (default none: all on the device); model: each component on the device "
+        f"only for its stage (frames identical); blocks: also the DiT's layers in host memory, "
+        f"{STREAMED_LAYERS} on the device at a time",
+    )
+    flag(
+        group,
+        "weights_dtype",
+        choices=WEIGHTS_DTYPES,
+        help=f"matmul kernels of the DiT and text encoder (default {UNQUANTIZED}: in --dtype); "
+        "int8, fp8: 8-bit with a float32 scale per output channel",
+    )
+
+
 def add_parallel(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("devices and processes")
     for name, kwargs in (
@@ -251,6 +274,7 @@ def generate_flags(parser: argparse.ArgumentParser) -> None:
     add_sampling(parser)
     add_attention(parser)
     add_outputs(parser, "YYYYMMDD_HHMMSS.mp4")
+    add_memory(parser)
 
 
 def encode_flags(parser: argparse.ArgumentParser) -> None:
@@ -258,6 +282,7 @@ def encode_flags(parser: argparse.ArgumentParser) -> None:
     add_prompt(parser)
     add_video(parser)
     add_stage_dir(parser, "output_dir")
+    add_memory(parser)
 
 
 def denoise_flags(parser: argparse.ArgumentParser) -> None:
@@ -266,6 +291,7 @@ def denoise_flags(parser: argparse.ArgumentParser) -> None:
     add_sampling(parser)
     add_attention(parser)
     add_stage_dir(parser, "input_dir")
+    add_memory(parser)
 
 
 def decode_flags(parser: argparse.ArgumentParser) -> None:
@@ -287,20 +313,7 @@ def plan_flags(parser: argparse.ArgumentParser) -> None:
     flag(parser, "dtype", help=f"transformer / text encoder dtype (default {d.dtype})")
     flag(parser, "vae_dtype", help=f"VAE dtype (default {d.vae_dtype})")
     flag(parser, "use_fsdp", action="store_true", help="also shard weights' model dims over dp/sp")
-    flag(
-        parser,
-        "offload",
-        choices=d.offload_modes,
-        help=f"where weights wait (default {d.offload}): none (all on the device), model (each component on "
-        "the device only for its stage), blocks (also the DiT's layers in host memory, 2 on the device)",
-    )
-    flag(
-        parser,
-        "weights_dtype",
-        choices=d.weights_dtypes,
-        help=f"matmul kernels of the DiT and text encoder (default {d.weights_dtype}: in --dtype); "
-        "int8, fp8: 8-bit with a float32 scale per output channel",
-    )
+    add_memory(parser)
 
 
 def info_flags(parser: argparse.ArgumentParser) -> None:

@@ -141,6 +141,14 @@ class AttentionFlags:
 
 
 @dataclasses.dataclass(frozen=True)
+class MemoryFlags:
+    """Where weights wait between uses, and how the matmul kernels are stored."""
+
+    offload: str = "none"
+    weights_dtype: str = "bf16"
+
+
+@dataclasses.dataclass(frozen=True)
 class VaeFlags:
     """The VAE's dtypes, decode chunk and tiling."""
 
@@ -200,6 +208,7 @@ class GenerateRequest(Request):
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
     outputs: OutputFlags = dataclasses.field(default_factory=OutputFlags)
+    memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
 
 
@@ -214,6 +223,7 @@ class EncodeRequest(Request):
     text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     output_dir: str = STAGE_DIR
+    memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
 
 
@@ -229,6 +239,7 @@ class DenoiseRequest(Request):
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     input_dir: str = STAGE_DIR
+    memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
 
 
@@ -265,8 +276,6 @@ class PlanRequest(Request):
     use_fsdp: bool = False
     offload: str = "none"
     weights_dtype: str = "bf16"
-    offload_modes: ClassVar[tuple[str, ...]] = ("none", "model", "blocks")  # wanjax.tools.plan's
-    weights_dtypes: ClassVar[tuple[str, ...]] = ("bf16", "int8", "fp8")  # wanjax.io.quantizable's
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,6 +10,9 @@ so a caller that passes shardings gets no full host copy per device.
 Models describe their checkpoint with a tree of :class:`LeafSource` (which tensor names feed each
 leaf, how to lay them out, whether they stay float32); :func:`load_params` checks the whole
 checkpoint against that tree before reading any bytes.
+
+8-bit float tensors (safetensors ``F8_E4M3``, ``F8_E5M2``), which NumPy has no dtype for, are read
+from the file's bytes at the offsets its header gives, as ``ml_dtypes`` float8 arrays.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
@@ -33,26 +37,48 @@ _MAX_LISTED = 12
 
 Index = tuple[slice, ...]  # what jax.make_array_from_callback asks for: one slice per dimension
 
+# safetensors dtypes that safe_open(framework="numpy") cannot give (NumPy has no float8): read as bytes
+_RAW_DTYPES: dict[str, np.dtype] = {
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class TensorRef:
-    """One tensor of a file opened with ``safe_open``; indexing it reads only the slice asked for."""
+    """One tensor of a file opened with ``safe_open``; indexing it reads only the slice asked for.
+
+    ``offset``: for dtypes safe_open cannot give (:data:`_RAW_DTYPES`), the file position of the
+    tensor's bytes, which are then read through a read-only memory map (None: read with safe_open).
+    """
 
     name: str
     file: Path
     dtype: np.dtype
     shape: tuple[int, ...]
     handle: Any = dataclasses.field(repr=False, compare=False)  # the file's safe_open, shared by its tensors
+    offset: int | None = dataclasses.field(default=None, repr=False, compare=False)
 
     def __getitem__(self, index: Index) -> np.ndarray:
         """``tensor[index]`` (a slice per dimension), read from the file."""
+        if self.offset is not None:
+            return self._mapped(index)
         if math.prod(self.shape) == 0:  # safe_open's slices reject empty dimensions
             return self.array()[index]
         return self.handle.get_slice(self.name)[index]
 
     def array(self) -> np.ndarray:
         """The whole tensor, read from the file."""
+        if self.offset is not None:
+            return self._mapped(tuple(slice(None) for _ in self.shape))
         return self.handle.get_tensor(self.name)
+
+    def _mapped(self, index: Index) -> np.ndarray:
+        """A copy of ``tensor[index]`` read through a memory map of the file (closed on return)."""
+        if math.prod(self.shape) == 0:  # nothing to map
+            return np.empty(self.shape, self.dtype)[index]
+        mapped = np.memmap(self.file, self.dtype, "r", offset=self.offset, shape=self.shape)
+        return np.array(mapped[index])  # a copy: the map is released with ``mapped``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +90,10 @@ class ArrayRef:
     @property
     def shape(self) -> tuple[int, ...]:
         return tuple(self.value.shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.value.dtype
 
     def __getitem__(self, index: Index) -> np.ndarray:
         return self.value[index]
@@ -87,12 +117,19 @@ def open_safetensors(path: Path) -> dict[str, TensorRef]:
             raise _truncated(path) or _corrupt(path, reason) from None
         raise _corrupt(path, reason) from None
     names = handle.keys()
-    return {name: _tensor_ref(path, handle, name) for name in names}
+    slices = {name: handle.get_slice(name) for name in names}
+    offsets: dict[str, int] = {}
+    if any(s.get_dtype() in _RAW_DTYPES for s in slices.values()):
+        n, header = _read_header(path)  # safe_open has checked it: every tensor lies inside the file
+        offsets = {name: 8 + n + info["data_offsets"][0] for name, info in header.items()}
+    return {name: _tensor_ref(path, handle, name, s, offsets.get(name)) for name, s in slices.items()}
 
 
-def _tensor_ref(path: Path, handle: Any, name: str) -> TensorRef:
-    stored = handle.get_slice(name)
+def _tensor_ref(path: Path, handle: Any, name: str, stored: Any, offset: int | None) -> TensorRef:
     shape = tuple(stored.get_shape())
+    raw = _RAW_DTYPES.get(stored.get_dtype())
+    if raw is not None and offset is not None:
+        return TensorRef(name, path, raw, shape, handle, offset)
     try:  # NumPy's dtype as safe_open gives it, from a read of at most one element
         dtype = (stored[:0] if math.prod(shape) > 1 else handle.get_tensor(name)).dtype
     except (AttributeError, SafetensorError):
@@ -108,10 +145,7 @@ def _truncated(path: Path) -> CheckpointError | None:
     """The error for a file that ends before its (valid) header's last tensor does, as after an
     interrupted download, or None; safe_open rejects such a file without saying why."""
     size = path.stat().st_size
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
+    n, header = _read_header(path)
     ends = {name: 8 + n + info["data_offsets"][1] for name, info in header.items()}
     name = max(ends, key=ends.__getitem__, default=None)
     if name is None or ends[name] <= size:
@@ -120,6 +154,16 @@ def _truncated(path: Path) -> CheckpointError | None:
         f"{path}: truncated file: tensor {name} ends at byte {ends[name]} "
         f"but the file has {size} bytes; download it again"
     )
+
+
+def _read_header(path: Path) -> tuple[int, dict[str, Any]]:
+    """``(header length, header)`` of a safetensors file: each tensor's ``dtype``, ``shape`` and
+    ``data_offsets`` (from the end of the header), ``__metadata__`` left out."""
+    with open(path, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return n, header
 
 
 def open_component(directory: str | Path, stems: Iterable[str]) -> dict[str, TensorRef]:
@@ -327,24 +371,29 @@ def load_params(
     where: str,
     sharding: ShardingFn | None = None,
     ignore: Callable[[str], bool] = lambda name: False,
+    build: LeafBuilder | None = None,
 ) -> Any:
     """Materialise a params pytree from a spec tree of LeafSource.
 
     ``sharding(source)`` gives each leaf's target sharding (default: the first device); every
-    addressable shard is read as its slice of the stored tensors.
+    addressable shard is read as its slice of the stored tensors. ``build`` makes each leaf
+    (default :func:`build_leaf`; :func:`wanjax.io.quant.leaf_builder` stores matmul kernels in 8 bits).
     """
     check_checkpoint(refs, spec, where, ignore)
-    dtype, sharding = np.dtype(dtype), sharding or first_device
-    return jax.tree.map(lambda s: _build_leaf(s, refs, dtype, sharding), spec, is_leaf=_is_source)
+    dtype, sharding, build = np.dtype(dtype), sharding or first_device, build or build_leaf
+    return jax.tree.map(lambda s: build(s, refs, dtype, sharding), spec, is_leaf=_is_source)
 
 
-def _build_leaf(
-    source: LeafSource, refs: Mapping[str, Ref], dtype: np.dtype, sharding: ShardingFn
-) -> jax.Array:
+def build_leaf(source: LeafSource, refs: Mapping[str, Ref], dtype: np.dtype, sharding: ShardingFn) -> Any:
+    """One params leaf in :func:`leaf_dtype`, each addressable shard read as its slice of ``refs``."""
     ldtype = leaf_dtype(source, dtype)
     return jax.make_array_from_callback(
         source.target_shape(), sharding(source), lambda idx: source.read(refs, idx, ldtype)
     )
+
+
+# (source, refs, model dtype, sharding) -> the params leaf (an array, or a pytree of arrays)
+LeafBuilder = Callable[[LeafSource, Mapping[str, Ref], np.dtype, ShardingFn], Any]
 
 
 def first_device(source: LeafSource) -> jax.sharding.Sharding:
@@ -415,18 +464,25 @@ def random_checkpoint(spec: Any, seed: int = 0) -> dict[str, np.ndarray]:
     return {name: random_tensor(name, s.shape, rng) for s in _sources(spec) for name in s.names}
 
 
-def random_params(spec: Any, dtype: Any, seed: int = 0, sharding: ShardingFn | None = None) -> Any:
+def random_params(
+    spec: Any,
+    dtype: Any,
+    seed: int = 0,
+    sharding: ShardingFn | None = None,
+    build: LeafBuilder | None = None,
+) -> Any:
     """A params tree of :func:`random_checkpoint`'s tensors, built leaf by leaf as :func:`load_params`
     builds one from a checkpoint (NumPy draws: ~15x faster than ``jax.random`` on a CPU; only one
-    leaf's float32 tensors are held at a time)."""
+    leaf's float32 tensors are held at a time). ``build``: as :func:`load_params`'s; the same seed
+    draws the same tensors whatever it is."""
     rng = np.random.default_rng(seed)
-    dtype, sharding = np.dtype(dtype), sharding or first_device
+    dtype, sharding, make = np.dtype(dtype), sharding or first_device, build or build_leaf
 
-    def build(source: LeafSource) -> jax.Array:
+    def build_one(source: LeafSource) -> Any:
         refs = {name: ArrayRef(random_tensor(name, source.shape, rng)) for name in source.names}
-        return jax.block_until_ready(_build_leaf(source, refs, dtype, sharding))
+        return jax.block_until_ready(make(source, refs, dtype, sharding))
 
-    return jax.tree.map(build, spec, is_leaf=_is_source)
+    return jax.tree.map(build_one, spec, is_leaf=_is_source)
 
 
 def random_params_on_device(spec: Any, dtype: Any, seed: int = 0, sharding: ShardingFn | None = None) -> Any:

@@ -16,6 +16,8 @@ from typing import Any
 
 from wanjax.errors import CheckpointError, ConfigError, WanjaxError
 from wanjax.io.checkpoint import TensorRef, check_checkpoint, load_params, open_component
+from wanjax.io.quant import leaf_builder
+from wanjax.io.quantizable import UNQUANTIZED
 
 SpecFn = Callable[[Any, Collection[str]], Any]  # (config, stored tensor names) -> LeafSource tree
 
@@ -110,10 +112,17 @@ class Component:
             check_checkpoint(refs, self.checkpoint_spec(cfg, refs), str(directory), self.ignore)
         return cfg
 
-    def load(self, path: str | Path, dtype: Any, sharding: Any = None) -> tuple[Any, Any]:
-        """``(config, params)``: every weight read straight into its shards (``sharding(source)``)."""
+    def load(
+        self, path: str | Path, dtype: Any, sharding: Any = None, weights_dtype: str = UNQUANTIZED
+    ) -> tuple[Any, Any]:
+        """``(config, params)``: every weight read straight into its shards (``sharding(source)``);
+        ``weights_dtype`` ``int8``/``fp8`` stores the matmul kernels in 8 bits
+        (:func:`wanjax.io.quant.leaf_builder`), ``bf16`` keeps every weight in ``dtype``."""
+        build = leaf_builder(weights_dtype)  # an unknown name fails before any file is read
         directory = self.directory(path)
         cfg = self.read_config(directory)
         refs = self.open_weights(directory)
         spec = self.checkpoint_spec(cfg, refs)
-        return cfg, load_params(refs, spec, dtype, str(directory), sharding=sharding, ignore=self.ignore)
+        return cfg, load_params(
+            refs, spec, dtype, str(directory), sharding=sharding, ignore=self.ignore, build=build
+        )

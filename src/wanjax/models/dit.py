@@ -43,6 +43,15 @@ from wanjax.models.layers import (
     silu,
     timestep_embedding,
 )
+from wanjax.models.offload import (
+    DEVICE,
+    HOST,
+    Offload,
+    move,
+    offload_sharding,
+    parse_offload,
+    stream_layers,
+)
 from wanjax.parallel.attention import sharded_attention
 from wanjax.parallel.layouts import TokenLayout, constrain, token_layout
 from wanjax.parallel.rules import param_sharding
@@ -280,12 +289,16 @@ def forward(
     attention_backend: str | AttentionSpec = "auto",
     mesh: Mesh | None = None,
     precision: Precision = "highest",
+    offload: Offload = "none",
 ) -> jax.Array:
     """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``.
 
     Activations run in ``dtype``; the result is returned in ``dtype`` as the reference does. Under
     ``mesh`` the tokens are split as :func:`wanjax.parallel.layouts.token_layout` says (batch over dp, tokens
     over sp, heads over tp) and pinned so at every block boundary. ``precision``: of float32 matmuls.
+    ``offload="blocks"``: ``params["blocks"]`` lie in host memory and each layer's weights are
+    brought to the device inside the loop (:func:`~wanjax.models.offload.stream_layers`); the other
+    modes run the resident scan. The numerics are the same either way.
     """
     b, _, t, h, w = latents.shape
     pt, ph, pw = cfg.patch_size
@@ -315,11 +328,11 @@ def forward(
 
     rope = rope_tables(grid, cfg.attention_head_dim, cfg.rope_max_seq_len)
 
-    x = scan_layers(
-        lambda h, block: pin(_block(block, pin(h), context, time_mod, rope, cfg, attend, precision)),
-        x,
-        params["blocks"],
-    )
+    def layer(h: jax.Array, block: Params) -> jax.Array:
+        return pin(_block(block, pin(h), context, time_mod, rope, cfg, attend, precision))
+
+    run_layers = stream_layers if offload == "blocks" else scan_layers
+    x = run_layers(layer, x, params["blocks"])
 
     out_mod = params["scale_shift_table"].astype(jnp.float32)[None] + temb.astype(jnp.float32)[:, None]
     x = _modulate(x, out_mod[:, 0:1], out_mod[:, 1:2], cfg.eps)
@@ -338,6 +351,11 @@ class WanTransformer:
     ``prompt_embeds (B, L, text_dim)``); the forward is compiled once per input shape.
     ``precision``: of float32 matmuls (``highest | high | default``; None: this platform's default,
     see :func:`~wanjax.kernels.precision.default_precision`).
+
+    ``offload`` (see :mod:`wanjax.models.offload`): with ``"blocks"`` the stacked layer weights
+    (``params["blocks"]``) are expected in host memory (``load_transformer(..., offload="blocks")``
+    puts them there) and are streamed to the device one layer at a time; :meth:`to_host` and
+    :meth:`to_device` move the weights between stages (``"model"`` and ``"blocks"``).
     """
 
     def __init__(
@@ -348,6 +366,7 @@ class WanTransformer:
         attention_backend: str | AttentionSpec = "auto",
         mesh: Mesh | None = None,
         precision: str | None = None,
+        offload: Offload | str = "none",
     ):
         self.cfg = cfg
         self.params = params
@@ -355,6 +374,7 @@ class WanTransformer:
         self.attention_backend = attention_backend
         self.mesh = mesh
         self.precision = resolve_precision(precision, "transformer")
+        self.offload = parse_offload(offload)
         self._forward = jax.jit(self.apply)
 
     def __call__(self, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array) -> jax.Array:
@@ -376,7 +396,23 @@ class WanTransformer:
             attention_backend=self.attention_backend,
             mesh=self.mesh,
             precision=self.precision,
+            offload=self.offload,
         )
+
+    def to_host(self, block: bool = True) -> None:
+        """Move every weight to pinned host memory (same devices and partitioning); with ``block``,
+        return once the device copies are free."""
+        self.params = move(self.params, HOST, block=block)
+
+    def to_device(self, block: bool = False) -> None:
+        """Move the weights back to where the forward runs them: all in device memory, except the
+        stacked layers under ``offload="blocks"`` (they stay on the host and are streamed).
+        Asynchronous unless ``block``: the next program waits for its arguments."""
+        params = dict(self.params)
+        blocks = params.pop("blocks")
+        params = move(params, DEVICE)
+        params["blocks"] = move(blocks, HOST if self.offload == "blocks" else DEVICE)
+        self.params = jax.block_until_ready(params) if block else params
 
     def check_shape(self, shape: tuple[int, ...]) -> None:
         """Raise ConfigError unless ``shape`` is a latent shape this model can run."""
@@ -434,16 +470,40 @@ def load_transformer(
     mesh: Mesh | None = None,
     fsdp: bool = False,
     precision: str | None = None,
+    offload: Offload | str = "none",
+    weights_dtype: str = "bf16",
 ) -> WanTransformer:
     """Load ``transformer/`` of a diffusers-layout Wan model (``path`` = model root or that folder).
 
     With ``mesh``, each weight is read straight into its shards (the axes of :func:`checkpoint_spec`;
     ``fsdp`` also splits ``embed`` dimensions over the non-tp axes) and the forward runs on the mesh.
     ``precision``: of float32 matmuls (None: the platform's default; see :class:`WanTransformer`).
+    ``offload="blocks"``: the stacked layer weights are read straight into pinned host memory (the
+    same sharding, memory kind ``pinned_host``; :func:`transformer_sharding`) and streamed to the
+    device per layer; ``"model"`` loads like ``"none"`` (the pipeline moves the weights between
+    stages). ``weights_dtype`` (``bf16 | int8 | fp8``): ``int8``/``fp8`` store the matmul kernels in
+    8 bits with per-channel scales, quantised as they are read (:mod:`wanjax.io.quant`).
     """
     dtype = parse_dtype(dtype)
     precision = resolve_precision(precision, "transformer")
+    offload = parse_offload(offload)
+    sharding = transformer_sharding(mesh, fsdp, offload, sharding)
+    cfg, params = TRANSFORMER.load(path, dtype, sharding, weights_dtype)
+    return WanTransformer(cfg, params, dtype, attention_backend, mesh, precision, offload)
+
+
+def transformer_sharding(
+    mesh: Mesh | None = None,
+    fsdp: bool = False,
+    offload: Offload | str = "none",
+    sharding: ShardingFn | None = None,
+) -> ShardingFn | None:
+    """The :data:`~wanjax.io.checkpoint.ShardingFn` :func:`load_transformer` reads each weight into
+    (None: the first device, as :func:`~wanjax.io.checkpoint.load_params` defaults to): ``sharding``
+    if given, else the mesh's :func:`~wanjax.parallel.rules.param_sharding`; under
+    ``offload="blocks"`` the stacked leaves get memory kind ``pinned_host``. Also for planning:
+    ``abstract_params(checkpoint_spec(cfg), dtype, transformer_sharding(...))``."""
+    offload = parse_offload(offload)
     if mesh is not None and sharding is None:
         sharding = param_sharding(mesh, fsdp)
-    cfg, params = TRANSFORMER.load(path, dtype, sharding)
-    return WanTransformer(cfg, params, dtype, attention_backend, mesh, precision)
+    return offload_sharding(sharding, offload) if offload == "blocks" else sharding

@@ -5,35 +5,100 @@ Matmuls take low-precision inputs and accumulate in float32 (``preferred_element
 once at the end, which is what the reference's oneDNN/cuBLAS kernels do and what runs fastest on
 AMX/MXU/tensor cores. Norm statistics are always computed in float32. ``precision`` (see
 :mod:`wanjax.kernels.precision`) sets how float32 operands are multiplied; it is ignored for 16-bit ones.
+
+A kernel may be 8-bit (:class:`~wanjax.io.quant.QuantizedKernel`, ``--weights_dtype int8|fp8``): the
+matmul dequantises it (:func:`quantized_matmul`).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wanjax.io.quant import FP8, QMAX, QuantizedKernel
+from wanjax.kernels.common import Platform
 from wanjax.kernels.precision import Precision, lax_precision
 
 Params = dict
+Kernel = jax.Array | QuantizedKernel
 
 
-def matmul(x: jax.Array, w: jax.Array, precision: Precision = "highest") -> jax.Array:
-    """``x @ w`` with float32 accumulation; float32 inputs at ``precision`` (default: exact, also on TPU)."""
+def matmul(x: jax.Array, w: Kernel, precision: Precision = "highest") -> jax.Array:
+    """``x @ w`` with float32 accumulation; float32 inputs at ``precision`` (default: exact, also on TPU).
+    An 8-bit ``w`` goes through :func:`quantized_matmul`."""
+    if isinstance(w, QuantizedKernel):
+        return quantized_matmul(x, w, precision)
     return jnp.matmul(x, w, preferred_element_type=jnp.float32, precision=lax_precision(precision, x.dtype))
 
 
 def linear(
     x: jax.Array, p: Params, out_dtype: jnp.dtype | None = None, precision: Precision = "highest"
 ) -> jax.Array:
-    """``x @ kernel + bias``, accumulated in float32, returned in ``out_dtype`` (default: x's dtype)."""
+    """``x @ kernel + bias``, accumulated in float32, returned in ``out_dtype`` (default: x's dtype).
+    ``x`` is cast to the kernel's dtype first (an 8-bit kernel's: the model dtype it stands for)."""
     y = matmul(x.astype(p["kernel"].dtype), p["kernel"], precision)
     if "bias" in p:
         y = y + p["bias"].astype(jnp.float32)
     return y.astype(out_dtype or x.dtype)
+
+
+def quantized_matmul(
+    x: jax.Array, kernel: QuantizedKernel, precision: Precision = "highest", platform: Platform | None = None
+) -> jax.Array:
+    """``x @ kernel`` for an 8-bit kernel, in float32: ``(x @ values) * scale``. The scale is per output
+    channel, so it commutes with the matmul and is applied to its float32 result.
+
+    Weight-only (every platform for int8; fp8 where the hardware does not multiply it): the values
+    are converted to x's dtype inside the program (exact: int8 and e4m3 fit in bf16) and multiplied
+    as :func:`matmul` does. An fp8 kernel on a platform that multiplies e4m3 natively
+    (:func:`native_fp8`; ``platform``: this process's unless given) multiplies in fp8: each row of
+    ``x`` (a token) is scaled by its absmax to e4m3's range and rounded to e4m3, the product
+    accumulates in float32 and both scales are applied to it.
+    """
+    scale = kernel.scale if kernel.ndim == 2 else jnp.expand_dims(kernel.scale, -2)
+    if kernel.values.dtype == FP8 and native_fp8(platform):
+        return _fp8_matmul(x, kernel.values) * scale
+    values = kernel.values.astype(x.dtype)
+    y = jnp.matmul(x, values, preferred_element_type=jnp.float32, precision=lax_precision(precision, x.dtype))
+    return y * scale
+
+
+def _fp8_matmul(x: jax.Array, values: jax.Array) -> jax.Array:
+    """``x @ values`` with x rounded to e4m3 per row (absmax scaling) and both operands e4m3."""
+    x32 = x.astype(jnp.float32)
+    absmax = jnp.max(jnp.abs(x32), axis=-1, keepdims=True)
+    row_scale = jnp.where(absmax > 0, absmax / QMAX[FP8], 1.0)
+    xq = jnp.clip(x32 / row_scale, -QMAX[FP8], QMAX[FP8]).astype(FP8)
+    return jnp.matmul(xq, values, preferred_element_type=jnp.float32) * row_scale
+
+
+_TPU_GENERATION = re.compile(r"TPU\D*(\d+)")
+
+
+def native_fp8(platform: Platform | None = None, device_kind: str | None = None) -> bool:
+    """Whether the matrix units multiply float8_e4m3fn natively: an NVIDIA GPU of compute capability
+    9.0 or more (Hopper, Blackwell) or a TPU of generation 7 or later (``device_kind``, e.g.
+    ``TPU7x``). Defaults: this process's platform and first device's kind; pass both to ask about
+    another one (tests simulate platforms so)."""
+    if platform is None:
+        platform, device_kind = _this_platform()
+    if platform.name == "gpu":
+        return platform.cuda is not None and platform.cuda >= (9, 0)
+    if platform.name == "tpu":
+        found = _TPU_GENERATION.search(device_kind or "")
+        return found is not None and int(found.group(1)) >= 7
+    return False
+
+
+@functools.cache
+def _this_platform() -> tuple[Platform, str]:
+    return Platform.detect(), str(getattr(jax.devices()[0], "device_kind", ""))
 
 
 def layer_norm(
@@ -134,15 +199,17 @@ def scan_layers(
 ) -> jax.Array:
     """``carry = body(carry, layer_params)`` for each layer of the stacked ``layers`` (``lax.scan``).
 
-    On CPU, XLA upcasts a bf16/f16 operand of the per-layer dynamic-slice to float32 and hoists that
-    conversion out of the loop, so every call would convert all stacked weights (a float32 copy of
-    the model). There the 16-bit leaves cross the loop as uint16 bit patterns, bitcast back (free).
+    On CPU, XLA upcasts a bf16/f16 (or float8) operand of the per-layer dynamic-slice to a wider
+    float and hoists that conversion out of the loop, so every call would convert all stacked weights
+    (a float32 copy of the model). There the 16-bit and 8-bit float leaves cross the loop as uint16 /
+    uint8 bit patterns, bitcast back (free).
     """
     dtypes = jax.tree.map(lambda a: a.dtype, layers)
 
     def packed(a: jax.Array) -> jax.Array:
-        is_half = jnp.issubdtype(a.dtype, jnp.floating) and a.dtype.itemsize == 2
-        return jax.lax.bitcast_convert_type(a, jnp.uint16) if is_half else a
+        bits = {2: jnp.uint16, 1: jnp.uint8}.get(jnp.dtype(a.dtype).itemsize)
+        is_narrow = jnp.issubdtype(a.dtype, jnp.floating) and bits is not None
+        return jax.lax.bitcast_convert_type(a, bits) if is_narrow else a
 
     def step(c: jax.Array, p: Params) -> tuple[jax.Array, None]:
         p = jax.tree.map(lambda a, dt: a if a.dtype == dt else jax.lax.bitcast_convert_type(a, dt), p, dtypes)

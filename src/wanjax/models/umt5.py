@@ -429,16 +429,21 @@ class UMT5Encoder:
 
 
 def load_encoder_params(
-    path: str | Path, dtype: str | jnp.dtype = "bfloat16", *, sharding: ShardingFn | None = None
+    path: str | Path,
+    dtype: str | jnp.dtype = "bfloat16",
+    *,
+    sharding: ShardingFn | None = None,
+    weights_dtype: str = "bf16",
 ) -> tuple[UMT5Config, Params]:
-    """Config and params of ``text_encoder/`` (``path`` = model root or that folder), no tokenizer."""
+    """Config and params of ``text_encoder/`` (``path`` = model root or that folder), no tokenizer;
+    ``weights_dtype`` ``int8``/``fp8``: the matmul kernels in 8 bits (:mod:`wanjax.io.quant`)."""
     dtype = parse_dtype(dtype)
     if dtype == jnp.float16:
         raise ConfigError(
             "float16 is not supported for the UMT5 encoder (its activations overflow float16); "
             "use bfloat16 or float32"
         )
-    return TEXT_ENCODER.load(path, dtype, sharding)
+    return TEXT_ENCODER.load(path, dtype, sharding, weights_dtype)
 
 
 def load_text_encoder(
@@ -449,12 +454,15 @@ def load_text_encoder(
     sharding: ShardingFn | None = None,
     trim_padding: bool = True,
     precision: str | None = None,
+    weights_dtype: str = "bf16",
 ) -> UMT5Encoder:
     """Load ``text_encoder/`` and its tokenizer from a diffusers-layout Wan model.
 
     ``path`` is the model root or the ``text_encoder`` folder; the tokenizer is read from
     ``tokenizer`` when given, else from the ``tokenizer/`` folder next to the text encoder.
     ``precision``: of float32 matmuls (None: the platform's default; see :class:`UMT5Encoder`).
+    ``weights_dtype`` (``bf16 | int8 | fp8``): ``int8``/``fp8`` store the matmul kernels in 8 bits
+    with per-channel scales, quantised as they are read (:mod:`wanjax.io.quant`).
     """
     precision = resolve_precision(precision, "text_encoder")
     directory = TEXT_ENCODER.directory(path)
@@ -472,5 +480,5 @@ def load_text_encoder(
             f"{directory}: the tokenizer has {tokenizer.vocab_size} tokens but the encoder embeds only "
             f"{cfg.vocab_size}; they belong to different models"
         )
-    cfg, params = load_encoder_params(directory, dtype, sharding=sharding)
+    cfg, params = load_encoder_params(directory, dtype, sharding=sharding, weights_dtype=weights_dtype)
     return UMT5Encoder(cfg, params, tokenizer, trim_padding=trim_padding, precision=precision)

@@ -14,7 +14,7 @@ partitioner propagates the weights' shardings, activations are pinned at block b
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -116,12 +116,19 @@ def describe(tree: Any) -> Iterable[tuple[str, tuple[int, ...], P]]:
 
 
 def per_device_param_bytes(
-    spec: Any, dtype: Any, sizes: dict[str, int], fsdp: bool = False
+    spec: Any,
+    dtype: Any,
+    sizes: dict[str, int],
+    fsdp: bool = False,
+    where: Callable[[LeafSource], bool] | None = None,
 ) -> tuple[int, int]:
     """``(bytes per device, bytes of replicated leaves)`` of a LeafSource tree loaded in ``dtype`` under
-    ``sizes``; no devices or weights needed."""
+    ``sizes``; no devices or weights needed. ``where``: count only the leaves it accepts (e.g. those
+    in device memory under an offload mode: ``lambda s: not wanjax.models.offload.streamed(s, mode)``)."""
     total = replicated_bytes = 0
     for source in jax.tree.leaves(spec, is_leaf=lambda x: isinstance(x, LeafSource)):
+        if where is not None and not where(source):
+            continue
         nbytes = math.prod(source.target_shape()) * leaf_dtype(source, np.dtype(dtype)).itemsize
         shards = num_shards(leaf_spec(source, sizes, fsdp), sizes)
         total += nbytes // shards

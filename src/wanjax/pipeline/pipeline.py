@@ -12,6 +12,12 @@ is drawn with JAX's generator, so pass ``latents`` to reproduce a diffusers run)
 
 Components are loaded on first use, so a stage loads only its own weights. ``timings`` holds the
 load / compile / run seconds of each stage and ``step_times`` those of the denoising steps.
+
+``offload`` (:mod:`wanjax.models.offload`) says which weights stay in device memory: ``"none"``
+(all, once loaded), ``"model"`` (stage-wise: only the running stage's component; the others wait in
+pinned host memory, so a second prompt moves them back instead of reading the checkpoint again),
+``"blocks"`` (as ``"model"``, and the transformer's layers are streamed from host memory one at a
+time during each step). The VAE, small beside the other two, stays where it was loaded.
 """
 
 from __future__ import annotations
@@ -27,10 +33,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from wanjax.errors import CheckpointError, WanjaxError
+from wanjax.io.quantizable import UNQUANTIZED
+from wanjax.io.quantizable import weights_dtype as weights_storage
 from wanjax.kernels.attention import AttentionSpec
 from wanjax.kernels.precision import Precision, parse_precision, resolve_precision
 from wanjax.models.config import parse_dtype
 from wanjax.models.dit import TRANSFORMER, WanTransformer, load_transformer
+from wanjax.models.offload import DEVICE, HOST, Offload, move, parse_offload
 from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
 from wanjax.models.vae import VAE, Tiling, WanVAE, load_vae, parse_chunk
 from wanjax.parallel.layouts import spatial_sharding, to_global, to_host
@@ -106,8 +115,13 @@ class WanPipeline:
         fsdp: bool = False,
         precision: str | None = None,
         vae_precision: str | None = None,
+        offload: Offload | str = "none",
+        weights_dtype: str = UNQUANTIZED,
     ):
         self.source = source
+        self.offload = parse_offload(offload)
+        weights_storage(weights_dtype)  # a bad name fails now, before any weight is read
+        self.weights_dtype = weights_dtype
         self._mesh_request = mesh
         self._fsdp = fsdp
         self.path = source.path
@@ -146,6 +160,8 @@ class WanPipeline:
         fsdp: bool = False,
         precision: str | None = None,
         vae_precision: str | None = None,
+        offload: Offload | str = "none",
+        weights_dtype: str = UNQUANTIZED,
         revision: str | None = None,
         download: bool = False,
     ) -> WanPipeline:
@@ -168,7 +184,13 @@ class WanPipeline:
         matmuls of the transformer and text encoder, ``vae_precision``: of the VAE's float32
         convolutions and matmuls (``highest | high | default``, JAX's names; ``None``: the platform's
         default, see :func:`~wanjax.kernels.precision.default_precision`; :attr:`precisions` tells
-        what each component runs at).
+        what each component runs at). ``offload``: which weights stay in device memory between and
+        during stages -- ``"none"`` (all), ``"model"`` (only the running stage's component; the
+        frames are bit-identical to ``"none"``) or ``"blocks"`` (as ``"model"``, and the transformer's
+        layer weights are streamed from host memory during each step); see the module docstring.
+        ``weights_dtype``: ``"bf16"`` (the weights in ``dtype``), ``"int8"`` or ``"fp8"``: the
+        transformer's and text encoder's matmul kernels stored in 8 bits with a float32 scale per
+        output channel (:mod:`wanjax.io.quant`; error bounds in the README).
         """
         if jax_cache_dir is not False:
             enable_compilation_cache(None if jax_cache_dir is True else jax_cache_dir)
@@ -185,6 +207,8 @@ class WanPipeline:
             fsdp=fsdp,
             precision=precision,
             vae_precision=vae_precision,
+            offload=offload,
+            weights_dtype=weights_dtype,
         )
 
     # ------------------------------------------------------------------------------------------
@@ -230,6 +254,7 @@ class WanPipeline:
                     self.text_encoder_dtype,
                     sharding=sharding,
                     precision=self.precisions["text_encoder"],
+                    weights_dtype=self.weights_dtype,
                 )
                 jax.block_until_ready(self._text_encoder.params)
         return self._text_encoder
@@ -245,6 +270,8 @@ class WanPipeline:
                     mesh=self.mesh,
                     fsdp=self.mesh_spec is not None and self.mesh_spec.fsdp,
                     precision=self.precisions["transformer"],
+                    offload=self.offload,
+                    weights_dtype=self.weights_dtype,
                 )
                 jax.block_until_ready(self._transformer.params)
         return self._transformer
@@ -280,6 +307,30 @@ class WanPipeline:
         return dataclasses.replace(geometry, patch=tuple(dit_cfg.patch_size[1:]))
 
     # ------------------------------------------------------------------------------------------
+    # Residency (offload "model" and "blocks")
+
+    def _enter(self, stage: str) -> None:
+        """Before ``stage`` (``encode``, ``denoise``, ``decode``) runs, under ``offload`` other than
+        ``"none"``: the other stages' components to pinned host memory, waiting until their device
+        copies are free (so the device never holds two of them), then this stage's component back
+        to the device if it waited on the host. That move is asynchronous: it overlaps what runs
+        before the first program that reads the weights (the step program's compile, the prompt's
+        tokenisation); a component not loaded yet is read straight into its device placement.
+        The transfers count as the stage's load time."""
+        if self.offload == "none":
+            return
+        encoder, transformer = self._text_encoder, self._transformer
+        with self.stage_timing(stage).loading():
+            if stage != "encode" and encoder is not None:
+                encoder.params = move(encoder.params, HOST, block=True)
+            if stage != "denoise" and transformer is not None:
+                transformer.to_host(block=True)
+            if stage == "encode" and encoder is not None:
+                encoder.params = move(encoder.params, DEVICE)
+            if stage == "denoise" and transformer is not None:
+                transformer.to_device()
+
+    # ------------------------------------------------------------------------------------------
     # The three stages
 
     def encode_prompt(
@@ -288,6 +339,7 @@ class WanPipeline:
         """``(prompt_embeds, negative_prompt_embeds)``, each ``[B, max_sequence_length, text_dim]``
         in the text encoder's dtype; as diffusers' ``encode_prompt`` (negative prompt ``""`` when None).
         Both are encoded in one batch."""
+        self._enter("encode")
         encoder = self.text_encoder
         with self.stage_timing("encode").running():
             embeds = encoder.encode_prompt(prompt, negative_prompt, max_sequence_length)
@@ -321,6 +373,7 @@ class WanPipeline:
         ``flow_shift=None`` keeps the checkpoint's scheduler config."""
         from tqdm import tqdm
 
+        self._enter("denoise")
         model = self.transformer
         self._check_embeddings(model, prompt_embeds, negative_prompt_embeds, latents, guidance_scale)
         cfg_pair = negative_prompt_embeds is not None and guidance_scale > 1  # run as one batch
@@ -355,6 +408,7 @@ class WanPipeline:
 
     def decode(self, latents: jax.Array) -> np.ndarray:
         """The transformer's normalised latents ``[B, z, T', h, w]`` -> ``uint8 [B, T, H, W, 3]``."""
+        self._enter("decode")
         vae = self.vae
         with self.stage_timing("decode").running():
             latents = jnp.asarray(latents, jnp.float32)

@@ -5,6 +5,13 @@ called for every step; the step index and the guidance scale are traced argument
 share one program. The conditional and unconditional passes are batched into one forward; with
 guidance <= 1 the unconditional pass is left out. A :class:`Sampler` keeps its compiled programs,
 so later calls with the same shapes compile nothing.
+
+Programs are keyed by the :func:`~wanjax.runtime.programs.signature` of their arguments, the
+weights' shardings included, and those carry their memory kind: weights streamed from host memory
+(``offload="blocks"``) get their own program, and weights moved to the host and back between
+stages (``offload="model"``) find theirs again. :meth:`Sampler.compile` builds the step program for
+abstract arguments (``jax.ShapeDtypeStruct``), e.g. for its ``memory_analysis()`` before any weight
+is read.
 """
 
 from __future__ import annotations
@@ -88,6 +95,48 @@ class Sampler:
         key = (scheduler.kind, scheduler.config, scheduler.num_inference_steps, signature(args))
         return self._programs.get(key, lower)
 
+    def _placement(self, params: Params) -> jax.sharding.Sharding | None:
+        """Where the step's inputs go: replicated over the mesh, else on the device of ``params``
+        (arrays or ShapeDtypeStructs; None: no sharding, or several devices without a mesh, inputs
+        left where they are)."""
+        if self.model.mesh is not None:
+            return replicated(self.model.mesh)
+        sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
+        devices = () if sharding is None else sharding.device_set
+        return jax.sharding.SingleDeviceSharding(next(iter(devices))) if len(devices) == 1 else None
+
+    def compile(
+        self,
+        scheduler: Scheduler,
+        latents: jax.Array | jax.ShapeDtypeStruct,
+        prompt_embeds: jax.Array | jax.ShapeDtypeStruct,
+        negative_prompt_embeds: jax.Array | jax.ShapeDtypeStruct | None = None,
+        params: Params | None = None,
+    ) -> jax.stages.Compiled:
+        """The step program :meth:`__call__` runs for inputs shaped like these (arrays or
+        ``jax.ShapeDtypeStruct``; ``params``: the model's, or an abstract tree with the same
+        shardings, e.g. from :func:`~wanjax.io.checkpoint.abstract_params`), compiled now and kept
+        (a later call with such inputs compiles nothing). Pass ``negative_prompt_embeds`` for the
+        guided (batched CFG) program. ``.memory_analysis()`` gives its memory."""
+        params = self.model.params if params is None else params
+        placement = self._placement(params)
+
+        def like(x: Any) -> Any:
+            if x is None:
+                return None
+            sharding = placement if placement is not None else getattr(x, "sharding", None)
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+        state = jax.tree.map(like, jax.eval_shape(scheduler.init_state, like(latents)))
+        scalars = (jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.float32))
+        index, guidance = (like(x) for x in scalars)
+        cond, uncond = like(prompt_embeds), like(negative_prompt_embeds)
+        return self._program(scheduler, (params, state, index, cond, uncond, guidance))
+
+    def programs(self) -> tuple[jax.stages.Compiled, ...]:
+        """The step programs kept, least recently used first (e.g. for ``memory_analysis()``)."""
+        return self._programs.programs()
+
     def __call__(
         self,
         scheduler: Scheduler,
@@ -111,12 +160,11 @@ class Sampler:
         # Place every input on the params' device (one device) or replicate it over the mesh (as a
         # global array, also across processes), so the compiled program and the arrays it returns
         # agree on placement from the first step on.
-        devices = jax.tree.leaves(self.model.params)[0].devices()
+        placement = self._placement(self.model.params)
         if self.model.mesh is not None:
-            sharding = replicated(self.model.mesh)
-            place = lambda x: None if x is None else to_global(x, sharding)  # noqa: E731
-        elif len(devices) == 1:
-            place = lambda x: jax.device_put(x, next(iter(devices)))  # noqa: E731
+            place = lambda x: None if x is None else to_global(x, placement)  # noqa: E731
+        elif placement is not None:
+            place = lambda x: jax.device_put(x, placement)  # noqa: E731
         else:
             place = lambda x: x  # noqa: E731
         state = jax.tree.map(place, scheduler.init_state(latents))

@@ -58,13 +58,15 @@ def abstract_tree(sig: Signature) -> Any:
 
 def child_can_compile(*signatures: Signature) -> bool:
     """Whether a program for arguments of these signatures can be compiled in a child process: a
-    one-process CPU run with every leaf unplaced or on the first device (the default placement,
-    which the child has too)."""
+    one-process CPU run with every leaf unplaced or in the first device's default memory (the
+    default placement, which the child has too; a leaf in host memory would lose its memory kind)."""
     if not child_compile.available():
         return False
     first = jax.devices()[0]
     shardings = (sh for _, leaves in signatures for _, _, sh in leaves)
-    return all(sh is None or sh.device_set == {first} for sh in shardings)
+    return all(
+        sh is None or (sh.device_set == {first} and sh.memory_kind in (None, "device")) for sh in shardings
+    )
 
 
 def release_free_heap() -> None:

@@ -47,6 +47,7 @@ from wanjax.io.quantizable import (
 from wanjax.models import dit, umt5, vae
 from wanjax.models.config import PRESETS, TransformerConfig, parse_dtype
 from wanjax.models.dit import TRANSFORMER
+from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS, parse_offload
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import Numerics
@@ -60,8 +61,6 @@ HEADROOM = 0.9
 GiB = 1 << 30
 UMT5_XXL = UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64)
 ATTENTION_BLOCK = (512, 1024)  # the xla backend's query/key blocks
-OFFLOAD_MODES = ("none", "model", "blocks")
-STREAMED_LAYERS = 2  # --offload blocks: DiT layers on the device at a time (double-buffered)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,8 +258,7 @@ def plan(
 ) -> Plan:
     """The plan of one run on ``mesh``; ``offload`` (:data:`OFFLOAD_MODES`) and ``weights_dtype``
     (:data:`~wanjax.io.quantizable.WEIGHTS_DTYPES`) as the flags of those names."""
-    if offload not in OFFLOAD_MODES:
-        raise WanjaxError(f"unknown --offload {offload!r}; use one of {', '.join(OFFLOAD_MODES)}")
+    offload = parse_offload(offload)
     if weights_dtype not in WEIGHTS_DTYPES:
         raise WanjaxError(
             f"unknown --weights_dtype {weights_dtype!r}; use one of {', '.join(WEIGHTS_DTYPES)}"

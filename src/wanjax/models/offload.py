@@ -1,0 +1,192 @@
+"""Where weights live: the ``offload`` setting, moves between memory kinds, streamed layers.
+
+``offload`` (:data:`OFFLOAD_MODES`):
+
+* ``"none"``: every component's weights stay in device memory once loaded.
+* ``"model"``: stage-wise residency. A component's weights are in device memory only while its
+  stage runs; between stages they wait in pinned host memory (``jax.device_put`` to the same
+  sharding with memory kind ``pinned_host``), so the next prompt moves them back instead of reading
+  the checkpoint again. Only placement changes: the frames are bit-identical to ``"none"``.
+* ``"blocks"``: as ``"model"``, and the transformer's stacked layer weights never enter device
+  memory as a whole: they live in pinned host memory and :func:`stream_layers` brings one layer at
+  a time to the device inside the scan, the next layer's transfer issued before the current layer
+  runs (double-buffered), so the device holds two layers' weights besides the non-stacked ones.
+
+JAX's memory kinds do this on every backend: a sharding's ``memory_kind`` places an array, and
+``jax.device_put(x, jax.memory.Space.Device)`` inside ``jit`` moves a (host) slice to the device
+(an ``annotate_device_placement`` that XLA turns into a host-to-device copy on GPU and TPU; on
+the CPU both kinds are the same RAM and the move lowers to nothing, so the mechanism and its
+numerics are tested there, not its memory saving at run time).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wanjax.errors import ConfigError
+from wanjax.io.checkpoint import LeafSource, ShardingFn, first_device
+
+Offload = Literal["none", "model", "blocks"]
+OFFLOAD_MODES: tuple[str, ...] = ("none", "model", "blocks")
+STREAMED_LAYERS = 2  # "blocks": layers whose weights are on the device at a time (double-buffered)
+
+DEVICE = "device"
+HOST = "pinned_host"
+HOST_KINDS = frozenset({"pinned_host", "unpinned_host"})
+
+Tree = Any
+
+
+def parse_offload(value: Any) -> Offload:
+    """``value`` as an :data:`Offload` mode (None: ``"none"``); ConfigError naming the choices."""
+    name = "none" if value is None else str(value).lower()
+    if name not in OFFLOAD_MODES:
+        raise ConfigError(f"unknown offload {value!r}; use one of {', '.join(OFFLOAD_MODES)}")
+    return name  # type: ignore[return-value]
+
+
+def streamed(source: LeafSource, offload: Offload) -> bool:
+    """Whether the leaf ``source`` describes stays in host memory while its model runs: the stacked
+    (per-layer) leaves under ``offload="blocks"``; every other leaf runs from device memory."""
+    return offload == "blocks" and source.stacked
+
+
+def offload_sharding(sharding: ShardingFn | None, offload: Offload) -> ShardingFn:
+    """``sharding`` (default: the first device) with the streamed leaves (:func:`streamed`) placed in
+    pinned host memory: the same devices and partitioning, memory kind ``pinned_host``. With it,
+    :func:`~wanjax.io.checkpoint.load_params` reads those leaves straight into host memory."""
+    base = sharding or first_device
+    if offload != "blocks":
+        return base
+
+    def place(source: LeafSource) -> jax.sharding.Sharding:
+        s = base(source)
+        return s.with_memory_kind(HOST) if streamed(source, offload) else s
+
+    return place
+
+
+def memory_kind(a: Any) -> str:
+    """The memory kind an array (or ShapeDtypeStruct) lives in (``device`` when it does not say)."""
+    sharding = getattr(a, "sharding", None)
+    kind = getattr(sharding, "memory_kind", None)
+    return kind or DEVICE
+
+
+def move(tree: Tree, kind: str, *, block: bool = False) -> Tree:
+    """``tree``'s arrays in memory ``kind`` (same devices and partitioning; leaves already there are
+    left as they are). Asynchronous (``jax.device_put``) unless ``block``: then it returns once every
+    copy is done, so the source buffers no longer referenced are free."""
+
+    def one(a: Any) -> Any:
+        if not isinstance(a, jax.Array) or memory_kind(a) == kind:
+            return a
+        return jax.device_put(a, a.sharding.with_memory_kind(kind))
+
+    out = jax.tree.map(one, tree)
+    return jax.block_until_ready(out) if block else out
+
+
+def host_bytes(tree: Tree) -> int:
+    """Bytes of ``tree``'s arrays in host memory kinds (whole arrays, all shards)."""
+    return sum(a.nbytes for a in jax.tree.leaves(tree) if memory_kind(a) in HOST_KINDS)
+
+
+def device_bytes(tree: Tree) -> int:
+    """Bytes of ``tree``'s arrays in device memory (whole arrays, all shards)."""
+    return sum(a.nbytes for a in jax.tree.leaves(tree) if memory_kind(a) not in HOST_KINDS)
+
+
+# ----------------------------------------------------------------------------------------------
+# Streaming stacked layers
+
+
+def _to_device(tree: Tree) -> Tree:
+    return jax.tree.map(lambda a: jax.device_put(a, jax.memory.Space.Device), tree)
+
+
+def _layer(layers: Tree, i: jax.Array, n: int) -> Tree:
+    """Layer ``i`` of the stacked ``layers`` (where they are: host memory for streamed weights).
+
+    Off the CPU, one ``dynamic-slice`` per leaf: the pattern XLA's host offloading turns into a
+    host-to-device copy of the slice. On the CPU, XLA would convert a 16-bit float operand of a
+    dynamic-slice in a loop to float32 and hoist that out of the loop (a float32 copy of every
+    stacked weight), and a bitcast to uint16 of the stack is materialised as a copy too; a
+    ``lax.switch`` over static per-layer slices copies only the one layer (the same values).
+    """
+    if jax.default_backend() != "cpu":
+        return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
+    branches = [functools.partial(jax.tree.map, lambda a, k=k: a[k], layers) for k in range(n)]
+    return jax.lax.switch(i, branches)
+
+
+def stream_layers(
+    body: Callable[[jax.Array, Tree], jax.Array], carry: jax.Array, layers: Tree, *, prefetch: bool = True
+) -> jax.Array:
+    """``carry = body(carry, layer_params)`` for each layer of the stacked ``layers`` (a pytree whose
+    leaves share a leading layer axis, any leaf types and dtypes), the layers' weights kept in host
+    memory: each layer's slice is moved to the device inside the loop (``jax.device_put`` to
+    ``Space.Device``). With ``prefetch`` the loop carries the next layer's weights, fetched before
+    the current layer runs, so the transfer can overlap the compute (two layers on the device);
+    without it one layer is fetched at the top of each iteration. The result equals the resident
+    ``lax.scan`` (the same ops on the same values).
+    """
+    leaves = jax.tree.leaves(layers)
+    if not leaves:
+        raise ValueError("stream_layers needs at least one stacked leaf")
+    n = leaves[0].shape[0]
+
+    def fetch(i: jax.Array) -> Tree:
+        return _to_device(_layer(layers, i, n))
+
+    steps = jnp.arange(n, dtype=jnp.int32)
+    if not prefetch:
+        return jax.lax.scan(lambda c, i: (body(c, fetch(i)), None), carry, steps)[0]
+
+    def step(state: tuple[jax.Array, Tree], i: jax.Array) -> tuple[tuple[jax.Array, Tree], None]:
+        c, current = state
+        # the next layer's weights (layer 0 again after the last: one spare transfer per call)
+        upcoming = fetch(jnp.where(i + 1 < n, i + 1, 0))
+        return (body(c, current), upcoming), None
+
+    return jax.lax.scan(step, (carry, fetch(jnp.int32(0))), steps)[0][0]
+
+
+# ----------------------------------------------------------------------------------------------
+# What a compiled program holds in device memory
+
+
+def program_memory(compiled: jax.stages.Compiled) -> dict[str, int]:
+    """Bytes of a compiled program's memory, split by memory kind: ``argument``, ``output``,
+    ``temp``, ``alias`` (device memory), ``host_argument`` and ``total`` (device: argument + output
+    + temp - alias). From ``compiled.memory_analysis()``; where the backend counts host-memory
+    arguments among the device ones (the CPU reports no ``host_argument_size_in_bytes``), the
+    arguments whose input sharding is in a host memory kind are moved to ``host_argument``."""
+    stats = compiled.memory_analysis()
+    argument = int(stats.argument_size_in_bytes)
+    host = int(getattr(stats, "host_argument_size_in_bytes", 0) or 0)
+    if host == 0:
+        shardings = jax.tree.leaves(compiled.input_shardings)
+        infos = jax.tree.leaves(compiled.args_info, is_leaf=lambda x: isinstance(x, jax.stages.ArgInfo))
+        host = sum(  # per device, as memory_analysis counts: one shard of each argument
+            math.prod(sharding.shard_shape(tuple(info.shape))) * np.dtype(info.dtype).itemsize
+            for info, sharding in zip(infos, shardings, strict=True)
+            if getattr(sharding, "memory_kind", None) in HOST_KINDS
+        )
+        argument -= host
+    out = {
+        "argument": argument,
+        "output": int(stats.output_size_in_bytes),
+        "temp": int(stats.temp_size_in_bytes),
+        "alias": int(stats.alias_size_in_bytes),
+        "host_argument": host,
+    }
+    out["total"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+    return out

@@ -1,0 +1,351 @@
+"""Weight offloading: stage-wise residency (``offload="model"``) and the DiT's streamed layers
+(``offload="blocks"``) give the resident run's results, on one device and on an 8-device mesh, and
+a streamed step holds a fraction of the resident step's device memory.
+
+``python tests/test_offload.py`` prints the measurements quoted in the report (memory of the 1.3B
+step program per mode, step time per mode).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from wanjax import WanPipeline
+from wanjax.errors import ConfigError
+from wanjax.io.checkpoint import abstract_params, random_params
+from wanjax.models import dit
+from wanjax.models.config import transformer_preset
+from wanjax.models.offload import (
+    HOST,
+    OFFLOAD_MODES,
+    host_bytes,
+    memory_kind,
+    offload_sharding,
+    parse_offload,
+    program_memory,
+    stream_layers,
+)
+from wanjax.models.offload import streamed as streamed_leaf
+from wanjax.parallel.rules import per_device_param_bytes
+from wanjax.pipeline.sampler import Sampler
+from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+
+
+def kinds(tree) -> set[str]:
+    return {memory_kind(a) for a in jax.tree.leaves(tree)}
+
+
+def test_parse_offload():
+    assert [parse_offload(m) for m in ("none", "MODEL", "blocks", None)] == [
+        "none",
+        "model",
+        "blocks",
+        "none",
+    ]
+    with pytest.raises(ConfigError, match=r"unknown offload 'layers'; use one of none, model, blocks$"):
+        parse_offload("layers")
+    with pytest.raises(ConfigError):
+        WanPipeline.from_pretrained("demo", offload="host", jax_cache_dir=False)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("prefetch", [True, False])
+def test_streamed_layers_equal_the_scan(dtype, prefetch):
+    """A pytree of stacked leaves in host memory (mixed dtypes, an int leaf), streamed: the scan's result."""
+    rng = np.random.default_rng(0)
+    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind=HOST)
+    layers = {
+        "w": jnp.asarray(rng.standard_normal((5, 8, 8)) / 3, dtype),
+        "b": jnp.asarray(rng.standard_normal((5, 8)), jnp.float32),
+        "k": jnp.arange(5, dtype=jnp.int32),
+    }
+    on_host = jax.device_put(layers, host)
+    assert kinds(on_host) == {HOST}
+
+    def body(h, p):
+        return (jnp.tanh(h @ p["w"]) + p["b"] * p["k"].astype(h.dtype)).astype(h.dtype)
+
+    x = jnp.asarray(rng.standard_normal((3, 8)), dtype)
+    want = jax.jit(lambda x, ls: jax.lax.scan(lambda h, p: (body(h, p), None), x, ls)[0])(x, layers)
+    got = jax.jit(lambda x, ls: stream_layers(body, x, ls, prefetch=prefetch))(x, on_host)
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_blocks_transformer_equals_resident(dtype):
+    cfg = transformer_preset("tiny", num_layers=3)
+    spec = dit.checkpoint_spec(cfg)
+    resident = dit.WanTransformer(cfg, random_params(spec, dtype, seed=1), dtype)
+    params = random_params(spec, dtype, seed=1, sharding=offload_sharding(None, "blocks"))
+    streamed = dit.WanTransformer(cfg, params, dtype, offload="blocks")
+    assert kinds(params["blocks"]) == {HOST}
+    assert kinds({k: v for k, v in params.items() if k != "blocks"}) == {"device"}
+    latents = jax.random.normal(jax.random.key(0), (2, 16, 2, 8, 8))
+    text = jax.random.normal(jax.random.key(1), (2, 7, cfg.text_dim))
+    want = np.asarray(resident(latents, 500.0, text), np.float32)
+    got = np.asarray(streamed(latents, 500.0, text), np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-2, atol=1e-6)
+
+
+def step_memory(mode: str, num_layers: int = 8, dtype: str = "bfloat16") -> dict[str, int]:
+    """Memory of the guided 1.3B step program (as the pipeline compiles it) for abstract weights."""
+    cfg = transformer_preset("1.3B", num_layers=num_layers)
+    sharding = dit.transformer_sharding(None, False, mode) or offload_sharding(None, "none")
+    params = abstract_params(dit.checkpoint_spec(cfg), dtype, sharding)
+    model = dit.WanTransformer(cfg, params, dtype, offload=mode)
+    latents = jax.ShapeDtypeStruct((1, 16, 3, 16, 16), jnp.float32)
+    text = jax.ShapeDtypeStruct((1, 512, cfg.text_dim), dtype)
+    program = Sampler(model).compile(make_scheduler(SchedulerConfig(), 4), latents, text, text)
+    shardings = jax.tree.leaves(program.input_shardings[0][0])
+    host = sum(s.memory_kind == HOST for s in shardings)
+    assert host == (len(jax.tree.leaves(params["blocks"])) if mode == "blocks" else 0), "memory kinds lost"
+    return program_memory(program)
+
+
+@pytest.mark.parametrize("dtype,num_layers", [("bfloat16", 8), ("float32", 30)])
+def test_streamed_step_memory_is_a_quarter_of_the_resident_step(dtype, num_layers):
+    """The 1.3B dims: the streamed step's device memory holds the non-stacked weights, the inputs,
+    two layers' weights and the activations; the stacked weights are host arguments. What
+    ``wanjax plan`` can count without compiling: the device-resident leaves' bytes."""
+    resident, streamed = (step_memory(mode, num_layers, dtype) for mode in ("none", "blocks"))
+    cfg = transformer_preset("1.3B", num_layers=num_layers)
+    spec = dit.checkpoint_spec(cfg)
+    on_device, _ = per_device_param_bytes(spec, dtype, {}, where=lambda s: not streamed_leaf(s, "blocks"))
+    everything, _ = per_device_param_bytes(spec, dtype, {})
+    inputs = 32 << 20  # latents, scheduler state and the two (1, 512, 4096) prompt embeddings
+    assert resident["host_argument"] == 0 and everything <= resident["argument"] <= everything + inputs
+    assert streamed["host_argument"] == everything - on_device
+    assert on_device <= streamed["argument"] <= on_device + inputs
+    assert streamed["total"] <= resident["total"] / 4, (streamed, resident)
+
+
+def test_sampler_compile_is_the_program_a_call_runs():
+    cfg = transformer_preset("tiny", num_layers=2)
+    spec = dit.checkpoint_spec(cfg)
+    params = random_params(spec, "float32", sharding=offload_sharding(None, "blocks"))
+    sampler = Sampler(dit.WanTransformer(cfg, params, "float32", offload="blocks"))
+    scheduler = make_scheduler(SchedulerConfig(), 2)
+    latents = np.random.default_rng(0).standard_normal((1, 16, 1, 4, 4)).astype(np.float32)
+    text = jnp.ones((1, 8, cfg.text_dim), jnp.float32)
+    abstract = jax.ShapeDtypeStruct(latents.shape, latents.dtype)
+    compiled = sampler.compile(scheduler, abstract, jax.ShapeDtypeStruct(text.shape, text.dtype), text)
+    sampler(scheduler, latents, text, text, 5.0)
+    assert sampler.programs() == (compiled,)
+
+
+# ----------------------------------------------------------------------------------------------
+# The pipeline
+
+GEN = dict(height=32, width=48, num_frames=5, num_inference_steps=2, progress=False)
+
+
+def run(pipe: WanPipeline, check=lambda stage: None) -> tuple[np.ndarray, np.ndarray]:
+    """encode, denoise, decode; ``check(stage)`` after each."""
+    pos, neg = pipe.encode_prompt(["a red cat", "a dog"], max_sequence_length=16)
+    check("encode")
+    noise = pipe.prepare_latents(2, GEN["height"], GEN["width"], GEN["num_frames"], 1)
+    latents = pipe.denoise(pos, neg, noise, num_inference_steps=2, progress=False)
+    check("denoise")
+    frames = pipe.decode(latents)
+    check("decode")
+    return np.asarray(latents), frames
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pipeline_offload_modes_equal_the_resident_run(demo_env, dtype):
+    """``model``: the same latents and frames bit for bit, each component in device memory only
+    during its stage, and a second prompt compiles nothing (the weights come back with the
+    shardings the programs were compiled for); ``blocks``: the same, the transformer's layers
+    always on the host, and the resident run's results to float rounding."""
+    runs = {}
+    for mode in OFFLOAD_MODES:
+        pipe = WanPipeline.from_pretrained("demo", dtype=dtype, jax_cache_dir=False, offload=mode)
+        runs[mode] = run(pipe)
+        if mode == "none":
+            assert host_bytes(pipe.text_encoder.params) == host_bytes(pipe.transformer.params) == 0
+            continue
+
+        def check(stage: str, pipe=pipe, mode=mode) -> None:
+            encoder, transformer = pipe.text_encoder.params, pipe.transformer.params
+            blocks = transformer["blocks"]
+            rest = {k: v for k, v in transformer.items() if k != "blocks"}
+            if stage == "encode":
+                assert kinds(encoder) == {"device"} and kinds(transformer) == {HOST}
+            elif stage == "denoise":
+                assert kinds(encoder) == {HOST} and kinds(rest) == {"device"}
+                assert kinds(blocks) == {HOST if mode == "blocks" else "device"}
+            else:
+                assert kinds(encoder) == kinds(transformer) == {HOST}
+
+        check("decode")
+        before = {s: t.programs for s, t in pipe.timings.items()}
+        second = run(pipe, check)
+        assert {s: t.programs for s, t in pipe.timings.items()} == before
+        assert len(pipe._sampler.programs()) == 1
+        np.testing.assert_array_equal(second[0], runs[mode][0])
+        np.testing.assert_array_equal(second[1], runs[mode][1])
+    latents, frames = runs["none"]
+    np.testing.assert_array_equal(runs["model"][0], latents)
+    np.testing.assert_array_equal(runs["model"][1], frames)
+    np.testing.assert_allclose(runs["blocks"][0], latents, rtol=0, atol=1e-5 if dtype == "float32" else 5e-2)
+    assert np.abs(runs["blocks"][1].astype(int) - frames).max() <= 1
+
+
+def test_pipeline_call_with_model_offload_compiles_once(demo_env):
+    pipe = WanPipeline.from_pretrained("demo", dtype="float32", jax_cache_dir=False, offload="model")
+    resident = WanPipeline.from_pretrained("demo", dtype="float32", jax_cache_dir=False)
+    a = pipe(["a red cat"], **GEN, seed=3)
+    b = pipe(["a red cat"], **GEN, seed=3)
+    assert {s: t.programs for s, t in pipe.timings.items()} == {"encode": 0, "denoise": 0, "decode": 0}
+    np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(a, resident(["a red cat"], **GEN, seed=3))
+
+
+# ----------------------------------------------------------------------------------------------
+# On an 8-device mesh
+
+MESH_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import jax, numpy as np
+    from wanjax import WanPipeline
+    from wanjax.models.offload import memory_kind
+
+    out = {}
+    for mesh, fsdp in (("dp=2,sp=1,tp=4", True), ("dp=1,sp=2,tp=4", False)):
+        runs = {}
+        for mode in ("none", "model", "blocks"):
+            pipe = WanPipeline.from_pretrained(
+                "demo", dtype="float32", jax_cache_dir=False, mesh=mesh, fsdp=fsdp, offload=mode
+            )
+            pos, neg = pipe.encode_prompt("a red cat walks", None, max_sequence_length=16)
+            noise = pipe.prepare_latents(1, 32, 64, 5, 0)
+            latents = pipe.denoise(pos, neg, noise, num_inference_steps=2, progress=False)
+            frames = pipe.decode(latents)
+            q = pipe.transformer.params["blocks"]["attn1"]["to_q"]["kernel"]
+            runs[mode] = (np.asarray(latents), frames, memory_kind(q), str(q.sharding.spec))
+        ref = runs["none"]
+        out[mesh] = {
+            mode: {
+                "latents_max": float(np.abs(r[0] - ref[0]).max()),
+                "latents_scale": float(np.abs(ref[0]).max()),
+                "frames_max": int(np.abs(r[1].astype(int) - ref[1]).max()),
+                "kind_after": r[2],
+                "spec": r[3],
+            }
+            for mode, r in runs.items()
+        }
+    print(json.dumps(out))
+    """
+)
+
+
+def test_offload_on_an_8_device_mesh(demo_env):
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "JAX_PLATFORMS": "cpu",
+        "WANJAX_CACHE": str(demo_env),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", MESH_SCRIPT], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    for mesh, modes in out.items():
+        assert modes["model"]["latents_max"] == 0 and modes["model"]["frames_max"] == 0, (mesh, modes)
+        blocks = modes["blocks"]
+        assert blocks["latents_max"] <= 1e-5 * max(1.0, blocks["latents_scale"]), (mesh, blocks)
+        assert blocks["frames_max"] <= 1, (mesh, blocks)
+        # the stacked weights keep their partitioning in host memory (after decoding: all on the host)
+        assert modes["model"]["kind_after"] == blocks["kind_after"] == HOST
+        assert blocks["spec"] == modes["none"]["spec"], (mesh, modes)
+
+
+# ----------------------------------------------------------------------------------------------
+# Measurements (not a test): python tests/test_offload.py
+
+
+def measure(num_layers: int = 8, repeats: int = 3) -> None:
+    print("step program memory, 1.3B dims, latents (1,16,3,16,16) with CFG (batch 2), 512 text tokens")
+    for dtype in ("bfloat16", "float32"):
+        for layers in (num_layers, 30):
+            got = {mode: step_memory(mode, layers, dtype) for mode in ("none", "blocks")}
+            ratio = got["blocks"]["total"] / got["none"]["total"]
+            for mode, m in got.items():
+                print(f"  {dtype:8} layers={layers:2} {mode:6} " + json.dumps(m))
+            print(f"  {dtype:8} layers={layers:2} blocks/none total: {ratio:.3f}")
+    cfg = transformer_preset("1.3B", num_layers=num_layers)
+    spec = dit.checkpoint_spec(cfg)
+    scheduler = make_scheduler(SchedulerConfig(), 3)
+    rng = np.random.default_rng(0)
+    latents = rng.standard_normal((1, 16, 3, 16, 16)).astype(np.float32)
+    text = jnp.asarray(rng.standard_normal((1, 512, cfg.text_dim)), jnp.bfloat16)
+    print(f"step seconds (steady steps, {repeats} runs of 3 steps each), bf16, {num_layers} layers:")
+    times: dict[str, list[float]] = {}
+    outs = {}
+    for mode in ("none", "blocks"):
+        params = random_params(spec, "bfloat16", seed=0, sharding=offload_sharding(None, mode))
+        sampler = Sampler(dit.WanTransformer(cfg, params, "bfloat16", offload=mode))
+        for _ in range(repeats):
+            out, t = sampler(scheduler, latents, text, text, 5.0)
+            times.setdefault(mode, []).extend(t.steady)
+        outs[mode] = np.asarray(out)
+        del params, sampler
+    for i in range(len(times["none"])):
+        print(f"  none {times['none'][i]:.3f} s   blocks {times['blocks'][i]:.3f} s")
+    med = {m: float(np.median(v)) for m, v in times.items()}
+    print(
+        f"  median: none {med['none']:.3f} s, blocks {med['blocks']:.3f} s, ratio {med['blocks'] / med['none']:.3f}"
+    )
+    print(f"  final latents max |blocks - none|: {np.abs(outs['blocks'] - outs['none']).max():.3g}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    measure(*map(int, sys.argv[1:]))
+
+
+def test_cli_offload_and_8bit_flags_run_and_are_recorded(demo_env, tmp_path, capsys):
+    """``--offload model`` gives the resident run's frames; ``--offload blocks --weights_dtype int8``
+    runs and is recorded; a bad value is a one-line error."""
+    from wanjax.cli.main import main
+
+    small = [
+        "--height",
+        "32",
+        "--width",
+        "32",
+        "--frames",
+        "5",
+        "--num_inference_steps",
+        "2",
+        "--dtype",
+        "float32",
+    ]
+    base = ["generate", "--model", "demo", "--prompt", "a cat", *small, "--jax_cache_dir", "off"]
+    frames = {}
+    for name, flags in (
+        ("none", []),
+        ("model", ["--offload", "model"]),
+        ("int8", ["--offload", "blocks", "--weights_dtype", "int8"]),
+    ):
+        out = ["--output_video", str(tmp_path / f"{name}.mp4"), "--frames_out", str(tmp_path / f"{name}.npy")]
+        assert main([*base, *out, *flags]) == 0, capsys.readouterr().err
+        frames[name] = np.load(tmp_path / f"{name}.npy")
+    np.testing.assert_array_equal(frames["model"], frames["none"])
+    record = json.loads((tmp_path / "int8.json").read_text())
+    assert (record["arguments"]["offload"], record["arguments"]["weights_dtype"]) == ("blocks", "int8")
+    capsys.readouterr()
+    assert main([*base, "--weights_dtype", "int4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--weights_dtype" in err, err
