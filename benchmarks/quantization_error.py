@@ -25,6 +25,8 @@ The velocity error is ``||v - v_bf16|| / ||v_bf16||``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import math
 import tempfile
 from collections.abc import Callable
@@ -43,18 +45,6 @@ from wanjax.models import dit, umt5
 from wanjax.models.config import transformer_preset
 
 VARIANTS = ("float32", "bf16", "int8", "fp8", "fp8 native")
-TINY_DIT = dict(  # tests/conftest.py's
-    patch_size=(1, 2, 2),
-    num_attention_heads=2,
-    attention_head_dim=12,
-    in_channels=16,
-    out_channels=16,
-    text_dim=32,
-    freq_dim=16,
-    ffn_dim=32,
-    num_layers=2,
-    rope_max_seq_len=32,
-)
 
 
 def relative_error(a: Any, b: Any) -> float:
@@ -111,13 +101,16 @@ def tiny(folder: Path) -> None:
     import torch
     from diffusers import WanTransformer3DModel
 
-    model = WanTransformer3DModel(**TINY_DIT).eval()
+    cfg = transformer_preset("tiny")
+    accepted = inspect.signature(WanTransformer3DModel.__init__).parameters
+    model = WanTransformer3DModel(
+        **{k: v for k, v in dataclasses.asdict(cfg).items() if k in accepted}
+    ).eval()
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
     model.save_pretrained(folder / "transformer")
-    cfg = transformer_preset("tiny")
     inputs = dit_inputs(cfg, (1, 16, 3, 16, 16), 8)
 
     def run(name: str) -> jax.Array:
