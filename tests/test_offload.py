@@ -320,18 +320,7 @@ def test_cli_offload_and_8bit_flags_run_and_are_recorded(demo_env, tmp_path, cap
     runs and is recorded; a bad value is a one-line error."""
     from wanjax.cli.main import main
 
-    small = [
-        "--height",
-        "32",
-        "--width",
-        "32",
-        "--frames",
-        "5",
-        "--num_inference_steps",
-        "2",
-        "--dtype",
-        "float32",
-    ]
+    small = ["--height", "32", "--width", "32", "--frames", "5", "--num_inference_steps", "2", "--dtype", "float32"]  # fmt: skip
     base = ["generate", "--model", "demo", "--prompt", "a cat", *small, "--jax_cache_dir", "off"]
     frames = {}
     for name, flags in (
