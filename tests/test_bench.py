@@ -20,6 +20,7 @@ from wanjax.errors import WanjaxError
 from wanjax.io.checkpoint import (
     REPLICATED,
     LeafSource,
+    abstract_params,
     linear_kernel,
     random_params,
     random_params_on_device,
@@ -81,7 +82,7 @@ def check_memory_report(result, written, table, stage):
     program = result["stages"][stage]["program_memory"]
     assert program["argument_bytes"] > 0 and program["temp_bytes"] > 0 and program["output_bytes"] > 0
     assert program["total_bytes"] >= program["argument_bytes"] + program["temp_bytes"]
-    assert set(program) == {*bench.MEMORY_FIELDS, "total_bytes"}
+    assert set(program) == {*bench.MEMORY_FIELDS, bench.HOST_ARGUMENT, "total_bytes"}
     allocator = result["memory"]["allocator_peak_bytes"]
     stats = jax.devices()[0].memory_stats()
     if stats is None or "peak_bytes_in_use" not in stats:  # CPU: no allocator statistics
@@ -172,6 +173,57 @@ def test_pipeline_fraction_of_peak_weighs_each_stage_by_its_dtype(monkeypatch):
 def test_bad_bench_config(overrides, message):
     with pytest.raises(WanjaxError, match=message):
         bench.run_bench(bench.BenchConfig(stages=("denoise",), **overrides))
+
+
+@pytest.mark.parametrize(("offload", "weights"), [("blocks", "int8"), ("model", "bf16")])
+def test_denoise_bench_offload_and_weights_dtype(tmp_path, capsys, offload, weights):
+    """``--offload`` / ``--weights_dtype`` as the pipeline runs them: the JSON records the mode, the
+    step program's memory with the host-memory arguments (the streamed layers) apart, and s/step."""
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "bench.json"
+    tiny = ["--layers", "2", "--height", "32", "--width", "32", "--frames", "1", "--repeats", "1"]
+    memory = ["--offload", offload, "--weights-dtype", weights]
+    args = parser.parse_args(
+        [*tiny, *memory, "--max_sequence_length", "16", "--stages", "denoise", "--json", str(out)]
+    )
+    bench.run(args)
+    written = json.loads(out.read_text())
+    assert written["config"]["offload"] == offload and written["config"]["weights_dtype"] == weights
+    denoise = written["stages"]["denoise"]
+    assert denoise["s_per_step_median"] > 0
+    assert denoise["weights_to_device_s"] >= 0  # model and blocks: back from pinned host memory
+    program, placed = denoise["program_memory"], denoise["weights_bytes"]
+    assert program["argument_bytes"] > 0 and program["temp_bytes"] > 0
+    assert program["total_bytes"] == (
+        program["argument_bytes"] + program["output_bytes"] - program["alias_bytes"]
+        + program["temp_bytes"] + program["generated_code_bytes"]
+    )  # fmt: skip
+    if offload == "blocks":  # the stacked layers are host arguments, not counted in the device total
+        assert program[bench.HOST_ARGUMENT] > 0 and placed["host"] > 0
+        assert program[bench.HOST_ARGUMENT] == placed["host"]
+    else:
+        assert program[bench.HOST_ARGUMENT] == 0 and placed["host"] == 0
+    assert program["argument_bytes"] >= placed["device"]
+    spec = dit.checkpoint_spec(dataclasses.replace(PRESETS["1.3B"], num_layers=2))
+    if weights == "int8":  # the matmul kernels in 1 byte: under 60% of the bf16 weights' bytes
+        assert denoise["random_weights"].startswith("numpy, int8")
+        bf16_bytes = sum(math.prod(x.shape) * 2 for x in jax.tree.leaves(abstract_params(spec, jnp.bfloat16)))
+        assert placed["device"] + placed["host"] < 0.6 * bf16_bytes
+    table = capsys.readouterr().out
+    assert f"offload {offload}, weights {weights}" in table and "host args GiB" in table
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--offload", "disk"), ("--weights_dtype", "fp16")])
+def test_bad_offload_or_weights_dtype_is_a_one_line_usage_error(capsys, flag, value):
+    from wanjax.cli.main import main
+
+    assert main(["bench", "--stages", "denoise", flag, value]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and value in err and flag.lstrip("-") in err
+    field = flag.lstrip("-")
+    with pytest.raises(WanjaxError, match=f"unknown {flag}"):
+        bench.run_bench(bench.BenchConfig(stages=("denoise",), **{field: value}))
 
 
 def test_encode_bench_reports_program_memory_with_device_weights(capsys):

@@ -19,6 +19,16 @@ the process's start), which also counts whatever else was allocated at the time:
 autotuning on a GPU took ~30 GiB of scratch beside the 5.8 GiB the VAE decode program needs. CPUs
 report no allocator statistics ("n/a"); the process's peak RSS is given instead.
 
+``--offload none|model|blocks`` and ``--weights_dtype bf16|int8|fp8`` (the library's choices:
+:data:`~wanjax.models.offload.OFFLOAD_MODES`, :data:`~wanjax.io.quantizable.WEIGHTS_DTYPES`) place
+and store the DiT's weights as ``WanPipeline`` does: ``model`` sends them to pinned host memory and
+back before the denoise stage (the move is timed), ``blocks`` draws the stacked layers straight into
+pinned host memory and streams them per layer; ``int8``/``fp8`` store the matmul kernels of the DiT
+and the text encoder in 8 bits (drawn with NumPy and quantised leaf by leaf: there is no on-device
+quantised draw). The program memory separates the arguments in host memory (``host_argument_bytes``)
+from the device ones; each stage also reports its weights' bytes in device and in host memory. On a
+CPU both memory kinds are the same RAM: the split is what the program asks for, not a saving.
+
 Random weights are drawn on the device (``jax.random``, each leaf straight into its placement) on
 accelerators and, on a CPU, for models of 300M weights or more; smaller models on a CPU are drawn
 with NumPy, faster there per core and with nothing to compile (``--random_weights`` chooses).
@@ -41,9 +51,13 @@ import jax.numpy as jnp
 
 from wanjax.errors import WanjaxError
 from wanjax.io.atomic import write_text
-from wanjax.io.checkpoint import abstract_params, random_params, random_params_on_device
+from wanjax.io.checkpoint import ShardingFn, abstract_params, random_params, random_params_on_device
+from wanjax.io.quant import leaf_builder
+from wanjax.io.quantizable import UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
 from wanjax.models import dit, umt5
 from wanjax.models.config import PRESETS, parse_dtype
+from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload
+from wanjax.models.offload import program_memory as split_program_memory
 from wanjax.models.vae import WanVAE
 from wanjax.models.vae import checkpoint_spec as vae_spec
 from wanjax.models.vae.config import VAEConfig
@@ -84,6 +98,8 @@ class BenchConfig:
     repeats: int = 2
     stages: tuple[str, ...] = ("encode", "denoise", "decode")
     random_weights: str = "auto"  # numpy (host draws), device (jax.random), auto: see random_weights_path
+    offload: str = "none"  # OFFLOAD_MODES: where the DiT's weights wait (see WanPipeline)
+    weights_dtype: str = UNQUANTIZED  # WEIGHTS_DTYPES: int8/fp8 store the matmul kernels in 8 bits
 
     def latent_shape(self) -> tuple[int, int, int, int, int]:
         if self.height % 16 or self.width % 16 or (self.frames - 1) % 4:
@@ -106,6 +122,8 @@ class StageResult:
     program_memory: dict[str, int] | None = None  # memory_analysis() of the stage's compiled program
     allocator_peak_bytes: int | None = None  # the device allocator's peak so far, after the stage
     weights: tuple[str, float] | None = None  # how the random weights were drawn, and the seconds it took
+    weights_bytes: dict[str, int] | None = None  # the weights' bytes in device and in host memory
+    to_device_s: float | None = None  # offload model/blocks: the weights' move back to the device
 
     def summary(self) -> dict[str, Any]:
         med = statistics.median(self.steady) if self.steady else float("nan")
@@ -119,6 +137,10 @@ class StageResult:
         }
         if self.weights is not None:
             out["random_weights"], out["random_weights_s"] = self.weights
+        if self.weights_bytes is not None:
+            out["weights_bytes"] = self.weights_bytes
+        if self.to_device_s is not None:
+            out["weights_to_device_s"] = self.to_device_s
         if self.per_step is not None:
             out["s_per_step_median"] = statistics.median(self.per_step) if self.per_step else float("nan")
             out["s_per_step_spread"] = [min(self.per_step, default=0.0), max(self.per_step, default=0.0)]
@@ -194,13 +216,16 @@ MEMORY_FIELDS = {  # program_memory key -> jax.stages.CompiledMemoryStats attrib
     "generated_code_bytes": "generated_code_size_in_bytes",
     "alias_bytes": "alias_size_in_bytes",
 }
+HOST_ARGUMENT = "host_argument_bytes"  # program_memory key: arguments in a host memory kind
 
 
 def program_memory(compiled: jax.stages.Compiled) -> dict[str, int] | None:
-    """What XLA's ``memory_analysis()`` says a compiled program needs, in bytes: its arguments,
-    outputs, temporaries and generated code, the outputs that alias (donated) arguments, and
-    ``total_bytes`` = arguments + outputs - aliased + temporaries + code. None where the backend
-    gives no analysis."""
+    """What XLA's ``memory_analysis()`` says a compiled program needs, in bytes: its arguments in
+    device memory (``argument_bytes``) and in a host memory kind (``host_argument_bytes``: offload
+    ``blocks``' streamed layers; :func:`wanjax.models.offload.program_memory` separates them where the
+    backend counts them with the device ones), outputs, temporaries and generated code, the outputs
+    that alias (donated) arguments, and the device ``total_bytes`` = arguments + outputs - aliased +
+    temporaries + code. None where the backend gives no analysis."""
     try:
         stats = compiled.memory_analysis()
     except (NotImplementedError, RuntimeError):
@@ -208,6 +233,8 @@ def program_memory(compiled: jax.stages.Compiled) -> dict[str, int] | None:
     if stats is None:
         return None
     out = {key: int(getattr(stats, attr, 0) or 0) for key, attr in MEMORY_FIELDS.items()}
+    split = split_program_memory(compiled)
+    out["argument_bytes"], out[HOST_ARGUMENT] = split["argument"], split["host_argument"]
     out["total_bytes"] = (
         out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
         + out["generated_code_bytes"]
@@ -229,14 +256,35 @@ def random_weights_path(choice: str, num_params: int = 0) -> str:
     return choice
 
 
-def bench_params(cfg: BenchConfig, spec: Any, dtype: Any) -> tuple[Any, tuple[str, float]]:
-    """Random weights for ``spec`` drawn as ``cfg.random_weights`` says, and (how, seconds)."""
+def bench_params(
+    cfg: BenchConfig,
+    spec: Any,
+    dtype: Any,
+    sharding: ShardingFn | None = None,
+    weights: str = UNQUANTIZED,
+) -> tuple[Any, tuple[str, float]]:
+    """Random weights for ``spec`` drawn as ``cfg.random_weights`` says into ``sharding`` (None: the
+    first device), stored as ``--weights_dtype weights`` says, and (how, seconds). 8-bit weights are
+    always drawn with NumPy (``random_params`` with :func:`~wanjax.io.quant.leaf_builder`, as a
+    checkpoint is quantised while read): the on-device draw has no quantised path; ``how`` says so."""
     num_params = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(abstract_params(spec, dtype)))
     how = random_weights_path(cfg.random_weights, num_params)
-    draw = random_params_on_device if how == "device" else random_params
     start = time.perf_counter()
-    params = jax.block_until_ready(draw(spec, dtype))
+    if weights_dtype(weights) is not None:
+        note = "" if how == "numpy" else f"; {weights}: no on-device quantised draw"
+        how = f"numpy, {weights}{note}"
+        params = random_params(spec, dtype, sharding=sharding, build=leaf_builder(weights))
+    elif how == "device":
+        params = random_params_on_device(spec, dtype, sharding=sharding)
+    else:
+        params = random_params(spec, dtype, sharding=sharding)
+    params = jax.block_until_ready(params)
     return params, (how, time.perf_counter() - start)
+
+
+def weights_bytes(params: Any) -> dict[str, int]:
+    """The bytes of ``params`` in device and in host memory kinds (whole arrays)."""
+    return {"device": device_bytes(params), "host": host_bytes(params)}
 
 
 def _repeat(fn: Callable[[], Any], repeats: int) -> StageResult:
@@ -247,7 +295,9 @@ def _repeat(fn: Callable[[], Any], repeats: int) -> StageResult:
 def bench_encode(cfg: BenchConfig) -> StageResult:
     layers = min(cfg.layers or umt5.UMT5_XXL.num_layers, umt5.UMT5_XXL.num_layers)
     ucfg = dataclasses.replace(umt5.UMT5_XXL, num_layers=layers, vocab_size=BENCH_VOCAB)
-    params, weights = bench_params(cfg, umt5.checkpoint_spec(ucfg), parse_dtype(cfg.dtype))
+    params, weights = bench_params(
+        cfg, umt5.checkpoint_spec(ucfg), parse_dtype(cfg.dtype), weights=cfg.weights_dtype
+    )
     length = cfg.max_sequence_length
     ids = jax.random.randint(jax.random.key(1), (2, length), 0, BENCH_VOCAB)  # prompt + negative
     mask = jnp.ones((2, length), jnp.int32)
@@ -258,6 +308,7 @@ def bench_encode(cfg: BenchConfig) -> StageResult:
     result.warmup += compile_s
     result.flops = umt5_flops(ucfg, 2, length)
     result.program_memory, result.weights = program_memory(forward), weights
+    result.weights_bytes = weights_bytes(params)
     return result
 
 
@@ -265,8 +316,16 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     base = PRESETS[cfg.arch]
     tcfg = dataclasses.replace(base, num_layers=cfg.layers or base.num_layers)
     dtype = parse_dtype(cfg.dtype)
-    params, weights = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype)
-    model = dit.WanTransformer(tcfg, params, dtype)
+    offload = parse_offload(cfg.offload)
+    sharding = dit.transformer_sharding(offload=offload)  # blocks: the stacked layers in pinned host
+    params, weights = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.weights_dtype)
+    model = dit.WanTransformer(tcfg, params, dtype, offload=offload)
+    to_device_s = None
+    if offload != "none":  # as WanPipeline enters the stage: from pinned host memory back to the device
+        model.to_host(block=True)
+        start = time.perf_counter()
+        model.to_device(block=True)
+        to_device_s = time.perf_counter() - start
     shape = cfg.latent_shape()
     noise = jax.random.normal(jax.random.key(2), shape, jnp.float32)
     text = jax.random.normal(jax.random.key(3), (1, cfg.max_sequence_length, tcfg.text_dim), dtype)
@@ -284,9 +343,18 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
         per_step += [times.first, *times.steady]
     flops = dit_step_flops(tcfg, shape, cfg.max_sequence_length, guidance=guided)
     # The step program the sampler ran (the one it used last); Sampler has no public accessor.
-    programs = sampler._programs.programs()
+    programs = sampler.programs()
     memory = program_memory(programs[-1]) if programs else None
-    return StageResult(warmup, steady, flops, per_step, program_memory=memory, weights=weights)
+    return StageResult(
+        warmup,
+        steady,
+        flops,
+        per_step,
+        program_memory=memory,
+        weights=weights,
+        weights_bytes=weights_bytes(model.params),
+        to_device_s=to_device_s,
+    )
 
 
 def bench_decode(cfg: BenchConfig) -> StageResult:
@@ -332,6 +400,12 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     for dtype in (cfg.dtype, cfg.vae_dtype):
         parse_dtype(dtype)
     random_weights_path(cfg.random_weights)
+    if cfg.offload not in OFFLOAD_MODES:
+        raise WanjaxError(f"unknown --offload {cfg.offload!r}; choose from {', '.join(OFFLOAD_MODES)}")
+    if cfg.weights_dtype not in WEIGHTS_DTYPES:
+        raise WanjaxError(
+            f"unknown --weights_dtype {cfg.weights_dtype!r}; choose from {', '.join(WEIGHTS_DTYPES)}"
+        )
     dtype, vae_dtype = (jnp.dtype(parse_dtype(d)).name for d in (cfg.dtype, cfg.vae_dtype))
     peaks = {d: device_peak(d) for d in dict.fromkeys((dtype, vae_dtype))}
     stages = {name: _stage(name, cfg) for name in cfg.stages}
@@ -368,7 +442,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
 MEMORY_LEGEND = {
     "program_memory": "per stage: XLA's memory_analysis() of the compiled program, in bytes (arguments, "
     "outputs, temporaries, generated code; total = arguments + outputs - aliased + temporaries + code): "
-    "what the program itself needs",
+    "what the program itself needs in device memory; host_argument_bytes: its arguments in a host "
+    "memory kind (offload blocks: the streamed layers), not in the total",
+    "weights_bytes": "per stage: the weights' bytes in device memory and in host memory kinds",
     "allocator_peak_bytes": "the device allocator's peak_bytes_in_use since the process started (per "
     "stage: right after it), everything allocated at once, XLA's autotuning scratch included; null "
     "where the device keeps no statistics (CPU)",
@@ -406,7 +482,8 @@ def format_table(result: dict[str, Any]) -> str:
     head = (
         f"wanjax bench: {cfg['arch']} ({cfg['layers'] or 'all'} layers), {cfg['height']}x{cfg['width']}x"
         f"{cfg['frames']}, {cfg['num_inference_steps']} steps, {cfg['dtype']}, guidance "
-        f"{cfg['guidance_scale']}; {result['devices']} x {result['device']}, peak "
+        f"{cfg['guidance_scale']}, offload {cfg.get('offload', 'none')}, weights "
+        f"{cfg.get('weights_dtype', UNQUANTIZED)}; {result['devices']} x {result['device']}, peak "
         + "; ".join(f"{p['tflops']:.3g} TFLOP/s ({p['source']})" for p in result["peaks"].values())
     )
     lines = [
@@ -455,21 +532,24 @@ def memory_lines(result: dict[str, Any]) -> list[str]:
     allocator's peak, then the process-wide figures and where the random weights came from."""
     lines = [
         "memory: 'program' = what the compiled program needs (XLA memory_analysis: arguments + outputs "
-        "+ temporaries + code); 'allocator peak' = the device allocator's peak_bytes_in_use so far "
+        "+ temporaries + code, in device memory; 'host args' = arguments in host memory, not in it); "
+        "'allocator peak' = the device allocator's peak_bytes_in_use so far "
         "(everything allocated at once, autotuning scratch included; n/a: the device keeps no statistics)",
-        f"{'stage':8} {'program GiB':>12} {'args GiB':>9} {'out GiB':>9} {'temp GiB':>9} {'code MiB':>9} "
-        f"{'allocator peak GiB':>19}",
+        f"{'stage':8} {'program GiB':>12} {'args GiB':>9} {'host args GiB':>14} {'out GiB':>9} "
+        f"{'temp GiB':>9} {'code MiB':>9} {'allocator peak GiB':>19} {'weights dev/host GiB':>21}",
     ]
     for name, s in result["stages"].items():
         m = s.get("program_memory")
         cols = (
-            [_gib(m["total_bytes"]), _gib(m["argument_bytes"]), _gib(m["output_bytes"]), _gib(m["temp_bytes"]),
-             f"{m['generated_code_bytes'] / 2**20:.1f}"]
-            if m else ["n/a"] * 5
+            [_gib(m["total_bytes"]), _gib(m["argument_bytes"]), _gib(m.get(HOST_ARGUMENT, 0)),
+             _gib(m["output_bytes"]), _gib(m["temp_bytes"]), f"{m['generated_code_bytes'] / 2**20:.1f}"]
+            if m else ["n/a"] * 6
         )  # fmt: skip
+        w = s.get("weights_bytes")
+        placed = f"{_gib(w['device'])}/{_gib(w['host'])}" if w else "-"
         lines.append(
-            f"{name:8} {cols[0]:>12} {cols[1]:>9} {cols[2]:>9} {cols[3]:>9} {cols[4]:>9} "
-            f"{_gib(s.get('allocator_peak_bytes')):>19}"
+            f"{name:8} {cols[0]:>12} {cols[1]:>9} {cols[2]:>14} {cols[3]:>9} {cols[4]:>9} {cols[5]:>9} "
+            f"{_gib(s.get('allocator_peak_bytes')):>19} {placed:>21}"
         )
     memory = result.get("memory") or {}
     lines.append(
@@ -549,6 +629,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="draw the random weights with numpy (host, then copied) or on the device (jax.random, "
         "straight into place); auto: on the device, except models under 300M weights on a CPU "
         "(default auto)",
+    )
+    # The memory flags of `wanjax generate` / `plan` (tools may not import the cli: the same choices,
+    # read from the library here).
+    parser.add_argument(
+        "--offload",
+        default=d.offload,
+        choices=OFFLOAD_MODES,
+        help="where the DiT's weights wait (default none: on the device); model: to pinned host memory "
+        "and back before the denoise stage (the move is timed); blocks: the stacked layers in pinned "
+        "host memory, streamed per layer",
+    )
+    parser.add_argument(
+        "--weights_dtype",
+        "--weights-dtype",
+        default=d.weights_dtype,
+        choices=WEIGHTS_DTYPES,
+        help=f"matmul kernels of the DiT and text encoder (default {UNQUANTIZED}: in --dtype); int8, fp8: "
+        "8 bits with a float32 scale per output channel (drawn with NumPy: no on-device quantised draw)",
     )
     parser.add_argument("--json", help="also write the numbers to this JSON file")
 
