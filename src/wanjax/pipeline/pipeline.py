@@ -98,7 +98,29 @@ class VideoGeometry:
 
 
 class WanPipeline:
-    """Wan 2.1 text-to-video. Build it with :meth:`from_pretrained`; see the module docstring."""
+    """Wan 2.1 text-to-video. Build it with :meth:`from_pretrained`; see the module docstring.
+
+    ``dtype``: transformer (and, unless ``text_encoder_dtype`` says otherwise, text encoder)
+    weights and activations; ``vae_dtype``: the VAE's activations, ``vae_weights_dtype`` its
+    weights (default: ``vae_dtype``). ``vae_decode_chunk``: latent frames per VAE decode step
+    (an int or ``"all"``; the frames are the same whatever it is). ``vae_tiling``: decode in
+    blended spatial tiles (``True``: diffusers' 256-pixel tiles every 192; or a
+    :class:`~wanjax.models.vae.tiling.Tiling`), for frames too large to decode whole; not equal to an
+    untiled decode at the seams. Weights are read when a stage first needs them.
+    ``mesh``: run sharded over all devices -- a :class:`~wanjax.parallel.mesh.MeshSpec`, a string
+    such as ``"dp=2,sp=1,tp=4"``, or ``"auto"``; ``None`` runs on one device. ``fsdp`` also
+    splits the weights' model dimension over the non-tp axes. ``precision``: of the float32
+    matmuls of the transformer and text encoder, ``vae_precision``: of the VAE's float32
+    convolutions and matmuls (``highest | high | default``, JAX's names; ``None``: the platform's
+    default, see :func:`~wanjax.kernels.precision.default_precision`; :attr:`precisions` tells
+    what each component runs at). ``offload``: which weights stay in device memory between and
+    during stages -- ``"none"`` (all), ``"model"`` (only the running stage's component; the
+    frames are bit-identical to ``"none"``) or ``"blocks"`` (as ``"model"``, and the transformer's
+    layer weights are streamed from host memory during each step); see the module docstring.
+    ``weights_dtype``: ``"bf16"`` (the weights in ``dtype``), ``"int8"`` or ``"fp8"``: the
+    transformer's and text encoder's matmul kernels stored in 8 bits with a float32 scale per
+    output channel (:mod:`wanjax.io.quant`; error bounds in the README).
+    """
 
     def __init__(
         self,
@@ -149,67 +171,20 @@ class WanPipeline:
         model: str | Path,
         dtype: Any = "bfloat16",
         *,
-        text_encoder_dtype: Any = None,
-        vae_dtype: Any = "float32",
-        vae_weights_dtype: Any = None,
-        vae_decode_chunk: int | str = 1,
-        vae_tiling: Tiling | bool | None = None,
-        attention_backend: str | AttentionSpec = "auto",
         jax_cache_dir: str | Path | bool = True,
-        mesh: MeshSpec | str | None = None,
-        fsdp: bool = False,
-        precision: str | None = None,
-        vae_precision: str | None = None,
-        offload: Offload | str = "none",
-        weights_dtype: str = UNQUANTIZED,
         revision: str | None = None,
         download: bool = False,
+        **options: Any,
     ) -> WanPipeline:
         """A pipeline for ``model``: a diffusers-layout directory, a hub repo id in the local Hugging
         Face cache (at ``revision``: a branch, tag or commit; fetched first with ``download=True``), or
-        ``"demo"`` (the built-in smoke model).
-
-        ``dtype``: transformer (and, unless ``text_encoder_dtype`` says otherwise, text encoder)
-        weights and activations; ``vae_dtype``: the VAE's activations, ``vae_weights_dtype`` its
-        weights (default: ``vae_dtype``). ``vae_decode_chunk``: latent frames per VAE decode step
-        (an int or ``"all"``; the frames are the same whatever it is). ``vae_tiling``: decode in
-        blended spatial tiles (``True``: diffusers' 256-pixel tiles every 192; or a
-        :class:`~wanjax.models.vae.tiling.Tiling`), for frames too large to decode whole; not equal to an
-        untiled decode at the seams. ``jax_cache_dir``: the persistent
-        compilation cache -- ``True`` for the default directory, a path, ``"off"``, or ``False`` to
-        leave JAX's configuration alone. Weights are read when a stage first needs them.
-        ``mesh``: run sharded over all devices -- a :class:`~wanjax.parallel.mesh.MeshSpec`, a string
-        such as ``"dp=2,sp=1,tp=4"``, or ``"auto"``; ``None`` runs on one device. ``fsdp`` also
-        splits the weights' model dimension over the non-tp axes. ``precision``: of the float32
-        matmuls of the transformer and text encoder, ``vae_precision``: of the VAE's float32
-        convolutions and matmuls (``highest | high | default``, JAX's names; ``None``: the platform's
-        default, see :func:`~wanjax.kernels.precision.default_precision`; :attr:`precisions` tells
-        what each component runs at). ``offload``: which weights stay in device memory between and
-        during stages -- ``"none"`` (all), ``"model"`` (only the running stage's component; the
-        frames are bit-identical to ``"none"``) or ``"blocks"`` (as ``"model"``, and the transformer's
-        layer weights are streamed from host memory during each step); see the module docstring.
-        ``weights_dtype``: ``"bf16"`` (the weights in ``dtype``), ``"int8"`` or ``"fp8"``: the
-        transformer's and text encoder's matmul kernels stored in 8 bits with a float32 scale per
-        output channel (:mod:`wanjax.io.quant`; error bounds in the README).
+        ``"demo"`` (the built-in smoke model). ``jax_cache_dir``: the persistent compilation cache --
+        ``True`` for the default directory, a path, ``"off"``, or ``False`` to leave JAX's
+        configuration alone. ``dtype`` and ``options``: :class:`WanPipeline`'s own arguments.
         """
         if jax_cache_dir is not False:
             enable_compilation_cache(None if jax_cache_dir is True else jax_cache_dir)
-        return cls(
-            resolve_model(model, revision=revision, download=download),
-            dtype,
-            text_encoder_dtype=text_encoder_dtype,
-            vae_dtype=vae_dtype,
-            vae_weights_dtype=vae_weights_dtype,
-            vae_decode_chunk=vae_decode_chunk,
-            vae_tiling=vae_tiling,
-            attention_backend=attention_backend,
-            mesh=mesh,
-            fsdp=fsdp,
-            precision=precision,
-            vae_precision=vae_precision,
-            offload=offload,
-            weights_dtype=weights_dtype,
-        )
+        return cls(resolve_model(model, revision=revision, download=download), dtype, **options)
 
     # ------------------------------------------------------------------------------------------
     # Components, loaded on first use
