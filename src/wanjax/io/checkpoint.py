@@ -128,7 +128,7 @@ def open_safetensors(path: Path) -> dict[str, TensorRef]:
 def _tensor_ref(path: Path, handle: Any, name: str, stored: Any, offset: int | None) -> TensorRef:
     shape = tuple(stored.get_shape())
     raw = _RAW_DTYPES.get(stored.get_dtype())
-    if raw is not None and offset is not None:
+    if raw is not None:  # open_safetensors gives these an offset
         return TensorRef(name, path, raw, shape, handle, offset)
     try:  # NumPy's dtype as safe_open gives it, from a read of at most one element
         dtype = (stored[:0] if math.prod(shape) > 1 else handle.get_tensor(name)).dtype

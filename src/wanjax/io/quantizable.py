@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from wanjax.errors import ConfigError
-from wanjax.io.checkpoint import Axes, LeafSource, linear_kernel
+from wanjax.io.checkpoint import LeafSource, linear_kernel
 
 # ``--weights_dtype``: bf16 keeps the weights in the model dtype (no quantisation); the others store
 # quantisable leaves in 8 bits.
@@ -51,11 +51,6 @@ def scale_dims(per_dim: Sequence[T]) -> tuple[T, ...]:
 def scale_shape(source: LeafSource) -> tuple[int, ...]:
     """The float32 scale of a quantisable leaf: ``(out,)``, or ``(layers, out)`` when stacked."""
     return scale_dims(source.target_shape())
-
-
-def scale_axes(source: LeafSource) -> tuple[Axes, ...]:
-    """The scale's candidate logical axes, one per candidate of the kernel (its output axis kept)."""
-    return tuple(scale_dims(axes) for axes in source.candidate_axes)
 
 
 def weights_dtype(name: str) -> np.dtype | None:

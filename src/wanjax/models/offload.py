@@ -165,11 +165,13 @@ def stream_layers(
 
 def program_memory(compiled: jax.stages.Compiled) -> dict[str, int]:
     """Bytes of a compiled program's memory, split by memory kind: ``argument``, ``output``,
-    ``temp``, ``alias`` (device memory), ``host_argument`` and ``total`` (device: argument + output
-    + temp - alias). From ``compiled.memory_analysis()``; where the backend counts host-memory
+    ``temp``, ``alias``, ``generated_code`` (device memory), ``host_argument`` and ``total`` (device:
+    argument + output + temp - alias). From ``compiled.memory_analysis()``; where the backend counts host-memory
     arguments among the device ones (the CPU reports no ``host_argument_size_in_bytes``), the
     arguments whose input sharding is in a host memory kind are moved to ``host_argument``."""
     stats = compiled.memory_analysis()
+    if stats is None:
+        raise NotImplementedError("this backend gives no memory analysis")
     argument = int(stats.argument_size_in_bytes)
     host = int(getattr(stats, "host_argument_size_in_bytes", 0) or 0)
     if host == 0:
@@ -186,6 +188,7 @@ def program_memory(compiled: jax.stages.Compiled) -> dict[str, int]:
         "output": int(stats.output_size_in_bytes),
         "temp": int(stats.temp_size_in_bytes),
         "alias": int(stats.alias_size_in_bytes),
+        "generated_code": int(getattr(stats, "generated_code_size_in_bytes", 0) or 0),
         "host_argument": host,
     }
     out["total"] = out["argument"] + out["output"] + out["temp"] - out["alias"]

@@ -209,36 +209,30 @@ def peak_memory_bytes() -> tuple[int, str]:
     return host_peak_rss_bytes(), "host peak RSS"
 
 
-MEMORY_FIELDS = {  # program_memory key -> jax.stages.CompiledMemoryStats attribute
-    "argument_bytes": "argument_size_in_bytes",
-    "output_bytes": "output_size_in_bytes",
-    "temp_bytes": "temp_size_in_bytes",
-    "generated_code_bytes": "generated_code_size_in_bytes",
-    "alias_bytes": "alias_size_in_bytes",
+MEMORY_FIELDS = {  # program_memory key -> wanjax.models.offload.program_memory's
+    "argument_bytes": "argument",
+    "output_bytes": "output",
+    "temp_bytes": "temp",
+    "generated_code_bytes": "generated_code",
+    "alias_bytes": "alias",
 }
 HOST_ARGUMENT = "host_argument_bytes"  # program_memory key: arguments in a host memory kind
 
 
 def program_memory(compiled: jax.stages.Compiled) -> dict[str, int] | None:
-    """What XLA's ``memory_analysis()`` says a compiled program needs, in bytes: its arguments in
-    device memory (``argument_bytes``) and in a host memory kind (``host_argument_bytes``: offload
-    ``blocks``' streamed layers; :func:`wanjax.models.offload.program_memory` separates them where the
-    backend counts them with the device ones), outputs, temporaries and generated code, the outputs
-    that alias (donated) arguments, and the device ``total_bytes`` = arguments + outputs - aliased +
-    temporaries + code. None where the backend gives no analysis."""
+    """What XLA's ``memory_analysis()`` says a compiled program needs, in bytes
+    (:func:`wanjax.models.offload.program_memory`): its arguments in device memory
+    (``argument_bytes``) and in a host memory kind (``host_argument_bytes``: offload ``blocks``'
+    streamed layers), outputs, temporaries and generated code, the outputs that alias (donated)
+    arguments, and the device ``total_bytes`` = arguments + outputs - aliased + temporaries + code.
+    None where the backend gives no analysis."""
     try:
-        stats = compiled.memory_analysis()
+        split = split_program_memory(compiled)
     except (NotImplementedError, RuntimeError):
         return None
-    if stats is None:
-        return None
-    out = {key: int(getattr(stats, attr, 0) or 0) for key, attr in MEMORY_FIELDS.items()}
-    split = split_program_memory(compiled)
-    out["argument_bytes"], out[HOST_ARGUMENT] = split["argument"], split["host_argument"]
-    out["total_bytes"] = (
-        out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
-        + out["generated_code_bytes"]
-    )  # fmt: skip
+    out = {key: split[field] for key, field in MEMORY_FIELDS.items()}
+    out[HOST_ARGUMENT] = split["host_argument"]
+    out["total_bytes"] = split["total"] + out["generated_code_bytes"]
     return out
 
 
