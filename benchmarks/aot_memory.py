@@ -1,7 +1,11 @@
 """Fits where it must: ahead-of-time compiles on 8 simulated devices vs ``wanjax plan``.
 
 Compiles, from abstract inputs only (``jax.ShapeDtypeStruct`` with their ``NamedSharding``; no weights
-are created), the two largest programs of a 14B 1280x720x81 run on 8 devices under the chosen mesh:
+are created), the three stages' largest programs of a 14B 1280x720x81 run on 8 devices under the
+chosen mesh:
+
+* the text encoder's prompt program (UMT5-XXL, 2 x 512 tokens), weights sharded as the pipeline
+  loads them; with ``--offload model|blocks`` its stacked layers are host-memory arguments, streamed;
 
 * one denoising step: the real :class:`wanjax.pipeline.sampler.Sampler` step program (DiT forward on the CFG
   pair, guidance, UniPC update), bf16 weights sharded by the axes of :func:`wanjax.models.dit.checkpoint_spec`,
@@ -13,8 +17,9 @@ are created), the two largest programs of a 14B 1280x720x81 run on 8 devices und
 ``compiled.memory_analysis()`` of an SPMD program describes one device's program: arguments (the
 weight shards and inputs), outputs, temporaries and generated code. Per-device peak =
 arguments + outputs + temporaries - aliased. This is set next to :func:`wanjax.tools.plan.plan` for the same
-mesh (its per-device weights and activation estimate for the stage), and against a 32 GiB TPU v6e
-chip with every component's weights resident (the pipeline keeps all three loaded).
+mesh (its per-device weights and activation estimate for the stage), and against ``--device_memory``
+(default: a 32 GiB TPU v6e chip) with every component's weights resident (``--offload none``: the
+pipeline keeps all three loaded) or only the running stage's (``--offload model|blocks``).
 
 Caveat: the programs are compiled by XLA:CPU (its fusion, scheduling and the CPU attention path:
 the ``xla`` backend, blockwise, one head at a time), not by the TPU compiler, which plans its own
@@ -26,6 +31,8 @@ default) and with ``taps`` (the CPU default).
 
     python benchmarks/aot_memory.py                          # 14B, 720p, 81 frames, dp=2,sp=1,tp=4
     python benchmarks/aot_memory.py --layers 4 --json out/aot.json
+    python benchmarks/aot_memory.py --model 1.3B --mesh dp=1,sp=1,tp=1 --height 480 --width 832 \
+        --offload model --device_memory 8                    # the 1.3B on one 8 GiB device
 """
 
 from __future__ import annotations
@@ -50,9 +57,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from wanjax.io.checkpoint import abstract_params  # noqa: E402
-from wanjax.models import dit, vae  # noqa: E402
+from wanjax.models import dit, umt5, vae  # noqa: E402
 from wanjax.models.config import parse_dtype  # noqa: E402
 from wanjax.models.dit import WanTransformer  # noqa: E402
+from wanjax.models.offload import DEVICE, OFFLOAD_MODES, memory_kind, offload_sharding, program_memory  # noqa: E402
 from wanjax.parallel.layouts import spatial_sharding  # noqa: E402
 from wanjax.parallel.mesh import make_mesh, parse_mesh  # noqa: E402
 from wanjax.parallel.rules import param_sharding, replicated  # noqa: E402
@@ -70,15 +78,35 @@ def shard_bytes(tree: Any) -> int:
 
 
 def memory(compiled: jax.stages.Compiled) -> dict[str, int]:
-    m = compiled.memory_analysis()
-    out = {
-        "argument": m.argument_size_in_bytes,
-        "output": m.output_size_in_bytes,
-        "alias": m.alias_size_in_bytes,
-        "temp": m.temp_size_in_bytes,
-        "code": m.generated_code_size_in_bytes,
-    }
-    out["peak"] = out["argument"] + out["output"] + out["temp"] - out["alias"]
+    """The program's device memory (:func:`wanjax.models.offload.program_memory`; arguments in host
+    memory apart) under this report's names."""
+    m = program_memory(compiled)
+    names = {"generated_code": "code", "total": "peak"}
+    return {names.get(k, k): v for k, v in m.items()}
+
+
+def device_shard_bytes(tree: Any) -> int:
+    """:func:`shard_bytes` of the leaves in device memory."""
+    return shard_bytes([a for a in jax.tree.leaves(tree) if memory_kind(a) == DEVICE])
+
+
+def text_encoder(mesh, dtype: str, offload: str, text_len: int) -> dict[str, Any]:
+    """Compile the text encoder's prompt program (positive and negative prompt, ``text_len`` tokens)
+    for abstract weights sharded as the pipeline loads them: under ``--offload model|blocks`` the
+    stacked layers in pinned host memory, streamed."""
+    cfg = model_configs("14B").text_encoder
+    dt = parse_dtype(dtype)
+    sharding = offload_sharding(param_sharding(mesh), offload, per_step=False)
+    params = abstract_params(umt5.checkpoint_spec(cfg), dt, sharding)
+    encoder = umt5.UMT5Encoder(cfg, params, None, offload=offload)
+    ids = jax.ShapeDtypeStruct((2, text_len), jnp.int32, sharding=replicated(mesh))
+    start = time.perf_counter()
+    compiled = encoder._embed.lower(params, ids, ids, out_length=text_len).compile()
+    seconds = time.perf_counter() - start
+    out = memory(compiled)
+    out["compile_s"] = seconds
+    out["weights"] = device_shard_bytes(params)
+    out["inputs"] = shard_bytes((ids, ids))
     return out
 
 
@@ -191,12 +219,18 @@ def main() -> None:
         "--dit_variant", nargs="+", default=["tpu", "cpu"], choices=["tpu", "cpu"], help="see dit_step"
     )
     parser.add_argument("--device_memory", type=float, default=32.0, help="GiB per device")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["dit", "vae"])
+    parser.add_argument(
+        "--offload",
+        default="none",
+        choices=OFFLOAD_MODES,
+        help="the plan's mode and the text encoder's placement",
+    )
+    parser.add_argument("--skip", nargs="*", default=[], choices=["text", "dit", "vae"])
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
     spec = parse_mesh(args.mesh)
-    mesh = make_mesh(spec)
+    mesh = make_mesh(spec, jax.devices()[: spec.num_devices])
     model = model_configs(args.model)
     latent_t = (args.frames - 1) // 4 + 1
     latent_shape = (1, model.vae.z_dim, latent_t, args.height // 8, args.width // 8)
@@ -210,6 +244,7 @@ def main() -> None:
         device_memory=memory_bytes,
         dtype=args.dtype,
         vae_dtype=args.vae_dtype,
+        offload=args.offload,
     )
     print(
         f"{args.model} {args.width}x{args.height}x{args.frames} (latents {list(latent_shape)}), CFG, mesh "
@@ -221,6 +256,11 @@ def main() -> None:
         results["plan"][name] = {"weights": s.weights, "activations": s.activations}
 
     rows: list[tuple[str, dict[str, Any], str]] = []
+    if "text" not in args.skip:
+        r = text_encoder(mesh, args.dtype, args.offload, 512)
+        results["text_encoder"] = r
+        placement = "resident" if args.offload == "none" else "layers streamed from host memory"
+        rows.append((f"text encoder, 2 x 512 tokens ({placement})", r, "encode"))
     if "dit" not in args.skip:
         for variant in args.dit_variant:
             r = dit_step(args.model, mesh, latent_shape, args.layers, args.dtype, 512, variant)
@@ -258,10 +298,14 @@ def main() -> None:
             f"  {label}: arguments {r['argument']} B {same} one device's shards of weights + inputs {per_device} B"
         )
 
-    others = {name: s.weights for name, s in p.stages.items()}
-    print(
-        f"\nfit on a {args.device_memory:.0f} GiB chip (every component's weights resident, as the pipeline):"
+    # what else is on the device while a stage runs: the other components' weights (none under offload)
+    others = {name: s.weights if args.offload == "none" else 0 for name, s in p.stages.items()}
+    where = (
+        "resident"
+        if args.offload == "none"
+        else f"on the device only for their stage (--offload {args.offload})"
     )
+    print(f"\nfit on a {args.device_memory:.0f} GiB chip (every component's weights {where}):")
     for label, r, stage in rows:
         resident = sum(w for name, w in others.items() if name != stage)
         total = r["peak"] + resident
@@ -273,7 +317,10 @@ def main() -> None:
         )
         r["with_other_weights"] = total
     # The programs a TPU run compiles (bf16 weights uncopied, 3-D convs) and those a CPU run compiles.
-    for platform, picks in (("TPU-like", ("uncopied", "conv3d")), ("XLA:CPU", ("XLA:CPU", "taps"))):
+    for platform, picks in (
+        ("TPU-like", ("streamed", "uncopied", "conv3d")),
+        ("XLA:CPU", ("text", "XLA:CPU", "taps")),
+    ):
         chosen = [row for row in rows if any(k in row[0] for k in picks)]
         if chosen:
             worst = max(chosen, key=lambda row: row[1]["with_other_weights"])

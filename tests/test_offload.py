@@ -22,7 +22,7 @@ import pytest
 from wanjax import WanPipeline
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import abstract_params, random_params
-from wanjax.models import dit
+from wanjax.models import dit, umt5
 from wanjax.models.config import transformer_preset
 from wanjax.models.offload import (
     HOST,
@@ -33,6 +33,7 @@ from wanjax.models.offload import (
     parse_offload,
     program_memory,
     stream_layers,
+    streams_layers,
 )
 from wanjax.models.offload import streamed as streamed_leaf
 from wanjax.parallel.rules import per_device_param_bytes
@@ -94,6 +95,33 @@ def test_blocks_transformer_equals_resident(dtype):
     want = np.asarray(resident(latents, 500.0, text), np.float32)
     got = np.asarray(streamed(latents, 500.0, text), np.float32)
     np.testing.assert_allclose(got, want, rtol=1e-6 if dtype == "float32" else 1e-2, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["model", "blocks"])
+def test_streamed_text_encoder_equals_resident(mode):
+    """Under ``model`` and ``blocks`` the text encoder's layers are read into host memory and
+    streamed: the resident encoder's embeddings, bit for bit in float32."""
+    cfg = umt5.UMT5Config(vocab_size=64, d_model=16, d_kv=4, d_ff=24, num_layers=3, num_heads=2)
+    spec = umt5.checkpoint_spec(cfg)
+    resident = umt5.UMT5Encoder(cfg, random_params(spec, "float32", seed=2), None)
+    params = random_params(spec, "float32", seed=2, sharding=offload_sharding(None, mode, per_step=False))
+    streamed = umt5.UMT5Encoder(cfg, params, None, offload=mode)
+    assert kinds(params["layers"]) == {HOST}
+    assert kinds({k: v for k, v in params.items() if k != "layers"}) == {"device"}
+    ids = np.random.default_rng(0).integers(0, 64, (2, 9))
+    mask = np.ones_like(ids)
+    mask[1, 5:] = 0
+    want = np.asarray(resident.encode_ids(ids, mask))
+    np.testing.assert_array_equal(np.asarray(streamed.encode_ids(ids, mask)), want)
+    streamed.to_host()
+    assert kinds(streamed.params) == {HOST}
+    streamed.to_device()
+    assert kinds(streamed.params["layers"]) == {HOST} and kinds(streamed.params["embedding"]) == {"device"}
+
+
+def test_which_models_stream():
+    assert [streams_layers(m) for m in OFFLOAD_MODES] == [False, False, True]
+    assert [streams_layers(m, per_step=False) for m in OFFLOAD_MODES] == [False, True, True]
 
 
 def step_memory(mode: str, num_layers: int = 8, dtype: str = "bfloat16") -> dict[str, int]:
@@ -178,8 +206,9 @@ def test_pipeline_offload_modes_equal_the_resident_run(demo_env, dtype):
             encoder, transformer = pipe.text_encoder.params, pipe.transformer.params
             blocks = transformer["blocks"]
             rest = {k: v for k, v in transformer.items() if k != "blocks"}
-            if stage == "encode":
-                assert kinds(encoder) == {"device"} and kinds(transformer) == {HOST}
+            if stage == "encode":  # the encoder streams its layers under both modes
+                assert kinds(encoder["layers"]) == {HOST} and kinds(transformer) == {HOST}
+                assert kinds({k: v for k, v in encoder.items() if k != "layers"}) == {"device"}
             elif stage == "denoise":
                 assert kinds(encoder) == {HOST} and kinds(rest) == {"device"}
                 assert kinds(blocks) == {HOST if mode == "blocks" else "device"}

@@ -161,8 +161,8 @@ def add_memory(parser: argparse.ArgumentParser) -> None:
         "offload",
         choices=OFFLOAD_MODES,
         help="where weights wait (default none: all on the device); model: each component on the device "
-        f"only for its stage (frames identical); blocks: also the DiT's layers in host memory, "
-        f"{STREAMED_LAYERS} on the device at a time",
+        f"only for its stage, the text encoder's layers streamed from host memory, {STREAMED_LAYERS} at a "
+        "time (frames identical); blocks: the DiT's layers streamed too",
     )
     flag(
         group,

@@ -44,13 +44,14 @@ from wanjax.models.layers import (
     timestep_embedding,
 )
 from wanjax.models.offload import (
-    DEVICE,
     HOST,
     Offload,
     move,
     offload_sharding,
     parse_offload,
+    run_placement,
     stream_layers,
+    streams_layers,
 )
 from wanjax.parallel.attention import sharded_attention
 from wanjax.parallel.layouts import TokenLayout, constrain, token_layout
@@ -331,7 +332,7 @@ def forward(
     def layer(h: jax.Array, block: Params) -> jax.Array:
         return pin(_block(block, pin(h), context, time_mod, rope, cfg, attend, precision))
 
-    run_layers = stream_layers if offload == "blocks" else scan_layers
+    run_layers = stream_layers if streams_layers(offload) else scan_layers
     x = run_layers(layer, x, params["blocks"])
 
     out_mod = params["scale_shift_table"].astype(jnp.float32)[None] + temb.astype(jnp.float32)[:, None]
@@ -408,11 +409,7 @@ class WanTransformer:
         """Move the weights back to where the forward runs them: all in device memory, except the
         stacked layers under ``offload="blocks"`` (they stay on the host and are streamed).
         Asynchronous unless ``block``: the next program waits for its arguments."""
-        params = dict(self.params)
-        blocks = params.pop("blocks")
-        params = move(params, DEVICE)
-        params["blocks"] = move(blocks, HOST if self.offload == "blocks" else DEVICE)
-        self.params = jax.block_until_ready(params) if block else params
+        self.params = run_placement(self.params, "blocks", streams_layers(self.offload), block=block)
 
     def check_shape(self, shape: tuple[int, ...]) -> None:
         """Raise ConfigError unless ``shape`` is a latent shape this model can run."""
@@ -506,4 +503,4 @@ def transformer_sharding(
     offload = parse_offload(offload)
     if mesh is not None and sharding is None:
         sharding = param_sharding(mesh, fsdp)
-    return offload_sharding(sharding, offload) if offload == "blocks" else sharding
+    return offload_sharding(sharding, offload) if streams_layers(offload) else sharding

@@ -7,10 +7,15 @@
   stage runs; between stages they wait in pinned host memory (``jax.device_put`` to the same
   sharding with memory kind ``pinned_host``), so the next prompt moves them back instead of reading
   the checkpoint again. Only placement changes: the frames are bit-identical to ``"none"``.
+  A model run once per stage (the text encoder) streams its layers (below) instead of moving them
+  in whole: its weights cross from host memory for every stage anyway, so streaming costs no extra
+  transfer and the device holds two of its layers instead of all (UMT5-XXL: 0.7 of 10.6 GiB).
 * ``"blocks"``: as ``"model"``, and the transformer's stacked layer weights never enter device
-  memory as a whole: they live in pinned host memory and :func:`stream_layers` brings one layer at
-  a time to the device inside the scan, the next layer's transfer issued before the current layer
-  runs (double-buffered), so the device holds two layers' weights besides the non-stacked ones.
+  memory as a whole either: they live in pinned host memory and :func:`stream_layers` brings one
+  layer at a time to the device inside the scan, the next layer's transfer issued before the
+  current layer runs (double-buffered), so the device holds two layers' weights besides the
+  non-stacked ones. The transformer runs at every step, so this costs one transfer of its layers
+  per step (:func:`streams_layers` says which model streams under which mode).
 
 JAX's memory kinds do this on every backend: a sharding's ``memory_kind`` places an array, and
 ``jax.device_put(x, jax.memory.Space.Device)`` inside ``jit`` moves a (host) slice to the device
@@ -21,7 +26,6 @@ numerics are tested there, not its memory saving at run time).
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
 from typing import Any, Literal
@@ -52,23 +56,30 @@ def parse_offload(value: Any) -> Offload:
     return name  # type: ignore[return-value]
 
 
-def streamed(source: LeafSource, offload: Offload) -> bool:
+def streams_layers(offload: Offload, *, per_step: bool = True) -> bool:
+    """Whether a model's stacked layer weights stay in host memory and are streamed in while it runs:
+    under ``"blocks"`` every model's; under ``"model"`` those of a model run once per stage
+    (``per_step=False``: the text encoder), never those of one run at every step (the transformer)."""
+    return offload == "blocks" or (offload == "model" and not per_step)
+
+
+def streamed(source: LeafSource, offload: Offload, *, per_step: bool = True) -> bool:
     """Whether the leaf ``source`` describes stays in host memory while its model runs: the stacked
-    (per-layer) leaves under ``offload="blocks"``; every other leaf runs from device memory."""
-    return offload == "blocks" and source.stacked
+    (per-layer) leaves of a model that :func:`streams_layers`; every other leaf runs from device memory."""
+    return source.stacked and streams_layers(offload, per_step=per_step)
 
 
-def offload_sharding(sharding: ShardingFn | None, offload: Offload) -> ShardingFn:
+def offload_sharding(sharding: ShardingFn | None, offload: Offload, *, per_step: bool = True) -> ShardingFn:
     """``sharding`` (default: the first device) with the streamed leaves (:func:`streamed`) placed in
     pinned host memory: the same devices and partitioning, memory kind ``pinned_host``. With it,
     :func:`~wanjax.io.checkpoint.load_params` reads those leaves straight into host memory."""
     base = sharding or first_device
-    if offload != "blocks":
+    if not streams_layers(offload, per_step=per_step):
         return base
 
     def place(source: LeafSource) -> jax.sharding.Sharding:
         s = base(source)
-        return s.with_memory_kind(HOST) if streamed(source, offload) else s
+        return s.with_memory_kind(HOST) if streamed(source, offload, per_step=per_step) else s
 
     return place
 
@@ -94,6 +105,19 @@ def move(tree: Tree, kind: str, *, block: bool = False) -> Tree:
     return jax.block_until_ready(out) if block else out
 
 
+def run_placement(
+    params: dict[str, Tree], stacked: str, stream: bool, *, block: bool = False
+) -> dict[str, Tree]:
+    """``params`` where a forward runs them: all in device memory, except the stacked layers
+    (``params[stacked]``) when the model ``stream``s them (they stay in host memory). Asynchronous
+    unless ``block``: the next program waits for its arguments."""
+    params = dict(params)
+    layers = params.pop(stacked)
+    params = move(params, DEVICE)
+    params[stacked] = move(layers, HOST if stream else DEVICE)
+    return jax.block_until_ready(params) if block else params
+
+
 def host_bytes(tree: Tree) -> int:
     """Bytes of ``tree``'s arrays in host memory kinds (whole arrays, all shards)."""
     return sum(a.nbytes for a in jax.tree.leaves(tree) if memory_kind(a) in HOST_KINDS)
@@ -112,23 +136,38 @@ def _to_device(tree: Tree) -> Tree:
     return jax.tree.map(lambda a: jax.device_put(a, jax.memory.Space.Device), tree)
 
 
+def _narrow_float(a: Any) -> bool:
+    return jnp.issubdtype(a.dtype, jnp.floating) and jnp.dtype(a.dtype).itemsize < 4
+
+
 def _layer(layers: Tree, i: jax.Array, n: int) -> Tree:
     """Layer ``i`` of the stacked ``layers`` (where they are: host memory for streamed weights).
 
-    Off the CPU, one ``dynamic-slice`` per leaf: the pattern XLA's host offloading turns into a
-    host-to-device copy of the slice. On the CPU, XLA would convert a 16-bit float operand of a
-    dynamic-slice in a loop to float32 and hoist that out of the loop (a float32 copy of every
-    stacked weight), and a bitcast to uint16 of the stack is materialised as a copy too; a
-    ``lax.switch`` over static per-layer slices copies only the one layer (the same values).
+    One ``dynamic-slice`` per leaf: the pattern XLA's host offloading turns into a host-to-device
+    copy of the slice, and the resident scan's own slicing, so the layer's ops are laid out (and
+    partitioned on a mesh) as the scan's. Except on the CPU for 16- and 8-bit float leaves: there
+    XLA would convert such an operand of a dynamic-slice in a loop to float32 and hoist that out of
+    the loop (a float32 copy of every stacked weight), and a bitcast of the stack to unsigned ints
+    is materialised as a copy too; a ``lax.switch`` over static per-layer slices copies only the one
+    layer (the same values).
     """
-    if jax.default_backend() != "cpu":
-        return jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
-    branches = [functools.partial(jax.tree.map, lambda a, k=k: a[k], layers) for k in range(n)]
-    return jax.lax.switch(i, branches)
+    leaves, structure = jax.tree.flatten(layers)
+    switched = [jax.default_backend() == "cpu" and _narrow_float(a) for a in leaves]
+    stacks = [a for a, sw in zip(leaves, switched, strict=True) if sw]
+    picked = iter(jax.lax.switch(i, [lambda k=k: [a[k] for a in stacks] for k in range(n)]) if stacks else ())
+    out = [
+        next(picked) if sw else jax.lax.dynamic_index_in_dim(a, i, keepdims=False)
+        for a, sw in zip(leaves, switched, strict=True)
+    ]
+    return jax.tree.unflatten(structure, out)
 
 
 def stream_layers(
-    body: Callable[[jax.Array, Tree], jax.Array], carry: jax.Array, layers: Tree, *, prefetch: bool = True
+    body: Callable[[jax.Array, Tree], jax.Array],
+    carry: jax.Array,
+    layers: Tree,
+    *,
+    prefetch: bool = True,
 ) -> jax.Array:
     """``carry = body(carry, layer_params)`` for each layer of the stacked ``layers`` (a pytree whose
     leaves share a leading layer axis, any leaf types and dtypes), the layers' weights kept in host

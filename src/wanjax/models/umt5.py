@@ -3,7 +3,9 @@
 ``forward(params, cfg, input_ids, attention_mask)`` is the encoder's ``last_hidden_state``:
 token embedding (no scaling), then per layer a pre-norm self-attention with its own relative
 position bias (T5 buckets, no ``1/sqrt(d)`` score scaling, padded keys masked) and a pre-norm gated
-tanh-GELU feed-forward, then a final T5 RMSNorm. Layers are stacked and run with ``lax.scan``.
+tanh-GELU feed-forward, then a final T5 RMSNorm. Layers are stacked and run with ``lax.scan``, or
+streamed from host memory one at a time under ``offload="model"``/``"blocks"``
+(:func:`~wanjax.models.offload.streams_layers`: the encoder runs once per stage).
 
 :class:`UMT5Encoder` adds what ``WanPipeline.encode_prompt`` does around it: prompt cleaning,
 tokenisation to ``max_sequence_length`` and exact zeros at positions past each prompt's length.
@@ -30,6 +32,16 @@ from wanjax.io.component import Component
 from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models.config import ComponentConfig, parse_dtype
 from wanjax.models.layers import Params, gelu_tanh, linear, matmul, scan_layers
+from wanjax.models.offload import (
+    HOST,
+    Offload,
+    move,
+    offload_sharding,
+    parse_offload,
+    run_placement,
+    stream_layers,
+    streams_layers,
+)
 from wanjax.models.tokenizer import Tokenizer, load_tokenizer
 
 # ----------------------------------------------------------------------------------------------
@@ -288,11 +300,14 @@ def forward(
     attention_mask: jax.Array,
     *,
     precision: Precision = "highest",
+    stream: bool = False,
 ) -> jax.Array:
     """``last_hidden_state (B, L, d_model)`` for ``input_ids (B, L)`` and ``attention_mask (B, L)``.
 
     Activations run in the params' dtype, float32 matmuls at ``precision``. Keys with mask 0 are
     ignored; padded query rows are still computed (as in the reference) and are not meaningful.
+    ``stream``: ``params["layers"]`` lie in host memory and are brought to the device one layer at a
+    time (:func:`~wanjax.models.offload.stream_layers`); the numerics are the same.
     """
     length = input_ids.shape[1]
     buckets = jnp.asarray(
@@ -303,7 +318,10 @@ def forward(
     key_mask = attention_mask.astype(bool)
     x = jnp.take(params["embedding"], input_ids, axis=0)
 
-    x = scan_layers(lambda h, p: _layer(p, h, buckets, key_mask, cfg, precision), x, params["layers"])
+    def layer(h: jax.Array, p: Params) -> jax.Array:
+        return _layer(p, h, buckets, key_mask, cfg, precision)
+
+    x = (stream_layers if stream else scan_layers)(layer, x, params["layers"])
     return t5_rms_norm(x, params["final_norm"]["scale"], cfg.layer_norm_epsilon)
 
 
@@ -314,9 +332,10 @@ def prompt_embeddings(
     attention_mask: jax.Array,
     *,
     precision: Precision = "highest",
+    stream: bool = False,
 ) -> jax.Array:
     """``forward`` with positions at or past each row's length (``mask.sum()``) set to exact zeros."""
-    hidden = forward(params, cfg, input_ids, attention_mask, precision=precision)
+    hidden = forward(params, cfg, input_ids, attention_mask, precision=precision, stream=stream)
     lengths = attention_mask.astype(jnp.int32).sum(axis=-1)
     keep = jnp.arange(input_ids.shape[1])[None, :] < lengths[:, None]
     return jnp.where(keep[..., None], hidden, jnp.zeros((), hidden.dtype))
@@ -346,7 +365,10 @@ class UMT5Encoder:
     With ``trim_padding`` (default) the encoder runs on the shortest power-of-two length holding
     every prompt of the batch and the result is zero-padded, which gives the same embeddings.
     ``precision``: of float32 matmuls (``highest | high | default``; None: this platform's default,
-    see :func:`~wanjax.kernels.precision.default_precision`).
+    see :func:`~wanjax.kernels.precision.default_precision`). ``offload`` (:mod:`wanjax.models.offload`):
+    under ``"model"`` and ``"blocks"`` the stacked layer weights (``params["layers"]``) are expected in
+    host memory (``load_text_encoder(..., offload=...)`` puts them there) and are streamed to the
+    device one layer at a time; :meth:`to_host` and :meth:`to_device` move the weights between stages.
     """
 
     def __init__(
@@ -357,12 +379,14 @@ class UMT5Encoder:
         *,
         trim_padding: bool = True,
         precision: str | None = None,
+        offload: Offload | str = "none",
     ):
         self.cfg = cfg
         self.params = params
         self.tokenizer = tokenizer
         self.trim_padding = trim_padding
         self.precision = resolve_precision(precision, "text_encoder")
+        self.stream = streams_layers(parse_offload(offload), per_step=False)
         self._forward = jax.jit(self.apply)
         self._embed = jax.jit(self._embed_impl, static_argnames="out_length")
 
@@ -375,10 +399,22 @@ class UMT5Encoder:
 
     def apply(self, params: Params, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
         """The forward for use inside a caller's ``jit``; pass ``params`` as a traced argument there."""
-        return forward(params, self.cfg, input_ids, attention_mask, precision=self.precision)
+        return forward(
+            params, self.cfg, input_ids, attention_mask, precision=self.precision, stream=self.stream
+        )
+
+    def to_host(self, block: bool = True) -> None:
+        """Move every weight to pinned host memory (same devices and partitioning); with ``block``,
+        return once the device copies are free."""
+        self.params = move(self.params, HOST, block=block)
+
+    def to_device(self, block: bool = False) -> None:
+        """Move the weights back to where the forward runs them: all in device memory, except the
+        streamed layers (they stay on the host). Asynchronous unless ``block``."""
+        self.params = run_placement(self.params, "layers", self.stream, block=block)
 
     def _embed_impl(self, params: Params, ids: jax.Array, mask: jax.Array, out_length: int) -> jax.Array:
-        emb = prompt_embeddings(params, self.cfg, ids, mask, precision=self.precision)
+        emb = prompt_embeddings(params, self.cfg, ids, mask, precision=self.precision, stream=self.stream)
         return jnp.pad(emb, ((0, 0), (0, out_length - ids.shape[1]), (0, 0)))
 
     def encode_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> jax.Array:
@@ -434,15 +470,18 @@ def load_encoder_params(
     *,
     sharding: ShardingFn | None = None,
     weights_dtype: str = "bf16",
+    offload: Offload | str = "none",
 ) -> tuple[UMT5Config, Params]:
     """Config and params of ``text_encoder/`` (``path`` = model root or that folder), no tokenizer;
-    ``weights_dtype`` ``int8``/``fp8``: the matmul kernels in 8 bits (:mod:`wanjax.io.quant`)."""
+    ``weights_dtype`` ``int8``/``fp8``: the matmul kernels in 8 bits (:mod:`wanjax.io.quant`);
+    ``offload`` ``"model"``/``"blocks"``: the stacked layers read straight into pinned host memory."""
     dtype = parse_dtype(dtype)
     if dtype == jnp.float16:
         raise ConfigError(
             "float16 is not supported for the UMT5 encoder (its activations overflow float16); "
             "use bfloat16 or float32"
         )
+    sharding = offload_sharding(sharding, parse_offload(offload), per_step=False)
     return TEXT_ENCODER.load(path, dtype, sharding, weights_dtype)
 
 
@@ -455,6 +494,7 @@ def load_text_encoder(
     trim_padding: bool = True,
     precision: str | None = None,
     weights_dtype: str = "bf16",
+    offload: Offload | str = "none",
 ) -> UMT5Encoder:
     """Load ``text_encoder/`` and its tokenizer from a diffusers-layout Wan model.
 
@@ -462,7 +502,8 @@ def load_text_encoder(
     ``tokenizer`` when given, else from the ``tokenizer/`` folder next to the text encoder.
     ``precision``: of float32 matmuls (None: the platform's default; see :class:`UMT5Encoder`).
     ``weights_dtype`` (``bf16 | int8 | fp8``): ``int8``/``fp8`` store the matmul kernels in 8 bits
-    with per-channel scales, quantised as they are read (:mod:`wanjax.io.quant`).
+    with per-channel scales, quantised as they are read (:mod:`wanjax.io.quant`). ``offload``: see
+    :class:`UMT5Encoder`.
     """
     precision = resolve_precision(precision, "text_encoder")
     directory = TEXT_ENCODER.directory(path)
@@ -480,5 +521,9 @@ def load_text_encoder(
             f"{directory}: the tokenizer has {tokenizer.vocab_size} tokens but the encoder embeds only "
             f"{cfg.vocab_size}; they belong to different models"
         )
-    cfg, params = load_encoder_params(directory, dtype, sharding=sharding, weights_dtype=weights_dtype)
-    return UMT5Encoder(cfg, params, tokenizer, trim_padding=trim_padding, precision=precision)
+    cfg, params = load_encoder_params(
+        directory, dtype, sharding=sharding, weights_dtype=weights_dtype, offload=offload
+    )
+    return UMT5Encoder(
+        cfg, params, tokenizer, trim_padding=trim_padding, precision=precision, offload=offload
+    )

@@ -15,9 +15,10 @@ load / compile / run seconds of each stage and ``step_times`` those of the denoi
 
 ``offload`` (:mod:`wanjax.models.offload`) says which weights stay in device memory: ``"none"``
 (all, once loaded), ``"model"`` (stage-wise: only the running stage's component; the others wait in
-pinned host memory, so a second prompt moves them back instead of reading the checkpoint again),
-``"blocks"`` (as ``"model"``, and the transformer's layers are streamed from host memory one at a
-time during each step). The VAE, small beside the other two, stays where it was loaded.
+pinned host memory, so a second prompt moves them back instead of reading the checkpoint again; the
+text encoder, run once per stage, streams its layers from there), ``"blocks"`` (as ``"model"``, and
+the transformer's layers are streamed from host memory one at a time during each step). The VAE,
+small beside the other two, stays where it was loaded.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from wanjax.kernels.attention import AttentionSpec
 from wanjax.kernels.precision import Precision, parse_precision, resolve_precision
 from wanjax.models.config import parse_dtype
 from wanjax.models.dit import TRANSFORMER, WanTransformer, load_transformer
-from wanjax.models.offload import DEVICE, HOST, Offload, move, parse_offload
+from wanjax.models.offload import Offload, parse_offload
 from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
 from wanjax.models.vae import VAE, Tiling, WanVAE, load_vae, parse_chunk
 from wanjax.parallel.layouts import spatial_sharding, to_global, to_host
@@ -230,6 +231,7 @@ class WanPipeline:
                     sharding=sharding,
                     precision=self.precisions["text_encoder"],
                     weights_dtype=self.weights_dtype,
+                    offload=self.offload,
                 )
                 jax.block_until_ready(self._text_encoder.params)
         return self._text_encoder
@@ -297,11 +299,11 @@ class WanPipeline:
         encoder, transformer = self._text_encoder, self._transformer
         with self.stage_timing(stage).loading():
             if stage != "encode" and encoder is not None:
-                encoder.params = move(encoder.params, HOST, block=True)
+                encoder.to_host(block=True)
             if stage != "denoise" and transformer is not None:
                 transformer.to_host(block=True)
             if stage == "encode" and encoder is not None:
-                encoder.params = move(encoder.params, DEVICE)
+                encoder.to_device()
             if stage == "denoise" and transformer is not None:
                 transformer.to_device()
 

@@ -11,9 +11,10 @@ Where the weights are while each stage runs depends on ``--offload``:
 
 - ``none``: all three components stay on the device; every stage adds its activations to all weights.
 - ``model``: a component is on the device only while its stage runs (the others wait in host memory);
-  a stage needs its own weights and activations, the peak is the largest stage.
-- ``blocks``: as ``model``, and the DiT's stacked per-layer weights stay in host memory, streamed in
-  two layers at a time (double-buffered) next to the DiT's other weights.
+  a stage needs its own weights and activations, the peak is the largest stage. The text encoder,
+  run once per stage, streams its stacked layers from host memory, two at a time (double-buffered).
+- ``blocks``: as ``model``, and the DiT's stacked per-layer weights stay in host memory too, streamed
+  in two layers at a time next to the DiT's other weights.
 
 A plan fits when its peak stays within ``HEADROOM`` of the device memory (the rest is left to XLA's
 temporaries). ``benchmarks/aot_memory.py`` checks the estimates against XLA's memory analysis of
@@ -47,7 +48,7 @@ from wanjax.io.quantizable import (
 from wanjax.models import dit, umt5, vae
 from wanjax.models.config import PRESETS, TransformerConfig, parse_dtype
 from wanjax.models.dit import TRANSFORMER
-from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS, parse_offload
+from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS, parse_offload, streams_layers
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import Numerics
@@ -194,6 +195,14 @@ class WeightBytes:
     def total(self) -> int:
         return self.fixed + self.stacked
 
+    def stage(self, activations: int, stream: bool) -> StagePlan:
+        """The stage running this component: all its weights on the device, or with ``stream`` the
+        non-stacked ones and :data:`~wanjax.models.offload.STREAMED_LAYERS` layers (the rest in host memory)."""
+        if not stream:
+            return StagePlan(self.total, activations)
+        on_device = self.fixed + min(STREAMED_LAYERS, self.num_layers) * self.layer
+        return StagePlan(on_device, activations, self.total, self.stacked)
+
 
 def weight_bytes(
     spec: Any, dtype: Any, sizes: dict[str, int], fsdp: bool = False, weights: str = UNQUANTIZED
@@ -290,15 +299,20 @@ def plan(
     gathered = sequence_mode(layout, sizes, t.num_attention_heads) == "allgather"
     kv_tokens = (rows // shards(layout.batch)) * length if gathered else tokens
     d = t.inner_dim
-    dit_act = (
+    # A block's live set: what lives through the whole block, plus the larger of its two phases
+    # (the attention's buffers are dead before the FFN's hidden is made).
+    throughout = (
         tokens * d * (2 * act + 2 * 4)  # residual + normed input, float32 norm / modulation temporaries
-        + tokens * heads_local * t.attention_head_dim * act * 2  # q, attention output
-        + kv_tokens * heads_local * t.attention_head_dim * act * 2
-        + (rows // shards(layout.batch)) * heads_local * ATTENTION_BLOCK[0] * ATTENTION_BLOCK[1] * 4
-        + tokens * ffn_local * (act + 4)  # FFN hidden and its float32 GELU
         + 4 * rows * 16 * latent_t * (height // 8) * (width // 8) * 4  # scheduler state (replicated)
         + d_bytes.dequantized_layer  # 8-bit weights: one layer's kernels dequantised for its matmuls
     )
+    attention = (
+        tokens * heads_local * t.attention_head_dim * act * 2  # q, attention output
+        + kv_tokens * heads_local * t.attention_head_dim * act * 2
+        + (rows // shards(layout.batch)) * heads_local * ATTENTION_BLOCK[0] * ATTENTION_BLOCK[1] * 4
+    )
+    ffn = tokens * ffn_local * (4 + act)  # the FFN's float32 first product and its GELU
+    dit_act = throughout + max(attention, ffn)
 
     # Text encoder: one layer on 2 * batch prompts.
     te = model.text_encoder
@@ -318,14 +332,9 @@ def plan(
     working = (4 * 4 + 2 * 3) * height * width * c0 * vae_act * batch
     vae_act = (working + batch * vae_cache_bytes(v, height, width, vae_dtype)) // spatial
 
-    if offload == "blocks":
-        on_device = d_bytes.fixed + min(STREAMED_LAYERS, d_bytes.num_layers) * d_bytes.layer
-        denoise = StagePlan(on_device, dit_act, d_bytes.total, d_bytes.stacked)
-    else:
-        denoise = StagePlan(d_bytes.total, dit_act)
     stages = {
-        "encode": StagePlan(e_bytes.total, te_act),
-        "denoise": denoise,
+        "encode": e_bytes.stage(te_act, streams_layers(offload, per_step=False)),
+        "denoise": d_bytes.stage(dit_act, streams_layers(offload)),
         "decode": StagePlan(v_weights, vae_act),
     }
     return Plan(mesh, stages, device_memory, layout, offload, weights_dtype)
