@@ -14,6 +14,7 @@ activation dtype; matmuls accumulate in float32, float32 ones at ``precision`` (
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -279,7 +280,29 @@ def _block(
     return (x.astype(jnp.float32) + f.astype(jnp.float32) * c_gate).astype(dtype)
 
 
-def forward(
+@dataclasses.dataclass(frozen=True)
+class Conditioning:
+    """What every block reads besides the tokens (one batch of rows): the projected text
+    ``context (B, Lc, D)``, the blocks' timestep modulation ``time_mod (B, 6, D)``, the time embedding
+    ``temb (B, D)`` the output norm is modulated by, and the token grid's RoPE tables."""
+
+    context: jax.Array
+    time_mod: jax.Array
+    temb: jax.Array
+    rope: tuple[jax.Array, jax.Array]
+    grid: tuple[int, int, int]
+
+
+def _pin_fn(layout: TokenLayout | None, mesh: Mesh | None) -> Callable[..., jax.Array]:
+    """Pin an activation to the token layout's spec of that name (nothing without a mesh)."""
+
+    def pin(h: jax.Array, spec_name: str = "tokens") -> jax.Array:
+        return h if layout is None else constrain(h, mesh, getattr(layout, spec_name)())
+
+    return pin
+
+
+def embed(
     params: Params,
     cfg: TransformerConfig,
     latents: jax.Array,
@@ -287,31 +310,18 @@ def forward(
     prompt_embeds: jax.Array,
     *,
     dtype: jnp.dtype = jnp.float32,
-    attention_backend: str | AttentionSpec = "auto",
     mesh: Mesh | None = None,
     precision: Precision = "highest",
-    offload: Offload = "none",
-) -> jax.Array:
-    """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``.
-
-    Activations run in ``dtype``; the result is returned in ``dtype`` as the reference does. Under
-    ``mesh`` the tokens are split as :func:`wanjax.parallel.layouts.token_layout` says (batch over dp, tokens
-    over sp, heads over tp) and pinned so at every block boundary. ``precision``: of float32 matmuls.
-    ``offload="blocks"``: ``params["blocks"]`` lie in host memory and each layer's weights are
-    brought to the device inside the loop (:func:`~wanjax.models.offload.stream_layers`); the other
-    modes run the resident scan. The numerics are the same either way.
-    """
+) -> tuple[jax.Array, Conditioning]:
+    """The patch-embedded tokens ``(B, L, D)`` entering the first block, and the blocks' conditioning."""
     b, _, t, h, w = latents.shape
     pt, ph, pw = cfg.patch_size
     grid = (t // pt, h // ph, w // pw)
     d = cfg.inner_dim
-
-    attend, layout = _attend_fn(
-        mesh, b, math.prod(grid), cfg.num_attention_heads, attention_backend, precision
+    layout = (
+        None if mesh is None else token_layout(dict(mesh.shape), b, math.prod(grid), cfg.num_attention_heads)
     )
-
-    def pin(h: jax.Array, spec_name: str = "tokens") -> jax.Array:
-        return h if layout is None else constrain(h, mesh, getattr(layout, spec_name)())
+    pin = _pin_fn(layout, mesh)
 
     def lin(x: jax.Array, p: Params) -> jax.Array:
         return linear(x, p, precision=precision)
@@ -326,19 +336,89 @@ def forward(
     tx = params["text_embedder"]
     context = lin(gelu_tanh(lin(prompt_embeds.astype(dtype), tx["linear_1"])), tx["linear_2"])
     context = pin(context, "context")
-
     rope = rope_tables(grid, cfg.attention_head_dim, cfg.rope_max_seq_len)
+    return x, Conditioning(context, time_mod, temb, rope, grid)
+
+
+def run_blocks(
+    params: Params,
+    cfg: TransformerConfig,
+    x: jax.Array,
+    cond: Conditioning,
+    start: int = 0,
+    stop: int | None = None,
+    *,
+    attention_backend: str | AttentionSpec = "auto",
+    mesh: Mesh | None = None,
+    precision: Precision = "highest",
+    offload: Offload = "none",
+) -> jax.Array:
+    """Blocks ``start .. stop-1`` (default: all) on the tokens ``x (B, L, D)``, pinned to the token
+    layout at every block boundary under ``mesh``; ``offload="blocks"`` streams their weights."""
+    attend, layout = _attend_fn(
+        mesh, x.shape[0], math.prod(cond.grid), cfg.num_attention_heads, attention_backend, precision
+    )
+    pin = _pin_fn(layout, mesh)
 
     def layer(h: jax.Array, block: Params) -> jax.Array:
-        return pin(_block(block, pin(h), context, time_mod, rope, cfg, attend, precision))
+        return pin(_block(block, pin(h), cond.context, cond.time_mod, cond.rope, cfg, attend, precision))
 
     run_layers = stream_layers if streams_layers(offload) else scan_layers
-    x = run_layers(layer, x, params["blocks"])
+    return run_layers(layer, x, params["blocks"], start, stop)
 
-    out_mod = params["scale_shift_table"].astype(jnp.float32)[None] + temb.astype(jnp.float32)[:, None]
+
+def project(
+    params: Params,
+    cfg: TransformerConfig,
+    x: jax.Array,
+    cond: Conditioning,
+    *,
+    precision: Precision = "highest",
+) -> jax.Array:
+    """The last block's tokens -> the velocity ``(B, C, T, H, W)`` (modulated output norm, projection)."""
+    out_mod = params["scale_shift_table"].astype(jnp.float32)[None] + cond.temb.astype(jnp.float32)[:, None]
     x = _modulate(x, out_mod[:, 0:1], out_mod[:, 1:2], cfg.eps)
-    x = lin(x, params["proj_out"])
-    return unpatchify(x, grid, cfg.patch_size)
+    x = linear(x, params["proj_out"], precision=precision)
+    return unpatchify(x, cond.grid, cfg.patch_size)
+
+
+def forward(
+    params: Params,
+    cfg: TransformerConfig,
+    latents: jax.Array,
+    timestep: jax.Array,
+    prompt_embeds: jax.Array,
+    *,
+    dtype: jnp.dtype = jnp.float32,
+    attention_backend: str | AttentionSpec = "auto",
+    mesh: Mesh | None = None,
+    precision: Precision = "highest",
+    offload: Offload = "none",
+) -> jax.Array:
+    """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``:
+    :func:`embed`, :func:`run_blocks`, :func:`project`.
+
+    Activations run in ``dtype``; the result is returned in ``dtype`` as the reference does. Under
+    ``mesh`` the tokens are split as :func:`wanjax.parallel.layouts.token_layout` says (batch over dp, tokens
+    over sp, heads over tp) and pinned so at every block boundary. ``precision``: of float32 matmuls.
+    ``offload="blocks"``: ``params["blocks"]`` lie in host memory and each layer's weights are
+    brought to the device inside the loop (:func:`~wanjax.models.offload.stream_layers`); the other
+    modes run the resident scan. The numerics are the same either way.
+    """
+    x, cond = embed(
+        params, cfg, latents, timestep, prompt_embeds, dtype=dtype, mesh=mesh, precision=precision
+    )
+    x = run_blocks(
+        params,
+        cfg,
+        x,
+        cond,
+        attention_backend=attention_backend,
+        mesh=mesh,
+        precision=precision,
+        offload=offload,
+    )
+    return project(params, cfg, x, cond, precision=precision)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -399,6 +479,42 @@ class WanTransformer:
             precision=self.precision,
             offload=self.offload,
         )
+
+    def embed(
+        self, params: Params, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array
+    ) -> tuple[jax.Array, Conditioning]:
+        """:func:`embed` with this model's settings (inside a caller's ``jit``, like :meth:`apply`)."""
+        return embed(
+            params,
+            self.cfg,
+            latents,
+            timestep,
+            prompt_embeds,
+            dtype=self.dtype,
+            mesh=self.mesh,
+            precision=self.precision,
+        )
+
+    def blocks(
+        self, params: Params, x: jax.Array, cond: Conditioning, start: int = 0, stop: int | None = None
+    ) -> jax.Array:
+        """:func:`run_blocks` with this model's settings."""
+        return run_blocks(
+            params,
+            self.cfg,
+            x,
+            cond,
+            start,
+            stop,
+            attention_backend=self.attention_backend,
+            mesh=self.mesh,
+            precision=self.precision,
+            offload=self.offload,
+        )
+
+    def project(self, params: Params, x: jax.Array, cond: Conditioning) -> jax.Array:
+        """:func:`project` with this model's settings."""
+        return project(params, self.cfg, x, cond, precision=self.precision)
 
     def to_host(self, block: bool = True) -> None:
         """Move every weight to pinned host memory (same devices and partitioning); with ``block``,

@@ -195,9 +195,15 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 def scan_layers(
-    body: Callable[[jax.Array, Params], jax.Array], carry: jax.Array, layers: Params
+    body: Callable[[jax.Array, Params], jax.Array],
+    carry: jax.Array,
+    layers: Params,
+    start: int = 0,
+    stop: int | None = None,
 ) -> jax.Array:
-    """``carry = body(carry, layer_params)`` for each layer of the stacked ``layers`` (``lax.scan``).
+    """``carry = body(carry, layer_params)`` for each layer of the stacked ``layers`` (``lax.scan``);
+    ``start``/``stop``: only layers ``start .. stop-1`` (a loop over their indices, the weights
+    sliced in place, never a copy of the sub-stack).
 
     On CPU, XLA upcasts a bf16/f16 (or float8) operand of the per-layer dynamic-slice to a wider
     float and hoists that conversion out of the loop, so every call would convert all stacked weights
@@ -205,16 +211,26 @@ def scan_layers(
     uint8 bit patterns, bitcast back (free).
     """
     dtypes = jax.tree.map(lambda a: a.dtype, layers)
+    n = jax.tree.leaves(layers)[0].shape[0]
+    stop = n if stop is None else stop
 
     def packed(a: jax.Array) -> jax.Array:
         bits = {2: jnp.uint16, 1: jnp.uint8}.get(jnp.dtype(a.dtype).itemsize)
         is_narrow = jnp.issubdtype(a.dtype, jnp.floating) and bits is not None
         return jax.lax.bitcast_convert_type(a, bits) if is_narrow else a
 
-    def step(c: jax.Array, p: Params) -> tuple[jax.Array, None]:
-        p = jax.tree.map(lambda a, dt: a if a.dtype == dt else jax.lax.bitcast_convert_type(a, dt), p, dtypes)
-        return body(c, p), None
+    def unpacked(p: Params) -> Params:
+        return jax.tree.map(
+            lambda a, dt: a if a.dtype == dt else jax.lax.bitcast_convert_type(a, dt), p, dtypes
+        )
 
     if jax.default_backend() == "cpu":
         layers = jax.tree.map(packed, layers)
-    return jax.lax.scan(step, carry, layers)[0]
+    if (start, stop) == (0, n):
+        return jax.lax.scan(lambda c, p: (body(c, unpacked(p)), None), carry, layers)[0]
+
+    def indexed(c: jax.Array, i: jax.Array) -> tuple[jax.Array, None]:
+        p = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), layers)
+        return body(c, unpacked(p)), None
+
+    return jax.lax.scan(indexed, carry, jnp.arange(start, stop, dtype=jnp.int32))[0]

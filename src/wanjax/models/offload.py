@@ -166,6 +166,8 @@ def stream_layers(
     body: Callable[[jax.Array, Tree], jax.Array],
     carry: jax.Array,
     layers: Tree,
+    start: int = 0,
+    stop: int | None = None,
     *,
     prefetch: bool = True,
 ) -> jax.Array:
@@ -175,27 +177,29 @@ def stream_layers(
     ``Space.Device``). With ``prefetch`` the loop carries the next layer's weights, fetched before
     the current layer runs, so the transfer can overlap the compute (two layers on the device);
     without it one layer is fetched at the top of each iteration. The result equals the resident
-    ``lax.scan`` (the same ops on the same values).
+    ``lax.scan`` (the same ops on the same values). ``start``/``stop``: only layers ``start ..
+    stop-1``.
     """
     leaves = jax.tree.leaves(layers)
     if not leaves:
         raise ValueError("stream_layers needs at least one stacked leaf")
     n = leaves[0].shape[0]
+    stop = n if stop is None else stop
 
     def fetch(i: jax.Array) -> Tree:
         return _to_device(_layer(layers, i, n))
 
-    steps = jnp.arange(n, dtype=jnp.int32)
+    steps = jnp.arange(start, stop, dtype=jnp.int32)
     if not prefetch:
         return jax.lax.scan(lambda c, i: (body(c, fetch(i)), None), carry, steps)[0]
 
     def step(state: tuple[jax.Array, Tree], i: jax.Array) -> tuple[tuple[jax.Array, Tree], None]:
         c, current = state
-        # the next layer's weights (layer 0 again after the last: one spare transfer per call)
-        upcoming = fetch(jnp.where(i + 1 < n, i + 1, 0))
+        # the next layer's weights (the first again after the last: one spare transfer per call)
+        upcoming = fetch(jnp.where(i + 1 < stop, i + 1, start))
         return (body(c, current), upcoming), None
 
-    return jax.lax.scan(step, (carry, fetch(jnp.int32(0))), steps)[0][0]
+    return jax.lax.scan(step, (carry, fetch(jnp.int32(start))), steps)[0][0]
 
 
 # ----------------------------------------------------------------------------------------------

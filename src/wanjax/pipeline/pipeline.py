@@ -49,6 +49,7 @@ from wanjax.parallel.rules import param_sharding, replicated
 from wanjax.pipeline.hub import ModelSource, resolve_model
 from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import make_scheduler
+from wanjax.pipeline.step_cache import CacheConfig, CacheReport
 from wanjax.runtime.jax_cache import enable_compilation_cache
 from wanjax.runtime.timing import StageTiming, StepTimes
 
@@ -161,6 +162,7 @@ class WanPipeline:
         self.timings: dict[str, StageTiming] = {}
         self.step_times: StepTimes | None = None
         self.mesh_usage: str | None = None  # how the last denoise used each mesh axis
+        self.cache_report: CacheReport | None = None  # what the last denoise's step cache did
         self._text_encoder: UMT5Encoder | None = None
         self._transformer: WanTransformer | None = None
         self._sampler: Sampler | None = None
@@ -344,10 +346,13 @@ class WanPipeline:
         guidance_scale: float = 5.0,
         flow_shift: float | None = None,
         progress: bool = True,
+        cache: CacheConfig | None = None,
     ) -> jax.Array:
         """Denoise ``latents`` (float32 noise) with classifier-free guidance (skipped when
         ``guidance_scale <= 1``); returns the transformer's normalised latents, float32.
-        ``flow_shift=None`` keeps the checkpoint's scheduler config."""
+        ``flow_shift=None`` keeps the checkpoint's scheduler config. ``cache``: a step-cache policy
+        (:class:`~wanjax.pipeline.step_cache.CacheConfig`); :attr:`cache_report` then tells what it
+        skipped (None without one)."""
         from tqdm import tqdm
 
         self._enter("denoise")
@@ -379,8 +384,10 @@ class WanPipeline:
                     guidance_scale,
                     on_step=lambda i, seconds: bar.update(),
                     check_finite=True,
+                    cache=cache,
                 )
         self.step_times = times
+        self.cache_report = self._sampler.cache_report
         return out
 
     def decode(self, latents: jax.Array) -> np.ndarray:
@@ -408,10 +415,12 @@ class WanPipeline:
         latents: jax.Array | np.ndarray | None = None,
         max_sequence_length: int = 512,
         progress: bool = True,
+        cache: CacheConfig | None = None,
     ) -> np.ndarray:
         """Generate videos: ``uint8 [B, num_frames, height, width, 3]``, one per prompt.
 
         ``latents``: starting noise ``[B, 16, T', H/8, W/8]`` instead of drawing it from ``seed``.
+        ``cache``: a step-cache policy, e.g. ``CacheConfig("magcache")`` (see :meth:`denoise`).
         """
         self.timings, self.step_times = {}, None
         self.geometry.check(height, width, num_frames)
@@ -435,6 +444,7 @@ class WanPipeline:
             guidance_scale=guidance_scale,
             flow_shift=flow_shift,
             progress=progress,
+            cache=cache,
         )
         return self.decode(final)
 

@@ -16,12 +16,17 @@ is read.
 
 from __future__ import annotations
 
+import functools
+import math
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
 
 from wanjax.errors import NumericalError
 from wanjax.models.dit import WanTransformer
@@ -29,10 +34,50 @@ from wanjax.models.layers import Params
 from wanjax.parallel.layouts import to_global, to_host
 from wanjax.parallel.rules import replicated
 from wanjax.pipeline.scheduler import Scheduler
+from wanjax.pipeline.step_cache import (
+    CacheConfig,
+    CacheReport,
+    StepCache,
+    cached_forward,
+    resolve,
+    state_shapes,
+)
 from wanjax.runtime.programs import ProgramCache, signature
 from wanjax.runtime.timing import StepTimes
 
-__all__ = ["Sampler", "StepTimes", "denoise", "guided_velocity"]
+__all__ = ["Sampler", "StepTimes", "denoise", "guide", "guided_batch", "guided_velocity"]
+
+
+def guided_batch(
+    model: WanTransformer,
+    latents: jax.Array,
+    timestep: jax.Array,
+    prompt_embeds: jax.Array,
+    negative_prompt_embeds: jax.Array | None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The transformer's inputs for one step: the conditional rows, then (guided) the unconditional ones."""
+    x = latents.astype(model.dtype)
+    batch = latents.shape[0]
+    if negative_prompt_embeds is None:
+        return x, jnp.full((batch,), timestep), prompt_embeds
+    embeds = jnp.concatenate([prompt_embeds, negative_prompt_embeds])
+    return jnp.concatenate([x, x]), jnp.full((2 * batch,), timestep), embeds
+
+
+def guide(
+    model: WanTransformer, velocity: jax.Array, batch: int, guidance_scale: float | jax.Array
+) -> jax.Array:
+    """``uncond + g * (cond - uncond)`` in the model dtype from the batched prediction (as it is
+    when it holds only the conditional rows).
+
+    Rounded as torch does it for the reference: the difference in the model dtype, the product with
+    the (float32) scale rounded to the model dtype, then the sum.
+    """
+    if velocity.shape[0] == batch:
+        return velocity
+    cond, uncond = velocity[:batch], velocity[batch:]
+    scaled = jnp.asarray(guidance_scale, jnp.float32) * (cond - uncond).astype(jnp.float32)
+    return uncond + scaled.astype(model.dtype)
 
 
 def guided_velocity(
@@ -44,24 +89,10 @@ def guided_velocity(
     negative_prompt_embeds: jax.Array | None,
     guidance_scale: float | jax.Array,
 ) -> jax.Array:
-    """``uncond + g * (cond - uncond)`` in the model dtype; only the conditional pass without negatives.
-
-    Rounded as torch does it for the reference: the difference in the model dtype, the product with
-    the (float32) scale rounded to the model dtype, then the sum.
-    """
-    x = latents.astype(model.dtype)
-    batch = latents.shape[0]
-    if negative_prompt_embeds is None:
-        return model.apply(params, x, jnp.full((batch,), timestep), prompt_embeds)
-    both = model.apply(
-        params,
-        jnp.concatenate([x, x]),
-        jnp.full((2 * batch,), timestep),
-        jnp.concatenate([prompt_embeds, negative_prompt_embeds]),
-    )
-    cond, uncond = both[:batch], both[batch:]
-    scaled = jnp.asarray(guidance_scale, jnp.float32) * (cond - uncond).astype(jnp.float32)
-    return uncond + scaled.astype(model.dtype)
+    """``uncond + g * (cond - uncond)`` in the model dtype (:func:`guide`); only the conditional pass
+    without negatives. Both passes run batched in one forward."""
+    inputs = guided_batch(model, latents, timestep, prompt_embeds, negative_prompt_embeds)
+    return guide(model, model.apply(params, *inputs), latents.shape[0], guidance_scale)
 
 
 class Sampler:
@@ -75,6 +106,7 @@ class Sampler:
         self.model = model
         self._programs = ProgramCache()
         self.finite_flags: list[jax.Array] = []
+        self.cache_report: CacheReport | None = None
 
     def _program(self, scheduler: Scheduler, args: tuple[Any, ...]) -> jax.stages.Compiled:
         model = self.model
@@ -94,6 +126,33 @@ class Sampler:
 
         key = (scheduler.kind, scheduler.config, scheduler.num_inference_steps, signature(args))
         return self._programs.get(key, lower)
+
+    def _cached_program(
+        self, scheduler: Scheduler, cache: StepCache, args: tuple[Any, ...], cache_sharding: Any
+    ) -> jax.stages.Compiled:
+        """The step program under a step cache: it also carries the cache state and returns which
+        branches computed (and, calibrating, their magnitude ratios)."""
+        model = self.model
+
+        def step(params, state, index, cond, uncond, guidance, cache_state, schedule, threshold):
+            timestep = scheduler.model_timestep(index)
+            inputs = guided_batch(model, state.sample, timestep, cond, uncond)
+            velocity, cache_state, computed, ratios = cached_forward(
+                model, params, *inputs, cache, cache_state, index, schedule[index], threshold
+            )
+            velocity = guide(model, velocity, state.sample.shape[0], guidance)
+            state = scheduler.step(state, velocity, index)[0]
+            return state, jnp.all(jnp.isfinite(state.sample)), cache_state, computed, ratios
+
+        def lower() -> jax.stages.Lowered:
+            out = None
+            if model.mesh is not None:
+                rep = replicated(model.mesh)
+                out = (rep, rep, cache_sharding, rep, rep)
+            return jax.jit(step, out_shardings=out).lower(*args)
+
+        key = ("cached", *cache.key, scheduler.kind, scheduler.config, scheduler.num_inference_steps)
+        return self._programs.get((*key, signature(args)), lower)
 
     def _placement(self, params: Params) -> jax.sharding.Sharding | None:
         """Where the step's inputs go: replicated over the mesh, else on the device of ``params``
@@ -146,8 +205,12 @@ class Sampler:
         guidance_scale: float = 5.0,
         on_step: Callable[[int, float], None] | None = None,
         check_finite: bool = False,
+        cache: CacheConfig | None = None,
     ) -> tuple[jax.Array, StepTimes]:
         """Run all scheduler steps from ``latents`` (float32 noise); the final latents and timings.
+
+        ``cache``: a step-cache policy (:mod:`wanjax.pipeline.step_cache`); what it decided is then in
+        :attr:`cache_report` (None without one).
 
         The unconditional pass runs only when ``negative_prompt_embeds`` is given and
         ``guidance_scale > 1``. ``on_step(i, seconds)`` is called after each step. Each step also
@@ -157,6 +220,7 @@ class Sampler:
         """
         self.model.check_shape(tuple(latents.shape))
         uncond = negative_prompt_embeds if guidance_scale > 1.0 else None
+        self.cache_report = None
         # Place every input on the params' device (one device) or replicate it over the mesh (as a
         # global array, also across processes), so the compiled program and the arrays it returns
         # agree on placement from the first step on.
@@ -176,13 +240,32 @@ class Sampler:
         index0 = place(jnp.int32(0))
         times = StepTimes()
         start = time.perf_counter()
-        program = self._program(scheduler, (self.model.params, state, index0, cond, uncond, guidance))
+        args = (self.model.params, state, index0, cond, uncond, guidance)
+        step_cache = (
+            None
+            if cache is None
+            else resolve(cache, self.model.cfg, scheduler.num_inference_steps, uncond is not None)
+        )
+        if step_cache is None:
+            program = self._program(scheduler, args)
+            extra: tuple[Any, ...] = ()
+        else:
+            extra, cache_sharding = self._cache_inputs(step_cache, latents, place)
+            program = self._cached_program(scheduler, step_cache, args + extra, cache_sharding)
         times.compile = time.perf_counter() - start
         finite: list[jax.Array] = []
         self.finite_flags = finite
+        decisions: list[tuple[jax.Array, jax.Array]] = []
         for i in range(scheduler.num_inference_steps):
             start = time.perf_counter()
-            state, ok = program(self.model.params, state, place(jnp.int32(i)), cond, uncond, guidance)
+            if step_cache is None:
+                state, ok = program(self.model.params, state, place(jnp.int32(i)), cond, uncond, guidance)
+            else:
+                state, ok, cache_state, computed, ratios = program(
+                    self.model.params, state, place(jnp.int32(i)), cond, uncond, guidance, *extra
+                )
+                extra = (cache_state, *extra[1:])
+                decisions.append((computed, ratios))
             finite.append(ok)
             jax.block_until_ready(state.sample)
             elapsed = time.perf_counter() - start
@@ -192,9 +275,31 @@ class Sampler:
                 times.steady.append(elapsed)
             if on_step:
                 on_step(i, elapsed)
+        if step_cache is not None:
+            self.cache_report = cache_report(step_cache, decisions, times)
         if check_finite:
             self.check_finite()
         return state.sample, times
+
+    def _cache_inputs(
+        self, cache: StepCache, latents: jax.Array, place: Callable[[Any], Any]
+    ) -> tuple[tuple[Any, ...], Any]:
+        """The cached program's extra inputs (zero cache state, the MagCache schedule, the threshold)
+        and the cache state's sharding: the tokens' layout under a mesh."""
+        model = self.model
+        rows = latents.shape[0] * len(cache.branches)
+        shape = (rows, *latents.shape[1:])
+        length = math.prod(s // p for s, p in zip(shape[2:], model.cfg.patch_size, strict=True))
+        tokens = jax.ShapeDtypeStruct((rows, length, model.cfg.inner_dim), model.dtype)
+        layout = model.token_layout(shape)
+        sharding = None if layout is None else NamedSharding(model.mesh, layout.tokens())
+        placement = sharding or self._placement(model.params)
+        zeros = {
+            name: jax.jit(functools.partial(jnp.zeros, s.shape, s.dtype), out_shardings=placement)()
+            for name, s in state_shapes(cache, tokens).items()
+        }
+        schedule = place(jnp.asarray(cache.schedule))
+        return (zeros, schedule, place(jnp.float32(cache.threshold))), sharding
 
     def check_finite(self) -> None:
         """Raise NumericalError when the last run's latents are not finite, naming the first step that
@@ -202,6 +307,26 @@ class Sampler:
         finite = self.finite_flags
         if finite and not bool(to_host(finite[-1])):
             check_steps_finite([bool(to_host(f)) for f in finite], self.model.dtype)
+
+
+def cache_report(
+    cache: StepCache, decisions: list[tuple[jax.Array, jax.Array]], times: StepTimes
+) -> CacheReport:
+    """What the cache decided at each step (read back once, after the loop) and the seconds it saved:
+    at each step where no branch computed, the median computing step's time minus its own."""
+    computed = np.array([to_host(c) for c, _ in decisions], bool).reshape(len(decisions), -1)
+    per_branch = {name: computed[:, k].tolist() for k, name in enumerate(cache.branches)}
+    ratios = None
+    if cache.calibrate:
+        values = np.array([to_host(r) for _, r in decisions], np.float64).reshape(len(decisions), -1)
+        ratios = {name: values[:, k].tolist() for k, name in enumerate(cache.branches)}
+    seconds = [times.first, *times.steady]
+    full = [t for i, t in enumerate(seconds) if i > 0 and computed[i].any()]
+    saved = None
+    if full:
+        typical = statistics.median(full)
+        saved = sum(max(0.0, typical - t) for i, t in enumerate(seconds) if not computed[i].any())
+    return CacheReport(cache, per_branch, ratios, saved)
 
 
 def check_steps_finite(finite: list[bool], dtype: Any) -> None:

@@ -1,0 +1,433 @@
+"""Step caching: skip the transformer's blocks at steps where their output barely changes.
+
+Two policies, decision for decision as diffusers' hooks (0.42: ``hooks/mag_cache.py``,
+``hooks/first_block_cache.py``), each CFG branch (``cond``, ``uncond``) with its own state as
+diffusers' ``cache_context("cond" / "uncond")`` keeps it, one decision per branch for its whole batch:
+
+* **MagCache** (``magcache``): a calibrated curve of per-step magnitude ratios of the blocks'
+  residual. From step ``int(retention_ratio * N + 0.5)`` on, each step multiplies the running ratio
+  by the curve's value and adds ``|1 - ratio|`` to the running error; the step skips while that error
+  is ``<= threshold`` and at most ``max_skip_steps`` steps in a row have accumulated, else it
+  computes and the three restart. A skip returns the blocks' input plus the residual (last block's
+  output minus first block's input) cached at the last computed step. The decisions depend on the
+  curve only, so the whole schedule is computed on the host before the loop (:func:`mag_schedule`,
+  in float32 as the hook's tensors).
+* **First-Block Cache** (``firstblock``): the first block always runs; the rest are skipped when its
+  residual changed little since the last computed step: ``mean|r - r_ref| / mean|r_ref| <= threshold``
+  (``r_ref``: the first block's residual at the last step that ran every block; the first step always
+  computes). A skip returns the first block's output plus the cached residual of the others. The
+  decision is data: it is taken on the device (``lax.cond``), with no host round-trip.
+
+Both branches run batched in one forward whenever either computes; a branch that decided to skip
+takes its cached output then too (its result is exactly the skip's, the compute spent on it is thrown
+away); when no branch computes, the blocks do not run. Under a mesh the decision is one global value
+(the means span every device's rows), so all devices take the same branch.
+
+The patch embedding, the condition embedders and the output norm and projection run at every step,
+as in diffusers, whose hooks wrap only the block list. Calibration (``calibrate=True``, MagCache)
+never skips and measures, per branch and step, the mean over tokens of ``||r_t|| / (||r_{t-1}|| +
+1e-8)`` of the blocks' residual (1.0 at the first step), the curve a later run reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.resources
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wanjax.errors import ConfigError
+from wanjax.models.config import TransformerConfig
+from wanjax.models.dit import Conditioning, WanTransformer
+from wanjax.models.layers import Params
+
+POLICIES: tuple[str, ...] = ("off", "magcache", "firstblock")
+BRANCHES: tuple[str, ...] = ("cond", "uncond")  # the rows of a guided batch: [cond; uncond]
+# diffusers' MagCacheConfig and FirstBlockCacheConfig defaults
+MAG_DEFAULTS = {"threshold": 0.06, "max_skip_steps": 3, "retention_ratio": 0.2}
+FIRST_BLOCK_THRESHOLD = 0.05
+PRESETS_FILE = "mag_ratios.json"
+
+Curve = Sequence[float] | Mapping[str, Sequence[float]]
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheConfig:
+    """A step-cache policy (``off | magcache | firstblock``) and its settings; None: the default
+    (a MagCache preset's published settings, else diffusers' defaults: threshold 0.06, 3 steps,
+    retention 0.2; First-Block Cache threshold 0.05).
+
+    ``mag_ratios``: a preset name (:func:`presets`), a JSON file (a list of floats, or
+    ``{"cond": [...], "uncond": [...]}`` as calibration writes it), a list (both branches, as
+    diffusers), or a mapping of per-branch lists; None: the preset of this model's architecture, if
+    one is published. ``calibrate``: MagCache only; run uncached and measure the ratios.
+    """
+
+    policy: str = "off"
+    threshold: float | None = None
+    max_skip_steps: int | None = None
+    retention_ratio: float | None = None
+    mag_ratios: str | Path | Curve | None = None
+    calibrate: bool = False
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ConfigError(f"unknown cache policy {self.policy!r}; use one of {', '.join(POLICIES)}")
+        if self.threshold is not None and not self.threshold >= 0:
+            raise ConfigError(f"cache threshold must be >= 0, got {self.threshold}")
+        if self.max_skip_steps is not None and self.max_skip_steps < 0:
+            raise ConfigError(f"cache max_skip_steps must be >= 0, got {self.max_skip_steps}")
+        if self.retention_ratio is not None and not 0 <= self.retention_ratio <= 1:
+            raise ConfigError(f"cache retention_ratio must lie in [0, 1], got {self.retention_ratio}")
+        magcache_only = {
+            "max_skip_steps": self.max_skip_steps,
+            "retention_ratio": self.retention_ratio,
+            "mag_ratios": self.mag_ratios,
+        }
+        if self.calibrate:
+            magcache_only["calibrate"] = True
+        given = [name for name, value in magcache_only.items() if value is not None]
+        if self.policy != "magcache" and given:
+            raise ConfigError(f"{', '.join(given)} apply to the magcache policy, not {self.policy!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy != "off"
+
+
+# ----------------------------------------------------------------------------------------------
+# MagCache curves
+
+
+@functools.lru_cache(maxsize=1)
+def presets() -> dict[str, dict[str, Any]]:
+    """The published MagCache curves by name (``wan2.1-t2v-1.3b``, ...): each with its ``ratios``
+    (interleaved cond/uncond, as the MagCache authors publish them), their recommended
+    ``threshold``, ``max_skip_steps``, ``retention_ratio``, and the ``source`` (repository, file,
+    line, commit) they were copied from."""
+    text = importlib.resources.files(__package__).joinpath(PRESETS_FILE).read_text()
+    return {name: entry for name, entry in json.loads(text).items() if not name.startswith("_")}
+
+
+def preset_for(cfg: TransformerConfig) -> str | None:
+    """The preset published for this transformer's architecture (Wan 2.1 text-to-video 1.3B and
+    14B), or None."""
+    if cfg.in_channels != 16 or getattr(cfg, "image_dim", None):
+        return None
+    return {(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"}.get((cfg.inner_dim, cfg.num_layers))
+
+
+def _branch_curves(ratios: Any, where: str) -> dict[str, list[float]]:
+    """Per-branch curves of a list (both branches) or a ``{"cond", "uncond"}`` mapping."""
+    if isinstance(ratios, Mapping):
+        unknown = set(ratios) - set(BRANCHES)
+        if unknown or "cond" not in ratios:
+            raise ConfigError(
+                f"{where}: per-branch ratios need a 'cond' list (and may have 'uncond'), got {sorted(ratios)}"
+            )
+        curves = {name: ratios[name] for name in BRANCHES if name in ratios}
+        curves.setdefault("uncond", curves["cond"])
+    else:
+        curves = {name: ratios for name in BRANCHES}
+    out = {}
+    for name, curve in curves.items():
+        if isinstance(curve, str | bytes) or not isinstance(curve, Sequence) or not curve:
+            raise ConfigError(f"{where}: the ratios must be a non-empty list of numbers")
+        try:
+            out[name] = [float(v) for v in curve]
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: the ratios must be a non-empty list of numbers") from None
+        if not all(np.isfinite(out[name])):
+            raise ConfigError(f"{where}: the ratios must be finite numbers")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class MagCurves:
+    """Per-branch ratio curves and the settings that came with them (a preset's; else None)."""
+
+    curves: dict[str, list[float]]
+    source: str
+    threshold: float | None = None
+    max_skip_steps: int | None = None
+    retention_ratio: float | None = None
+
+
+def read_mag_ratios(value: str | Path | Curve | None, cfg: TransformerConfig | None = None) -> MagCurves:
+    """``value`` (see :class:`CacheConfig`'s ``mag_ratios``) as per-branch curves; ConfigError for an
+    unknown name, an unreadable file or a malformed list."""
+    if value is None:
+        name = None if cfg is None else preset_for(cfg)
+        if name is None:
+            raise ConfigError(
+                "magcache needs a ratio curve: no published curve matches this model; pass --mag_ratios "
+                f"NAME|FILE.json (presets: {', '.join(presets())}) or measure one with --cache_calibrate FILE.json"
+            )
+        value = name
+    if isinstance(value, str | Path) and str(value) in presets():
+        entry = presets()[str(value)]
+        ratios = entry["ratios"]
+        curves = {"cond": ratios[0::2], "uncond": ratios[1::2]}  # the authors' interleaved layout
+        return MagCurves(
+            _branch_curves(curves, str(value)),
+            f"preset {value} ({entry['source']})",
+            entry["threshold"],
+            entry["max_skip_steps"],
+            entry["retention_ratio"],
+        )
+    if isinstance(value, str | Path):
+        path = Path(value)
+        if path.suffix != ".json" and not path.exists():
+            raise ConfigError(
+                f"unknown MagCache preset {str(value)!r}; use one of {', '.join(presets())} or a .json file"
+            )
+        try:
+            data = json.loads(path.read_text())
+        except OSError as e:
+            raise ConfigError(f"cannot read the MagCache ratios {path}: {e.strerror or e}") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(
+                f"{path}: not JSON ({e.msg}, line {e.lineno}); expected a list of floats"
+            ) from None
+        return MagCurves(_branch_curves(data, str(path)), f"file {path}")
+    return MagCurves(_branch_curves(value, "mag_ratios"), "given")
+
+
+def nearest_interp(curve: Sequence[float], length: int) -> np.ndarray:
+    """``curve`` resampled to ``length`` entries by nearest index, as diffusers' ``nearest_interp``
+    (float32 positions, rounded half to even); a curve of that length is returned as it is."""
+    src = np.asarray(curve, np.float32)
+    if len(src) == length:
+        return src
+    if length == 1:
+        return src[-1:]
+    scale = np.float32((len(src) - 1) / (length - 1))
+    indices = np.round(np.arange(length, dtype=np.float32) * scale).astype(np.int64)
+    return src[indices]
+
+
+def mag_schedule(
+    curve: Sequence[float], num_steps: int, threshold: float, max_skip_steps: int, retention_ratio: float
+) -> np.ndarray:
+    """Which of ``num_steps`` steps compute (``bool [num_steps]``) for one branch: diffusers'
+    ``MagCacheHeadHook`` decisions (its float32 arithmetic) for the ``curve`` resampled to the steps."""
+    ratios = nearest_interp(curve, num_steps)
+    limit = np.float32(threshold)
+    retention = int(retention_ratio * num_steps + 0.5)
+    compute = np.ones(num_steps, bool)
+    ratio, error, steps = np.float32(1), np.float32(0), 0
+    have_residual = False
+    for step in range(num_steps):
+        if step >= retention:
+            ratio = np.float32(ratio * ratios[step])
+            steps += 1
+            error = np.float32(error + abs(np.float32(1) - ratio))
+            if have_residual and error <= limit and steps <= max_skip_steps:
+                compute[step] = False
+            else:
+                ratio, error, steps = np.float32(1), np.float32(0), 0
+        have_residual = have_residual or bool(compute[step])
+    return compute
+
+
+# ----------------------------------------------------------------------------------------------
+# A policy resolved for one run
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCache:
+    """A :class:`CacheConfig` resolved for one run: the policy's settings and the steps each branch
+    may compute, ``schedule [num_steps, branches]`` (MagCache: its decisions, with the curves they
+    come from; First-Block Cache: all, the data decides)."""
+
+    policy: str
+    branches: tuple[str, ...]
+    threshold: float
+    schedule: np.ndarray
+    max_skip_steps: int | None = None
+    retention_ratio: float | None = None
+    calibrate: bool = False
+    source: str | None = None
+    curves: dict[str, list[float]] | None = None
+
+    @property
+    def key(self) -> tuple[str, bool]:
+        """What the step program depends on (the numbers are its arguments)."""
+        return self.policy, self.calibrate
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"policy": self.policy, "threshold": self.threshold}
+        if self.policy == "magcache":
+            out.update(
+                max_skip_steps=self.max_skip_steps,
+                retention_ratio=self.retention_ratio,
+                mag_ratios=self.source,
+                calibrate=self.calibrate,
+            )
+        return out
+
+
+def resolve(config: CacheConfig, cfg: TransformerConfig, num_steps: int, guided: bool) -> StepCache | None:
+    """``config`` for a run of ``num_steps`` steps, guided (two branches) or not; None when off."""
+    if not config.enabled:
+        return None
+    branches = BRANCHES if guided else BRANCHES[:1]
+    if config.policy == "firstblock":  # every step may compute: the first block's change decides
+        threshold = FIRST_BLOCK_THRESHOLD if config.threshold is None else config.threshold
+        schedule = np.ones((num_steps, len(branches)), bool)
+        return StepCache("firstblock", branches, float(threshold), schedule)
+    if config.calibrate:  # every step computes
+        schedule = np.ones((num_steps, len(branches)), bool)
+        return StepCache("magcache", branches, 0.0, schedule, calibrate=True, source="calibration")
+    mag = read_mag_ratios(config.mag_ratios, cfg)
+
+    def pick(name: str) -> Any:
+        given = getattr(config, name)
+        published = getattr(mag, name)
+        return given if given is not None else published if published is not None else MAG_DEFAULTS[name]
+
+    threshold, max_skip, retention = pick("threshold"), pick("max_skip_steps"), pick("retention_ratio")
+    schedule = np.stack(
+        [mag_schedule(mag.curves[b], num_steps, threshold, max_skip, retention) for b in branches], axis=1
+    )
+    return StepCache(
+        "magcache",
+        branches,
+        float(threshold),
+        schedule,
+        int(max_skip),
+        float(retention),
+        source=mag.source,
+        curves={b: mag.curves[b] for b in branches},
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# In the step program
+
+CacheState = dict[str, jax.Array]
+
+
+def state_shapes(cache: StepCache, tokens: jax.ShapeDtypeStruct) -> CacheState:
+    """The cache carried between steps, for the guided batch's ``tokens (rows, L, D)``: the cached
+    residual, and for First-Block Cache the first block's residual at the last computed step."""
+    names = ("residual", "reference") if cache.policy == "firstblock" else ("residual",)
+    return {name: jax.ShapeDtypeStruct(tokens.shape, tokens.dtype) for name in names}
+
+
+def _per_branch(values: jax.Array, branches: int) -> jax.Array:
+    """``(rows, ...)`` -> ``(branches, rows/branches, ...)``."""
+    return values.reshape(branches, values.shape[0] // branches, *values.shape[1:])
+
+
+def _rows(flags: jax.Array, rows: int) -> jax.Array:
+    """Per-branch flags ``(branches,)`` broadcast to the rows of ``(rows, L, D)`` tokens."""
+    return jnp.repeat(flags, rows // flags.shape[0])[:, None, None]
+
+
+def first_block_changed(
+    residual: jax.Array, reference: jax.Array, threshold: jax.Array, branches: int
+) -> jax.Array:
+    """Per branch, whether the first block's residual changed by more than ``threshold``:
+    ``mean|r - r_ref| / mean|r_ref|`` over the branch's rows, in the residual's dtype."""
+    r, ref = _per_branch(residual, branches), _per_branch(reference, branches)
+    axes = tuple(range(1, r.ndim))
+    change = jnp.mean(jnp.abs(r - ref), axis=axes) / jnp.mean(jnp.abs(ref), axis=axes)
+    return change.astype(jnp.float32) > threshold
+
+
+def magnitude_ratio(residual: jax.Array, previous: jax.Array, branches: int) -> jax.Array:
+    """Per branch, the mean over its rows' tokens of ``||r|| / (||r_prev|| + 1e-8)`` (float32)."""
+    current = jnp.linalg.norm(residual.astype(jnp.float32), axis=-1)
+    before = jnp.linalg.norm(previous.astype(jnp.float32), axis=-1)
+    ratio = _per_branch(current / (before + 1e-8), branches)
+    return jnp.mean(ratio, axis=tuple(range(1, ratio.ndim)))
+
+
+def cached_forward(
+    model: WanTransformer,
+    params: Params,
+    latents: jax.Array,
+    timestep: jax.Array,
+    prompt_embeds: jax.Array,
+    cache: StepCache,
+    state: CacheState,
+    index: jax.Array,
+    planned: jax.Array,
+    threshold: jax.Array,
+) -> tuple[jax.Array, CacheState, jax.Array, jax.Array]:
+    """The velocity of the (guided) batch under ``cache``, with the new cache state, which branches
+    computed (``bool (branches,)``) and, calibrating, each branch's magnitude ratio (else 1.0).
+    ``planned``: MagCache's ``compute`` row for this step; ``threshold``: First-Block Cache's."""
+    branches = len(cache.branches)
+    tokens, cond = model.embed(params, latents, timestep, prompt_embeds)
+    rows = tokens.shape[0]
+    out: CacheState = {}
+    if cache.policy == "firstblock":
+        base = model.blocks(params, tokens, cond, 0, 1)
+        first = base - tokens
+        changed = first_block_changed(first, state["reference"], threshold, branches)
+        compute = jnp.logical_or(index == 0, changed)
+        out["reference"] = jnp.where(_rows(compute, rows), first, state["reference"])
+        start = 1
+    else:
+        base, compute, start = tokens, planned, 0
+    reused = base + state["residual"]
+    fresh = jax.lax.cond(
+        jnp.any(compute),
+        lambda: _blocks(model, params, base, cond, start),
+        lambda: reused,
+    )
+    hidden = jnp.where(_rows(compute, rows), fresh, reused)
+    out["residual"] = jnp.where(_rows(compute, rows), fresh - base, state["residual"])
+    ratios = jnp.ones((branches,), jnp.float32)
+    if cache.calibrate:
+        measured = magnitude_ratio(out["residual"], state["residual"], branches)
+        ratios = jnp.where(index == 0, ratios, measured)
+    return model.project(params, hidden, cond), out, compute, ratios
+
+
+def _blocks(model: WanTransformer, params: Params, x: jax.Array, cond: Conditioning, start: int) -> jax.Array:
+    return model.blocks(params, x, cond, start)
+
+
+# ----------------------------------------------------------------------------------------------
+# What a run did
+
+
+@dataclasses.dataclass
+class CacheReport:
+    """Per branch, which steps computed the blocks; the forwards actually run; calibration's ratios."""
+
+    cache: StepCache
+    computed: dict[str, list[bool]]
+    ratios: dict[str, list[float]] | None = None
+    seconds_saved: float | None = None
+
+    @property
+    def evaluations(self) -> int:
+        """Branch evaluations of the blocks actually run (a step where any branch computes runs all)."""
+        steps = zip(*self.computed.values(), strict=True)
+        return sum(len(self.computed) for step in steps if any(step))
+
+    def as_json(self) -> dict[str, Any]:
+        branches = {
+            name: {
+                "evaluated_steps": sum(flags),
+                "skipped_steps": len(flags) - sum(flags),
+                "skipped": [i for i, computed in enumerate(flags) if not computed],
+            }
+            for name, flags in self.computed.items()
+        }
+        out = {**self.cache.describe(), "branches": branches, "dit_evaluations": self.evaluations}
+        out["seconds_saved"] = None if self.seconds_saved is None else round(self.seconds_saved, 3)
+        if self.ratios is not None:
+            out["ratios"] = self.ratios
+        return out

@@ -1,0 +1,321 @@
+"""Step caching against diffusers' hooks: MagCache and First-Block Cache on a tiny random WanPipeline.
+
+diffusers runs with ``transformer.enable_cache(MagCacheConfig(...) | FirstBlockCacheConfig(...))``;
+its per-branch decisions are read from the hooks' state after every step. wanjax must skip the same
+steps in each branch, give the same final latents (float32, 1e-5 relative) and, through diffusers'
+VAE, the same frames within 1 uint8 level. Every expected value comes from diffusers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from test_pipeline_parity import NEGATIVE, PROMPT, build_tiny_pipeline, relative_error, to_uint8
+from test_tokenizer import make_tokenizer_dir
+
+from wanjax import WanPipeline
+from wanjax.errors import ConfigError
+from wanjax.models.config import transformer_preset
+from wanjax.pipeline import step_cache
+from wanjax.pipeline.step_cache import CacheConfig, mag_schedule, nearest_interp, read_mag_ratios
+
+HEIGHT, WIDTH, FRAMES, STEPS, GUIDANCE = 48, 64, 9, 12, 5.0
+LEADER = {"magcache": "mag_cache_leader_block_hook", "firstblock": "fbc_leader_block_hook"}
+# a decaying magnitude curve of 25 points (resampled to the 12 steps), and one of exactly 12
+CURVE_25 = [1.0, 1.0, *np.round(1.0 - 0.004 * np.arange(1, 24) ** 1.3, 5).tolist()]
+CURVE_12 = [1.0, 1.0, 0.99, 0.985, 0.98, 0.97, 0.95, 0.93, 0.9, 0.86, 0.8, 0.7]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from diffusers import WanPipeline as DiffusersPipeline
+
+    root = tmp_path_factory.mktemp("wan_cache_pipeline")
+    build_tiny_pipeline(root, make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer"))
+    return root, DiffusersPipeline.from_pretrained(root)
+
+
+@pytest.fixture(scope="module")
+def noise():
+    shape = (1, 16, (FRAMES - 1) // 4 + 1, HEIGHT // 8, WIDTH // 8)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="module")
+def ours(model_dir):
+    """wanjax's pipeline on the same checkpoint (float32) and its prompt embeddings."""
+    pipe = WanPipeline.from_pretrained(model_dir[0], dtype="float32", jax_cache_dir=False)
+    return pipe, pipe.encode_prompt(PROMPT, NEGATIVE)
+
+
+def diffusers_run(pipe, noise, config) -> dict:
+    """diffusers with ``config`` enabled: per-branch decisions, final latents, frames, calibration."""
+    from diffusers.hooks import mag_cache
+
+    decisions: list[dict[str, bool]] = []
+    final: list[torch.Tensor] = []
+    calibration: dict[str, list[float]] = {"cond": [], "uncond": []}
+    policy = "magcache" if isinstance(config, mag_cache.MagCacheConfig) else "firstblock"
+
+    def on_step(p, i, t, kwargs):
+        states = p.transformer.blocks[0]._diffusers_hook.get_hook(LEADER[policy]).state_manager._state_cache
+        decisions.append({name: bool(states[name].should_compute) for name in ("cond", "uncond")})
+        final[:] = [kwargs["latents"].clone()]
+        return {}
+
+    record = mag_cache.MagCacheBlockHook._perform_calibration_step
+
+    def calibrate(self, state, residual):
+        record(self, state, residual)
+        calibration[self.state_manager._context.name].append(state.calibration_ratios[-1])
+
+    pipe.transformer.enable_cache(config)
+    try:
+        mag_cache.MagCacheBlockHook._perform_calibration_step = calibrate
+        with torch.no_grad():
+            video = pipe(
+                prompt=PROMPT,
+                negative_prompt=NEGATIVE,
+                height=HEIGHT,
+                width=WIDTH,
+                num_frames=FRAMES,
+                num_inference_steps=STEPS,
+                guidance_scale=GUIDANCE,
+                latents=noise,
+                output_type="np",
+                callback_on_step_end=on_step,
+            ).frames
+    finally:
+        mag_cache.MagCacheBlockHook._perform_calibration_step = record
+        pipe.transformer.disable_cache()
+    computed = {name: [d[name] for d in decisions] for name in ("cond", "uncond")}
+    return {
+        "computed": computed,
+        "latents": final[0].numpy(),
+        "frames": to_uint8(video),
+        "ratios": calibration,
+    }
+
+
+def decode_in_diffusers(pipe, latents: np.ndarray) -> np.ndarray:
+    """Normalised latents through diffusers' VAE, de-normalised as its WanPipeline does."""
+    cfg = pipe.vae.config
+    mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1)
+    std = torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1)
+    with torch.no_grad():
+        video = pipe.vae.decode(torch.from_numpy(np.array(latents)) * std + mean, return_dict=False)[0]
+    return to_uint8(pipe.video_processor.postprocess_video(video, output_type="np"))
+
+
+def our_run(ours, noise, cache: CacheConfig) -> tuple[np.ndarray, dict]:
+    pipe, (pos, neg) = ours
+    latents = pipe.denoise(
+        pos,
+        neg,
+        noise.numpy(),
+        num_inference_steps=STEPS,
+        guidance_scale=GUIDANCE,
+        progress=False,
+        cache=cache,
+    )
+    return np.asarray(latents), pipe.cache_report
+
+
+def check_equal(model_dir, noise, ours, reference_config, cache: CacheConfig, min_skipped: int) -> dict:
+    ref = diffusers_run(model_dir[1], noise, reference_config)
+    latents, report = our_run(ours, noise, cache)
+    assert report.computed == ref["computed"]
+    skipped = sum(not c for flags in ref["computed"].values() for c in flags)
+    assert skipped >= min_skipped, ref["computed"]  # the case exercises skipping
+    assert relative_error(latents, ref["latents"]) <= 1e-5
+    frames = decode_in_diffusers(model_dir[1], latents)
+    assert np.abs(frames.astype(np.int16) - ref["frames"]).max() <= 1
+    return ref
+
+
+@pytest.mark.parametrize("curve", [CURVE_12, CURVE_25], ids=["12", "25-resampled"])
+def test_magcache_equals_diffusers(model_dir, noise, ours, curve):
+    from diffusers.hooks import MagCacheConfig
+
+    settings = dict(threshold=0.06, max_skip_steps=2, retention_ratio=0.2)
+    reference = MagCacheConfig(**settings, num_inference_steps=STEPS, mag_ratios=curve)
+    check_equal(model_dir, noise, ours, reference, CacheConfig("magcache", **settings, mag_ratios=curve), 4)
+
+
+@pytest.mark.parametrize(
+    "threshold,min_skipped",
+    # 0.4361 lies between the two branches' first change (cond 0.43572, uncond 0.43659): the branches
+    # decide differently at steps 1 and 2 (one computes, the other reuses its cache)
+    [(0.35, 6), (0.4361, 12)],
+)
+def test_first_block_cache_equals_diffusers(model_dir, noise, ours, threshold, min_skipped):
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    ref = check_equal(
+        model_dir,
+        noise,
+        ours,
+        FirstBlockCacheConfig(threshold=threshold),
+        CacheConfig("firstblock", threshold=threshold),
+        min_skipped,
+    )
+    if threshold == 0.4361:
+        assert ref["computed"]["cond"][1:3] == [False, False] and ref["computed"]["uncond"][1:3] == [
+            True,
+            True,
+        ]
+
+
+def test_calibration_equals_diffusers(model_dir, noise, ours):
+    from diffusers.hooks import MagCacheConfig
+
+    ref = diffusers_run(model_dir[1], noise, MagCacheConfig(calibrate=True, num_inference_steps=STEPS))
+    _, report = our_run(ours, noise, CacheConfig("magcache", calibrate=True))
+    assert all(all(flags) for flags in report.computed.values())
+    for branch in ("cond", "uncond"):
+        assert (
+            len(ref["ratios"][branch]) == STEPS
+            and ref["ratios"][branch][0] == report.ratios[branch][0] == 1.0
+        )
+        np.testing.assert_allclose(report.ratios[branch], ref["ratios"][branch], rtol=1e-5)
+
+
+def test_off_is_the_uncached_program(ours, noise):
+    pipe, (pos, neg) = ours
+    run = dict(num_inference_steps=3, guidance_scale=GUIDANCE, progress=False)
+    plain = np.asarray(pipe.denoise(pos, neg, noise.numpy(), **run))
+    programs = pipe._sampler.programs()
+    off = np.asarray(pipe.denoise(pos, neg, noise.numpy(), **run, cache=CacheConfig("off")))
+    np.testing.assert_array_equal(off, plain)
+    assert pipe._sampler.programs() == programs and pipe.cache_report is None
+
+
+def test_unguided_runs_one_branch(ours, noise):
+    pipe, (pos, _) = ours
+    cache = CacheConfig("magcache", mag_ratios=CURVE_12, threshold=0.06, max_skip_steps=2)
+    pipe.denoise(
+        pos, None, noise.numpy(), num_inference_steps=STEPS, guidance_scale=1.0, progress=False, cache=cache
+    )
+    assert list(pipe.cache_report.computed) == ["cond"]
+    assert pipe.cache_report.computed["cond"] == mag_schedule(CURVE_12, STEPS, 0.06, 2, 0.2).tolist()
+
+
+# ----------------------------------------------------------------------------------------------
+# The curves and the settings
+
+
+@pytest.mark.parametrize("source,target", [(25, 12), (100, 50), (12, 12), (7, 30), (10, 1)])
+def test_nearest_interp_is_diffusers(source, target):
+    from diffusers.hooks.mag_cache import nearest_interp as reference
+
+    curve = np.linspace(1.0, 0.5, source).astype(np.float32)
+    np.testing.assert_array_equal(
+        nearest_interp(curve, target), reference(torch.from_numpy(curve), target).numpy()
+    )
+
+
+def test_presets_are_the_published_interleaved_curves():
+    presets = step_cache.presets()
+    assert {"wan2.1-t2v-1.3b", "wan2.1-t2v-14b"} <= set(presets)
+    for name in ("wan2.1-t2v-1.3b", "wan2.1-t2v-14b"):
+        entry = presets[name]
+        assert len(entry["ratios"]) == 2 * entry["num_steps"] == 100 and entry["ratios"][:2] == [1.0, 1.0]
+        assert "Zehong-Ma/MagCache" in entry["source"]
+        curves = read_mag_ratios(name)
+        assert (
+            curves.curves["cond"] == entry["ratios"][0::2]
+            and curves.curves["uncond"] == entry["ratios"][1::2]
+        )
+        assert curves.threshold == entry["threshold"]
+    assert step_cache.preset_for(transformer_preset("1.3B")) == "wan2.1-t2v-1.3b"
+    assert step_cache.preset_for(transformer_preset("14B")) == "wan2.1-t2v-14b"
+    assert step_cache.preset_for(transformer_preset("tiny")) is None
+
+
+def test_a_published_preset_skips_at_its_settings():
+    """The 1.3B curve at 50 steps with its published settings (threshold 0.12, K 4, retention 0.2)."""
+    cache = step_cache.resolve(CacheConfig("magcache"), transformer_preset("1.3B"), 50, guided=True)
+    assert (cache.threshold, cache.max_skip_steps, cache.retention_ratio) == (0.12, 4, 0.2)
+    assert cache.schedule.shape == (50, 2) and cache.schedule[:10].all()
+    assert (~cache.schedule).sum(axis=0).min() >= 25  # 29 of 50 skipped: the ~2.1-2.7x reported
+    override = step_cache.resolve(
+        CacheConfig("magcache", threshold=0.0), transformer_preset("1.3B"), 50, True
+    )
+    assert override.schedule.all()
+
+
+def test_bad_settings_are_one_line_errors(tmp_path):
+    cases = [
+        (lambda: CacheConfig("teacache"), "unknown cache policy 'teacache'"),
+        (lambda: CacheConfig("firstblock", max_skip_steps=2), "apply to the magcache policy"),
+        (lambda: CacheConfig("magcache", threshold=-1), "threshold must be >= 0"),
+        (lambda: CacheConfig("magcache", retention_ratio=2), "retention_ratio must lie in"),
+        (lambda: read_mag_ratios("wan9"), "unknown MagCache preset 'wan9'"),
+        (lambda: read_mag_ratios(tmp_path / "missing.json"), "cannot read the MagCache ratios"),
+        (lambda: read_mag_ratios([1.0, "x"]), "list of numbers"),
+        (lambda: read_mag_ratios({"cnd": [1.0]}), "need a 'cond' list"),
+        (lambda: read_mag_ratios(None, transformer_preset("tiny")), "no published curve matches this model"),
+    ]
+    (tmp_path / "bad.json").write_text("[1.0,")
+    cases.append((lambda: read_mag_ratios(tmp_path / "bad.json"), "not JSON"))
+    for make, message in cases:
+        with pytest.raises(ConfigError, match=message) as info:
+            make()
+        assert "\n" not in str(info.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# On an 8-device mesh
+
+MESH_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    from wanjax import WanPipeline
+    from wanjax.pipeline.step_cache import CacheConfig
+
+    root, latents_file, curve = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    noise = np.load(latents_file)
+    out = {}
+    for mesh in (None, "dp=2,sp=2,tp=2", "dp=1,sp=4,tp=2"):
+        pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False, mesh=mesh)
+        pos, neg = pipe.encode_prompt(sys.argv[4], sys.argv[5])
+        for name, cache in (
+            ("magcache", CacheConfig("magcache", mag_ratios=curve, threshold=0.06, max_skip_steps=2)),
+            ("firstblock", CacheConfig("firstblock", threshold=0.4361)),
+        ):
+            latents = pipe.denoise(pos, neg, noise, num_inference_steps=12, progress=False, cache=cache)
+            report = pipe.cache_report.computed
+            out[f"{mesh}/{name}"] = {"latents": np.asarray(latents).tolist(), "computed": report, "usage": pipe.mesh_usage}
+    print(json.dumps(out))
+    """
+)
+
+
+def test_cache_on_an_8_device_mesh_equals_one_device(model_dir, noise, tmp_path):
+    np.save(tmp_path / "noise.npy", noise.numpy())
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    args = [str(model_dir[0]), str(tmp_path / "noise.npy"), json.dumps(CURVE_12), PROMPT, NEGATIVE]
+    result = subprocess.run(
+        [sys.executable, "-c", MESH_SCRIPT, *args], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    for policy in ("magcache", "firstblock"):
+        one = out[f"None/{policy}"]
+        assert sum(not c for c in one["computed"]["uncond"]) >= 3
+        for mesh in ("dp=2,sp=2,tp=2", "dp=1,sp=4,tp=2"):
+            sharded = out[f"{mesh}/{policy}"]
+            assert sharded["usage"] and sharded["computed"] == one["computed"], (
+                mesh,
+                policy,
+                sharded["usage"],
+            )
+            assert relative_error(sharded["latents"], one["latents"]) <= 1e-5, (mesh, policy)
