@@ -254,7 +254,7 @@ def test_a_published_preset_skips_at_its_settings():
 def test_bad_settings_are_one_line_errors(tmp_path):
     cases = [
         (lambda: CacheConfig("teacache"), "unknown cache policy 'teacache'"),
-        (lambda: CacheConfig("firstblock", max_skip_steps=2), "apply to the magcache policy"),
+        (lambda: CacheConfig("firstblock", max_skip_steps=2), "max_skip_steps is for the magcache policy"),
         (lambda: CacheConfig("magcache", threshold=-1), "threshold must be >= 0"),
         (lambda: CacheConfig("magcache", retention_ratio=2), "retention_ratio must lie in"),
         (lambda: read_mag_ratios("wan9"), "unknown MagCache preset 'wan9'"),
@@ -319,3 +319,67 @@ def test_cache_on_an_8_device_mesh_equals_one_device(model_dir, noise, tmp_path)
                 sharded["usage"],
             )
             assert relative_error(sharded["latents"], one["latents"]) <= 1e-5, (mesh, policy)
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line
+
+
+def test_cli_cache_flags_calibrate_then_reuse_and_record(demo_env, tmp_path, capsys):
+    """``--cache_calibrate`` writes per-branch ratios that ``--mag_ratios`` reads back; each run's
+    record holds the cache's decisions; the stage command takes the same flags; bad values are
+    one-line errors (exit 2) that write nothing."""
+    from wanjax.cli.main import main
+
+    small = ["--height", "32", "--width", "32", "--frames", "5", "--num_inference_steps", "8", "--jax_cache_dir", "off"]  # fmt: skip
+    base = ["generate", "--model", "demo", "--prompt", "a cat", *small]
+    ratios = tmp_path / "ratios.json"
+    assert main([*base, "--cache_calibrate", str(ratios), "--output_video", str(tmp_path / "cal.mp4")]) == 0
+    measured = json.loads(ratios.read_text())
+    assert list(measured) == ["cond", "uncond"] and len(measured["cond"]) == 8 and measured["cond"][0] == 1.0
+    calibration = json.loads((tmp_path / "cal.json").read_text())["cache"]
+    assert calibration["ratios"] == measured and calibration["dit_evaluations"] == 16
+
+    flags = ["--cache", "magcache", "--mag_ratios", str(ratios), "--cache_threshold", "0.5"]
+    assert main([*base, *flags, "--output_video", str(tmp_path / "m.mp4")]) == 0
+    cache = json.loads((tmp_path / "m.json").read_text())["cache"]
+    expected = {b: mag_schedule(measured[b], 8, 0.5, 3, 0.2) for b in ("cond", "uncond")}
+    for branch, flags_of in expected.items():
+        assert cache["branches"][branch]["skipped"] == np.flatnonzero(~flags_of).tolist()
+    assert cache["dit_evaluations"] == 2 * int((expected["cond"] | expected["uncond"]).sum())
+    assert "cache: magcache, steps skipped" in capsys.readouterr().out
+
+    stage = tmp_path / "stages"
+    assert (
+        main(["encode", "--model", "demo", "--prompt", "a cat", "--output_dir", str(stage), *small[-2:]]) == 0
+    )
+    assert (
+        main(
+            [
+                "denoise",
+                "--input_dir",
+                str(stage),
+                "--cache",
+                "firstblock",
+                "--cache_threshold",
+                "1.0",
+                *small,
+            ]
+        )
+        == 0
+    )
+    config = json.loads((stage / "generation_config.json").read_text())
+    assert config["stages"]["denoise"]["arguments"]["cache"] == "firstblock"
+
+    capsys.readouterr()
+    for bad in (
+        ["--cache", "firstblock", "--cache_max_skip", "2"],
+        ["--cache", "magcache", "--mag_ratios", "nope"],
+        ["--cache", "magcache"],  # the demo model has no published curve
+        ["--cache_calibrate", str(tmp_path / "r.txt")],
+        ["--cache", "firstblock", "--cache_calibrate", str(tmp_path / "r.json")],
+    ):
+        assert main([*base, *bad, "--output_video", str(tmp_path / "bad.mp4")]) == 2, bad
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "--cache" in err, err
+    assert not (tmp_path / "bad.mp4").exists() and not (tmp_path / "r.json").exists()

@@ -10,6 +10,7 @@ flags and the run's environment (``info`` and ``plan`` are in :mod:`wanjax.cli.d
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +25,7 @@ from wanjax.cli.requests import (
     DEFAULT_MODEL,
     OUTPUT_SUFFIXES,
     AttentionFlags,
+    CacheFlags,
     CommonFlags,
     DecodeRequest,
     DenoiseRequest,
@@ -39,6 +41,7 @@ from wanjax.cli.requests import (
     model_defaults,
 )
 from wanjax.errors import ConfigError, WanjaxError
+from wanjax.io.atomic import write_text
 from wanjax.kernels.attention import AttentionSpec, resolve_backend
 from wanjax.kernels.common import check_block
 from wanjax.models.config import TransformerConfig
@@ -49,6 +52,7 @@ from wanjax.pipeline import stages
 from wanjax.pipeline.hub import DEMO, ModelSource
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.pipeline.prompts import negative_prompt, read_prompt_file
+from wanjax.pipeline.step_cache import resolve as resolve_cache
 from wanjax.runtime.environment import environment
 from wanjax.runtime.timing import RunReport
 
@@ -164,6 +168,7 @@ def check_output_paths(request: Request, **more: str | Path | None) -> None:
     flags = request.flags()
     outputs = {f"--{key}": flags.get(key) for key in (*OUTPUT_SUFFIXES, "metrics_json")}
     validation.check_outputs({**outputs, **more})
+    validation.check_distinct({**outputs, **more})
 
 
 def video_record(request: Writing) -> Path:
@@ -304,12 +309,13 @@ def cmd_generate(request: GenerateRequest) -> RunReport:
     check_devices(mesh, configs["transformer"].num_attention_heads)
     check_attention(pipe, configs["transformer"])
     params = sampling_params(pipe, request.sampling)
+    check_cache(request.cache, configs["transformer"], params, guided=params["guidance_scale"] > 1)
     negative = negative_prompt(request.text.negative_prompt)
     pos, neg = pipe.encode_prompt(prompts, [negative] * batch, request.text.max_sequence_length)
     latents = (
         init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
     )
-    final = denoise(pipe, pos, neg, latents, params)
+    final = denoise(pipe, pos, neg, latents, params, request.cache)
     frames = pipe.decode(final)
     fps = request.video.fps or model_defaults(pipe.source.is_demo).fps
     described = {
@@ -322,6 +328,7 @@ def cmd_generate(request: GenerateRequest) -> RunReport:
     outputs = write_outputs(frames, request.outputs, fps, clip_infos(batch, prompts, described))
     report = make_report("generate", pipe, {"batch": batch, **video, "fps": fps}, outputs)
     report.extra.update(sampling=params, prompts=prompts, negative_prompt=negative)
+    cache_outputs(report, pipe, request.cache)
     return finish(report, request, start, record)
 
 
@@ -428,10 +435,11 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
     check_devices(mesh, cfg.num_attention_heads)
     check_attention(pipe, cfg)
     params = sampling_params(pipe, request.sampling)
+    check_cache(request.cache, cfg, params, guided=params["guidance_scale"] > 1)
     latents = (
         init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
     )
-    final = to_host(denoise(pipe, pos, neg, latents, params))
+    final = to_host(denoise(pipe, pos, neg, latents, params, request.cache))
     path = directory / stages.LATENTS_FILE
     if is_primary():
         stages.save_latents(path, final)
@@ -449,6 +457,7 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
         stages.write_config(directory, stages.record_stage(config, "denoise", entry))
     report = make_report("denoise", pipe, {"batch": batch, **video}, {"latents": str(path)})
     report.extra["sampling"] = params
+    cache_outputs(report, pipe, request.cache)
     return finish(report, request, start)
 
 
@@ -534,12 +543,37 @@ def video_args(video: Mapping[str, int]) -> dict[str, int]:
     return {"height": video["height"], "width": video["width"], "num_frames": video["frames"]}
 
 
-def denoise(pipe: WanPipeline, pos: Any, neg: Any, latents: Any, params: Mapping[str, Any]) -> Any:
-    return pipe.denoise(
+def denoise(
+    pipe: WanPipeline, pos: Any, neg: Any, latents: Any, params: Mapping[str, Any], cache: CacheFlags
+) -> Any:
+    """The pipeline's denoise with these parameters and step cache; with ``--cache_calibrate`` the
+    measured MagCache ratios are written there (process 0, atomically)."""
+    out = pipe.denoise(
         pos,
         neg,
         latents,
         num_inference_steps=params["num_inference_steps"],
         guidance_scale=params["guidance_scale"],
         flow_shift=params["flow_shift"],
+        cache=cache.config(),
     )
+    report = pipe.cache_report
+    if cache.cache_calibrate and report is not None and is_primary():
+        write_text(cache.cache_calibrate, json.dumps(report.ratios, indent=1) + "\n")
+    return out
+
+
+def check_cache(cache: CacheFlags, cfg: TransformerConfig, params: Mapping[str, Any], guided: bool) -> None:
+    """The step cache resolves for this model and run (a MagCache curve exists for it) before any work."""
+    try:
+        resolve_cache(cache.config(), cfg, params["num_inference_steps"], guided)
+    except ConfigError as e:
+        raise ConfigError(f"--cache {cache.cache}: {e}") from None
+
+
+def cache_outputs(report: RunReport, pipe: WanPipeline, cache: CacheFlags) -> None:
+    """The step cache's decisions in the run's record, and the calibration file among its outputs."""
+    if pipe.cache_report is not None:
+        report.extra["cache"] = pipe.cache_report.as_json()
+    if cache.cache_calibrate:
+        report.outputs["mag_ratios"] = cache.cache_calibrate

@@ -173,6 +173,52 @@ def add_memory(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_cache(parser: argparse.ArgumentParser) -> None:
+    """Step caching (the choices and defaults are the library's)."""
+    from wanjax.pipeline.step_cache import FIRST_BLOCK_THRESHOLD, MAG_DEFAULTS, POLICIES, presets
+
+    group = parser.add_argument_group("step cache")
+    mag = MAG_DEFAULTS
+    flag(
+        group,
+        "cache",
+        choices=POLICIES,
+        help="skip the DiT's blocks at steps where they barely change (default off): magcache (a "
+        "magnitude-ratio curve) or firstblock (the first block's change)",
+    )
+    flag(
+        group,
+        "cache_threshold",
+        type=float,
+        help=f"skip while the change stays within this (default: the curve's preset, else magcache "
+        f"{mag['threshold']}, firstblock {FIRST_BLOCK_THRESHOLD})",
+    )
+    flag(
+        group,
+        "cache_max_skip",
+        type=int,
+        help=f"magcache: skips in a row at most (default {mag['max_skip_steps']})",
+    )
+    flag(
+        group,
+        "cache_retention",
+        type=float,
+        help=f"magcache: fraction of the first steps that always compute (default {mag['retention_ratio']})",
+    )
+    flag(
+        group,
+        "mag_ratios",
+        metavar="NAME|FILE.json",
+        help=f"magcache's curve: a preset ({', '.join(presets())}; default: this model's) or a JSON list",
+    )
+    flag(
+        group,
+        "cache_calibrate",
+        metavar="FILE.json",
+        help="run uncached and write the measured magcache ratios here (per branch; --mag_ratios reads it)",
+    )
+
+
 def add_parallel(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("devices and processes")
     for name, kwargs in (
@@ -273,6 +319,7 @@ def generate_flags(parser: argparse.ArgumentParser) -> None:
     add_video(parser)
     add_sampling(parser)
     add_attention(parser)
+    add_cache(parser)
     add_outputs(parser, "YYYYMMDD_HHMMSS.mp4")
     add_memory(parser)
 
@@ -290,6 +337,7 @@ def denoise_flags(parser: argparse.ArgumentParser) -> None:
     add_video(parser)
     add_sampling(parser)
     add_attention(parser)
+    add_cache(parser)
     add_stage_dir(parser, "input_dir")
     add_memory(parser)
 

@@ -52,6 +52,18 @@ def check_outputs(outputs: Mapping[str, str | Path | None]) -> None:
             check_writable(path, flag)
 
 
+def check_distinct(outputs: Mapping[str, str | Path | None]) -> None:
+    """Raise when two outputs would be the same file (one would overwrite the other)."""
+    seen: dict[Path, str] = {}
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            raise WanjaxError(f"{flag} {path} is also {seen[resolved]}'s file; give each output its own name")
+        seen[resolved] = flag
+
+
 # ----------------------------------------------------------------------------------------------
 # Model directories
 

@@ -23,7 +23,12 @@ from wanjax.errors import ConfigError, WanjaxError
 DEFAULT_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 DEFAULT_DTYPE = "bfloat16"
 STAGE_DIR = "stage_outputs"
-OUTPUT_SUFFIXES = {"output_video": ".mp4", "frames_out": ".npy", "preview": ".png"}
+OUTPUT_SUFFIXES = {
+    "output_video": ".mp4",
+    "frames_out": ".npy",
+    "preview": ".png",
+    "cache_calibrate": ".json",
+}
 
 R = TypeVar("R", bound="Request")
 
@@ -149,6 +154,38 @@ class MemoryFlags:
 
 
 @dataclasses.dataclass(frozen=True)
+class CacheFlags:
+    """The step cache (:mod:`wanjax.pipeline.step_cache`): policy and settings, MagCache's curve,
+    and calibration's output file."""
+
+    cache: str = "off"
+    cache_threshold: float | None = None
+    cache_max_skip: int | None = None
+    cache_retention: float | None = None
+    mag_ratios: str | None = None
+    cache_calibrate: str | None = None
+
+    def config(self) -> Any:
+        """The :class:`~wanjax.pipeline.step_cache.CacheConfig` (ConfigError naming a bad value);
+        ``--cache_calibrate`` runs MagCache's calibration."""
+        from wanjax.pipeline.step_cache import CacheConfig
+
+        if self.cache_calibrate is not None and self.cache not in ("off", "magcache"):
+            raise ConfigError(
+                f"--cache_calibrate measures MagCache's ratios; it cannot run with --cache {self.cache}"
+            )
+        policy = "magcache" if self.cache_calibrate is not None else self.cache
+        return CacheConfig(
+            policy,
+            threshold=self.cache_threshold,
+            max_skip_steps=self.cache_max_skip,
+            retention_ratio=self.cache_retention,
+            mag_ratios=self.mag_ratios,
+            calibrate=self.cache_calibrate is not None,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class VaeFlags:
     """The VAE's dtypes, decode chunk and tiling."""
 
@@ -208,6 +245,7 @@ class GenerateRequest(Request):
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
     outputs: OutputFlags = dataclasses.field(default_factory=OutputFlags)
+    cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
 
@@ -239,6 +277,7 @@ class DenoiseRequest(Request):
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     input_dir: str = STAGE_DIR
+    cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
 
@@ -332,6 +371,22 @@ def check_flags(request: Request) -> None:
     _check_dtypes(flags)
     _check_precisions(flags)
     _check_vae_options(flags)
+    _check_cache(request)
+
+
+def _check_cache(request: Request) -> None:
+    """The step-cache flags make a valid policy, and a given ``--mag_ratios`` reads."""
+    flags = getattr(request, "cache", None)
+    if flags is None:
+        return
+    from wanjax.pipeline.step_cache import read_mag_ratios
+
+    try:
+        config = flags.config()
+        if config.mag_ratios is not None:
+            read_mag_ratios(config.mag_ratios)
+    except ConfigError as e:
+        raise ConfigError(f"--cache {flags.cache}: {e}") from None
 
 
 def _check_prompts(flags: dict[str, Any]) -> None:

@@ -95,7 +95,8 @@ class CacheConfig:
             magcache_only["calibrate"] = True
         given = [name for name, value in magcache_only.items() if value is not None]
         if self.policy != "magcache" and given:
-            raise ConfigError(f"{', '.join(given)} apply to the magcache policy, not {self.policy!r}")
+            verb = "is" if len(given) == 1 else "are"
+            raise ConfigError(f"{', '.join(given)} {verb} for the magcache policy, not {self.policy!r}")
 
     @property
     def enabled(self) -> bool:

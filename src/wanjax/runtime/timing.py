@@ -127,6 +127,21 @@ class StepTimes:
         return statistics.median(self.steady) if self.steady else self.first
 
 
+def cache_line(cache: dict[str, Any]) -> str:
+    """The report's line about the step cache (its JSON record: policy, per-branch skips, evaluations)."""
+    branches = cache["branches"]
+    skipped = ", ".join(
+        f"{name} {b['skipped_steps']}/{b['skipped_steps'] + b['evaluated_steps']}"
+        for name, b in branches.items()
+    )
+    steps = max(b["skipped_steps"] + b["evaluated_steps"] for b in branches.values())
+    saved = "" if cache.get("seconds_saved") is None else f", about {cache['seconds_saved']:.2f} s saved"
+    return (
+        f"cache: {cache['policy']}, steps skipped {skipped}; {cache['dit_evaluations']} DiT evaluations "
+        f"(uncached {steps * len(branches)}){saved}"
+    )
+
+
 @dataclasses.dataclass
 class RunReport:
     """What one command did and how long each part took; printed as a table, saved as JSON."""
@@ -194,6 +209,8 @@ class RunReport:
                 f"denoise: {self.steps.steps} steps, {self.steps.per_step:.3f} s/step "
                 f"(step program compile {self.steps.compile:.2f} s, first step {self.steps.first:.3f} s)"
             )
+        if "cache" in self.extra:
+            lines.append(cache_line(self.extra["cache"]))
         v = self.video
         if {"batch", "frames", "height", "width"} <= v.keys():
             fps = f" @ {v['fps']:g} fps" if "fps" in v else ""
