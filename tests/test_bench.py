@@ -31,6 +31,7 @@ from wanjax.io.checkpoint import (
 from wanjax.models import dit, umt5
 from wanjax.models.config import PRESETS
 from wanjax.models.vae.config import VAEConfig
+from wanjax.pipeline import step_cache
 from wanjax.tools import bench
 from wanjax.tools.flops import Flops, dit_step_flops, vae_decode_flops
 
@@ -212,6 +213,28 @@ def test_denoise_bench_offload_and_weights_dtype(tmp_path, capsys, offload, weig
         assert placed["device"] + placed["host"] < 0.6 * bf16_bytes
     table = capsys.readouterr().out
     assert f"offload {offload}, weights {weights}" in table and "host args GiB" in table
+
+
+def test_denoise_bench_with_a_step_cache(tmp_path, capsys):
+    """``--cache``: the JSON holds the cache's decisions; the table the DiT evaluations per video and
+    the effective seconds per step (a whole loop over its steps); no FLOP rate from skipped steps."""
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "bench.json"
+    tiny = ["--layers", "2", "--height", "32", "--width", "32", "--frames", "1", "--repeats", "1"]
+    cache = ["--cache", "magcache", "--mag_ratios", "wan2.1-t2v-1.3b", "--num_inference_steps", "10"]
+    bench.run(
+        parser.parse_args(
+            [*tiny, *cache, "--max_sequence_length", "16", "--stages", "denoise", "--json", str(out)]
+        )
+    )
+    denoise = json.loads(out.read_text())["stages"]["denoise"]
+    expected = step_cache.resolve(
+        step_cache.CacheConfig("magcache", mag_ratios="wan2.1-t2v-1.3b"), PRESETS["1.3B"], 10, guided=True
+    )
+    assert denoise["cache"]["dit_evaluations"] == 2 * int(expected.schedule[:, 0].sum()) < 20
+    assert denoise["s_per_step_effective"] > 0 and "achieved_tflops" not in denoise
+    assert "DiT evaluations per video (uncached 20)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--offload", "disk"), ("--weights_dtype", "fp16")])

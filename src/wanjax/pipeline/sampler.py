@@ -149,7 +149,9 @@ class Sampler:
             if model.mesh is not None:
                 rep = replicated(model.mesh)
                 out = (rep, rep, cache_sharding, rep, rep)
-            return jax.jit(step, out_shardings=out).lower(*args)
+            # keep_unused: each policy leaves one of schedule / threshold unread; kept, the program's
+            # inputs stay the arguments (what memory_analysis' readers pair them with)
+            return jax.jit(step, out_shardings=out, keep_unused=True).lower(*args)
 
         key = ("cached", *cache.key, scheduler.kind, scheduler.config, scheduler.num_inference_steps)
         return self._programs.get((*key, signature(args)), lower)

@@ -63,6 +63,7 @@ from wanjax.models.vae import checkpoint_spec as vae_spec
 from wanjax.models.vae.config import VAEConfig
 from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+from wanjax.pipeline.step_cache import POLICIES, CacheConfig, presets
 from wanjax.tools.flops import Flops, achieved, dit_step_flops, umt5_flops, vae_decode_flops
 
 # Dense bf16 peak, TFLOP/s per chip, matched against ``device.device_kind`` (first match wins).
@@ -100,6 +101,21 @@ class BenchConfig:
     random_weights: str = "auto"  # numpy (host draws), device (jax.random), auto: see random_weights_path
     offload: str = "none"  # OFFLOAD_MODES: where the DiT's weights wait (see WanPipeline)
     weights_dtype: str = UNQUANTIZED  # WEIGHTS_DTYPES: int8/fp8 store the matmul kernels in 8 bits
+    cache: str = "off"  # step_cache.POLICIES, and its settings (None: the policy's defaults)
+    cache_threshold: float | None = None
+    cache_max_skip: int | None = None
+    cache_retention: float | None = None
+    mag_ratios: str | None = None
+
+    def cache_config(self) -> CacheConfig:
+        """The step cache the denoise stage runs with."""
+        return CacheConfig(
+            self.cache,
+            threshold=self.cache_threshold,
+            max_skip_steps=self.cache_max_skip,
+            retention_ratio=self.cache_retention,
+            mag_ratios=self.mag_ratios,
+        )
 
     def latent_shape(self) -> tuple[int, int, int, int, int]:
         if self.height % 16 or self.width % 16 or (self.frames - 1) % 4:
@@ -124,6 +140,8 @@ class StageResult:
     weights: tuple[str, float] | None = None  # how the random weights were drawn, and the seconds it took
     weights_bytes: dict[str, int] | None = None  # the weights' bytes in device and in host memory
     to_device_s: float | None = None  # offload model/blocks: the weights' move back to the device
+    cache: dict[str, Any] | None = None  # denoise with a step cache: what it skipped (CacheReport JSON)
+    effective_step_s: float | None = None  # denoise: a whole loop's seconds / its steps (median loop)
 
     def summary(self) -> dict[str, Any]:
         med = statistics.median(self.steady) if self.steady else float("nan")
@@ -141,6 +159,10 @@ class StageResult:
             out["weights_bytes"] = self.weights_bytes
         if self.to_device_s is not None:
             out["weights_to_device_s"] = self.to_device_s
+        if self.effective_step_s is not None:
+            out["s_per_step_effective"] = self.effective_step_s
+        if self.cache is not None:
+            out["cache"] = self.cache
         if self.per_step is not None:
             out["s_per_step_median"] = statistics.median(self.per_step) if self.per_step else float("nan")
             out["s_per_step_spread"] = [min(self.per_step, default=0.0), max(self.per_step, default=0.0)]
@@ -148,7 +170,8 @@ class StageResult:
             seconds = out.get("s_per_step_median", med)
             out["tflop"] = self.flops.total / 1e12
             out["tflop_attention"] = self.flops.attention / 1e12
-            out["achieved_tflops"] = achieved(self.flops, seconds) / 1e12
+            if self.cache is None:  # a cached step computes less than a step's FLOPs
+                out["achieved_tflops"] = achieved(self.flops, seconds) / 1e12
         if self.executed_flops is not None:
             out["tflop_executed"] = self.executed_flops.total / 1e12
             out["achieved_tflops_executed"] = achieved(self.executed_flops, med) / 1e12
@@ -326,19 +349,22 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     scheduler = make_scheduler(SchedulerConfig(), cfg.num_inference_steps)
     sampler = Sampler(model)
     guided = cfg.guidance_scale > 1
+    cache = cfg.cache_config()
     start = time.perf_counter()
-    _, times = sampler(scheduler, noise, text, text if guided else None, cfg.guidance_scale)
+    _, times = sampler(scheduler, noise, text, text if guided else None, cfg.guidance_scale, cache=cache)
     warmup = time.perf_counter() - start
-    steady, per_step = [], list(times.steady)
+    steady, per_step, denoising = [], list(times.steady), []
     for _ in range(cfg.repeats):
         start = time.perf_counter()
-        _, times = sampler(scheduler, noise, text, text if guided else None, cfg.guidance_scale)
+        _, times = sampler(scheduler, noise, text, text if guided else None, cfg.guidance_scale, cache=cache)
         steady.append(time.perf_counter() - start)
         per_step += [times.first, *times.steady]
+        denoising.append(times.first + sum(times.steady))
     flops = dit_step_flops(tcfg, shape, cfg.max_sequence_length, guidance=guided)
     # The step program the sampler ran (the one it used last); Sampler has no public accessor.
     programs = sampler.programs()
     memory = program_memory(programs[-1]) if programs else None
+    report = sampler.cache_report
     return StageResult(
         warmup,
         steady,
@@ -348,6 +374,8 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
         weights=weights,
         weights_bytes=weights_bytes(model.params),
         to_device_s=to_device_s,
+        cache=None if report is None else report.as_json(),
+        effective_step_s=statistics.median(denoising) / cfg.num_inference_steps,
     )
 
 
@@ -409,7 +437,9 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         if "achieved_tflops" in summary:  # against the peak of the stage's dtype
             summary["peak_dtype"] = stage_dtypes[name]
             summary["fraction_of_peak"] = summary["achieved_tflops"] * 1e12 / peaks[summary["peak_dtype"]][0]
-    if pipeline:  # against what the device could do in each stage's time at that stage's dtype peak
+    if (
+        "achieved_tflops" in pipeline
+    ):  # against what the device could do in each stage's time at its dtype peak
         possible = sum(share * peaks[stage_dtypes[n]][0] for n, share in pipeline["seconds_share"].items())
         pipeline["peak_dtype"] = dtype if dtype == vae_dtype else f"{dtype}+{vae_dtype}"
         pipeline["fraction_of_peak"] = pipeline["achieved_tflops"] * 1e12 / possible
@@ -453,18 +483,18 @@ def pipeline_summary(cfg: BenchConfig, stages: dict[str, dict[str, Any]]) -> dic
         return {}
     steps = cfg.num_inference_steps
     denoise = stages["denoise"]
-    seconds = (
-        stages["encode"]["steady_median_s"] + steps * denoise["s_per_step_median"]
-        + stages["decode"]["steady_median_s"]
-    )  # fmt: skip
+    cached = "cache" in denoise  # then a whole loop's time per step: its steps differ
+    per_step = denoise["s_per_step_effective"] if cached else denoise["s_per_step_median"]
+    seconds = stages["encode"]["steady_median_s"] + steps * per_step + stages["decode"]["steady_median_s"]
     tflop = stages["encode"]["tflop"] + steps * denoise["tflop"] + stages["decode"]["tflop"]
+    rate = {} if cached else {"achieved_tflops": tflop / seconds if seconds > 0 else float("nan")}
     return {
         "steady_s": seconds,
         "tflop": tflop,
-        "achieved_tflops": tflop / seconds if seconds > 0 else float("nan"),
+        **rate,
         "seconds_share": {
             "encode": stages["encode"]["steady_median_s"] / seconds,
-            "denoise": steps * denoise["s_per_step_median"] / seconds,
+            "denoise": steps * per_step / seconds,
             "decode": stages["decode"]["steady_median_s"] / seconds,
         },
     }
@@ -505,7 +535,17 @@ def format_table(result: dict[str, Any]) -> str:
         share = ", ".join(f"{k} {100 * v:.0f}%" for k, v in p["seconds_share"].items())
         lines.append(
             f"{'pipeline':8} {'':>10} {p['steady_s']:>18.3f} {'':>18} {p['tflop']:>9.3f} "
-            f"{p['achieved_tflops']:>8.3f} {of_peak(p):>13}  (time: {share})"
+            f"{p.get('achieved_tflops', float('nan')):>8.3f} {of_peak(p):>13}  (time: {share})"
+        )
+    denoise = result["stages"].get("denoise", {})
+    if "cache" in denoise:
+        c = denoise["cache"]
+        steps = cfg["num_inference_steps"]
+        evaluated = ", ".join(f"{name} {b['evaluated_steps']}/{steps}" for name, b in c["branches"].items())
+        lines.append(
+            f"cache {c['policy']} (threshold {c['threshold']:g}): steps evaluated {evaluated}; "
+            f"{c['dit_evaluations']} DiT evaluations per video (uncached {steps * len(c['branches'])}); "
+            f"effective {denoise['s_per_step_effective']:.3f} s/step"
         )
     decode = result["stages"].get("decode", {})
     if "tflop_executed" in decode:
@@ -641,6 +681,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=WEIGHTS_DTYPES,
         help=f"matmul kernels of the DiT and text encoder (default {UNQUANTIZED}: in --dtype); int8, fp8: "
         "8 bits with a float32 scale per output channel (drawn with NumPy: no on-device quantised draw)",
+    )
+    parser.add_argument(
+        "--cache",
+        default=d.cache,
+        choices=POLICIES,
+        help="step cache of the denoise stage (default off; see wanjax generate --help)",
+    )
+    parser.add_argument("--cache_threshold", "--cache-threshold", type=float, help="the policy's threshold")
+    parser.add_argument("--cache_max_skip", "--cache-max-skip", type=int, help="magcache: skips in a row")
+    parser.add_argument(
+        "--cache_retention", "--cache-retention", type=float, help="magcache: retention ratio"
+    )
+    parser.add_argument(
+        "--mag_ratios",
+        "--mag-ratios",
+        help=f"magcache's curve: a preset ({', '.join(presets())}) or a JSON file (default: the "
+        "architecture's preset, when --layers keeps its depth)",
     )
     parser.add_argument("--json", help="also write the numbers to this JSON file")
 
