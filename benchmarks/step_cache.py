@@ -1,0 +1,123 @@
+"""Step caching side by side: off / MagCache / First-Block Cache on the same random DiT, same noise.
+
+The 1.3B transformer's dimensions (``--layers`` of its 30), random weights (the checkpoint reader's
+random draw), ``--steps`` UniPC steps with CFG, each policy at its default settings (MagCache: the
+published Wan 2.1 1.3B curve and its threshold 0.12, 4 skips, retention 0.2; First-Block Cache:
+diffusers' threshold 0.05). The policies run in turn, ``--rounds`` times, so drift in the machine's
+speed hits all of them alike. Reported per policy: DiT evaluations per video, the median loop's
+seconds and its ratio to uncached, and the final latents' relative difference to the uncached run.
+
+Random weights make the magnitude curve meaningless for quality (MagCache's schedule depends on
+the curve only, so its skips and its wall-time ratio are those of a real run; First-Block Cache's
+decisions depend on the weights and say little here).
+
+    python benchmarks/step_cache.py                       # 2 layers, 240x416x9, 50 steps, 2 rounds
+    python benchmarks/step_cache.py --layers 30 --height 480 --width 832 --frames 81   # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wanjax.io.checkpoint import random_params
+from wanjax.models import dit
+from wanjax.models.config import PRESETS, parse_dtype
+from wanjax.pipeline.sampler import Sampler
+from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+from wanjax.pipeline.step_cache import CacheConfig
+
+POLICIES = {
+    "off": None,
+    "magcache": CacheConfig("magcache", mag_ratios="wan2.1-t2v-1.3b"),
+    "firstblock": CacheConfig("firstblock"),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--height", type=int, default=240)
+    parser.add_argument("--width", type=int, default=416)
+    parser.add_argument("--frames", type=int, default=9)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    cfg = dataclasses.replace(PRESETS["1.3B"], num_layers=args.layers)
+    dtype = parse_dtype(args.dtype)
+    model = dit.WanTransformer(cfg, random_params(dit.checkpoint_spec(cfg), dtype, seed=0), dtype)
+    sampler = Sampler(model)
+    scheduler = make_scheduler(SchedulerConfig(), args.steps)
+    shape = (1, 16, (args.frames - 1) // 4 + 1, args.height // 8, args.width // 8)
+    noise = jax.random.normal(jax.random.key(1), shape, jnp.float32)
+    cond = jax.random.normal(jax.random.key(2), (1, 512, cfg.text_dim), dtype)
+    uncond = jax.random.normal(jax.random.key(3), (1, 512, cfg.text_dim), dtype)
+
+    def run(cache: CacheConfig | None) -> tuple[np.ndarray, float]:
+        start = time.perf_counter()
+        out, _ = sampler(scheduler, noise, cond, uncond, 5.0, cache=cache)
+        out = np.asarray(out)
+        return out, time.perf_counter() - start
+
+    for cache in POLICIES.values():  # compile every program first
+        run(cache)
+    seconds: dict[str, list[float]] = {name: [] for name in POLICIES}
+    results: dict[str, dict] = {}
+    for _ in range(args.rounds):
+        for name, cache in POLICIES.items():
+            latents, elapsed = run(cache)
+            seconds[name].append(elapsed)
+            report = sampler.cache_report
+            results[name] = {
+                "latents": latents,
+                "evaluations": 2 * args.steps if report is None else report.evaluations,
+                "cache": None if report is None else report.as_json(),
+            }
+    reference = results["off"]["latents"]
+    base = statistics.median(seconds["off"])
+    print(
+        f"1.3B dims, {args.layers} layers, {args.width}x{args.height}x{args.frames} (latents {list(shape)}), "
+        f"{args.steps} steps, CFG, {args.dtype}; {jax.device_count()} x {jax.devices()[0].device_kind}"
+    )
+    print(
+        "| policy | settings | DiT evaluations | loop s (median; each round) | s/step | vs off | latents rel. diff |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    summary = {}
+    for name, r in results.items():
+        median = statistics.median(seconds[name])
+        diff = float(np.linalg.norm(r["latents"] - reference) / np.linalg.norm(reference))
+        c = r["cache"] or {}
+        settings = ", ".join(
+            f"{k} {c[k]}" for k in ("threshold", "max_skip_steps", "retention_ratio") if k in c
+        )
+        each = " / ".join(f"{s:.2f}" for s in seconds[name])
+        print(
+            f"| {name} | {settings or '-'} | {r['evaluations']} | {median:.2f} ({each}) | "
+            f"{median / args.steps:.3f} | {median / base:.2f} | {diff:.3g} |"
+        )
+        summary[name] = {
+            "seconds": seconds[name],
+            "evaluations": r["evaluations"],
+            "latents_rel_diff": diff,
+            "cache": c,
+        }
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": summary}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
