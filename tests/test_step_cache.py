@@ -55,7 +55,7 @@ def ours(model_dir):
     return pipe, pipe.encode_prompt(PROMPT, NEGATIVE)
 
 
-def diffusers_run(pipe, noise, config) -> dict:
+def diffusers_run(pipe, noise, config, prompts=(PROMPT,)) -> dict:
     """diffusers with ``config`` enabled: per-branch decisions, final latents, frames, calibration."""
     from diffusers.hooks import mag_cache
 
@@ -81,8 +81,8 @@ def diffusers_run(pipe, noise, config) -> dict:
         mag_cache.MagCacheBlockHook._perform_calibration_step = calibrate
         with torch.no_grad():
             video = pipe(
-                prompt=PROMPT,
-                negative_prompt=NEGATIVE,
+                prompt=list(prompts),
+                negative_prompt=[NEGATIVE] * len(prompts),
                 height=HEIGHT,
                 width=WIDTH,
                 num_frames=FRAMES,
@@ -114,8 +114,10 @@ def decode_in_diffusers(pipe, latents: np.ndarray) -> np.ndarray:
     return to_uint8(pipe.video_processor.postprocess_video(video, output_type="np"))
 
 
-def our_run(ours, noise, cache: CacheConfig) -> tuple[np.ndarray, dict]:
+def our_run(ours, noise, cache: CacheConfig, prompts=(PROMPT,)) -> tuple[np.ndarray, dict]:
     pipe, (pos, neg) = ours
+    if prompts != (PROMPT,):
+        pos, neg = pipe.encode_prompt(list(prompts), [NEGATIVE] * len(prompts))
     latents = pipe.denoise(
         pos,
         neg,
@@ -128,9 +130,11 @@ def our_run(ours, noise, cache: CacheConfig) -> tuple[np.ndarray, dict]:
     return np.asarray(latents), pipe.cache_report
 
 
-def check_equal(model_dir, noise, ours, reference_config, cache: CacheConfig, min_skipped: int) -> dict:
-    ref = diffusers_run(model_dir[1], noise, reference_config)
-    latents, report = our_run(ours, noise, cache)
+def check_equal(
+    model_dir, noise, ours, reference_config, cache: CacheConfig, min_skipped: int, prompts=(PROMPT,)
+) -> dict:
+    ref = diffusers_run(model_dir[1], noise, reference_config, prompts)
+    latents, report = our_run(ours, noise, cache, prompts)
     assert report.computed == ref["computed"]
     skipped = sum(not c for flags in ref["computed"].values() for c in flags)
     assert skipped >= min_skipped, ref["computed"]  # the case exercises skipping
@@ -171,6 +175,17 @@ def test_first_block_cache_equals_diffusers(model_dir, noise, ours, threshold, m
             True,
             True,
         ]
+
+
+def test_a_batch_makes_one_decision_per_branch_as_diffusers(model_dir, ours):
+    """Two prompts: each branch decides once for both rows (the change is measured over the batch)."""
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    shape = (2, 16, (FRAMES - 1) // 4 + 1, HEIGHT // 8, WIDTH // 8)
+    noise = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    prompts = (PROMPT, "a dog")
+    config = CacheConfig("firstblock", threshold=0.35)
+    check_equal(model_dir, noise, ours, FirstBlockCacheConfig(threshold=0.35), config, 6, prompts)
 
 
 def test_calibration_equals_diffusers(model_dir, noise, ours):
