@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from wanjax.version import __version__
 
 _EXPORTS = {
+    "CacheConfig": "wanjax.pipeline.step_cache",
     "CheckpointError": "wanjax.errors",
     "ConfigError": "wanjax.errors",
     "SchedulerConfig": "wanjax.pipeline.scheduler",
@@ -34,6 +35,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "CacheConfig",
     "CheckpointError",
     "ConfigError",
     "SchedulerConfig",
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
     )
     from wanjax.pipeline.pipeline import WanPipeline
     from wanjax.pipeline.scheduler import SchedulerConfig
+    from wanjax.pipeline.step_cache import CacheConfig
 
 
 def __getattr__(name: str) -> Any:

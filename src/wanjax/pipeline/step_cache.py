@@ -45,7 +45,7 @@ import numpy as np
 
 from wanjax.errors import ConfigError
 from wanjax.models.config import TransformerConfig
-from wanjax.models.dit import Conditioning, WanTransformer
+from wanjax.models.dit import WanTransformer
 from wanjax.models.layers import Params
 
 POLICIES: tuple[str, ...] = ("off", "magcache", "firstblock")
@@ -381,11 +381,7 @@ def cached_forward(
     else:
         base, compute, start = tokens, planned, 0
     reused = base + state["residual"]
-    fresh = jax.lax.cond(
-        jnp.any(compute),
-        lambda: _blocks(model, params, base, cond, start),
-        lambda: reused,
-    )
+    fresh = jax.lax.cond(jnp.any(compute), lambda: model.blocks(params, base, cond, start), lambda: reused)
     hidden = jnp.where(_rows(compute, rows), fresh, reused)
     out["residual"] = jnp.where(_rows(compute, rows), fresh - base, state["residual"])
     ratios = jnp.ones((branches,), jnp.float32)
@@ -393,10 +389,6 @@ def cached_forward(
         measured = magnitude_ratio(out["residual"], state["residual"], branches)
         ratios = jnp.where(index == 0, ratios, measured)
     return model.project(params, hidden, cond), out, compute, ratios
-
-
-def _blocks(model: WanTransformer, params: Params, x: jax.Array, cond: Conditioning, start: int) -> jax.Array:
-    return model.blocks(params, x, cond, start)
 
 
 # ----------------------------------------------------------------------------------------------
