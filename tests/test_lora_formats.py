@@ -382,6 +382,12 @@ def test_pickle_refused(tmp_path):
         one_line(excinfo)
 
 
+def test_missing_file(tmp_path):
+    with pytest.raises(CheckpointError, match="cannot read") as excinfo:
+        read_lora(tmp_path)  # a directory without pytorch_lora_weights.safetensors
+    one_line(excinfo)
+
+
 def test_truncated_file(tmp_path):
     save_file(wan_original(torch.Generator().manual_seed(11)), tmp_path / "lora.safetensors")
     data = (tmp_path / "lora.safetensors").read_bytes()

@@ -176,8 +176,11 @@ def describe(lora: LoraFile) -> dict:
 
 def _looks_pickled(path: Path) -> bool:
     """A torch zip archive or a bare pickle (protocol 2 to 5), whatever its name."""
-    with open(path, "rb") as f:  # open_safetensors could open it
-        head = f.read(4)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
     return head == b"PK\x03\x04" or (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from wanjax.io.component import Component
 from wanjax.kernels.attention import AttentionSpec, attention
 from wanjax.kernels.common import AttentionShape
 from wanjax.kernels.precision import Precision, resolve_precision
+from wanjax.models import lora
 from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.layers import (
     Params,
@@ -456,6 +457,8 @@ class WanTransformer:
         self.mesh = mesh
         self.precision = resolve_precision(precision, "transformer")
         self.offload = parse_offload(offload)
+        self.loras: list[tuple[Path, float]] = []  # the LoRA adapters merged (set_loras)
+        self._lora_base: dict[Any, jax.Array] = {}  # the base of each leaf they changed, in host memory
         self._forward = jax.jit(self.apply)
 
     def __call__(self, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array) -> jax.Array:
@@ -515,6 +518,20 @@ class WanTransformer:
     def project(self, params: Params, x: jax.Array, cond: Conditioning) -> jax.Array:
         """:func:`project` with this model's settings."""
         return project(params, self.cfg, x, cond, precision=self.precision)
+
+    def set_loras(self, loras: Sequence[lora.LoraSpec]) -> None:
+        """Merge these LoRA adapters (``(file, weight)`` pairs; :mod:`wanjax.models.lora`) into the
+        weights, in place of any merged before: the weights they change are rebuilt from the base kept
+        for them, not read again. The base of every leaf an adapter changes stays in host memory
+        (pinned, same sharding) while merged: the size of those leaves in host RAM, nothing on the
+        device. An empty list restores the base weights. CheckpointError / ConfigError before any
+        weight changes for a file that does not fit this model."""
+        files = lora.load_loras(loras)
+        plan = lora.plan_updates(checkpoint_spec(self.cfg), files)
+        params = lora.restore(self.params, self._lora_base)
+        self.params = lora.merge(params, plan)
+        self._lora_base = {path: move(leaf, HOST) for path, leaf in lora.leaves_at(params, plan).items()}
+        self.loras = [(f.path, w) for f, w in files]
 
     def to_host(self, block: bool = True) -> None:
         """Move every weight to pinned host memory (same devices and partitioning); with ``block``,

@@ -34,12 +34,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from wanjax.errors import CheckpointError, WanjaxError
+from wanjax.io.lora import LoraFile
 from wanjax.io.quantizable import UNQUANTIZED
 from wanjax.io.quantizable import weights_dtype as weights_storage
 from wanjax.kernels.attention import AttentionSpec
 from wanjax.kernels.precision import Precision, parse_precision, resolve_precision
 from wanjax.models.config import parse_dtype
-from wanjax.models.dit import TRANSFORMER, WanTransformer, load_transformer
+from wanjax.models.dit import TRANSFORMER, WanTransformer, checkpoint_spec, load_transformer
+from wanjax.models.lora import LoraSpec, load_loras, plan_updates
 from wanjax.models.offload import Offload, parse_offload
 from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
 from wanjax.models.vae import VAE, Tiling, WanVAE, load_vae, parse_chunk
@@ -121,7 +123,8 @@ class WanPipeline:
     layer weights are streamed from host memory during each step); see the module docstring.
     ``weights_dtype``: ``"bf16"`` (the weights in ``dtype``), ``"int8"`` or ``"fp8"``: the
     transformer's and text encoder's matmul kernels stored in 8 bits with a float32 scale per
-    output channel (:mod:`wanjax.io.quant`; error bounds in the README).
+    output channel (:mod:`wanjax.io.quant`; error bounds in the README). ``loras``: LoRA adapters
+    ``[(file, weight), ...]`` merged into the transformer's weights (:meth:`set_loras`).
     """
 
     def __init__(
@@ -141,6 +144,7 @@ class WanPipeline:
         vae_precision: str | None = None,
         offload: Offload | str = "none",
         weights_dtype: str = UNQUANTIZED,
+        loras: Sequence[LoraSpec] = (),
     ):
         self.source = source
         self.offload = parse_offload(offload)
@@ -167,6 +171,8 @@ class WanPipeline:
         self._transformer: WanTransformer | None = None
         self._sampler: Sampler | None = None
         self._vae: WanVAE | None = None
+        self.loras: list[tuple[LoraFile, float]] = []
+        self.set_loras(loras)
 
     @classmethod
     def from_pretrained(
@@ -252,8 +258,24 @@ class WanPipeline:
                     offload=self.offload,
                     weights_dtype=self.weights_dtype,
                 )
+                if self.loras:
+                    self._transformer.set_loras(self.loras)
                 jax.block_until_ready(self._transformer.params)
         return self._transformer
+
+    def set_loras(self, loras: Sequence[LoraSpec]) -> None:
+        """Use these LoRA adapters (``[(file, weight), ...]``, replacing any set before; ``[]``: none):
+        read and checked against the transformer's config now, merged into its weights when it is
+        loaded, or at once if it is (from the base weights kept in host memory for the leaves a LoRA
+        changes; the checkpoint is not read again). See :meth:`WanTransformer.set_loras`."""
+        files = load_loras(loras)
+        if files:
+            cfg = TRANSFORMER.read_config(TRANSFORMER.directory(self.path))
+            plan_updates(checkpoint_spec(cfg), files)  # a LoRA for another model fails here
+        if self._transformer is not None:
+            with self.stage_timing("denoise").loading():
+                self._transformer.set_loras(files)
+        self.loras = files
 
     @property
     def vae(self) -> WanVAE:

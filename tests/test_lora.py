@@ -1,0 +1,187 @@
+"""LoRA adapters merged into the transformer, against diffusers: ``load_lora_weights`` +
+``set_adapters`` + ``fuse_lora`` on the same checkpoint give the merged weights (float32, 1e-6), and a
+pipeline run with them gives diffusers' latents; on 8 devices the merged shards equal the one-device
+merge; bad files are one-line errors before any weight is read. Expected values come from diffusers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_DIT, save_transformer
+from safetensors.torch import save_file
+from test_lora_formats import _Pipe, add_factors, peft_transformer, wan_original
+
+pytest.importorskip("peft")
+
+from peft import LoraConfig
+
+from wanjax import load_transformer
+from wanjax.errors import CheckpointError
+from wanjax.io.checkpoint import LeafSource
+from wanjax.models import dit
+
+SCALES = (0.5, 1.3)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A tiny transformer checkpoint and two LoRAs for it: one diffusers/PEFT file as
+    ``save_lora_weights`` writes it (metadata, alpha != rank), one original-Wan file with alphas."""
+    from diffusers import WanPipeline as DiffusersPipeline
+
+    root = tmp_path_factory.mktemp("lora_dit")
+    save_transformer(root, seed=0, **TINY_DIT)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["to_q", "to_v", "ffn.net.0.proj", "proj_out"])
+    peft_model = peft_transformer(config, seed=7)
+    from peft.utils import get_peft_model_state_dict
+
+    DiffusersPipeline.save_lora_weights(
+        root / "peft",
+        transformer_lora_layers=get_peft_model_state_dict(peft_model),
+        transformer_lora_adapter_metadata=config.to_dict(),
+    )
+    wan = wan_original(torch.Generator().manual_seed(9))
+    save_file(wan, root / "wan.safetensors")
+    return root, root / "peft" / "pytorch_lora_weights.safetensors", root / "wan.safetensors"
+
+
+def diffusers_fused(root, loras) -> dict[str, np.ndarray]:
+    """The transformer's state dict after diffusers loads ``[(file, weight), ...]`` and fuses them."""
+    from diffusers import WanTransformer3DModel
+
+    model = WanTransformer3DModel.from_pretrained(root / "transformer").eval()
+    pipe = _Pipe(model)
+    names = []
+    for k, (path, _) in enumerate(loras):
+        pipe.load_lora_weights(str(path), adapter_name=f"a{k}")
+        names.append(f"a{k}")
+    pipe.set_adapters(names, [w for _, w in loras])
+    pipe.fuse_lora(adapter_names=names)
+    pipe.unload_lora_weights()
+    return {k: v.numpy() for k, v in model.state_dict().items()}
+
+
+def layers(model):
+    """``(checkpoint tensor name, its source, our array of it)`` for every tensor of the model."""
+    import jax
+
+    sources = jax.tree.leaves(dit.checkpoint_spec(model.cfg), is_leaf=lambda x: isinstance(x, LeafSource))
+    for source, leaf in zip(sources, jax.tree.leaves(model.params), strict=True):
+        leaf = np.asarray(leaf)
+        for layer, name in enumerate(source.names):
+            yield name, source, leaf[layer] if source.stacked else leaf
+
+
+def snapshot(model) -> dict[str, np.ndarray]:
+    return {name: value for name, _, value in layers(model)}
+
+
+def assert_equal_to(model, expected: dict[str, np.ndarray]) -> None:
+    """Our weights equal ``expected`` (diffusers' state dict, put in our layout by the spec's own layout)."""
+    names = set()
+    for name, source, value in layers(model):
+        names.add(name)
+        np.testing.assert_allclose(value, source.layout(expected[name]), rtol=1e-6, atol=1e-6, err_msg=name)
+    assert names == set(expected)
+
+
+@pytest.mark.parametrize("which", ["peft", "wan", "both"])
+def test_merged_weights_equal_diffusers_fuse(files, which):
+    root, peft_file, wan_file = files
+    loras = {
+        "peft": [(peft_file, 1.3)],
+        "wan": [(wan_file, 0.5)],
+        "both": [(peft_file, 0.5), (wan_file, 1.3)],
+    }[which]
+    model = load_transformer(root, "float32")
+    base = snapshot(model)
+    model.set_loras(loras)
+    fused = diffusers_fused(root, loras)
+    sources = {name: source for name, source, _ in layers(model)}
+    changed = [n for n in fused if not np.array_equal(sources[n].layout(fused[n]), base[n])]
+    assert len(changed) >= 4, changed
+    assert_equal_to(model, fused)
+
+
+def test_set_loras_remerges_from_the_kept_base(files):
+    """Changing the adapters rebuilds the changed leaves from their base (no checkpoint read); [] restores it."""
+    root, peft_file, wan_file = files
+    model = load_transformer(root, "float32")
+    base = snapshot(model)
+    model.set_loras([(peft_file, 0.5), (wan_file, 1.3)])
+    model.set_loras([(wan_file, 0.8)])
+    assert_equal_to(model, diffusers_fused(root, [(wan_file, 0.8)]))
+    model.set_loras([])
+    assert all(np.array_equal(v, base[k]) for k, v in snapshot(model).items())
+    assert model._lora_base == {} and model.loras == []
+
+
+def test_bad_lora_files_fail_before_merging(files, tmp_path):
+    root, peft_file, _ = files
+    model = load_transformer(root, "float32")
+    before = snapshot(model)
+    other = {}
+    add_factors(other, torch.Generator().manual_seed(1), "diffusion_model.blocks.0.self_attn.q", (48, 48), 4)
+    save_file(other, tmp_path / "wider.safetensors")  # a LoRA for a wider model
+    deeper = {}
+    add_factors(deeper, torch.Generator().manual_seed(1), "diffusion_model.blocks.7.self_attn.q", (24, 24), 4)
+    save_file(deeper, tmp_path / "deeper.safetensors")  # for a model with more blocks
+    for path, message in (
+        (tmp_path / "wider.safetensors", r"blocks.0.attn1.to_q: a LoRA update of shape \(48, 48\)"),
+        (tmp_path / "deeper.safetensors", r"blocks.7.attn1.to_q matches no parameter of this model \(0 of 1"),
+    ):
+        with pytest.raises(CheckpointError, match=message) as info:
+            model.set_loras([(peft_file, 1.0), (path, 1.0)])
+        assert "\n" not in str(info.value)
+    assert all(np.array_equal(v, before[k]) for k, v in snapshot(model).items())
+
+
+MESH_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import jax, numpy as np
+    from wanjax import load_transformer
+    from wanjax.parallel.mesh import make_mesh, parse_mesh
+
+    root, loras = sys.argv[1], [(p, float(w)) for p, w in json.loads(sys.argv[2])]
+    one = load_transformer(root, "float32")
+    one.set_loras(loras)
+    out = {}
+    for mesh, fsdp in (("dp=2,sp=2,tp=2", True), ("dp=1,sp=4,tp=2", False)):
+        model = load_transformer(root, "float32", mesh=make_mesh(parse_mesh(mesh)), fsdp=fsdp)
+        model.set_loras(loras)
+        worst = max(
+            float(np.abs(np.asarray(a) - np.asarray(b)).max())
+            for a, b in zip(jax.tree.leaves(model.params), jax.tree.leaves(one.params), strict=True)
+        )
+        q = model.params["blocks"]["attn1"]["to_q"]["kernel"]
+        out[mesh] = {"max_diff": worst, "spec": str(q.sharding.spec), "shards": len(q.sharding.device_set)}
+    print(json.dumps(out))
+    """
+)
+
+
+def test_merge_on_an_8_device_mesh_equals_one_device(files):
+    root, peft_file, wan_file = files
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    loras = json.dumps([[str(peft_file), 0.5], [str(wan_file), 1.3]])
+    result = subprocess.run(
+        [sys.executable, "-c", MESH_SCRIPT, str(root), loras],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    for mesh, r in out.items():
+        assert r["shards"] == 8 and r["spec"] != "PartitionSpec()", (mesh, r)
+        assert r["max_diff"] <= 1e-6, (mesh, r)
