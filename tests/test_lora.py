@@ -185,3 +185,151 @@ def test_merge_on_an_8_device_mesh_equals_one_device(files):
     for mesh, r in out.items():
         assert r["shards"] == 8 and r["spec"] != "PartitionSpec()", (mesh, r)
         assert r["max_diff"] <= 1e-6, (mesh, r)
+
+
+# ----------------------------------------------------------------------------------------------
+# A pipeline run with LoRAs, from the command line
+
+
+@pytest.fixture(scope="module")
+def tiny_pipeline(tmp_path_factory):
+    """A tiny random WanPipeline saved in the diffusers layout, two LoRAs for its transformer (block
+    projections: original Wan names with alphas, and lora_A / lora_B names), and starting noise."""
+    from test_pipeline_parity import build_tiny_pipeline
+    from test_tokenizer import make_tokenizer_dir
+
+    root = tmp_path_factory.mktemp("lora_pipeline")
+    build_tiny_pipeline(root, make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer"))
+    loras = []
+    for k, names in enumerate((("lora_down", "lora_up"), ("lora_A", "lora_B"))):
+        sd = {}
+        gen = torch.Generator().manual_seed(20 + k)
+        for i in range(2):
+            for module, shape in {
+                "self_attn.q": (24, 24),
+                "cross_attn.v": (24, 24),
+                "ffn.0": (32, 24),
+            }.items():
+                key = f"diffusion_model.blocks.{i}.{module}"
+                add_factors(sd, gen, key, shape, 4, alpha=2.0 if k == 0 else None, names=names)
+        save_file(sd, root / f"lora{k}.safetensors")
+        loras.append(root / f"lora{k}.safetensors")
+    noise = torch.randn((1, 16, 3, 6, 8), generator=torch.Generator().manual_seed(0))
+    save_file({"latents": noise}, root / "noise.safetensors")
+    return root, loras, noise
+
+
+def test_generate_with_two_loras_equals_diffusers(tiny_pipeline, tmp_path):
+    from diffusers import WanPipeline as DiffusersPipeline
+    from test_pipeline_parity import NEGATIVE, PROMPT, relative_error, to_uint8
+
+    from wanjax.cli.main import main
+
+    root, (first, second), noise = tiny_pipeline
+    weights = (0.8, 1.2)
+    pipe = DiffusersPipeline.from_pretrained(root)
+    pipe.load_lora_weights(str(first), adapter_name="a")
+    pipe.load_lora_weights(str(second), adapter_name="b")
+    pipe.set_adapters(["a", "b"], list(weights))
+    pipe.fuse_lora(adapter_names=["a", "b"])
+    final = []
+    run = dict(
+        prompt=PROMPT, negative_prompt=NEGATIVE, height=48, width=64, num_frames=9, num_inference_steps=4
+    )
+    with torch.no_grad():
+        video = pipe(
+            **run,
+            guidance_scale=5.0,
+            latents=noise,
+            output_type="np",
+            callback_on_step_end=lambda p, i, t, kw: final.append(kw["latents"].clone()) or {},
+        ).frames
+    reference = to_uint8(video)
+
+    stage = tmp_path / "stages"
+    common = ["--model", str(root), "--dtype", "float32", "--jax_cache_dir", "off"]
+    lora = ["--lora", f"{first}:{weights[0]}", "--lora", f"{second}:{weights[1]}"]
+    video_flags = ["--height", "48", "--width", "64", "--frames", "9"]
+    assert (
+        main(
+            ["encode", *common, "--prompt", PROMPT, "--negative_prompt", NEGATIVE, "--output_dir", str(stage)]
+        )
+        == 0
+    )
+    steps = [
+        "--num_inference_steps",
+        "4",
+        "--guidance_scale",
+        "5",
+        "--init_latents",
+        str(root / "noise.safetensors"),
+    ]
+    assert main(["denoise", "--input_dir", str(stage), *lora, *steps, "--jax_cache_dir", "off"]) == 0
+    from safetensors.numpy import load_file
+
+    latents = load_file(stage / "stage2_latents.safetensors")["latents"]
+    assert relative_error(latents, final[-1].numpy()) <= 1e-5
+    config = json.loads((stage / "generation_config.json").read_text())
+    assert config["stages"]["denoise"]["arguments"]["lora"] == [
+        f"{first}:{weights[0]}",
+        f"{second}:{weights[1]}",
+    ]
+
+    frames_file = tmp_path / "frames.npy"
+    args = [
+        "generate",
+        *common,
+        "--prompt",
+        PROMPT,
+        "--negative_prompt",
+        NEGATIVE,
+        *video_flags,
+        *steps,
+        *lora,
+    ]
+    assert main([*args, "--output_video", str(tmp_path / "v.mp4"), "--frames_out", str(frames_file)]) == 0
+    frames = np.load(frames_file)
+    assert np.abs(frames.astype(np.int16) - reference).max() <= 1
+    record = json.loads((tmp_path / "v.json").read_text())
+    assert record["arguments"]["lora"] == [f"{first}:{weights[0]}", f"{second}:{weights[1]}"]
+
+
+def test_cli_bad_lora_files_are_one_line_errors_before_any_weight(tiny_pipeline, tmp_path, capsys):
+    from wanjax.cli.main import main
+
+    root, (first, _), _ = tiny_pipeline
+    (tmp_path / "lora.bin").write_bytes(b"\x80\x04not really")
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(first.read_bytes()[:-100])
+    wide = {}
+    add_factors(wide, torch.Generator().manual_seed(1), "diffusion_model.blocks.0.self_attn.q", (48, 48), 4)
+    save_file(wide, tmp_path / "wide.safetensors")
+    save_file({"vae.decoder.lora_A.weight": torch.zeros(2, 2)}, tmp_path / "nothing.safetensors")
+    base = [
+        "generate",
+        "--model",
+        str(root),
+        "--prompt",
+        "a cat",
+        "--height",
+        "48",
+        "--width",
+        "64",
+        "--frames",
+        "9",
+    ]
+    capsys.readouterr()
+    for bad, message in (
+        (tmp_path / "lora.bin", "pickle"),
+        (truncated, "truncated"),
+        (tmp_path / "wide.safetensors", "another model size"),
+        (tmp_path / "nothing.safetensors", "0 of 1 keys recognised"),
+        (f"{first}:abc:", "cannot read"),
+    ):
+        out = tmp_path / "never.mp4"
+        assert main([*base, "--lora", str(bad), "--output_video", str(out), "--jax_cache_dir", "off"]) == 2, (
+            bad
+        )
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+        assert not out.exists()

@@ -31,6 +31,7 @@ from wanjax.cli.requests import (
     DenoiseRequest,
     EncodeRequest,
     GenerateRequest,
+    LoraFlags,
     MemoryFlags,
     ParallelFlags,
     PipelineRequest,
@@ -90,8 +91,10 @@ def open_pipeline(
     memory: MemoryFlags = MemoryFlags(),  # noqa: B008 (frozen)
     vae: VaeFlags = VaeFlags(),  # noqa: B008 (frozen)
     attention: AttentionFlags = AttentionFlags(),  # noqa: B008 (frozen)
+    adapters: LoraFlags = LoraFlags(),  # noqa: B008 (frozen)
 ) -> WanPipeline:
-    """The pipeline of ``model`` (a hub model at ``revision``, else ``--revision``)."""
+    """The pipeline of ``model`` (a hub model at ``revision``, else ``--revision``); its LoRAs are read
+    and checked against the transformer's config here, before any weight."""
     from wanjax.models.vae import Tiling
 
     return WanPipeline.from_pretrained(
@@ -111,6 +114,7 @@ def open_pipeline(
         download=common.download,
         offload=memory.offload,
         weights_dtype=memory.weights_dtype,
+        loras=adapters.loras(),
     )
 
 
@@ -297,6 +301,7 @@ def cmd_generate(request: GenerateRequest) -> RunReport:
         memory=request.memory,
         vae=request.vae,
         attention=request.attention,
+        adapters=request.adapters,
     )
     configs = validation.check_model(pipe.path, ("tokenizer", "text_encoder", "transformer", "vae"))
     check_vae_tiling(pipe)
@@ -419,6 +424,7 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
         revision=revision,
         memory=request.memory,
         attention=request.attention,
+        adapters=request.adapters,
     )
     cfg = validation.check_model(pipe.path, ("transformer",))["transformer"]
     if pos.shape[2] != cfg.text_dim:

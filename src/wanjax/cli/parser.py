@@ -173,6 +173,17 @@ def add_memory(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_lora(parser: argparse.ArgumentParser) -> None:
+    flag(
+        parser,
+        "lora",
+        action="append",
+        metavar="PATH[:WEIGHT]",
+        help="merge this LoRA (safetensors: diffusers/PEFT, original Wan / kohya, LightX2V, musubi) into "
+        "the transformer with this weight (default 1.0); repeatable",
+    )
+
+
 def add_cache(parser: argparse.ArgumentParser) -> None:
     """Step caching (the choices and defaults are the library's)."""
     from wanjax.pipeline.step_cache import FIRST_BLOCK_THRESHOLD, MAG_DEFAULTS, POLICIES, presets
@@ -319,6 +330,7 @@ def generate_flags(parser: argparse.ArgumentParser) -> None:
     add_video(parser)
     add_sampling(parser)
     add_attention(parser)
+    add_lora(parser)
     add_cache(parser)
     add_outputs(parser, "YYYYMMDD_HHMMSS.mp4")
     add_memory(parser)
@@ -337,6 +349,7 @@ def denoise_flags(parser: argparse.ArgumentParser) -> None:
     add_video(parser)
     add_sampling(parser)
     add_attention(parser)
+    add_lora(parser)
     add_cache(parser)
     add_stage_dir(parser, "input_dir")
     add_memory(parser)

@@ -154,6 +154,32 @@ class MemoryFlags:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraFlags:
+    """LoRA adapters merged into the transformer: ``--lora PATH[:WEIGHT]``, repeatable."""
+
+    lora: tuple[str, ...] = ()
+
+    def loras(self) -> list[tuple[str, float]]:
+        """``(path, weight)`` of each ``--lora`` (weight 1.0 when not given); ConfigError for a bad weight."""
+        return [parse_lora(value) for value in self.lora]
+
+
+def parse_lora(value: str) -> tuple[str, float]:
+    """``PATH[:WEIGHT]`` -> ``(PATH, WEIGHT)``: the text after the last ``:`` is the weight when it is a
+    number (a path may itself hold colons)."""
+    path, sep, tail = value.rpartition(":")
+    if not sep or not path:
+        return value, 1.0
+    try:
+        weight = float(tail)
+    except ValueError:
+        return value, 1.0
+    if not math.isfinite(weight):
+        raise ConfigError(f"--lora {value}: the weight must be a finite number")
+    return path, weight
+
+
+@dataclasses.dataclass(frozen=True)
 class CacheFlags:
     """The step cache (:mod:`wanjax.pipeline.step_cache`): policy and settings, MagCache's curve,
     and calibration's output file."""
@@ -245,6 +271,7 @@ class GenerateRequest(Request):
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
     outputs: OutputFlags = dataclasses.field(default_factory=OutputFlags)
+    adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)
     cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
@@ -277,6 +304,7 @@ class DenoiseRequest(Request):
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     input_dir: str = STAGE_DIR
+    adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)
     cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
@@ -372,6 +400,8 @@ def check_flags(request: Request) -> None:
     _check_precisions(flags)
     _check_vae_options(flags)
     _check_cache(request)
+    for value in flags.get("lora", ()):
+        parse_lora(value)
 
 
 def _check_cache(request: Request) -> None:
