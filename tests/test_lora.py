@@ -333,3 +333,14 @@ def test_cli_bad_lora_files_are_one_line_errors_before_any_weight(tiny_pipeline,
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err, err
         assert not out.exists()
+
+
+def test_info_on_a_lora_file(tiny_pipeline, capsys):
+    from wanjax.cli.main import main
+
+    _, (first, _), _ = tiny_pipeline
+    assert main(["info", str(first)]) == 0
+    out = capsys.readouterr().out
+    assert f"{first}: LoRA, wan-original layout, 6 modules" in out
+    assert "ranks: 4" in out and "alphas: 2" in out
+    assert "attn1.to_q x2, attn2.to_v x2, ffn.net.0.proj x2" in out

@@ -15,6 +15,9 @@ def cmd_info(request: InfoRequest) -> None:
     """Print components, their configs, tensor counts, sizes and dtypes."""
     from wanjax.pipeline.hub import resolve_model
 
+    if request.model.endswith(".safetensors"):
+        _lora_info(request.model)
+        return
     source = resolve_model(request.model, revision=request.revision, download=request.download)
     root = source.path
     index_path = root / "model_index.json"
@@ -47,6 +50,25 @@ def cmd_info(request: InfoRequest) -> None:
         else:
             files = sorted(p for p in folder.iterdir() if p.is_file())
             print("  files: " + ", ".join(f"{p.name} ({p.stat().st_size / 1024:.0f} KiB)" for p in files))
+
+
+def _lora_info(path: str) -> None:
+    """A LoRA file: its layout, ranks, alphas and the modules it changes (:func:`wanjax.io.lora.describe`)."""
+    from wanjax.io.lora import describe, read_lora
+
+    info = describe(read_lora(path))
+    print(f"{info['path']}: LoRA, {info['format']} layout, {info['modules']} modules")
+    print(f"  ranks: {', '.join(map(str, info['ranks']))}")
+    alphas = (
+        "none given (alpha = rank)" if info["alphas"] is None else ", ".join(f"{a:g}" for a in info["alphas"])
+    )
+    print(f"  alphas: {alphas}")
+    print("  targets: " + ", ".join(f"{name} x{count}" for name, count in info["targets"].items()))
+    extras = [name for name in ("diff", "diff_b") if info[name]]
+    if extras:
+        print(f"  full deltas: {', '.join(extras)}")
+    if info["ignored_keys"]:
+        print(f"  ignored (as diffusers ignores them): {info['ignored_keys']} keys")
 
 
 def _component(folder: str) -> Component:
