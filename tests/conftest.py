@@ -60,3 +60,15 @@ def demo_env(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("WANJAX_CACHE", str(cache))
         yield cache
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline_dir(tmp_path_factory):
+    """A tiny random diffusers WanPipeline (UniPC, CFG) saved in the diffusers layout, shared by the
+    parity tests (read-only: a test that writes files puts them elsewhere)."""
+    from test_pipeline_parity import build_tiny_pipeline
+    from test_tokenizer import make_tokenizer_dir
+
+    root = tmp_path_factory.mktemp("wan_pipeline")
+    build_tiny_pipeline(root, make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer"))
+    return root

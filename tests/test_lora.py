@@ -192,14 +192,10 @@ def test_merge_on_an_8_device_mesh_equals_one_device(files):
 
 
 @pytest.fixture(scope="module")
-def tiny_pipeline(tmp_path_factory):
-    """A tiny random WanPipeline saved in the diffusers layout, two LoRAs for its transformer (block
-    projections: original Wan names with alphas, and lora_A / lora_B names), and starting noise."""
-    from test_pipeline_parity import build_tiny_pipeline
-    from test_tokenizer import make_tokenizer_dir
-
-    root = tmp_path_factory.mktemp("lora_pipeline")
-    build_tiny_pipeline(root, make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer"))
+def tiny_pipeline(tiny_pipeline_dir, tmp_path_factory):
+    """The tiny random WanPipeline, two LoRAs for its transformer (block projections: original Wan
+    names with alphas, and lora_A / lora_B names) and starting noise, in a folder of their own."""
+    root = tmp_path_factory.mktemp("lora_files")
     loras = []
     for k, names in enumerate((("lora_down", "lora_up"), ("lora_A", "lora_B"))):
         sd = {}
@@ -216,7 +212,7 @@ def tiny_pipeline(tmp_path_factory):
         loras.append(root / f"lora{k}.safetensors")
     noise = torch.randn((1, 16, 3, 6, 8), generator=torch.Generator().manual_seed(0))
     save_file({"latents": noise}, root / "noise.safetensors")
-    return root, loras, noise
+    return tiny_pipeline_dir, loras, noise, root / "noise.safetensors"
 
 
 def test_generate_with_two_loras_equals_diffusers(tiny_pipeline, tmp_path):
@@ -225,7 +221,7 @@ def test_generate_with_two_loras_equals_diffusers(tiny_pipeline, tmp_path):
 
     from wanjax.cli.main import main
 
-    root, (first, second), noise = tiny_pipeline
+    root, (first, second), noise, noise_file = tiny_pipeline
     weights = (0.8, 1.2)
     pipe = DiffusersPipeline.from_pretrained(root)
     pipe.load_lora_weights(str(first), adapter_name="a")
@@ -262,7 +258,7 @@ def test_generate_with_two_loras_equals_diffusers(tiny_pipeline, tmp_path):
         "--guidance_scale",
         "5",
         "--init_latents",
-        str(root / "noise.safetensors"),
+        str(noise_file),
     ]
     assert main(["denoise", "--input_dir", str(stage), *lora, *steps, "--jax_cache_dir", "off"]) == 0
     from safetensors.numpy import load_file
@@ -297,7 +293,7 @@ def test_generate_with_two_loras_equals_diffusers(tiny_pipeline, tmp_path):
 def test_cli_bad_lora_files_are_one_line_errors_before_any_weight(tiny_pipeline, tmp_path, capsys):
     from wanjax.cli.main import main
 
-    root, (first, _), _ = tiny_pipeline
+    root, (first, _), _, _ = tiny_pipeline
     (tmp_path / "lora.bin").write_bytes(b"\x80\x04not really")
     truncated = tmp_path / "truncated.safetensors"
     truncated.write_bytes(first.read_bytes()[:-100])
@@ -338,7 +334,7 @@ def test_cli_bad_lora_files_are_one_line_errors_before_any_weight(tiny_pipeline,
 def test_info_on_a_lora_file(tiny_pipeline, capsys):
     from wanjax.cli.main import main
 
-    _, (first, _), _ = tiny_pipeline
+    _, (first, _), _, _ = tiny_pipeline
     assert main(["info", str(first)]) == 0
     out = capsys.readouterr().out
     assert f"{first}: LoRA, wan-original layout, 6 modules" in out

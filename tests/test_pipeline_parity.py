@@ -16,7 +16,6 @@ import pytest
 import torch
 from conftest import randomize_
 from safetensors.numpy import load_file, save_file
-from test_tokenizer import make_tokenizer_dir
 
 from wanjax.cli.main import main
 from wanjax.pipeline import stages
@@ -82,13 +81,11 @@ def build_tiny_pipeline(root: Path, tokenizer_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny random WanPipeline saved in the diffusers layout, and the diffusers pipeline read back."""
+def model_dir(tiny_pipeline_dir):
+    """The tiny random WanPipeline (:func:`build_tiny_pipeline`), and the diffusers pipeline read back."""
     from diffusers import WanPipeline
 
-    root = tmp_path_factory.mktemp("wan_pipeline")
-    build_tiny_pipeline(root, make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer"))
-    return root, WanPipeline.from_pretrained(root)
+    return tiny_pipeline_dir, WanPipeline.from_pretrained(tiny_pipeline_dir)
 
 
 @pytest.fixture(scope="module")

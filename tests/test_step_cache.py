@@ -17,8 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from test_pipeline_parity import NEGATIVE, PROMPT, build_tiny_pipeline, relative_error, to_uint8
-from test_tokenizer import make_tokenizer_dir
+from test_pipeline_parity import NEGATIVE, PROMPT, relative_error, to_uint8
 
 from wanjax import WanPipeline
 from wanjax.errors import ConfigError
@@ -34,12 +33,10 @@ CURVE_12 = [1.0, 1.0, 0.99, 0.985, 0.98, 0.97, 0.95, 0.93, 0.9, 0.86, 0.8, 0.7]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
+def model_dir(tiny_pipeline_dir):
     from diffusers import WanPipeline as DiffusersPipeline
 
-    root = tmp_path_factory.mktemp("wan_cache_pipeline")
-    build_tiny_pipeline(root, make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer"))
-    return root, DiffusersPipeline.from_pretrained(root)
+    return tiny_pipeline_dir, DiffusersPipeline.from_pretrained(tiny_pipeline_dir)
 
 
 @pytest.fixture(scope="module")

@@ -469,19 +469,10 @@ class WanTransformer:
     def apply(
         self, params: Params, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array
     ) -> jax.Array:
-        """The forward for use inside a caller's ``jit``; pass ``params`` as a traced argument there."""
-        return forward(
-            params,
-            self.cfg,
-            latents,
-            timestep,
-            prompt_embeds,
-            dtype=self.dtype,
-            attention_backend=self.attention_backend,
-            mesh=self.mesh,
-            precision=self.precision,
-            offload=self.offload,
-        )
+        """The forward (:func:`forward`: :meth:`embed`, :meth:`blocks`, :meth:`project`) for use inside a
+        caller's ``jit``; pass ``params`` as a traced argument there."""
+        x, cond = self.embed(params, latents, timestep, prompt_embeds)
+        return self.project(params, self.blocks(params, x, cond), cond)
 
     def embed(
         self, params: Params, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array
