@@ -6,6 +6,7 @@ evaluate it identically and any difference comes from the scheduler arithmetic.
 
 from __future__ import annotations
 
+import itertools
 import json
 import warnings
 
@@ -507,3 +508,39 @@ def test_make_scheduler_errors(tmp_path) -> None:
         make_scheduler(tmp_path, 10)
     with pytest.raises(ConfigError, match="flow_shift"):
         make_scheduler(SchedulerConfig(), 10, flow_shift=0.0)
+
+
+@pytest.mark.parametrize("n,shift", [(4, 5.0), (6, 8.0)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_distill_steps_equal_diffusers_stochastic_euler(n: int, shift: float, dtype, monkeypatch) -> None:
+    """The few-step sampler is diffusers' FlowMatchEulerDiscreteScheduler(stochastic_sampling=True) on
+    the grid linspace(1, 0, N+1)[:-1] (LightX2V's [1000, 750, 500, 250] for 4 steps), fed our noise."""
+    from diffusers.schedulers import scheduling_flow_match_euler_discrete as reference_module
+
+    ours = make_scheduler(SchedulerConfig(), n, flow_shift=shift, kind="distill", seed=3)
+    ref = FlowMatchEulerDiscreteScheduler(shift=shift, stochastic_sampling=True)
+    ref.set_timesteps(sigmas=[1 - k / n for k in range(n)])
+    np.testing.assert_array_equal(ours.timesteps, ref.timesteps.numpy())
+    np.testing.assert_array_equal(ours.sigmas, ref.sigmas.numpy())
+    if (n, shift) == (4, 5.0):  # LightX2V's Wan 2.1 4-step table
+        np.testing.assert_allclose(ours.timesteps, [1000.0, 937.5, 833.3333, 625.0], rtol=1e-7)
+    rng = np.random.default_rng(0)
+    latents = rng.standard_normal((1, 16, 2, 4, 4)).astype(np.float32)
+    state, sample = ours.init_state(jnp.asarray(latents)), torch.from_numpy(latents)
+    draws = []
+    for i in range(n):
+        velocity = torch.from_numpy(rng.standard_normal(latents.shape).astype(np.float32)).to(dtype)
+        noise = np.array(ours.noise(state, i))
+        draws.append(noise)
+        monkeypatch.setattr(
+            reference_module, "randn_tensor", lambda *a, noise=noise, **k: torch.from_numpy(noise)
+        )
+        sample = ref.step(velocity, ref.timesteps[i], sample).prev_sample
+        jax_velocity = jnp.asarray(velocity.float().numpy()).astype(
+            jnp.bfloat16 if dtype == torch.bfloat16 else jnp.float32
+        )
+        state, prev = ours.step(state, jax_velocity, i)
+        np.testing.assert_array_equal(np.asarray(prev, np.float32), sample.float().numpy())
+    assert all(np.abs(a - b).max() > 0.1 for a, b in itertools.pairwise(draws))  # fresh noise each step
+    again = make_scheduler(SchedulerConfig(), n, flow_shift=shift, kind="distill", seed=4)
+    assert np.abs(np.asarray(again.noise(again.init_state(jnp.asarray(latents)), 0)) - draws[0]).max() > 0.1

@@ -222,12 +222,6 @@ def with_output_video(request: Writing, default: str) -> Writing:
     return dataclasses.replace(request, outputs=outputs)
 
 
-def scheduler_flow_shift(pipe: WanPipeline, flow_shift: float | None) -> float:
-    from wanjax.pipeline.scheduler import load_scheduler_config
-
-    return float(flow_shift) if flow_shift is not None else float(load_scheduler_config(pipe.path).flow_shift)
-
-
 def recorded(request: PipelineRequest) -> dict[str, Any]:
     """What every stage config records of its run: the arguments and the environment."""
     return {"arguments": request.arguments(), "environment": environment()}
@@ -528,14 +522,21 @@ def cmd_decode(request: DecodeRequest) -> RunReport:
 
 
 def sampling_params(pipe: WanPipeline, sampling: SamplingFlags) -> dict[str, Any]:
-    """Steps, guidance, flow shift (the checkpoint's unless given), seed (None with init latents);
-    the flags' values were checked when the request was built."""
+    """Steps, guidance, the scheduler and its flow shift (as the scheduler the run builds says: the
+    checkpoint's, or the distill sampler's, unless given), seed (None with init latents); the flags'
+    values were checked when the request was built."""
+    from wanjax.pipeline.scheduler import make_scheduler
+
     defaults = model_defaults(pipe.source.is_demo)
     init = sampling.init_latents
+    steps = _given_or(sampling.num_inference_steps, defaults.num_inference_steps)
+    kind = sampling.scheduler or "auto"
+    scheduler = make_scheduler(pipe.path, steps, sampling.flow_shift, kind=kind)
     return {
-        "num_inference_steps": _given_or(sampling.num_inference_steps, defaults.num_inference_steps),
+        "num_inference_steps": steps,
         "guidance_scale": _given_or(sampling.guidance_scale, defaults.guidance_scale),
-        "flow_shift": scheduler_flow_shift(pipe, sampling.flow_shift),
+        "scheduler": kind if kind != "auto" else scheduler.kind,
+        "flow_shift": float(scheduler.config.flow_shift),
         "seed": None if init else _given_or(sampling.seed, defaults.seed),
         "init_latents": str(Path(init).resolve()) if init else None,
     }
@@ -561,6 +562,8 @@ def denoise(
         num_inference_steps=params["num_inference_steps"],
         guidance_scale=params["guidance_scale"],
         flow_shift=params["flow_shift"],
+        scheduler=params["scheduler"],
+        seed=params["seed"] or 0,
         cache=cache.config(),
     )
     report = pipe.cache_report

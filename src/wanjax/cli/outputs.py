@@ -28,6 +28,7 @@ DESCRIBED = (  # the run's parameters an mp4's metadata carries, beside its prom
     "seed",
     "num_inference_steps",
     "guidance_scale",
+    "scheduler",
     "flow_shift",
     "init_latents",
     "height",

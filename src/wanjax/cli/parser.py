@@ -303,7 +303,22 @@ def add_sampling(parser: argparse.ArgumentParser) -> None:
     guidance = f"default {ref.guidance_scale}; <= 1: off"
     flag(parser, "guidance_scale", type=float, help=f"classifier-free guidance ({guidance})")
     flag(parser, "seed", type=int, help=f"noise seed (default {ref.seed}; batch item i uses seed + i)")
-    flag(parser, "flow_shift", type=float, help="UniPC flow shift (default: the checkpoint's, 3.0)")
+    from wanjax.pipeline.scheduler import DISTILL_SHIFT, SCHEDULER_KINDS
+
+    flag(
+        parser,
+        "scheduler",
+        choices=SCHEDULER_KINDS,
+        help="sampler (default auto: the checkpoint's scheduler config, UniPC for Wan 2.1); unipc, euler: "
+        "regardless of it; distill: the few-step re-noising sampler of step-distilled models and LoRAs "
+        "(LightX2V: --num_inference_steps 4 --guidance_scale 1)",
+    )
+    flag(
+        parser,
+        "flow_shift",
+        type=float,
+        help=f"flow shift (default: the checkpoint's, 3.0; distill {DISTILL_SHIFT:g})",
+    )
     flag(parser, "init_latents", help="start from this noise (safetensors, key 'latents') instead of --seed")
 
 

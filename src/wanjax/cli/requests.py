@@ -112,6 +112,7 @@ class SamplingFlags:
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
     seed: int | None = None
+    scheduler: str | None = None
     flow_shift: float | None = None
     init_latents: str | None = None
 

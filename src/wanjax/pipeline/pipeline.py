@@ -369,10 +369,15 @@ class WanPipeline:
         flow_shift: float | None = None,
         progress: bool = True,
         cache: CacheConfig | None = None,
+        scheduler: str = "auto",
+        seed: int = 0,
     ) -> jax.Array:
         """Denoise ``latents`` (float32 noise) with classifier-free guidance (skipped when
         ``guidance_scale <= 1``); returns the transformer's normalised latents, float32.
-        ``flow_shift=None`` keeps the checkpoint's scheduler config. ``cache``: a step-cache policy
+        ``flow_shift=None`` keeps the checkpoint's scheduler config. ``scheduler``: ``auto`` (the
+        checkpoint's), ``unipc``, ``euler`` or ``distill`` (the few-step sampler of step-distilled
+        models and LoRAs, whose re-noising draws come from ``seed``; see
+        :mod:`wanjax.pipeline.scheduler`). ``cache``: a step-cache policy
         (:class:`~wanjax.pipeline.step_cache.CacheConfig`); :attr:`cache_report` then tells what it
         skipped (None without one)."""
         from tqdm import tqdm
@@ -388,7 +393,7 @@ class WanPipeline:
             self._sampler = Sampler(model)
         timing = self.stage_timing("denoise")
         with timing.running():
-            scheduler = make_scheduler(self.path, num_inference_steps, flow_shift, kind="auto")
+            steps = make_scheduler(self.path, num_inference_steps, flow_shift, kind=scheduler, seed=seed)
             cond = jnp.asarray(prompt_embeds).astype(model.dtype)
             uncond = (
                 None
@@ -399,7 +404,7 @@ class WanPipeline:
                 total=num_inference_steps, desc="denoise", unit="step", disable=None if progress else True
             ) as bar:
                 out, times = self._sampler(
-                    scheduler,
+                    steps,
                     jnp.asarray(latents, jnp.float32),
                     cond,
                     uncond,
@@ -438,6 +443,7 @@ class WanPipeline:
         max_sequence_length: int = 512,
         progress: bool = True,
         cache: CacheConfig | None = None,
+        scheduler: str = "auto",
     ) -> np.ndarray:
         """Generate videos: ``uint8 [B, num_frames, height, width, 3]``, one per prompt.
 
@@ -467,6 +473,8 @@ class WanPipeline:
             flow_shift=flow_shift,
             progress=progress,
             cache=cache,
+            scheduler=scheduler,
+            seed=seed,
         )
         return self.decode(final)
 

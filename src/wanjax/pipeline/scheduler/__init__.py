@@ -1,11 +1,15 @@
 """Flow-matching samplers for Wan 2.1 as pure functions over an explicit state.
 
-Two schedulers reproduce diffusers 0.42.1 for the configurations Wan ships with:
+Three schedulers reproduce diffusers 0.42.1 (two for the configurations Wan ships with, one for its
+step-distilled models and LoRAs):
 
 * :class:`UniPCFlowScheduler` — ``UniPCMultistepScheduler`` with ``use_flow_sigmas=True``,
   ``prediction_type="flow_prediction"``, ``predict_x0=True``, ``solver_order`` 1 or 2, ``bh1``/``bh2``
   (the Wan 2.1 T2V default).
 * :class:`FlowEulerScheduler` — ``FlowMatchEulerDiscreteScheduler`` (plain Euler on the flow ODE).
+* :class:`FlowDistillScheduler` — ``FlowMatchEulerDiscreteScheduler(stochastic_sampling=True)`` on the
+  grid ``linspace(1, 0, N+1)[:-1]``: each step predicts the clean latents and re-noises them with fresh
+  noise, as LightX2V runs its 4-step distilled models.
 
 Each scheduler is built on the host for a fixed number of steps. All scalar coefficients of every step
 are precomputed in numpy float32, following the reference's torch float32 operation order (``log`` and
@@ -42,14 +46,19 @@ from typing import Any
 from wanjax.errors import ConfigError
 from wanjax.pipeline.scheduler.config import EULER_CLASS, UNIPC_CLASS, SchedulerConfig, load_scheduler_config
 from wanjax.pipeline.scheduler.config import IGNORED_FIELDS as IGNORED_FIELDS
+from wanjax.pipeline.scheduler.distill import DISTILL_SHIFT, DistillState, FlowDistillScheduler
 from wanjax.pipeline.scheduler.euler import EulerState, FlowEulerScheduler
 from wanjax.pipeline.scheduler.sigmas import euler_flow_schedule as euler_flow_schedule
 from wanjax.pipeline.scheduler.sigmas import unipc_flow_schedule as unipc_flow_schedule
 from wanjax.pipeline.scheduler.unipc import UNIPC_COEFFICIENTS, UniPCFlowScheduler, UniPCState
 
 __all__ = [
+    "DISTILL_SHIFT",
+    "SCHEDULER_KINDS",
     "UNIPC_COEFFICIENTS",
+    "DistillState",
     "EulerState",
+    "FlowDistillScheduler",
     "FlowEulerScheduler",
     "Scheduler",
     "SchedulerConfig",
@@ -59,9 +68,9 @@ __all__ = [
     "make_scheduler",
 ]
 
-SCHEDULER_KINDS = ("unipc", "euler", "auto")
+SCHEDULER_KINDS = ("auto", "unipc", "euler", "distill")
 
-Scheduler = UniPCFlowScheduler | FlowEulerScheduler
+Scheduler = UniPCFlowScheduler | FlowEulerScheduler | FlowDistillScheduler
 
 
 def make_scheduler(
@@ -69,18 +78,23 @@ def make_scheduler(
     num_inference_steps: int,
     flow_shift: float | None = None,
     kind: str = "unipc",
+    seed: int = 0,
 ) -> Scheduler:
     """Build a scheduler for ``num_inference_steps`` steps.
 
     ``path_or_config``: a model root dir, its ``scheduler/`` dir, a ``scheduler_config.json`` path, a
-    dict or a :class:`SchedulerConfig`. ``flow_shift=None`` keeps the config's shift. ``kind``:
-    ``"unipc"``, ``"euler"``, or ``"auto"`` (from the config's ``_class_name``).
+    dict or a :class:`SchedulerConfig`. ``flow_shift=None`` keeps the config's shift (``distill``:
+    :data:`DISTILL_SHIFT`, what the distilled models are run with). ``kind``: ``"unipc"``, ``"euler"``,
+    ``"auto"`` (from the config's ``_class_name``) or ``"distill"`` (the few-step re-noising sampler of
+    step-distilled models and LoRAs, :mod:`~wanjax.pipeline.scheduler.distill`; ``seed`` picks its noise).
     """
     if kind not in SCHEDULER_KINDS:
         raise ConfigError(
             f"scheduler kind={kind!r} is not supported (supported: {', '.join(SCHEDULER_KINDS)})"
         )
     config = load_scheduler_config(path_or_config)
+    if flow_shift is None and kind == "distill":
+        flow_shift = DISTILL_SHIFT
     if flow_shift is not None:
         config = dataclasses.replace(config, flow_shift=flow_shift)
         config.validate("flow_shift override")
@@ -94,4 +108,6 @@ def make_scheduler(
         kind = by_class[config.class_name]
     if kind == "unipc":
         return UniPCFlowScheduler(config, num_inference_steps)
+    if kind == "distill":
+        return FlowDistillScheduler(config, num_inference_steps, seed)
     return FlowEulerScheduler(config, num_inference_steps)
