@@ -209,3 +209,16 @@ def test_generate_runs_with_one_warning_per_unwritable_cache(
     assert len(warnings) == len(expected), result.stderr
     for line, needle in zip(warnings, expected, strict=True):
         assert needle.format(blocked=blocked) in line, line
+
+
+@pytest.mark.parametrize("source", ["flag", "variable"])
+def test_a_remote_jax_cache_url_is_kept_as_it_is(clean_env, jax_config, monkeypatch, source):
+    """``gs://bucket/jax`` (a TPU VM's usual cache) reaches JAX unchanged: a Path would fold ``//``."""
+    url = "gs://my-bucket/wanjax/jax"
+    if source == "variable":
+        monkeypatch.setenv("WANJAX_JAX_CACHE_DIR", url)
+    assert enable_compilation_cache(url if source == "flag" else None) == url
+    assert jax.config.jax_compilation_cache_dir == url and jax.config.jax_enable_compilation_cache
+    assert child_compile.executable_store() is None  # serialized executables stay local-only
+    monkeypatch.delenv("WANJAX_JAX_CACHE_DIR", raising=False)
+    assert resolve_cache_dir() == (url, "jax.config")

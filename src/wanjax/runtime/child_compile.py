@@ -46,6 +46,7 @@ import jax
 import jaxlib
 
 from wanjax.io.atomic import atomic_path
+from wanjax.runtime.jax_cache import is_remote
 
 # JAX settings that change the program a builder makes
 SHARED_CONFIG = ("jax_enable_x64", "jax_default_matmul_precision")
@@ -66,7 +67,7 @@ def executable_store() -> Path | None:
     """Where serialized executables are kept: ``<JAX cache dir>-executables`` while JAX's
     persistent compilation cache is on (in a local directory), else nowhere."""
     directory = jax.config.jax_compilation_cache_dir
-    if not (jax.config.jax_enable_compilation_cache and directory) or "://" in str(directory):
+    if not (jax.config.jax_enable_compilation_cache and directory) or is_remote(directory):
         return None
     directory = Path(directory).expanduser()
     return directory.with_name(directory.name + "-executables")

@@ -3,6 +3,7 @@
 The directory is, in order: the value passed in (the ``--jax_cache_dir`` flag), ``$WANJAX_JAX_CACHE_DIR``,
 a directory already configured for JAX (``$JAX_COMPILATION_CACHE_DIR`` or ``jax.config``), else
 ``<wanjax cache>/jax`` (see :func:`wanjax.io.paths.cache_root`). ``off`` (or ``none``) disables it.
+A URL (``gs://bucket/jax`` on a TPU VM) is handed to JAX as it is.
 Every program is cached, however small or quick to compile.
 
 A directory that cannot be written never stops a run: it is reported once (a
@@ -29,31 +30,42 @@ FIX = (
 )
 
 
-def resolve_cache_dir(directory: str | Path | None = None) -> tuple[Path | None, str]:
-    """The cache directory to use (``None``: disabled) and the setting it came from
-    (``--jax_cache_dir`` for ``directory``, else a variable's ``$NAME`` or ``jax.config``)."""
+def is_remote(directory: str | Path) -> bool:
+    """A URL such as ``gs://bucket/jax`` (JAX reads and writes it through its own file layer)."""
+    return "://" in str(directory)
+
+
+def resolve_cache_dir(directory: str | Path | None = None) -> tuple[Path | str | None, str]:
+    """The cache directory to use (``None``: disabled; a remote URL stays a string, since a ``Path``
+    would fold its ``//``) and the setting it came from (``--jax_cache_dir`` for ``directory``, else a
+    variable's ``$NAME`` or ``jax.config``)."""
     source = "--jax_cache_dir"
     if directory is None:
         directory, source = os.environ.get(ENV_VAR), f"${ENV_VAR}"
     if directory is None:
         configured = jax.config.jax_compilation_cache_dir
         if configured:
-            return Path(configured), f"${JAX_ENV_VAR}" if os.environ.get(JAX_ENV_VAR) else "jax.config"
+            source = f"${JAX_ENV_VAR}" if os.environ.get(JAX_ENV_VAR) else "jax.config"
+            return (configured if is_remote(configured) else Path(configured)), source
         root, source = locate_cache_root()
         return root / "jax", source
     if str(directory).strip().lower() in OFF:
         return None, source
+    if is_remote(directory):
+        return str(directory).strip(), source
     return Path(directory).expanduser(), source
 
 
-def enable_compilation_cache(directory: str | Path | None = None) -> Path | None:
+def enable_compilation_cache(directory: str | Path | None = None) -> Path | str | None:
     """Turn the persistent compilation cache on (see the module docstring); returns its directory
-    (``None``: off, as asked or because it cannot be written).
+    (``None``: off, as asked or because it cannot be written; a remote URL is passed to JAX as it is,
+    unchecked: JAX warns and goes on if it cannot write there).
 
     JAX reads the setting when it first compiles; call this before any computation.
     """
     path, source = resolve_cache_dir(directory)
-    if path is not None and not writable_dir(path, f"the JAX compilation cache (from {source})", FIX):
+    local = path is not None and not is_remote(path)
+    if local and not writable_dir(path, f"the JAX compilation cache (from {source})", FIX):
         path = None
     if path is None:
         jax.config.update("jax_enable_compilation_cache", False)
