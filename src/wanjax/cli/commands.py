@@ -51,7 +51,7 @@ from wanjax.parallel.mesh import MeshSpec, mesh_spec_from_flags, parse_mesh
 from wanjax.parallel.multihost import initialize, is_primary
 from wanjax.pipeline import stages
 from wanjax.pipeline.hub import DEMO, ModelSource
-from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.pipeline.pipeline import WanPipeline, check_text_to_video
 from wanjax.pipeline.prompts import negative_prompt, read_prompt_file
 from wanjax.pipeline.step_cache import resolve as resolve_cache
 from wanjax.runtime.environment import environment
@@ -298,6 +298,7 @@ def cmd_generate(request: GenerateRequest) -> RunReport:
         adapters=request.adapters,
     )
     configs = validation.check_model(pipe.path, ("tokenizer", "text_encoder", "transformer", "vae"))
+    check_text_to_video(configs["transformer"], str(pipe.path))
     check_vae_tiling(pipe)
     init_name = request.sampling.init_latents
     init = stages.load_latents(init_name) if init_name else None
@@ -421,6 +422,7 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
         adapters=request.adapters,
     )
     cfg = validation.check_model(pipe.path, ("transformer",))["transformer"]
+    check_text_to_video(cfg, str(pipe.path))
     if pos.shape[2] != cfg.text_dim:
         raise WanjaxError(
             f"{directory / stages.EMBEDDINGS_FILE}: embeddings of width {pos.shape[2]} but the transformer of "

@@ -103,12 +103,24 @@ class TransformerConfig(ComponentConfig):
         pt, ph, pw = self.patch_size
         return pt * ph * pw
 
+    @property
+    def image_to_video(self) -> bool:
+        """An image-to-video transformer: image tokens (``image_dim`` wide) join the cross-attention."""
+        return self.image_dim is not None
+
     def validate(self, source: str) -> None:
-        if self.image_dim is not None or self.added_kv_proj_dim is not None:
+        if (self.image_dim is None) != (self.added_kv_proj_dim is None):
             raise ConfigError(
-                f"{source}: image conditioning (image_dim/added_kv_proj_dim) is an image-to-video model; "
-                "wanjax runs text-to-video checkpoints"
+                f"{source}: an image-to-video model needs both image_dim and added_kv_proj_dim, got "
+                f"{self.image_dim} and {self.added_kv_proj_dim}"
             )
+        if self.image_to_video and self.added_kv_proj_dim != self.inner_dim:
+            raise ConfigError(
+                f"{source}: added_kv_proj_dim {self.added_kv_proj_dim} must equal the inner dim {self.inner_dim} "
+                "(the image embedder's output feeds add_k_proj / add_v_proj)"
+            )
+        if self.pos_embed_seq_len is not None and not self.image_to_video:
+            raise ConfigError(f"{source}: pos_embed_seq_len is for image-to-video models (first-last frame)")
         if len(self.patch_size) != 3:
             raise ConfigError(f"{source}: patch_size must have 3 entries, got {self.patch_size}")
         if self.attention_head_dim % 2:

@@ -36,6 +36,7 @@ from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.layers import (
     Params,
     apply_rope,
+    gelu,
     gelu_tanh,
     layer_norm,
     linear,
@@ -123,6 +124,10 @@ def checkpoint_spec(cfg: TransformerConfig) -> Params:
             "proj_out": block_lin("ffn.net.2", ff, d, ("mlp", "embed")),
         },
     }
+    if cfg.image_to_video:  # the image tokens' own keys and values in the cross-attention
+        blocks["attn2"]["add_k_proj"] = block_lin("attn2.add_k_proj", d, d, ("embed", "heads"))
+        blocks["attn2"]["add_v_proj"] = block_lin("attn2.add_v_proj", d, d, ("embed", "heads"))
+        blocks["attn2"]["norm_added_k"] = {"scale": block_vec("attn2.norm_added_k.weight", "heads")}
     if cfg.cross_attn_norm:
         blocks["norm2"] = {
             "scale": block_vec("norm2.weight", "embed", **keep),
@@ -155,7 +160,39 @@ def checkpoint_spec(cfg: TransformerConfig) -> Params:
             ("scale_shift_table",), (1, 2, d), _squeeze_leading, axes=REPLICATED, **keep
         ),
         "proj_out": lin("proj_out", d, cfg.out_channels * cfg.patch_volume, ("embed", None), (None,)),
+        **({"image_embedder": _image_embedder_spec(cfg)} if cfg.image_to_video else {}),
     }
+
+
+def _image_embedder_spec(cfg: TransformerConfig) -> Params:
+    """diffusers' ``WanImageEmbedding``: float32 LayerNorm, GELU MLP (image_dim -> image_dim -> D),
+    float32 LayerNorm; first-last-frame models add a learned position table over both images' tokens."""
+    d, i = cfg.inner_dim, cfg.image_dim
+    name = "condition_embedder.image_embedder"
+
+    def norm(part: str, width: int) -> Params:
+        return {
+            "scale": LeafSource((f"{name}.{part}.weight",), (width,), axes=REPLICATED, keep_fp32=True),
+            "bias": LeafSource((f"{name}.{part}.bias",), (width,), axes=REPLICATED, keep_fp32=True),
+        }
+
+    def lin(part: str, n_in: int, n_out: int, axes: Axes) -> Params:
+        return {
+            "kernel": LeafSource((f"{name}.{part}.weight",), (n_out, n_in), linear_kernel, axes=axes),
+            "bias": LeafSource((f"{name}.{part}.bias",), (n_out,), axes=axes[1:]),
+        }
+
+    spec = {
+        "norm1": norm("norm1", i),
+        "proj_in": lin("ff.net.0.proj", i, i, (None, "mlp")),
+        "proj_out": lin("ff.net.2", i, d, ("mlp", "embed")),
+        "norm2": norm("norm2", d),
+    }
+    if cfg.pos_embed_seq_len is not None:
+        spec["pos_embed"] = LeafSource(
+            (f"{name}.pos_embed",), (1, cfg.pos_embed_seq_len, i), _squeeze_leading, axes=REPLICATED
+        )
+    return spec
 
 
 TRANSFORMER = Component(
@@ -163,6 +200,8 @@ TRANSFORMER = Component(
     config=TransformerConfig,
     weight_stems=("diffusion_pytorch_model", "model"),
     spec=lambda cfg, names: checkpoint_spec(cfg),
+    # diffusers' _keys_to_ignore_on_load_unexpected: an unused query norm some I2V files carry
+    ignore=lambda name: name.endswith("attn2.norm_added_q.weight"),
 )
 
 
@@ -235,19 +274,27 @@ def _attention_block(
     rope: tuple[jax.Array, jax.Array] | None,
     attend: Attend,
     precision: Precision,
+    image_context: jax.Array | None = None,
 ) -> jax.Array:
+    """Self-attention (with ``rope``) or cross-attention to ``context``; an image-to-video model's
+    cross-attention also attends to ``image_context`` with its own keys and values (``add_k_proj``,
+    ``add_v_proj``, ``norm_added_k``) and adds the two results, as diffusers' ``WanAttnProcessor``."""
     b, length, d = x.shape
+    norms = {"to_q": "norm_q", "to_k": "norm_k", "add_k_proj": "norm_added_k"}
 
     def project(name: str, src: jax.Array) -> jax.Array:
         y = linear(src, p[name], precision=precision)
-        if name in ("to_q", "to_k"):
-            y = rms_norm(y, p["norm_" + name[-1]]["scale"], eps)
+        if name in norms:
+            y = rms_norm(y, p[norms[name]]["scale"], eps)
         return y.reshape(b, src.shape[1], heads, d // heads)
 
     q, k, v = project("to_q", x), project("to_k", context), project("to_v", context)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     out = attend(q, k, v, self_attention=rope is not None)
+    if image_context is not None:
+        k_img, v_img = project("add_k_proj", image_context), project("add_v_proj", image_context)
+        out = out + attend(q, k_img, v_img, self_attention=False)
     return linear(out.reshape(b, length, d), p["to_out"], precision=precision)
 
 
@@ -260,6 +307,7 @@ def _block(
     cfg: TransformerConfig,
     attend: Attend,
     precision: Precision,
+    image_context: jax.Array | None = None,
 ) -> jax.Array:
     mod = p["scale_shift_table"].astype(jnp.float32)[None] + time_mod.astype(jnp.float32)  # (B, 6, D)
     shift, scale, gate, c_shift, c_scale, c_gate = (mod[:, i : i + 1] for i in range(6))
@@ -270,7 +318,7 @@ def _block(
     x = (x.astype(jnp.float32) + a * gate).astype(dtype)
 
     n = layer_norm(x, eps, p["norm2"]["scale"], p["norm2"]["bias"]).astype(dtype) if "norm2" in p else x
-    x = x + _attention_block(p["attn2"], n, context, heads, eps, None, attend, precision)
+    x = x + _attention_block(p["attn2"], n, context, heads, eps, None, attend, precision, image_context)
 
     n = _modulate(x, c_shift, c_scale, eps)
     f = linear(
@@ -285,13 +333,15 @@ def _block(
 class Conditioning:
     """What every block reads besides the tokens (one batch of rows): the projected text
     ``context (B, Lc, D)``, the blocks' timestep modulation ``time_mod (B, 6, D)``, the time embedding
-    ``temb (B, D)`` the output norm is modulated by, and the token grid's RoPE tables."""
+    ``temb (B, D)`` the output norm is modulated by, the token grid's RoPE tables and (image-to-video)
+    the embedded image tokens."""
 
     context: jax.Array
     time_mod: jax.Array
     temb: jax.Array
     rope: tuple[jax.Array, jax.Array]
     grid: tuple[int, int, int]
+    image_context: jax.Array | None = None  # image-to-video: the embedded image tokens (B, Li, D)
 
 
 def _pin_fn(layout: TokenLayout | None, mesh: Mesh | None) -> Callable[..., jax.Array]:
@@ -313,8 +363,10 @@ def embed(
     dtype: jnp.dtype = jnp.float32,
     mesh: Mesh | None = None,
     precision: Precision = "highest",
+    image_embeds: jax.Array | None = None,
 ) -> tuple[jax.Array, Conditioning]:
-    """The patch-embedded tokens ``(B, L, D)`` entering the first block, and the blocks' conditioning."""
+    """The patch-embedded tokens ``(B, L, D)`` entering the first block, and the blocks' conditioning
+    (``image_embeds``: an image-to-video model's image encoder states, see :func:`embed_image`)."""
     b, _, t, h, w = latents.shape
     pt, ph, pw = cfg.patch_size
     grid = (t // pt, h // ph, w // pw)
@@ -338,7 +390,31 @@ def embed(
     context = lin(gelu_tanh(lin(prompt_embeds.astype(dtype), tx["linear_1"])), tx["linear_2"])
     context = pin(context, "context")
     rope = rope_tables(grid, cfg.attention_head_dim, cfg.rope_max_seq_len)
-    return x, Conditioning(context, time_mod, temb, rope, grid)
+    image_context = None
+    if cfg.image_to_video:
+        if image_embeds is None:
+            raise ConfigError("an image-to-video transformer needs image_embeds (the image encoder's states)")
+        image_context = pin(
+            embed_image(params["image_embedder"], cfg, image_embeds, dtype, precision), "context"
+        )
+    return x, Conditioning(context, time_mod, temb, rope, grid, image_context)
+
+
+IMAGE_NORM_EPS = 1e-5  # WanImageEmbedding's FP32LayerNorm: torch's default eps
+
+
+def embed_image(
+    p: Params, cfg: TransformerConfig, image_embeds: jax.Array, dtype: jnp.dtype, precision: Precision
+) -> jax.Array:
+    """diffusers' ``WanImageEmbedding``: the image encoder's ``(B, Li, image_dim)`` states -> ``(B, Li, D)``
+    (first-last-frame models: both images' tokens ``(2B, Li, image_dim)`` side by side as ``(B, 2Li, ...)``
+    plus the position table). Norms in float32, rounded to ``dtype``; exact GELU."""
+    x = image_embeds.astype(dtype)
+    if "pos_embed" in p:
+        x = x.reshape(-1, cfg.pos_embed_seq_len, x.shape[-1]) + p["pos_embed"].astype(dtype)
+    x = layer_norm(x, IMAGE_NORM_EPS, p["norm1"]["scale"], p["norm1"]["bias"]).astype(dtype)
+    x = linear(gelu(linear(x, p["proj_in"], precision=precision)), p["proj_out"], precision=precision)
+    return layer_norm(x, IMAGE_NORM_EPS, p["norm2"]["scale"], p["norm2"]["bias"]).astype(dtype)
 
 
 def run_blocks(
@@ -362,7 +438,10 @@ def run_blocks(
     pin = _pin_fn(layout, mesh)
 
     def layer(h: jax.Array, block: Params) -> jax.Array:
-        return pin(_block(block, pin(h), cond.context, cond.time_mod, cond.rope, cfg, attend, precision))
+        out = _block(
+            block, pin(h), cond.context, cond.time_mod, cond.rope, cfg, attend, precision, cond.image_context
+        )
+        return pin(out)
 
     run_layers = stream_layers if streams_layers(offload) else scan_layers
     return run_layers(layer, x, params["blocks"], start, stop)
@@ -395,9 +474,11 @@ def forward(
     mesh: Mesh | None = None,
     precision: Precision = "highest",
     offload: Offload = "none",
+    image_embeds: jax.Array | None = None,
 ) -> jax.Array:
-    """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``:
-    :func:`embed`, :func:`run_blocks`, :func:`project`.
+    """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``
+    (and an image-to-video model's ``image_embeds (B, Li, image_dim)``): :func:`embed`,
+    :func:`run_blocks`, :func:`project`.
 
     Activations run in ``dtype``; the result is returned in ``dtype`` as the reference does. Under
     ``mesh`` the tokens are split as :func:`wanjax.parallel.layouts.token_layout` says (batch over dp, tokens
@@ -407,7 +488,15 @@ def forward(
     modes run the resident scan. The numerics are the same either way.
     """
     x, cond = embed(
-        params, cfg, latents, timestep, prompt_embeds, dtype=dtype, mesh=mesh, precision=precision
+        params,
+        cfg,
+        latents,
+        timestep,
+        prompt_embeds,
+        dtype=dtype,
+        mesh=mesh,
+        precision=precision,
+        image_embeds=image_embeds,
     )
     x = run_blocks(
         params,
@@ -461,21 +550,37 @@ class WanTransformer:
         self._lora_base: dict[Any, jax.Array] = {}  # the base of each leaf they changed, in host memory
         self._forward = jax.jit(self.apply)
 
-    def __call__(self, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array) -> jax.Array:
+    def __call__(
+        self,
+        latents: jax.Array,
+        timestep: jax.Array,
+        prompt_embeds: jax.Array,
+        image_embeds: jax.Array | None = None,
+    ) -> jax.Array:
         self.check_shape(tuple(latents.shape))
         timestep = jnp.broadcast_to(jnp.asarray(timestep), (latents.shape[0],))
-        return self._forward(self.params, latents, timestep, prompt_embeds)
+        return self._forward(self.params, latents, timestep, prompt_embeds, image_embeds)
 
     def apply(
-        self, params: Params, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array
+        self,
+        params: Params,
+        latents: jax.Array,
+        timestep: jax.Array,
+        prompt_embeds: jax.Array,
+        image_embeds: jax.Array | None = None,
     ) -> jax.Array:
         """The forward (:func:`forward`: :meth:`embed`, :meth:`blocks`, :meth:`project`) for use inside a
         caller's ``jit``; pass ``params`` as a traced argument there."""
-        x, cond = self.embed(params, latents, timestep, prompt_embeds)
+        x, cond = self.embed(params, latents, timestep, prompt_embeds, image_embeds)
         return self.project(params, self.blocks(params, x, cond), cond)
 
     def embed(
-        self, params: Params, latents: jax.Array, timestep: jax.Array, prompt_embeds: jax.Array
+        self,
+        params: Params,
+        latents: jax.Array,
+        timestep: jax.Array,
+        prompt_embeds: jax.Array,
+        image_embeds: jax.Array | None = None,
     ) -> tuple[jax.Array, Conditioning]:
         """:func:`embed` with this model's settings (inside a caller's ``jit``, like :meth:`apply`)."""
         return embed(
@@ -487,6 +592,7 @@ class WanTransformer:
             dtype=self.dtype,
             mesh=self.mesh,
             precision=self.precision,
+            image_embeds=image_embeds,
         )
 
     def blocks(

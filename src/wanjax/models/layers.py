@@ -129,6 +129,11 @@ def gelu_tanh(x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x.astype(jnp.float32), approximate=True).astype(x.dtype)
 
 
+def gelu(x: jax.Array) -> jax.Array:
+    """Exact (erf) GELU, evaluated in float32."""
+    return jax.nn.gelu(x.astype(jnp.float32), approximate=False).astype(x.dtype)
+
+
 def silu(x: jax.Array) -> jax.Array:
     return jax.nn.silu(x.astype(jnp.float32)).astype(x.dtype)
 

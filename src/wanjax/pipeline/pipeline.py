@@ -33,13 +33,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wanjax.errors import CheckpointError, WanjaxError
+from wanjax.errors import CheckpointError, ConfigError, WanjaxError
 from wanjax.io.lora import LoraFile
 from wanjax.io.quantizable import UNQUANTIZED
 from wanjax.io.quantizable import weights_dtype as weights_storage
 from wanjax.kernels.attention import AttentionSpec
 from wanjax.kernels.precision import Precision, parse_precision, resolve_precision
-from wanjax.models.config import parse_dtype
+from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.dit import TRANSFORMER, WanTransformer, checkpoint_spec, load_transformer
 from wanjax.models.lora import LoraSpec, load_loras, plan_updates
 from wanjax.models.offload import Offload, parse_offload
@@ -56,6 +56,15 @@ from wanjax.runtime.jax_cache import enable_compilation_cache
 from wanjax.runtime.timing import StageTiming, StepTimes
 
 Prompt = str | Sequence[str]
+
+
+def check_text_to_video(cfg: TransformerConfig, source: str) -> None:
+    """Raise ConfigError for an image-to-video transformer: the pipeline runs text-to-video models."""
+    if cfg.image_to_video:
+        raise ConfigError(
+            f"{source}: an image-to-video model (image_dim {cfg.image_dim}); wanjax's pipeline runs "
+            "text-to-video models (its transformer alone loads with wanjax.load_transformer)"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,6 +256,8 @@ class WanPipeline:
     @property
     def transformer(self) -> WanTransformer:
         if self._transformer is None:
+            directory = TRANSFORMER.directory(self.path)
+            check_text_to_video(TRANSFORMER.read_config(directory), str(directory))
             with self.stage_timing("denoise").loading():
                 self._transformer = load_transformer(
                     self.path,

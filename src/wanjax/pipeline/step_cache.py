@@ -120,7 +120,7 @@ def presets() -> dict[str, dict[str, Any]]:
 def preset_for(cfg: TransformerConfig) -> str | None:
     """The preset published for this transformer's architecture (Wan 2.1 text-to-video 1.3B and
     14B), or None."""
-    if cfg.in_channels != 16 or getattr(cfg, "image_dim", None):
+    if cfg.in_channels != 16 or cfg.image_to_video:
         return None
     return {(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"}.get((cfg.inner_dim, cfg.num_layers))
 

@@ -1,0 +1,65 @@
+"""The image-to-video transformer (Wan 2.1 I2V: image tokens in every cross-attention, 36 input
+channels; FLF2V: a position table over the first and last images' tokens) against diffusers'
+``WanTransformer3DModel`` on the same random weights, float32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import TINY_DIT, save_transformer
+
+from wanjax import load_transformer
+from wanjax.errors import ConfigError
+
+I2V = dict(TINY_DIT, in_channels=36, image_dim=20, added_kv_proj_dim=24)  # inner dim 24 = 2 heads x 12
+FLF2V = dict(I2V, pos_embed_seq_len=14)  # two images of 7 tokens
+
+
+def relative_error(ours, ref) -> float:
+    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
+
+
+@pytest.mark.parametrize("config,images", [(I2V, 1), (FLF2V, 2)], ids=["i2v", "flf2v"])
+def test_image_to_video_transformer_equals_diffusers(tmp_path, config, images):
+    torch_model = save_transformer(tmp_path, seed=4, **config)
+    ours = load_transformer(tmp_path, "float32")
+    assert ours.cfg.image_to_video and "image_embedder" in ours.params
+    gen = torch.Generator().manual_seed(0)
+    latents = torch.randn((2, 36, 2, 8, 8), generator=gen)
+    text = torch.randn((2, 512, TINY_DIT["text_dim"]), generator=gen)  # diffusers splits at 512 text tokens
+    image = torch.randn((2 * images, 7, 20), generator=gen)
+    timestep = torch.tensor([500.0, 120.0])
+    with torch.no_grad():
+        ref = torch_model(latents, timestep, text, encoder_hidden_states_image=image, return_dict=False)[0]
+    got = ours(latents.numpy(), timestep.numpy(), text.numpy(), image.numpy())
+    assert relative_error(got, ref.numpy()) <= 1e-5
+    # the image tokens matter: other images give another velocity
+    other = ours(latents.numpy(), timestep.numpy(), text.numpy(), image.numpy()[::-1].copy())
+    assert relative_error(other, ref.numpy()) > 1e-3
+
+
+def test_an_image_to_video_transformer_needs_image_embeds(tmp_path):
+    save_transformer(tmp_path, seed=4, **I2V)
+    model = load_transformer(tmp_path, "float32")
+    with pytest.raises(ConfigError, match="needs image_embeds"):
+        model(
+            np.zeros((1, 36, 1, 4, 4), np.float32), 500.0, np.zeros((1, 8, TINY_DIT["text_dim"]), np.float32)
+        )
+
+
+def test_the_pipeline_refuses_an_image_to_video_model_before_any_weight(tiny_pipeline_dir, tmp_path, capsys):
+    import shutil
+
+    from wanjax.cli.main import main
+
+    root = tmp_path / "i2v"
+    shutil.copytree(tiny_pipeline_dir, root)
+    shutil.rmtree(root / "transformer")
+    save_transformer(root, seed=1, **dict(I2V, text_dim=24))  # the tiny pipeline's text width
+    out = tmp_path / "never.mp4"
+    assert main(["generate", "--model", str(root), "--prompt", "a cat", "--output_video", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "an image-to-video model (image_dim 20)" in err, err
+    assert not out.exists()
