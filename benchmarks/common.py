@@ -153,3 +153,35 @@ def size(n: float | None) -> str:
     if n is None:
         return "n/a"
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def add_random_dit_flags(parser: Any) -> None:
+    """The flags of a denoising benchmark on random 1.3B-dims weights (see :func:`random_dit_run`)."""
+    parser.add_argument("--layers", type=int, default=2, help="of the 1.3B's 30 (default 2)")
+    parser.add_argument("--height", type=int, default=240)
+    parser.add_argument("--width", type=int, default=416)
+    parser.add_argument("--frames", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=2, help="timed rounds after a compile pass")
+    parser.add_argument("--dtype", default="bfloat16")
+
+
+def random_dit_run(args: Any) -> tuple[Any, tuple[int, ...], Any, Any, Any]:
+    """``(model, latent shape, noise, text, negative text)``: a WanTransformer with the 1.3B's
+    dimensions and ``args.layers`` layers of random weights, and random inputs (512 text tokens)."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    from wanjax.io.checkpoint import random_params
+    from wanjax.models import dit
+    from wanjax.models.config import PRESETS, parse_dtype
+
+    cfg = dataclasses.replace(PRESETS["1.3B"], num_layers=args.layers)
+    dtype = parse_dtype(args.dtype)
+    model = dit.WanTransformer(cfg, random_params(dit.checkpoint_spec(cfg), dtype, seed=0), dtype)
+    shape = (1, 16, (args.frames - 1) // 4 + 1, args.height // 8, args.width // 8)
+    noise = jax.random.normal(jax.random.key(1), shape, jnp.float32)
+    cond = jax.random.normal(jax.random.key(2), (1, 512, cfg.text_dim), dtype)
+    uncond = jax.random.normal(jax.random.key(3), (1, 512, cfg.text_dim), dtype)
+    return model, shape, noise, cond, uncond

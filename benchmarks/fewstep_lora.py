@@ -16,20 +16,16 @@ Random weights say nothing about quality; this measures the cost of each workflo
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
+import common
 import jax
-import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import save_file
 
-from wanjax.io.checkpoint import random_params
-from wanjax.models import dit
-from wanjax.models.config import PRESETS, parse_dtype
 from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 
@@ -60,18 +56,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--height", type=int, default=240)
-    parser.add_argument("--width", type=int, default=416)
-    parser.add_argument("--frames", type=int, default=9)
     parser.add_argument("--rank", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--dtype", default="bfloat16")
+    common.add_random_dit_flags(parser)
     args = parser.parse_args()
 
-    cfg = dataclasses.replace(PRESETS["1.3B"], num_layers=args.layers)
-    dtype = parse_dtype(args.dtype)
-    model = dit.WanTransformer(cfg, random_params(dit.checkpoint_spec(cfg), dtype, seed=0), dtype)
+    model, shape, noise, cond, uncond = common.random_dit_run(args)
+    cfg = model.cfg
     with tempfile.TemporaryDirectory() as tmp:
         lora = Path(tmp) / "distill.safetensors"
         size = write_lora(lora, cfg, args.rank)
@@ -86,10 +76,6 @@ def main() -> None:
         model.set_loras([(lora, 1.0)])
         merged_params = model.params
     sampler = Sampler(model)
-    shape = (1, 16, (args.frames - 1) // 4 + 1, args.height // 8, args.width // 8)
-    noise = jax.random.normal(jax.random.key(1), shape, jnp.float32)
-    cond = jax.random.normal(jax.random.key(2), (1, 512, cfg.text_dim), dtype)
-    uncond = jax.random.normal(jax.random.key(3), (1, 512, cfg.text_dim), dtype)
     runs = {
         "50 steps, UniPC, CFG 5 (base)": (
             base_params,

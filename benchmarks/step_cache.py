@@ -18,18 +18,14 @@ decisions depend on the weights and say little here).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import time
 
+import common
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from wanjax.io.checkpoint import random_params
-from wanjax.models import dit
-from wanjax.models.config import PRESETS, parse_dtype
 from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.pipeline.step_cache import CacheConfig
@@ -45,25 +41,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--height", type=int, default=240)
-    parser.add_argument("--width", type=int, default=416)
-    parser.add_argument("--frames", type=int, default=9)
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--dtype", default="bfloat16")
+    common.add_random_dit_flags(parser)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
-    cfg = dataclasses.replace(PRESETS["1.3B"], num_layers=args.layers)
-    dtype = parse_dtype(args.dtype)
-    model = dit.WanTransformer(cfg, random_params(dit.checkpoint_spec(cfg), dtype, seed=0), dtype)
+    model, shape, noise, cond, uncond = common.random_dit_run(args)
     sampler = Sampler(model)
     scheduler = make_scheduler(SchedulerConfig(), args.steps)
-    shape = (1, 16, (args.frames - 1) // 4 + 1, args.height // 8, args.width // 8)
-    noise = jax.random.normal(jax.random.key(1), shape, jnp.float32)
-    cond = jax.random.normal(jax.random.key(2), (1, 512, cfg.text_dim), dtype)
-    uncond = jax.random.normal(jax.random.key(3), (1, 512, cfg.text_dim), dtype)
 
     def run(cache: CacheConfig | None) -> tuple[np.ndarray, float]:
         start = time.perf_counter()

@@ -30,7 +30,7 @@ from wanjax.errors import ConfigError, WanjaxError
 from wanjax.io.checkpoint import REPLICATED, LeafSource, ShardingFn, linear_kernel, stacked
 from wanjax.io.component import Component
 from wanjax.kernels.precision import Precision, resolve_precision
-from wanjax.models.config import ComponentConfig, parse_dtype
+from wanjax.models.config import TRANSFORMERS_GENERIC_FIELDS, ComponentConfig, parse_dtype
 from wanjax.models.image_processor import ImageInput, ImageProcessor, load_image_processor
 from wanjax.models.layers import Params, layer_norm, linear, matmul, scan_layers
 
@@ -60,7 +60,7 @@ class CLIPVisionConfig(ComponentConfig):
     model_type: str = "clip_vision_model"
 
     # Accepted and deliberately ignored: they do not change the vision encoder's hidden states.
-    _IGNORED_FIELDS: ClassVar[frozenset[str]] = frozenset(
+    _IGNORED_FIELDS: ClassVar[frozenset[str]] = TRANSFORMERS_GENERIC_FIELDS | frozenset(
         {
             "projection_dim",  # the visual projection of CLIPVisionModelWithProjection / CLIPModel
             # training only
@@ -68,26 +68,9 @@ class CLIPVisionConfig(ComponentConfig):
             "dropout",
             "initializer_range",
             "initializer_factor",
-            # bookkeeping: the loader's dtype argument decides the precision
-            "architectures",
-            "dtype",
-            "torch_dtype",
-            "transformers_version",
-            # generic PretrainedConfig fields an encoder forward does not use (a chunked
-            # feed-forward computes the same values)
+            # a chunked feed-forward computes the same values
             "chunk_size_feed_forward",
             "is_encoder_decoder",
-            "output_attentions",
-            "output_hidden_states",
-            "return_dict",
-            "torchscript",
-            "use_bfloat16",
-            "id2label",
-            "label2id",
-            "problem_type",
-            "finetuning_task",
-            "task_specific_params",
-            "prefix",
             "tie_word_embeddings",
             "pad_token_id",
             "bos_token_id",

@@ -18,6 +18,29 @@ from wanjax.errors import ConfigError
 C = TypeVar("C", bound="ComponentConfig")
 
 
+# Fields every transformers ``PretrainedConfig`` may store that an encoder's forward does not read:
+# bookkeeping (the loader's dtype argument decides the precision) and generic output / task options.
+TRANSFORMERS_GENERIC_FIELDS: frozenset[str] = frozenset(
+    {
+        "architectures",
+        "dtype",
+        "torch_dtype",
+        "transformers_version",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "torchscript",
+        "use_bfloat16",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "finetuning_task",
+        "task_specific_params",
+        "prefix",
+    }
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class ComponentConfig:
     """Base for configs read from a diffusers/transformers ``config.json``.

@@ -30,7 +30,7 @@ from wanjax.errors import CheckpointError, ConfigError, WanjaxError
 from wanjax.io.checkpoint import REPLICATED, LeafSource, ShardingFn, linear_kernel, stacked
 from wanjax.io.component import Component
 from wanjax.kernels.precision import Precision, resolve_precision
-from wanjax.models.config import ComponentConfig, parse_dtype
+from wanjax.models.config import TRANSFORMERS_GENERIC_FIELDS, ComponentConfig, parse_dtype
 from wanjax.models.layers import Params, gelu_tanh, linear, matmul, scan_layers
 from wanjax.models.offload import (
     HOST,
@@ -70,7 +70,7 @@ class UMT5Config(ComponentConfig):
     is_decoder: bool = False
 
     # Accepted and deliberately ignored: they do not change the encoder's output.
-    _IGNORED_FIELDS: ClassVar[frozenset[str]] = frozenset(
+    _IGNORED_FIELDS: ClassVar[frozenset[str]] = TRANSFORMERS_GENERIC_FIELDS | frozenset(
         {
             # derived by transformers from feed_forward_proj (any stored value is overwritten)
             "dense_act_fn",
@@ -92,26 +92,9 @@ class UMT5Config(ComponentConfig):
             "pad_token_id",
             "eos_token_id",
             "bos_token_id",
-            # bookkeeping: the loader's dtype argument decides the precision
-            "architectures",
-            "dtype",
-            "torch_dtype",
-            "transformers_version",
             "tokenizer_class",
             # T5X training option that transformers' UMT5 does not read
             "scalable_attention",
-            # generic PretrainedConfig outputs/heads that an encoder forward does not use
-            "output_attentions",
-            "output_hidden_states",
-            "return_dict",
-            "torchscript",
-            "use_bfloat16",
-            "id2label",
-            "label2id",
-            "problem_type",
-            "finetuning_task",
-            "task_specific_params",
-            "prefix",
         }
     )
 
