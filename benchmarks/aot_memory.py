@@ -110,9 +110,11 @@ def text_encoder(mesh, dtype: str, offload: str, text_len: int) -> dict[str, Any
     return out
 
 
-def prepacked_scan(body, carry: jax.Array, layers: Any) -> jax.Array:
+def prepacked_scan(body, carry: jax.Array, layers: Any, start: int = 0, stop: int | None = None) -> jax.Array:
     """``scan_layers`` for stacked weights handed to the program as uint16 bit patterns: the body
-    bitcasts them back to bfloat16, so they cross the loop without any copy (see ``dit_step``)."""
+    bitcasts them back to bfloat16, so they cross the loop without any copy (see ``dit_step``); all
+    layers (the step runs them all)."""
+    assert (start, stop) in ((0, None), (0, jax.tree.leaves(layers)[0].shape[0]))
 
     def step(c: jax.Array, p: Any) -> tuple[jax.Array, None]:
         p = jax.tree.map(
@@ -162,7 +164,7 @@ def dit_step(
         jax.eval_shape(scheduler.init_state, jax.ShapeDtypeStruct(latent_shape, jnp.float32)),
     )
     text = sds((latent_shape[0], text_len, cfg.text_dim), dt)
-    args = (params, state, sds((), jnp.int32), text, text, sds((), jnp.float32))
+    args = (params, state, sds((), jnp.int32), text, text, sds((), jnp.float32), None)
     start = time.perf_counter()
     try:
         compiled = Sampler(model)._program(scheduler, args)

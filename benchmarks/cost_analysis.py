@@ -98,9 +98,9 @@ def custom_call_targets(hlo: str) -> list[str]:
 def counting_variant() -> Iterator[None]:
     """The DiT with unrolled blocks and loop-free dense attention, for the duration of the block."""
 
-    def unrolled(body, carry, layers):
-        n = jax.tree.leaves(layers)[0].shape[0]
-        for i in range(n):
+    def unrolled(body, carry, layers, start=0, stop=None):
+        n = jax.tree.leaves(layers)[0].shape[0] if stop is None else stop
+        for i in range(start, n):
             carry = body(carry, jax.tree.map(lambda a, i=i: a[i], layers))
         return carry
 
@@ -121,7 +121,7 @@ def step_args(model: WanTransformer, scheduler, latent_shape, text_len: int, par
     state = jax.eval_shape(scheduler.init_state, latents)
     text = jax.ShapeDtypeStruct((latent_shape[0], text_len, model.cfg.text_dim), model.dtype)
     scalar_i, scalar_f = jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.float32)
-    return params, state, scalar_i, text, text, scalar_f
+    return params, state, scalar_i, text, text, scalar_f, None  # no image conditioning
 
 
 def compile_step(

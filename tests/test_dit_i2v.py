@@ -63,3 +63,42 @@ def test_the_pipeline_refuses_an_image_to_video_model_before_any_weight(tiny_pip
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "an image-to-video model (image_dim 20)" in err, err
     assert not out.exists()
+
+
+def test_sampler_with_image_conditioning_equals_a_diffusers_loop(tmp_path):
+    """The denoising loop of diffusers' WanImageToVideoPipeline (its transformer on [latents;
+    condition] with the image states, CFG, UniPC), written out: the Sampler with ImageConditioning."""
+    from diffusers import UniPCMultistepScheduler
+
+    from wanjax.pipeline.sampler import ImageConditioning, Sampler
+    from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+
+    torch_model = save_transformer(tmp_path, seed=4, **I2V)
+    ours = load_transformer(tmp_path, "float32")
+    gen = torch.Generator().manual_seed(3)
+    noise = torch.randn((1, 16, 2, 8, 8), generator=gen)
+    condition = torch.randn((1, 20, 2, 8, 8), generator=gen)
+    image = torch.randn((1, 7, 20), generator=gen)
+    text, negative = (torch.randn((1, 512, TINY_DIT["text_dim"]), generator=gen) for _ in range(2))
+    steps, guidance = 4, 5.0
+    reference = UniPCMultistepScheduler(
+        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
+    )
+    reference.set_timesteps(steps)
+    latents = noise.clone()
+    with torch.no_grad():
+        for t in reference.timesteps:
+            x = torch.cat([latents, condition], dim=1)
+            timestep = t.expand(1)
+            cond = torch_model(x, timestep, text, encoder_hidden_states_image=image, return_dict=False)[0]
+            uncond = torch_model(x, timestep, negative, encoder_hidden_states_image=image, return_dict=False)[
+                0
+            ]
+            velocity = uncond + guidance * (cond - uncond)
+            latents = reference.step(velocity, t, latents, return_dict=False)[0]
+    scheduler = make_scheduler(SchedulerConfig(flow_shift=3.0), steps)
+    conditioning = ImageConditioning(condition.numpy(), image.numpy())
+    got, _ = Sampler(ours)(
+        scheduler, noise.numpy(), text.numpy(), negative.numpy(), guidance, image=conditioning
+    )
+    assert relative_error(got, latents.numpy()) <= 1e-5

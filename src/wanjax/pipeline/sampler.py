@@ -16,6 +16,7 @@ is read.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import statistics
@@ -45,7 +46,19 @@ from wanjax.pipeline.step_cache import (
 from wanjax.runtime.programs import ProgramCache, signature
 from wanjax.runtime.timing import StepTimes
 
-__all__ = ["Sampler", "StepTimes", "denoise", "guide", "guided_batch", "guided_velocity"]
+__all__ = ["ImageConditioning", "Sampler", "StepTimes", "denoise", "guide", "guided_batch", "guided_velocity"]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ImageConditioning:
+    """What an image-to-video transformer reads besides the text, for every step: the conditioning
+    latents ``(B, 20, T', h, w)`` (4 mask channels, then the VAE latents of the given frames)
+    concatenated to the noisy latents along channels, and the image encoder's states ``(B, Li, Di)``.
+    Both branches of a guided step get the same (as diffusers' ``WanImageToVideoPipeline``)."""
+
+    latents: jax.Array
+    image_embeds: jax.Array
 
 
 def guided_batch(
@@ -54,14 +67,19 @@ def guided_batch(
     timestep: jax.Array,
     prompt_embeds: jax.Array,
     negative_prompt_embeds: jax.Array | None,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """The transformer's inputs for one step: the conditional rows, then (guided) the unconditional ones."""
-    x = latents.astype(model.dtype)
+    image: ImageConditioning | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+    """The transformer's inputs for one step: the conditional rows, then (guided) the unconditional
+    ones; with ``image``, its latents joined to the noisy ones and its states for every row."""
+    x = latents if image is None else jnp.concatenate([latents, image.latents.astype(latents.dtype)], axis=1)
+    x = x.astype(model.dtype)
+    images = None if image is None else image.image_embeds.astype(model.dtype)
     batch = latents.shape[0]
     if negative_prompt_embeds is None:
-        return x, jnp.full((batch,), timestep), prompt_embeds
+        return x, jnp.full((batch,), timestep), prompt_embeds, images
     embeds = jnp.concatenate([prompt_embeds, negative_prompt_embeds])
-    return jnp.concatenate([x, x]), jnp.full((2 * batch,), timestep), embeds
+    images = None if images is None else jnp.concatenate([images, images])
+    return jnp.concatenate([x, x]), jnp.full((2 * batch,), timestep), embeds, images
 
 
 def guide(
@@ -88,10 +106,11 @@ def guided_velocity(
     prompt_embeds: jax.Array,
     negative_prompt_embeds: jax.Array | None,
     guidance_scale: float | jax.Array,
+    image: ImageConditioning | None = None,
 ) -> jax.Array:
     """``uncond + g * (cond - uncond)`` in the model dtype (:func:`guide`); only the conditional pass
     without negatives. Both passes run batched in one forward."""
-    inputs = guided_batch(model, latents, timestep, prompt_embeds, negative_prompt_embeds)
+    inputs = guided_batch(model, latents, timestep, prompt_embeds, negative_prompt_embeds, image)
     return guide(model, model.apply(params, *inputs), latents.shape[0], guidance_scale)
 
 
@@ -111,9 +130,9 @@ class Sampler:
     def _program(self, scheduler: Scheduler, args: tuple[Any, ...]) -> jax.stages.Compiled:
         model = self.model
 
-        def step(params, state, index, cond, uncond, guidance):
+        def step(params, state, index, cond, uncond, guidance, image):
             timestep = scheduler.model_timestep(index)
-            velocity = guided_velocity(model, params, state.sample, timestep, cond, uncond, guidance)
+            velocity = guided_velocity(model, params, state.sample, timestep, cond, uncond, guidance, image)
             state = scheduler.step(state, velocity, index)[0]
             # A device-side flag per step (read back only once, after the loop).
             return state, jnp.all(jnp.isfinite(state.sample))
@@ -134,9 +153,9 @@ class Sampler:
         branches computed (and, calibrating, their magnitude ratios)."""
         model = self.model
 
-        def step(params, state, index, cond, uncond, guidance, cache_state, schedule, threshold):
+        def step(params, state, index, cond, uncond, guidance, image, cache_state, schedule, threshold):
             timestep = scheduler.model_timestep(index)
-            inputs = guided_batch(model, state.sample, timestep, cond, uncond)
+            inputs = guided_batch(model, state.sample, timestep, cond, uncond, image)
             velocity, cache_state, computed, ratios = cached_forward(
                 model, params, *inputs, cache, cache_state, index, schedule[index], threshold
             )
@@ -192,7 +211,7 @@ class Sampler:
         scalars = (jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.float32))
         index, guidance = (like(x) for x in scalars)
         cond, uncond = like(prompt_embeds), like(negative_prompt_embeds)
-        return self._program(scheduler, (params, state, index, cond, uncond, guidance))
+        return self._program(scheduler, (params, state, index, cond, uncond, guidance, None))
 
     def programs(self) -> tuple[jax.stages.Compiled, ...]:
         """The step programs kept, least recently used first (e.g. for ``memory_analysis()``)."""
@@ -208,8 +227,10 @@ class Sampler:
         on_step: Callable[[int, float], None] | None = None,
         check_finite: bool = False,
         cache: CacheConfig | None = None,
+        image: ImageConditioning | None = None,
     ) -> tuple[jax.Array, StepTimes]:
         """Run all scheduler steps from ``latents`` (float32 noise); the final latents and timings.
+        ``image``: an image-to-video model's conditioning (:class:`ImageConditioning`).
 
         ``cache``: a step-cache policy (:mod:`wanjax.pipeline.step_cache`); what it decided is then in
         :attr:`cache_report` (None without one).
@@ -220,7 +241,8 @@ class Sampler:
         the loop); with ``check_finite`` (or a later :meth:`check_finite`) NaN/inf in the final
         latents raise :class:`~wanjax.errors.NumericalError` naming the first step that produced them.
         """
-        self.model.check_shape(tuple(latents.shape))
+        channels = latents.shape[1] + (0 if image is None else image.latents.shape[1])
+        self.model.check_shape((latents.shape[0], channels, *latents.shape[2:]))
         uncond = negative_prompt_embeds if guidance_scale > 1.0 else None
         self.cache_report = None
         # Place every input on the params' device (one device) or replicate it over the mesh (as a
@@ -242,7 +264,8 @@ class Sampler:
         index0 = place(jnp.int32(0))
         times = StepTimes()
         start = time.perf_counter()
-        args = (self.model.params, state, index0, cond, uncond, guidance)
+        image = None if image is None else jax.tree.map(place, image)
+        args = (self.model.params, state, index0, cond, uncond, guidance, image)
         step_cache = (
             None
             if cache is None
@@ -261,10 +284,12 @@ class Sampler:
         for i in range(scheduler.num_inference_steps):
             start = time.perf_counter()
             if step_cache is None:
-                state, ok = program(self.model.params, state, place(jnp.int32(i)), cond, uncond, guidance)
+                state, ok = program(
+                    self.model.params, state, place(jnp.int32(i)), cond, uncond, guidance, image
+                )
             else:
                 state, ok, cache_state, computed, ratios = program(
-                    self.model.params, state, place(jnp.int32(i)), cond, uncond, guidance, *extra
+                    self.model.params, state, place(jnp.int32(i)), cond, uncond, guidance, image, *extra
                 )
                 extra = (cache_state, *extra[1:])
                 decisions.append((computed, ratios))

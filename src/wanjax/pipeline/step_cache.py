@@ -358,6 +358,7 @@ def cached_forward(
     latents: jax.Array,
     timestep: jax.Array,
     prompt_embeds: jax.Array,
+    image_embeds: jax.Array | None,
     cache: StepCache,
     state: CacheState,
     index: jax.Array,
@@ -368,7 +369,7 @@ def cached_forward(
     computed (``bool (branches,)``) and, calibrating, each branch's magnitude ratio (else 1.0).
     ``planned``: MagCache's ``compute`` row for this step; ``threshold``: First-Block Cache's."""
     branches = len(cache.branches)
-    tokens, cond = model.embed(params, latents, timestep, prompt_embeds)
+    tokens, cond = model.embed(params, latents, timestep, prompt_embeds, image_embeds)
     rows = tokens.shape[0]
     out: CacheState = {}
     if cache.policy == "firstblock":
