@@ -39,8 +39,10 @@ from wanjax.io.quantizable import UNQUANTIZED
 from wanjax.io.quantizable import weights_dtype as weights_storage
 from wanjax.kernels.attention import AttentionSpec
 from wanjax.kernels.precision import Precision, parse_precision, resolve_precision
+from wanjax.models.clip_vision import CLIPVisionEncoder, load_image_encoder
 from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.dit import TRANSFORMER, WanTransformer, checkpoint_spec, load_transformer
+from wanjax.models.image_processor import ImageInput
 from wanjax.models.lora import LoraSpec, load_loras, plan_updates
 from wanjax.models.offload import Offload, parse_offload
 from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
@@ -48,8 +50,9 @@ from wanjax.models.vae import VAE, Tiling, WanVAE, load_vae, parse_chunk
 from wanjax.parallel.layouts import spatial_sharding, to_global, to_host
 from wanjax.parallel.mesh import MeshSpec, make_mesh, mesh_spec_from_flags
 from wanjax.parallel.rules import param_sharding, replicated
+from wanjax.pipeline.conditioning import conditioning_latents
 from wanjax.pipeline.hub import ModelSource, resolve_model
-from wanjax.pipeline.sampler import Sampler
+from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import make_scheduler
 from wanjax.pipeline.step_cache import CacheConfig, CacheReport
 from wanjax.runtime.jax_cache import enable_compilation_cache
@@ -59,11 +62,11 @@ Prompt = str | Sequence[str]
 
 
 def check_text_to_video(cfg: TransformerConfig, source: str) -> None:
-    """Raise ConfigError for an image-to-video transformer: the pipeline runs text-to-video models."""
+    """Raise ConfigError for an image-to-video transformer, which the command line cannot run yet."""
     if cfg.image_to_video:
         raise ConfigError(
-            f"{source}: an image-to-video model (image_dim {cfg.image_dim}); wanjax's pipeline runs "
-            "text-to-video models (its transformer alone loads with wanjax.load_transformer)"
+            f"{source}: an image-to-video model (image_dim {cfg.image_dim}); the command line has no --image "
+            "yet: run it from Python, WanPipeline.from_pretrained(...)(prompt, image=...)"
         )
 
 
@@ -180,6 +183,7 @@ class WanPipeline:
         self._transformer: WanTransformer | None = None
         self._sampler: Sampler | None = None
         self._vae: WanVAE | None = None
+        self._image_encoder: CLIPVisionEncoder | None = None
         self.loras: list[tuple[LoraFile, float]] = []
         self.set_loras(loras)
 
@@ -256,8 +260,6 @@ class WanPipeline:
     @property
     def transformer(self) -> WanTransformer:
         if self._transformer is None:
-            directory = TRANSFORMER.directory(self.path)
-            check_text_to_video(TRANSFORMER.read_config(directory), str(directory))
             with self.stage_timing("denoise").loading():
                 self._transformer = load_transformer(
                     self.path,
@@ -287,6 +289,17 @@ class WanPipeline:
             with self.stage_timing("denoise").loading():
                 self._transformer.set_loras(files)
         self.loras = files
+
+    @property
+    def image_encoder(self) -> CLIPVisionEncoder:
+        """An image-to-video model's CLIP image encoder (and its image processor), in float32 as
+        diffusers' Wan examples load it."""
+        if self._image_encoder is None:
+            with self.stage_timing("encode").loading():
+                self._image_encoder = load_image_encoder(
+                    self.path, "float32", precision=self.precisions["text_encoder"]
+                )
+        return self._image_encoder
 
     @property
     def vae(self) -> WanVAE:
@@ -382,19 +395,27 @@ class WanPipeline:
         cache: CacheConfig | None = None,
         scheduler: str = "auto",
         seed: int = 0,
+        image: ImageConditioning | None = None,
     ) -> jax.Array:
         """Denoise ``latents`` (float32 noise) with classifier-free guidance (skipped when
         ``guidance_scale <= 1``); returns the transformer's normalised latents, float32.
         ``flow_shift=None`` keeps the checkpoint's scheduler config. ``scheduler``: ``auto`` (the
         checkpoint's), ``unipc``, ``euler`` or ``distill`` (the few-step sampler of step-distilled
         models and LoRAs, whose re-noising draws come from ``seed``; see
-        :mod:`wanjax.pipeline.scheduler`). ``cache``: a step-cache policy
+        :mod:`wanjax.pipeline.scheduler`). ``image``: an image-to-video model's conditioning
+        (:meth:`prepare_image`), required by such a model. ``cache``: a step-cache policy
         (:class:`~wanjax.pipeline.step_cache.CacheConfig`); :attr:`cache_report` then tells what it
         skipped (None without one)."""
         from tqdm import tqdm
 
         self._enter("denoise")
         model = self.transformer
+        if model.cfg.image_to_video != (image is not None):
+            raise WanjaxError(
+                "an image-to-video model needs an image (pipe(prompt, image=...))"
+                if image is None
+                else "an image was given but this is a text-to-video model"
+            )
         self._check_embeddings(model, prompt_embeds, negative_prompt_embeds, latents, guidance_scale)
         cfg_pair = negative_prompt_embeds is not None and guidance_scale > 1  # run as one batch
         rows = latents.shape[0] * (2 if cfg_pair else 1)
@@ -423,10 +444,35 @@ class WanPipeline:
                     on_step=lambda i, seconds: bar.update(),
                     check_finite=True,
                     cache=cache,
+                    image=image,
                 )
         self.step_times = times
         self.cache_report = self._sampler.cache_report
         return out
+
+    def prepare_image(
+        self,
+        image: ImageInput,
+        batch: int,
+        height: int,
+        width: int,
+        num_frames: int,
+        last_image: ImageInput | None = None,
+    ) -> ImageConditioning:
+        """An image-to-video model's conditioning for ``batch`` videos from ``image`` (the first frame;
+        ``last_image``: the last, first-last-frame models): the image encoder's penultimate states of
+        the image(s) and the conditioning latents (:mod:`wanjax.pipeline.conditioning`), as diffusers'
+        ``WanImageToVideoPipeline`` prepares them."""
+        images = [image] if last_image is None else [image, last_image]
+        with self.stage_timing("encode").running():
+            states = np.asarray(self.image_encoder.encode_images(images))
+        with self.stage_timing("denoise").running():
+            latents = conditioning_latents(
+                self.vae, image, height, width, num_frames, self.geometry.temporal, last_image
+            )
+        return ImageConditioning(
+            jnp.asarray(np.tile(latents, (batch, 1, 1, 1, 1))), jnp.asarray(np.tile(states, (batch, 1, 1)))
+        )
 
     def decode(self, latents: jax.Array) -> np.ndarray:
         """The transformer's normalised latents ``[B, z, T', h, w]`` -> ``uint8 [B, T, H, W, 3]``."""
@@ -455,11 +501,15 @@ class WanPipeline:
         progress: bool = True,
         cache: CacheConfig | None = None,
         scheduler: str = "auto",
+        image: ImageInput | None = None,
+        last_image: ImageInput | None = None,
     ) -> np.ndarray:
         """Generate videos: ``uint8 [B, num_frames, height, width, 3]``, one per prompt.
 
         ``latents``: starting noise ``[B, 16, T', H/8, W/8]`` instead of drawing it from ``seed``.
         ``cache``: a step-cache policy, e.g. ``CacheConfig("magcache")`` (see :meth:`denoise`).
+        ``image`` (and ``last_image``): the first (and last) frame for an image-to-video model (a PIL
+        image, a path or uint8 pixels), resized to ``width x height`` (:meth:`prepare_image`).
         """
         self.timings, self.step_times = {}, None
         self.geometry.check(height, width, num_frames)
@@ -475,6 +525,9 @@ class WanPipeline:
                 f"latents {tuple(latents.shape)} do not match {batch} prompt(s) at {width}x{height}, "
                 f"{num_frames} frames (expected {expected}); pass the matching height/width/num_frames"
             )
+        conditioning = None
+        if image is not None:
+            conditioning = self.prepare_image(image, batch, height, width, num_frames, last_image)
         final = self.denoise(
             prompt_embeds,
             negative_prompt_embeds,
@@ -486,6 +539,7 @@ class WanPipeline:
             cache=cache,
             scheduler=scheduler,
             seed=seed,
+            image=conditioning,
         )
         return self.decode(final)
 

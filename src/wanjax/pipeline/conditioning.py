@@ -1,0 +1,74 @@
+"""Image-to-video conditioning latents, as diffusers' ``WanImageToVideoPipeline.prepare_latents``.
+
+The given image is resized to the video's size and scaled to [-1, 1] (diffusers' ``VideoProcessor``:
+a Lanczos resize to exactly ``width x height``), placed as frame 0 of an otherwise black video (and a
+last image as its last frame), VAE-encoded (the posterior's mode) and normalised. Four mask channels
+say which latent frames hold a given image: the mask is 1 on the given frames, 0 elsewhere, and the
+first frame counts ``temporal`` times (one per pixel frame of the first latent frame), folded into the
+latent frames' 4 sub-frames. The result, ``[mask (4); latents (z)]`` per latent frame, is what the
+transformer reads beside the noisy latents (:class:`~wanjax.pipeline.sampler.ImageConditioning`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from PIL import Image
+
+from wanjax.errors import WanjaxError
+from wanjax.models.image_processor import ImageInput, load_image
+
+
+def video_frame(image: ImageInput, height: int, width: int) -> np.ndarray:
+    """``image`` (a PIL image, a path, or uint8 ``(H, W, 3)`` pixels) as a ``[3, height, width]``
+    float32 frame in [-1, 1]: Lanczos-resized to exactly that size, as diffusers' ``VideoProcessor``."""
+    if isinstance(image, str) or hasattr(image, "__fspath__"):
+        image = load_image(image)
+    if isinstance(image, np.ndarray):
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[-1] != 3:
+            raise WanjaxError(f"an image array must be uint8 (H, W, 3), got {image.dtype} {image.shape}")
+        image = Image.fromarray(image)
+    if not isinstance(image, Image.Image):
+        raise WanjaxError(f"an image must be a PIL image, a path or uint8 pixels, got {type(image).__name__}")
+    if image.width < 1 or image.height < 1:
+        raise WanjaxError("the image is empty")
+    resized = image.convert("RGB").resize((width, height), resample=Image.Resampling.LANCZOS)
+    pixels = np.asarray(resized).astype(np.float32) / np.float32(255.0)
+    return (np.float32(2.0) * pixels - np.float32(1.0)).transpose(2, 0, 1)
+
+
+def condition_mask(num_frames: int, temporal: int, latent_hw: tuple[int, int], last: bool) -> np.ndarray:
+    """The 4-channel mask ``(1, temporal, T', h, w)`` of the given frames (the first, and the last
+    when ``last``), laid out as diffusers lays it out."""
+    h, w = latent_hw
+    mask = np.zeros((1, 1, num_frames, h, w), np.float32)
+    mask[:, :, 0] = 1
+    if last:
+        mask[:, :, -1] = 1
+    first = np.repeat(mask[:, :, 0:1], temporal, axis=2)
+    mask = np.concatenate([first, mask[:, :, 1:]], axis=2)
+    mask = mask.reshape(1, -1, temporal, h, w)
+    return mask.transpose(0, 2, 1, 3, 4)
+
+
+def conditioning_latents(
+    vae: Any,
+    image: ImageInput,
+    height: int,
+    width: int,
+    num_frames: int,
+    temporal: int,
+    last_image: ImageInput | None = None,
+) -> np.ndarray:
+    """``(1, temporal + z, T', h, w)`` float32: the mask and the normalised VAE latents of a video whose
+    first frame is ``image`` (and last frame ``last_image``), black elsewhere (``temporal``: the VAE's
+    frames per latent frame)."""
+    video = np.zeros((1, 3, num_frames, height, width), np.float32)
+    video[0, :, 0] = video_frame(image, height, width)
+    if last_image is not None:
+        video[0, :, -1] = video_frame(last_image, height, width)
+    latents = np.asarray(vae.normalize_latents(vae.encode(jnp.asarray(video))), np.float32)
+    mask = condition_mask(num_frames, temporal, latents.shape[3:], last_image is not None)
+    return np.concatenate([mask, latents], axis=1)
