@@ -5,14 +5,12 @@ same image, prompt and noise give diffusers' latents (float32) and, through diff
 
 from __future__ import annotations
 
-import shutil
-
 import numpy as np
 import pytest
 import torch
 from conftest import randomize_
 from PIL import Image
-from test_pipeline_parity import NEGATIVE, PROMPT, TEXT, relative_error, to_uint8
+from test_pipeline_parity import NEGATIVE, PROMPT, relative_error, save_tiny, tiny_components, to_uint8
 from test_tokenizer import make_tokenizer_dir
 
 from wanjax import WanPipeline
@@ -24,20 +22,8 @@ HEIGHT, WIDTH, FRAMES, STEPS = 48, 64, 9, 3
 
 @pytest.fixture(scope="module")
 def i2v(tmp_path_factory):
-    from diffusers import (
-        AutoencoderKLWan,
-        UniPCMultistepScheduler,
-        WanImageToVideoPipeline,
-        WanTransformer3DModel,
-    )
-    from transformers import (
-        AutoTokenizer,
-        CLIPImageProcessor,
-        CLIPVisionConfig,
-        CLIPVisionModel,
-        UMT5EncoderModel,
-    )
-    from transformers import UMT5Config as HFConfig
+    from diffusers import WanImageToVideoPipeline
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
     root = tmp_path_factory.mktemp("wan_i2v")
     tokenizer_dir = make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer")
@@ -46,45 +32,11 @@ def i2v(tmp_path_factory):
         patch_size=14, hidden_act="gelu",
     )  # fmt: skip
     pipe = WanImageToVideoPipeline(
-        tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir),
-        text_encoder=randomize_(UMT5EncoderModel(HFConfig(**TEXT)), seed=1).eval(),
+        **tiny_components(tokenizer_dir, in_channels=36, out_channels=16, image_dim=20, added_kv_proj_dim=24),
         image_encoder=randomize_(CLIPVisionModel(vision), seed=5, std=0.2).eval(),
         image_processor=CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}),
-        transformer=randomize_(
-            WanTransformer3DModel(
-                num_attention_heads=2,
-                attention_head_dim=12,
-                in_channels=36,
-                out_channels=16,
-                text_dim=TEXT["d_model"],
-                freq_dim=16,
-                ffn_dim=32,
-                num_layers=2,
-                rope_max_seq_len=32,
-                image_dim=20,
-                added_kv_proj_dim=24,
-            ),
-            seed=2,
-            std=0.2,
-        ).eval(),
-        vae=randomize_(
-            AutoencoderKLWan(
-                base_dim=8,
-                z_dim=16,
-                dim_mult=[1, 2, 2, 2],
-                num_res_blocks=1,
-                temperal_downsample=[False, True, True],
-            ),
-            seed=3,
-            std=0.2,
-        ).eval(),
-        scheduler=UniPCMultistepScheduler(
-            prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
-        ),
     )
-    pipe.save_pretrained(root)
-    shutil.rmtree(root / "tokenizer")
-    shutil.copytree(tokenizer_dir, root / "tokenizer")
+    save_tiny(pipe, root, tokenizer_dir)
     rng = np.random.default_rng(0)
     image = Image.fromarray(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8))  # another aspect, resized
     noise = torch.randn((1, 16, 3, HEIGHT // 8, WIDTH // 8), generator=torch.Generator().manual_seed(0))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,30 +37,23 @@ def to_uint8(video: np.ndarray) -> np.ndarray:
     return (video * 255).round().astype(np.uint8)
 
 
-def build_tiny_pipeline(root: Path, tokenizer_dir: Path) -> None:
-    """A tiny random diffusers WanPipeline saved at ``root`` (also used by
-    ``benchmarks/pipeline_vs_diffusers.py``)."""
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+def tiny_components(tokenizer_dir: Path, **transformer: Any) -> dict[str, Any]:
+    """The random tiny components of a diffusers Wan pipeline (``transformer``: config overrides, e.g.
+    an image-to-video transformer's)."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
     from transformers import AutoTokenizer, UMT5EncoderModel
     from transformers import UMT5Config as HFConfig
 
-    pipe = WanPipeline(
-        tokenizer=AutoTokenizer.from_pretrained(tokenizer_dir),
-        text_encoder=randomize_(UMT5EncoderModel(HFConfig(**TEXT)), seed=1).eval(),
-        transformer=randomize_(
-            WanTransformer3DModel(
-                num_attention_heads=2,
-                attention_head_dim=12,
-                text_dim=TEXT["d_model"],
-                freq_dim=16,
-                ffn_dim=32,
-                num_layers=2,
-                rope_max_seq_len=32,
-            ),
-            seed=2,
-            std=0.2,
+    dit = dict(
+        num_attention_heads=2, attention_head_dim=12, text_dim=TEXT["d_model"], freq_dim=16, ffn_dim=32
+    )
+    return {
+        "tokenizer": AutoTokenizer.from_pretrained(tokenizer_dir),
+        "text_encoder": randomize_(UMT5EncoderModel(HFConfig(**TEXT)), seed=1).eval(),
+        "transformer": randomize_(
+            WanTransformer3DModel(**dit, num_layers=2, rope_max_seq_len=32, **transformer), seed=2, std=0.2
         ).eval(),
-        vae=randomize_(
+        "vae": randomize_(
             AutoencoderKLWan(
                 base_dim=8,
                 z_dim=16,
@@ -70,14 +64,25 @@ def build_tiny_pipeline(root: Path, tokenizer_dir: Path) -> None:
             seed=3,
             std=0.2,
         ).eval(),
-        scheduler=UniPCMultistepScheduler(
+        "scheduler": UniPCMultistepScheduler(
             prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
         ),
-    )
+    }
+
+
+def save_tiny(pipe: Any, root: Path, tokenizer_dir: Path) -> None:
+    """``save_pretrained``, with the Wan repos' tokenizer folder layout (tokenizer.json from T5Converter)."""
     pipe.save_pretrained(root)
-    # the Wan repos' tokenizer folder layout (tokenizer.json from T5Converter)
     shutil.rmtree(root / "tokenizer")
     shutil.copytree(tokenizer_dir, root / "tokenizer")
+
+
+def build_tiny_pipeline(root: Path, tokenizer_dir: Path) -> None:
+    """A tiny random diffusers WanPipeline saved at ``root`` (also used by
+    ``benchmarks/pipeline_vs_diffusers.py``)."""
+    from diffusers import WanPipeline
+
+    save_tiny(WanPipeline(**tiny_components(tokenizer_dir)), root, tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
