@@ -57,7 +57,7 @@ COMMANDS = "generate, encode, denoise, decode, plan, bench, tune-attention, info
         (("decode", "--frames", "x"), "wanjax decode: error: argument --frames: invalid int value: 'x'"),
         (
             ("bench", "--stages", "all"),
-            "wanjax bench: error: argument --stages: invalid choice 'all' (choose from encode, denoise, decode)",
+            "wanjax bench: error: argument --stages: invalid choice 'all' (choose from encode, image, denoise, decode)",
         ),
         (("info",), "wanjax info: error: the following arguments are required: model"),
         (("nope",), f"wanjax: error: argument command: invalid choice 'nope' (choose from {COMMANDS})"),

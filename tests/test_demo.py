@@ -104,3 +104,29 @@ def test_generate_demo_video_then_a_second_run_compiles_nothing(tmp_path):
     for stage in ("encode", "denoise", "decode"):
         assert second["stages"][stage]["programs"] == second["stages"][stage]["cache_hits"] > 0, second
     assert second["compile_s"] < 0.25 * first["compile_s"], (first["compile_s"], second["compile_s"])
+
+
+def test_image_to_video_demo_runs_from_an_image_at_its_aspect(demo_env, tmp_path):
+    """``generate --model demo-i2v --image``: the video keeps the image's aspect at the demo's area; the
+    demo folder is a diffusers WanImageToVideoPipeline (read by diffusers itself)."""
+    from diffusers import WanImageToVideoPipeline
+    from PIL import Image
+
+    from wanjax.cli.main import main
+    from wanjax.io.paths import cache_root
+
+    image = tmp_path / "portrait.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (300, 200, 3), dtype=np.uint8)).save(image)
+    video = tmp_path / "v.mp4"
+    args = ["generate", "--model", "demo-i2v", "--prompt", "a cat", "--image", str(image)]
+    assert (
+        main([*args, "--num_inference_steps", "2", "--output_video", str(video), "--jax_cache_dir", "off"])
+        == 0
+    )
+    record = json.loads(video.with_suffix(".json").read_text())
+    area = DEMO_DEFAULTS["height"] * DEMO_DEFAULTS["width"]
+    assert (record["video"]["height"], record["video"]["width"]) == (192, 128)  # 3:2 portrait, area 128*192
+    assert record["video"]["height"] * record["video"]["width"] == area and record["model"] == "demo-i2v"
+    folder = demo_model_dir(cache_root(), "demo-i2v")
+    pipe = WanImageToVideoPipeline.from_pretrained(folder)
+    assert pipe.image_encoder.config.hidden_size == pipe.transformer.config.image_dim

@@ -49,8 +49,12 @@ def test_an_image_to_video_transformer_needs_image_embeds(tmp_path):
         )
 
 
-def test_the_pipeline_refuses_an_image_to_video_model_before_any_weight(tiny_pipeline_dir, tmp_path, capsys):
+def test_an_image_to_video_model_without_its_image_encoder_is_refused_before_any_weight(
+    tiny_pipeline_dir, tmp_path, capsys
+):
     import shutil
+
+    from PIL import Image
 
     from wanjax.cli.main import main
 
@@ -58,10 +62,13 @@ def test_the_pipeline_refuses_an_image_to_video_model_before_any_weight(tiny_pip
     shutil.copytree(tiny_pipeline_dir, root)
     shutil.rmtree(root / "transformer")
     save_transformer(root, seed=1, **dict(I2V, text_dim=24))  # the tiny pipeline's text width
+    image = tmp_path / "image.png"
+    Image.new("RGB", (64, 48)).save(image)
     out = tmp_path / "never.mp4"
-    assert main(["generate", "--model", str(root), "--prompt", "a cat", "--output_video", str(out)]) == 2
+    args = ["generate", "--model", str(root), "--prompt", "a cat", "--image", str(image)]
+    assert main([*args, "--output_video", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "an image-to-video model (image_dim 20)" in err, err
+    assert len(err.splitlines()) == 1 and "model lacks its image_encoder/ component folder" in err, err
     assert not out.exists()
 
 

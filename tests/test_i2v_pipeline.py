@@ -1,46 +1,90 @@
-"""Image-to-video through the Python API against diffusers' ``WanImageToVideoPipeline`` on a tiny random
-pipeline saved with ``save_pretrained`` (CLIP image encoder and processor, I2V transformer, VAE): the
-same image, prompt and noise give diffusers' latents (float32) and, through diffusers' VAE, its frames.
+"""Image-to-video against diffusers' ``WanImageToVideoPipeline`` on tiny random pipelines saved with
+``save_pretrained`` (CLIP image encoder and processor, I2V transformer, VAE; and a first-last-frame
+variant): the same image(s), prompt and noise give diffusers' latents (float32) and frames, through
+the Python API, ``generate --image`` and the three stages (which equal ``generate``).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import randomize_
 from PIL import Image
+from safetensors.numpy import load_file, save_file
 from test_pipeline_parity import NEGATIVE, PROMPT, relative_error, save_tiny, tiny_components, to_uint8
 from test_tokenizer import make_tokenizer_dir
 
 from wanjax import WanPipeline
+from wanjax.cli.main import main
 from wanjax.errors import WanjaxError
+from wanjax.pipeline import stages
 from wanjax.pipeline.conditioning import condition_mask
 
 HEIGHT, WIDTH, FRAMES, STEPS = 48, 64, 9, 3
+CLIP_TOKENS = 5  # (28 / 14)^2 patches + the class token
 
 
-@pytest.fixture(scope="module")
-def i2v(tmp_path_factory):
+def build_i2v(root, tokenizer_dir, **transformer):
+    """A tiny WanImageToVideoPipeline saved under ``root``; diffusers' copy read back from it."""
     from diffusers import WanImageToVideoPipeline
     from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
 
-    root = tmp_path_factory.mktemp("wan_i2v")
-    tokenizer_dir = make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer")
     vision = CLIPVisionConfig(
         hidden_size=20, intermediate_size=24, num_hidden_layers=3, num_attention_heads=4, image_size=28,
         patch_size=14, hidden_act="gelu",
     )  # fmt: skip
+    components = tiny_components(
+        tokenizer_dir, in_channels=36, out_channels=16, image_dim=20, added_kv_proj_dim=24, **transformer
+    )
     pipe = WanImageToVideoPipeline(
-        **tiny_components(tokenizer_dir, in_channels=36, out_channels=16, image_dim=20, added_kv_proj_dim=24),
+        **components,
         image_encoder=randomize_(CLIPVisionModel(vision), seed=5, std=0.2).eval(),
         image_processor=CLIPImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28}),
     )
     save_tiny(pipe, root, tokenizer_dir)
+    return WanImageToVideoPipeline.from_pretrained(root)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    return make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """Two images of other aspects than the video (resized by the pipeline), as PNG files."""
+    folder = tmp_path_factory.mktemp("images")
     rng = np.random.default_rng(0)
-    image = Image.fromarray(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8))  # another aspect, resized
-    noise = torch.randn((1, 16, 3, HEIGHT // 8, WIDTH // 8), generator=torch.Generator().manual_seed(0))
-    return root, WanImageToVideoPipeline.from_pretrained(root), image, noise
+    paths = []
+    for i, shape in enumerate(((37, 53, 3), (61, 45, 3))):
+        paths.append(folder / f"image{i}.png")
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)).save(paths[-1])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def noise(tmp_path_factory):
+    """Starting noise as torch draws it, and in a safetensors file (key ``latents``) for the CLI."""
+    latents = torch.randn((1, 16, 3, HEIGHT // 8, WIDTH // 8), generator=torch.Generator().manual_seed(0))
+    path = tmp_path_factory.mktemp("noise") / "noise.safetensors"
+    save_file({"latents": latents.numpy()}, str(path))
+    return latents, path
+
+
+@pytest.fixture(scope="module")
+def i2v(tmp_path_factory, tokenizer_dir, images, noise):
+    root = tmp_path_factory.mktemp("wan_i2v")
+    return root, build_i2v(root, tokenizer_dir), Image.open(images[0]).convert("RGB"), noise[0]
+
+
+@pytest.fixture(scope="module")
+def flf2v(tmp_path_factory, tokenizer_dir):
+    """A first-last-frame pipeline: the image embedder's position embedding spans two images."""
+    root = tmp_path_factory.mktemp("wan_flf2v")
+    return root, build_i2v(root, tokenizer_dir, pos_embed_seq_len=2 * CLIP_TOKENS)
 
 
 def diffusers_run(pipe, image, noise, last_image=None) -> tuple[np.ndarray, np.ndarray]:
@@ -92,3 +136,152 @@ def test_the_mask_is_diffusers(i2v):
                 image, 1, 16, HEIGHT, WIDTH, FRAMES, torch.float32, "cpu", None, None, image if last else None
             )
         np.testing.assert_array_equal(ours, condition[:, :4].numpy())
+
+
+def cli(*args) -> None:
+    assert main([*map(str, args), "--jax_cache_dir", "off"]) == 0
+
+
+VIDEO = ("--height", HEIGHT, "--width", WIDTH, "--frames", FRAMES)
+SAMPLING = ("--num_inference_steps", STEPS, "--guidance_scale", 5.0)
+
+
+@pytest.mark.parametrize("variant", ["i2v", "flf2v"])
+def test_generate_and_three_stages_equal_diffusers(variant, request, images, noise, tmp_path):
+    """``encode --image [--last_image]`` / ``denoise`` / ``decode`` in float32 from diffusers' noise: its
+    latents and frames; ``generate`` with the same flags: exactly the stages' frames."""
+    from diffusers.utils import load_image
+
+    root, reference_pipe = request.getfixturevalue(variant)[:2]
+    image_flags = ("--image", images[0]) + (("--last_image", images[1]) if variant == "flf2v" else ())
+    last = load_image(str(images[1])) if variant == "flf2v" else None
+    latents_ref, frames_ref = diffusers_run(reference_pipe, load_image(str(images[0])), noise[0], last)
+    text = ("--model", root, "--prompt", PROMPT, "--negative_prompt", NEGATIVE, "--dtype", "float32")
+    d = tmp_path / "stages"
+    cli("encode", *text, *image_flags, *VIDEO, "--output_dir", d)
+    conditioning = load_file(d / stages.IMAGE_FILE)
+    assert conditioning["image_embeds"].shape == (2 if last else 1, CLIP_TOKENS, 20)
+    assert conditioning["condition_latents"].shape == (1, 20, 3, HEIGHT // 8, WIDTH // 8)
+    cli("denoise", "--input_dir", d, "--init_latents", noise[1], *SAMPLING)
+    cli("decode", "--input_dir", d, "--frames_out", d / "stages.npy")
+    latents = load_file(d / stages.LATENTS_FILE)["latents"]
+    assert relative_error(latents, latents_ref) <= 1e-4
+    frames = np.load(d / "stages.npy")
+    assert frames.shape == frames_ref.shape and frames_ref.std() > 20
+    assert np.abs(frames.astype(np.int16) - frames_ref).max() <= 2
+
+    out = tmp_path / "generate.npy"
+    cli("generate", *text, *image_flags, *VIDEO, *SAMPLING, "--init_latents", noise[1], "--frames_out", out)
+    np.testing.assert_array_equal(np.load(out), frames)
+    config = stages.read_config(d)
+    assert config["image"] == str(images[0].resolve()) and config["height"] == HEIGHT
+
+
+def test_first_last_frame_through_python_equals_diffusers(flf2v, images, noise):
+    root, reference_pipe = flf2v
+    first, last = (Image.open(p).convert("RGB") for p in images)
+    latents_ref, _ = diffusers_run(reference_pipe, first, noise[0], last)
+    pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
+    pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
+    conditioning = pipe.prepare_image(first, 1, HEIGHT, WIDTH, FRAMES, last_image=last)
+    latents = pipe.denoise(
+        pos, neg, noise[0].numpy(), num_inference_steps=STEPS, progress=False, image=conditioning
+    )
+    assert relative_error(latents, latents_ref) <= 1e-5
+    with pytest.raises(WanjaxError, match="first-last-frame model"):
+        pipe.prepare_image(first, 1, HEIGHT, WIDTH, FRAMES)
+
+
+def example_size(width: int, height: int, max_area: int, mod: int) -> tuple[int, int]:
+    """diffusers' Wan image-to-video example, as written in its docs (height, width)."""
+    aspect_ratio = height / width
+    h = round(np.sqrt(max_area * aspect_ratio)) // mod * mod
+    w = round(np.sqrt(max_area / aspect_ratio)) // mod * mod
+    return h, w
+
+
+def test_the_video_size_follows_the_image_as_diffusers_examples_compute_it(i2v):
+    from wanjax.pipeline.conditioning import size_for_image
+
+    pipe = WanPipeline.from_pretrained(i2v[0], dtype="float32", jax_cache_dir=False)
+    for width, height in ((1024, 768), (768, 1024), (1280, 720), (53, 37), (3000, 2000), (512, 512)):
+        for area in (480 * 832, 720 * 1280):
+            expected = example_size(width, height, area, 16)
+            assert size_for_image((width, height), area, 16) == expected
+            image = Image.new("RGB", (width, height))
+            assert pipe.video_size(image, max_area=area) == expected
+    assert pipe.video_size(Image.new("RGB", (1000, 500)), height=480) == (480, 960)  # width from the aspect
+    assert pipe.video_size(Image.new("RGB", (1000, 500)), width=320) == (160, 320)
+    assert pipe.video_size(Image.new("RGB", (1000, 500)), 64, 64) == (64, 64)
+    assert pipe.video_size(None) == (480, 832)
+    with pytest.raises(WanjaxError, match="too narrow"):
+        pipe.video_size(Image.new("RGB", (40000, 16)))
+    with pytest.raises(WanjaxError, match="too small"):
+        pipe.video_size(Image.new("RGB", (15, 200)))
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "P", "L", "I;16", "CMYK", "1"])
+def test_image_modes_become_the_frame_diffusers_makes(mode, tmp_path):
+    """A file in any Pillow mode: diffusers' ``load_image`` (RGB conversion as Pillow does it) then its
+    ``VideoProcessor`` give our first frame."""
+    from diffusers.utils import load_image
+    from diffusers.video_processor import VideoProcessor
+
+    from wanjax.pipeline.conditioning import video_frame
+
+    rng = np.random.default_rng(1)
+    rgba = Image.fromarray(rng.integers(0, 256, (40, 30, 4), dtype=np.uint8), "RGBA")
+    image = rgba.convert("I;16") if mode == "I;16" else rgba.convert(mode)
+    path = tmp_path / ("image.jpg" if mode == "CMYK" else "image.png")
+    image.save(path)
+    reference = VideoProcessor(vae_scale_factor=8).preprocess(load_image(str(path)), height=32, width=48)
+    np.testing.assert_allclose(video_frame(path, 32, 48), reference[0].numpy(), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        ((), "is an image-to-video model: give the first frame with --image"),
+        (("--image", "missing.png"), "--image missing.png: no such image file"),
+        (("--image", "garbage.png"), "--image garbage.png: cannot read image"),
+        (("--image", "small.png"), "--image small.png of 12x40 is too small"),
+        (("--image", "ok.png", "--last_image", "ok.png"), "takes a first frame only"),
+        (("--last_image", "ok.png"), "--last_image needs --image"),
+    ],
+)
+def test_bad_images_are_one_line_errors_and_nothing_is_written(
+    i2v, flags, message, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    Path("garbage.png").write_bytes(b"not an image")
+    Image.new("RGB", (12, 40)).save("small.png")
+    Image.new("RGB", (40, 40)).save("ok.png")
+    before = set(tmp_path.iterdir())
+    code = main(["generate", "--model", str(i2v[0]), "--prompt", "a cat", *flags, "--output_video", "v.mp4"])
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert set(tmp_path.iterdir()) == before
+
+
+def test_a_text_to_video_model_refuses_an_image_and_its_stages_check_the_image_file(
+    i2v, images, tiny_pipeline_dir, tmp_path, capsys
+):
+    args = ("--prompt", "a cat", "--image", str(images[0]))
+    assert (
+        main(
+            ["generate", "--model", str(tiny_pipeline_dir), *args, "--output_video", str(tmp_path / "v.mp4")]
+        )
+        == 2
+    )
+    assert "is a text-to-video model: it takes no image" in capsys.readouterr().err
+    d = tmp_path / "stages"
+    cli("encode", "--model", i2v[0], "--prompt", "a cat", "--output_dir", d, "--image", images[0], *VIDEO)
+    assert (
+        main(["denoise", "--input_dir", str(d), "--model", str(tiny_pipeline_dir), "--jax_cache_dir", "off"])
+        == 2
+    )
+    assert "holds an image's conditioning but" in capsys.readouterr().err
+    (d / stages.IMAGE_FILE).unlink()
+    assert main(["denoise", "--input_dir", str(d), "--jax_cache_dir", "off"]) == 2
+    assert "run `wanjax encode --image IMAGE" in capsys.readouterr().err

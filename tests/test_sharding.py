@@ -178,6 +178,17 @@ def test_five_meshes_match_the_single_device_run(model_dir):
         assert r["embeds_max"] <= 1e-5, (mesh, r)
 
 
+def test_image_to_video_on_three_meshes_matches_the_single_device_run(tmp_path):
+    """The I2V demo model: CLIP sharded as UMT5, image tokens beside the text tokens, float32."""
+    report = run_worker(
+        "i2v_parity", str(tmp_path / "i2v"), "dp=1,sp=1,tp=8", "dp=2,sp=2,tp=2", "dp=1,sp=8,tp=1"
+    )
+    for mesh, r in report.items():
+        assert r["condition_max"] <= 1e-5 and r["states_max"] <= 1e-5, (mesh, r)
+        assert r["latents_rel"] <= 1e-5, (mesh, r)
+        assert r["frames_max"] <= 1, (mesh, r)
+
+
 def test_vae_decode_memory_per_device_shrinks_with_spatial_sharding(model_dir):
     report = run_worker("vae", model_dir, "1", "2", "8")
     temp = {int(n): r["temp"] for n, r in report.items()}

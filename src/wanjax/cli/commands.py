@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from wanjax.cli.requests import (
     DenoiseRequest,
     EncodeRequest,
     GenerateRequest,
+    ImageFlags,
     LoraFlags,
     MemoryFlags,
     ParallelFlags,
@@ -50,12 +51,20 @@ from wanjax.parallel.layouts import to_host
 from wanjax.parallel.mesh import MeshSpec, mesh_spec_from_flags, parse_mesh
 from wanjax.parallel.multihost import initialize, is_primary
 from wanjax.pipeline import stages
-from wanjax.pipeline.hub import DEMO, ModelSource
-from wanjax.pipeline.pipeline import WanPipeline, check_text_to_video
+from wanjax.pipeline.components import IMAGE_COMPONENTS
+from wanjax.pipeline.conditioning import check_image_size, open_image
+from wanjax.pipeline.demo import DEMO_VARIANTS
+from wanjax.pipeline.hub import ModelSource
+from wanjax.pipeline.pipeline import WanPipeline, check_conditioning, check_image_input
 from wanjax.pipeline.prompts import negative_prompt, read_prompt_file
 from wanjax.pipeline.step_cache import resolve as resolve_cache
 from wanjax.runtime.environment import environment
 from wanjax.runtime.timing import RunReport
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+    from wanjax.pipeline.sampler import ImageConditioning
 
 STAGE_COMPONENTS = {"encode": "text_encoder", "denoise": "transformer", "decode": "vae"}
 Writing = TypeVar("Writing", GenerateRequest, DecodeRequest)  # the commands that write videos
@@ -74,8 +83,8 @@ def begin(parallel: ParallelFlags) -> float:
 
 def model_label(source: ModelSource) -> str:
     """How a model is recorded in stage configs: ``demo``, a hub id, or an absolute path."""
-    if source.is_demo and source.name == DEMO:
-        return DEMO
+    if source.is_demo and source.name in DEMO_VARIANTS:
+        return source.name
     return source.name if not Path(source.name).exists() else str(Path(source.name).resolve())
 
 
@@ -196,17 +205,25 @@ def resolve_video(
     init: np.ndarray | None,
     batch: int,
     init_name: str | None,
+    image: Image.Image | None = None,
 ) -> dict[str, int]:
-    """Height, width and frames: flag > earlier stage > ``--init_latents`` shape > model default;
-    checked against the init latents' shape when there are some."""
+    """Height, width and frames: flag > earlier stage > ``--init_latents`` shape > (height and width)
+    the ``--image``'s aspect at the model's default area > model default; checked against the init
+    latents' shape when there are some."""
     from_init = pipe.geometry.video_size(init.shape) if init is not None else {}
-    defaults = dataclasses.asdict(model_defaults(pipe.source.is_demo))
-    video = {}
+    defaults = defaults_of(pipe)
+    video: dict[str, int] = {}
     for key in ("height", "width", "frames"):
-        for source in (given, earlier, from_init, defaults):
+        for source in (given, earlier, from_init):
             if source.get(key) is not None:
                 video[key] = int(source[key])
                 break
+    if image is not None and not {"height", "width"} <= video.keys():
+        area = defaults.height * defaults.width
+        video["height"], video["width"] = pipe.video_size(
+            image, video.get("height"), video.get("width"), area
+        )
+    video = {key: video.get(key, getattr(defaults, key)) for key in ("height", "width", "frames")}
     expected = pipe.geometry.latent_shape(batch, video["height"], video["width"], video["frames"])
     if init is not None and tuple(init.shape) != expected:
         raise WanjaxError(
@@ -214,6 +231,44 @@ def resolve_video(
             f"{video['width']}x{video['height']}, {video['frames']} frames need {list(expected)}"
         )
     return video
+
+
+def defaults_of(pipe: WanPipeline) -> Any:
+    """The video and sampling defaults of the pipeline's model (:func:`model_defaults`)."""
+    return model_defaults(pipe.source.is_demo, pipe.source.name)
+
+
+def open_images(
+    pipe: WanPipeline, flags: ImageFlags, cfg: TransformerConfig
+) -> tuple[Image.Image | None, Image.Image | None]:
+    """``--image`` and ``--last_image`` opened, after checking that the model takes them (and, when it
+    does, that its image components are sound); one-line errors for unreadable or too small images."""
+    check_image_input(cfg, flags.image is not None, flags.last_image is not None, model_label(pipe.source))
+    if flags.image is None:
+        return None, None
+    validation.check_model(pipe.path, (*IMAGE_COMPONENTS, "vae"))
+    step = pipe.geometry.spatial * pipe.geometry.patch[0]
+    opened = []
+    for name in ("image", "last_image"):
+        path = getattr(flags, name)
+        if path is None:
+            opened.append(None)
+            continue
+        try:
+            image = open_image(path)
+        except WanjaxError as e:
+            raise WanjaxError(f"--{name} {e}") from None
+        check_image_size(image, step, f"--{name} {path}")
+        opened.append(image)
+    return opened[0], opened[1]
+
+
+def image_record(flags: ImageFlags) -> dict[str, str | None]:
+    """The images of a run as a stage config and a video's metadata record them: absolute paths."""
+    return {
+        name: None if (path := getattr(flags, name)) is None else str(Path(path).resolve())
+        for name in ("image", "last_image")
+    }
 
 
 def with_output_video(request: Writing, default: str) -> Writing:
@@ -298,13 +353,13 @@ def cmd_generate(request: GenerateRequest) -> RunReport:
         adapters=request.adapters,
     )
     configs = validation.check_model(pipe.path, ("tokenizer", "text_encoder", "transformer", "vae"))
-    check_text_to_video(configs["transformer"], str(pipe.path))
+    image, last_image = open_images(pipe, request.images, configs["transformer"])
     check_vae_tiling(pipe)
     init_name = request.sampling.init_latents
     init = stages.load_latents(init_name) if init_name else None
     prompts = batch_prompts(prompt_list(request.text), None if init is None else init.shape[0])
     batch = len(prompts)
-    video = resolve_video(pipe, dataclasses.asdict(request.video), {}, init, batch, init_name)
+    video = resolve_video(pipe, dataclasses.asdict(request.video), {}, init, batch, init_name, image)
     validation.check_rope(configs["transformer"], pipe.geometry, video)
     check_devices(mesh, configs["transformer"].num_attention_heads)
     check_attention(pipe, configs["transformer"])
@@ -312,15 +367,19 @@ def cmd_generate(request: GenerateRequest) -> RunReport:
     check_cache(request.cache, configs["transformer"], params, guided=params["guidance_scale"] > 1)
     negative = negative_prompt(request.text.negative_prompt)
     pos, neg = pipe.encode_prompt(prompts, [negative] * batch, request.text.max_sequence_length)
+    conditioning = None
+    if image is not None:
+        conditioning = pipe.prepare_image(image, batch, **video_args(video), last_image=last_image)
     latents = (
         init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
     )
-    final = denoise(pipe, pos, neg, latents, params, request.cache)
+    final = denoise(pipe, pos, neg, latents, params, request.cache, conditioning)
     frames = pipe.decode(final)
-    fps = request.video.fps or model_defaults(pipe.source.is_demo).fps
+    fps = request.video.fps or defaults_of(pipe).fps
     described = {
         "model": model_label(pipe.source),
         "negative_prompt": negative,
+        **(image_record(request.images) if image is not None else {}),
         **video,
         "fps": fps,
         **params,
@@ -355,10 +414,12 @@ def batch_prompts(prompts: list[str], batch: int | None) -> list[str]:
 
 
 def cmd_encode(request: EncodeRequest) -> RunReport:
-    """Stage 1: prompts -> ``stage1_embeddings.safetensors``."""
+    """Stage 1: prompts -> ``stage1_embeddings.safetensors``; with ``--image``, also the image
+    conditioning -> ``stage1_image.safetensors`` (the video's size is then fixed here)."""
     start = begin(request.parallel)
     out = Path(request.output_dir)
-    check_output_paths(request, **{"--output_dir": out / stages.EMBEDDINGS_FILE})
+    image_file = out / stages.IMAGE_FILE if request.images.image else None
+    check_output_paths(request, **{"--output_dir": out / stages.EMBEDDINGS_FILE, "--image": image_file})
     mesh, fsdp = mesh_request(request.parallel)
     pipe = open_pipeline(
         request.common,
@@ -368,18 +429,29 @@ def cmd_encode(request: EncodeRequest) -> RunReport:
         fsdp,
         precision=request.precision,
         memory=request.memory,
+        vae=request.vae,
     )
     validation.check_model(pipe.path, ("tokenizer", "text_encoder"))
+    image, last_image = open_images(pipe, request.images, pipe.transformer_config)
     check_devices(mesh, None)
     given = {k: v for k, v in dataclasses.asdict(request.video).items() if v is not None}
-    if {"height", "width", "frames"} & given.keys():
-        defaults = dataclasses.asdict(model_defaults(pipe.source.is_demo))
+    prompts = prompt_list(request.text)
+    if image is not None:  # the conditioning latents fix the video's size
+        given = {**given, **resolve_video(pipe, given, {}, None, len(prompts), None, image)}
+    elif {"height", "width", "frames"} & given.keys():
+        defaults = dataclasses.asdict(defaults_of(pipe))
         pipe.geometry.check(*(given.get(k, defaults[k]) for k in ("height", "width", "frames")))
     negative = negative_prompt(request.text.negative_prompt)
-    prompts = prompt_list(request.text)
     length = request.text.max_sequence_length
     pos, neg = (to_host(e) for e in pipe.encode_prompt(prompts, [negative] * len(prompts), length))
-    path = stages.save_embeddings(out, pos, neg) if is_primary() else out / stages.EMBEDDINGS_FILE
+    conditioning = None
+    if image is not None:
+        conditioning = pipe.prepare_image(image, 1, **video_args(given), last_image=last_image)
+        conditioning = jax_tree_to_host(conditioning)
+    path = out / stages.EMBEDDINGS_FILE
+    if is_primary():
+        stages.save_embeddings(out, pos, neg)
+        stages.save_image_conditioning(out, conditioning)
     params = {
         "model": model_label(pipe.source),
         "revision": request.common.revision,
@@ -387,13 +459,22 @@ def cmd_encode(request: EncodeRequest) -> RunReport:
         "prompt": prompts[0] if len(prompts) == 1 else prompts,
         "negative_prompt": negative,
         "max_sequence_length": length,
+        **(image_record(request.images) if image is not None else {}),
         **given,
         **recorded(request),
     }
     if is_primary():
         stages.write_config(out, stages.record_stage({}, "encode", params))
     shape = {"batch": int(pos.shape[0]), "tokens": int(pos.shape[1]), "text_dim": int(pos.shape[2])}
-    return finish(make_report("encode", pipe, shape, {"embeddings": str(path)}), request, start)
+    outputs = {"embeddings": str(path), **({"image": str(image_file)} if image_file else {})}
+    return finish(make_report("encode", pipe, shape, outputs), request, start)
+
+
+def jax_tree_to_host(tree: Any) -> Any:
+    """Every array of ``tree`` as a NumPy array on this host (gathered from a mesh)."""
+    import jax
+
+    return jax.tree.map(to_host, tree)
 
 
 def cmd_denoise(request: DenoiseRequest) -> RunReport:
@@ -422,7 +503,6 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
         adapters=request.adapters,
     )
     cfg = validation.check_model(pipe.path, ("transformer",))["transformer"]
-    check_text_to_video(cfg, str(pipe.path))
     if pos.shape[2] != cfg.text_dim:
         raise WanjaxError(
             f"{directory / stages.EMBEDDINGS_FILE}: embeddings of width {pos.shape[2]} but the transformer of "
@@ -433,6 +513,7 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
     init = stages.load_latents(init_name) if init_name else None
     batch = pos.shape[0]
     video = resolve_video(pipe, given, earlier, init, batch, init_name)
+    conditioning = stage_image(pipe, cfg, directory, pipe.geometry.latent_shape(batch, **video_args(video)))
     validation.check_rope(cfg, pipe.geometry, video)
     check_devices(mesh, cfg.num_attention_heads)
     check_attention(pipe, cfg)
@@ -441,7 +522,9 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
     latents = (
         init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
     )
-    final = to_host(denoise(pipe, pos, neg, latents, params, request.cache))
+    if conditioning is not None:
+        conditioning = conditioning.repeat(batch)
+    final = to_host(denoise(pipe, pos, neg, latents, params, request.cache, conditioning))
     path = directory / stages.LATENTS_FILE
     if is_primary():
         stages.save_latents(path, final)
@@ -461,6 +544,29 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
     report.extra["sampling"] = params
     cache_outputs(report, pipe, request.cache)
     return finish(report, request, start)
+
+
+def stage_image(
+    pipe: WanPipeline, cfg: TransformerConfig, directory: Path, latent_shape: tuple[int, ...]
+) -> ImageConditioning | None:
+    """The stage directory's image conditioning (one video) when the model takes an image, checked
+    against the model and the video; None for a text-to-video model (whose directory must hold none)."""
+    path = directory / stages.IMAGE_FILE
+    if not cfg.image_to_video:
+        if path.exists():
+            raise WanjaxError(
+                f"{path}: the stage directory holds an image's conditioning but {model_label(pipe.source)} "
+                "is a text-to-video model; denoise with the image-to-video model that encoded it (--model)"
+            )
+        return None
+    if not path.exists():
+        raise WanjaxError(
+            f"{directory}: no {stages.IMAGE_FILE}, and {model_label(pipe.source)} is an image-to-video model; "
+            f"run `wanjax encode --image IMAGE --output_dir {directory}` first"
+        )
+    conditioning = stages.load_image_conditioning(directory)
+    check_conditioning(cfg, conditioning, latent_shape, str(path))
+    return conditioning
 
 
 def cmd_decode(request: DecodeRequest) -> RunReport:
@@ -496,7 +602,7 @@ def cmd_decode(request: DecodeRequest) -> RunReport:
                 f"{size['frames']} frames of {size['width']}x{size['height']}); leave --{key} out"
             )
     frames = pipe.decode(latents)
-    fps = request.video.fps or earlier.get("fps") or model_defaults(pipe.source.is_demo).fps
+    fps = request.video.fps or earlier.get("fps") or defaults_of(pipe).fps
     batch = latents.shape[0]
     described = {**earlier, **size, "fps": fps}
     outputs = write_outputs(frames, request.outputs, fps, clip_infos(batch, earlier.get("prompt"), described))
@@ -529,7 +635,7 @@ def sampling_params(pipe: WanPipeline, sampling: SamplingFlags) -> dict[str, Any
     values were checked when the request was built."""
     from wanjax.pipeline.scheduler import make_scheduler
 
-    defaults = model_defaults(pipe.source.is_demo)
+    defaults = defaults_of(pipe)
     init = sampling.init_latents
     steps = _given_or(sampling.num_inference_steps, defaults.num_inference_steps)
     kind = sampling.scheduler or "auto"
@@ -553,10 +659,16 @@ def video_args(video: Mapping[str, int]) -> dict[str, int]:
 
 
 def denoise(
-    pipe: WanPipeline, pos: Any, neg: Any, latents: Any, params: Mapping[str, Any], cache: CacheFlags
+    pipe: WanPipeline,
+    pos: Any,
+    neg: Any,
+    latents: Any,
+    params: Mapping[str, Any],
+    cache: CacheFlags,
+    image: ImageConditioning | None = None,
 ) -> Any:
-    """The pipeline's denoise with these parameters and step cache; with ``--cache_calibrate`` the
-    measured MagCache ratios are written there (process 0, atomically)."""
+    """The pipeline's denoise with these parameters, step cache and image conditioning; with
+    ``--cache_calibrate`` the measured MagCache ratios are written there (process 0, atomically)."""
     out = pipe.denoise(
         pos,
         neg,
@@ -567,6 +679,7 @@ def denoise(
         scheduler=params["scheduler"],
         seed=params["seed"] or 0,
         cache=cache.config(),
+        image=image,
     )
     report = pipe.cache_report
     if cache.cache_calibrate and report is not None and is_primary():

@@ -296,6 +296,17 @@ def add_video(parser: argparse.ArgumentParser) -> None:
     flag(parser, "fps", type=float, help=f"mp4 frame rate (default {ref.fps})")
 
 
+def add_images(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("image to video")
+    flag(
+        group,
+        "image",
+        help="the first frame (PNG, JPEG, ...), for an image-to-video model; without --height/--width "
+        "the video keeps its aspect at the model's default area (480x832, 720x1280 for 720P models)",
+    )
+    flag(group, "last_image", help="the last frame, for a first-last-frame model (FLF2V)")
+
+
 def add_sampling(parser: argparse.ArgumentParser) -> None:
     ref, demo = model_defaults(False), model_defaults(True)
     steps = f"default {ref.num_inference_steps}; demo {demo.num_inference_steps}"
@@ -342,6 +353,7 @@ LATER_MODEL_HELP = "model (default: the one the stage directory was made with)"
 def generate_flags(parser: argparse.ArgumentParser) -> None:
     add_common(parser, model_help=MODEL_HELP, vae=True)
     add_prompt(parser)
+    add_images(parser)
     add_video(parser)
     add_sampling(parser)
     add_attention(parser)
@@ -352,8 +364,9 @@ def generate_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def encode_flags(parser: argparse.ArgumentParser) -> None:
-    add_common(parser, model_help=MODEL_HELP)
+    add_common(parser, model_help=MODEL_HELP, vae=True)
     add_prompt(parser)
+    add_images(parser)
     add_video(parser)
     add_stage_dir(parser, "output_dir")
     add_memory(parser)

@@ -46,13 +46,16 @@ class ModelDefaults:
     seed: int = 42
 
 
-def model_defaults(is_demo: bool) -> ModelDefaults:
-    """The reference's defaults, or the demo model's smaller ones."""
-    if not is_demo:
-        return ModelDefaults()
-    from wanjax.pipeline.demo import DEMO_DEFAULTS
+def model_defaults(is_demo: bool, name: str = "") -> ModelDefaults:
+    """The reference's defaults (720x1280 for a model named for 720p, e.g. Wan2.1-I2V-14B-720P), or
+    the demo model's smaller ones."""
+    if is_demo:
+        from wanjax.pipeline.demo import DEMO_DEFAULTS
 
-    return ModelDefaults(**DEMO_DEFAULTS)
+        return ModelDefaults(**DEMO_DEFAULTS)
+    if "720p" in name.lower():
+        return ModelDefaults(height=720, width=1280)
+    return ModelDefaults()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -103,6 +106,14 @@ class VideoFlags:
     width: int | None = None
     frames: int | None = None
     fps: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFlags:
+    """An image-to-video model's first frame (and a first-last-frame model's last frame): image files."""
+
+    image: str | None = None
+    last_image: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,6 +278,7 @@ class GenerateRequest(Request):
     dtype: str | None = None
     precision: str | None = None
     text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
+    images: ImageFlags = dataclasses.field(default_factory=ImageFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
@@ -287,7 +299,9 @@ class EncodeRequest(Request):
     dtype: str | None = None
     precision: str | None = None
     text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
+    images: ImageFlags = dataclasses.field(default_factory=ImageFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
+    vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
     output_dir: str = STAGE_DIR
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
@@ -428,6 +442,8 @@ def _check_prompts(flags: dict[str, Any]) -> None:
         raise WanjaxError('no prompt: give --prompt "what the video shows" (or --prompt_file FILE)')
     if flags["prompt"] and flags["prompt_file"]:
         raise WanjaxError("--prompt and --prompt_file both given; give one of them")
+    if flags.get("last_image") and not flags.get("image"):
+        raise WanjaxError("--last_image needs --image (the first frame) too")
 
 
 def _check_output_names(flags: dict[str, Any]) -> None:

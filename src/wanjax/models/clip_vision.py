@@ -33,6 +33,7 @@ from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models.config import TRANSFORMERS_GENERIC_FIELDS, ComponentConfig, parse_dtype
 from wanjax.models.image_processor import ImageInput, ImageProcessor, load_image_processor
 from wanjax.models.layers import Params, layer_norm, linear, matmul, scan_layers
+from wanjax.models.offload import DEVICE, HOST, move
 
 # ----------------------------------------------------------------------------------------------
 # Config
@@ -352,6 +353,15 @@ class CLIPVisionEncoder:
         return self._encode(self.params, jnp.asarray(pixel_values))
 
     __call__ = encode
+
+    def to_host(self, block: bool = True) -> None:
+        """Move the weights to pinned host memory (same devices and partitioning); with ``block``,
+        return once the device copies are free."""
+        self.params = move(self.params, HOST, block=block)
+
+    def to_device(self, block: bool = False) -> None:
+        """Move the weights back to device memory (asynchronous unless ``block``)."""
+        self.params = move(self.params, DEVICE, block=block)
 
     def encode_images(self, images: ImageInput | list[ImageInput]) -> jax.Array:
         """``encode(processor(images))``: an image, a file path, or a list of them."""

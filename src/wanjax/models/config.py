@@ -131,6 +131,12 @@ class TransformerConfig(ComponentConfig):
         """An image-to-video transformer: image tokens (``image_dim`` wide) join the cross-attention."""
         return self.image_dim is not None
 
+    @property
+    def first_last_frame(self) -> bool:
+        """A first-last-frame transformer (FLF2V): the states of two images per video, a position
+        embedding over both (``pos_embed_seq_len``)."""
+        return self.pos_embed_seq_len is not None
+
     def validate(self, source: str) -> None:
         if (self.image_dim is None) != (self.added_kv_proj_dim is None):
             raise ConfigError(
@@ -173,6 +179,15 @@ def parse_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
 PRESETS: dict[str, TransformerConfig] = {
     "1.3B": TransformerConfig(num_attention_heads=12, ffn_dim=8960, num_layers=30),
     "14B": TransformerConfig(num_attention_heads=40, ffn_dim=13824, num_layers=40),
+    # Wan2.1-I2V-14B-480P / -720P: the 14B with 36 input channels and CLIP ViT-H/14 image tokens
+    "I2V-14B": TransformerConfig(
+        num_attention_heads=40,
+        ffn_dim=13824,
+        num_layers=40,
+        in_channels=36,
+        image_dim=1280,
+        added_kv_proj_dim=5120,
+    ),
     "tiny": TransformerConfig(
         num_attention_heads=2, attention_head_dim=12, text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2
     ),
@@ -180,7 +195,7 @@ PRESETS: dict[str, TransformerConfig] = {
 
 
 def transformer_preset(name: str, **overrides: Any) -> TransformerConfig:
-    """A named architecture (``1.3B``, ``14B``, ``tiny``) with optional field overrides."""
+    """A named architecture (``1.3B``, ``14B``, ``I2V-14B``, ``tiny``) with optional field overrides."""
     try:
         base = PRESETS[name]
     except KeyError:

@@ -7,7 +7,9 @@ reads its own entry.
 from __future__ import annotations
 
 from wanjax.io.component import Component
+from wanjax.models.clip_vision import IMAGE_ENCODER
 from wanjax.models.dit import TRANSFORMER
+from wanjax.models.image_processor import IMAGE_PROCESSOR
 from wanjax.models.tokenizer import TOKENIZER
 from wanjax.models.umt5 import TEXT_ENCODER
 from wanjax.models.vae import VAE
@@ -15,5 +17,7 @@ from wanjax.models.vae import VAE
 SCHEDULER = Component("scheduler", files=("scheduler_config.json",))
 
 COMPONENTS: dict[str, Component] = {
-    c.folder: c for c in (TOKENIZER, TEXT_ENCODER, TRANSFORMER, VAE, SCHEDULER)
+    c.folder: c
+    for c in (TOKENIZER, TEXT_ENCODER, TRANSFORMER, VAE, SCHEDULER, IMAGE_ENCODER, IMAGE_PROCESSOR)
 }
+IMAGE_COMPONENTS = ("image_encoder", "image_processor")  # what an image-to-video model adds

@@ -11,6 +11,8 @@ transformer reads beside the noisy latents (:class:`~wanjax.pipeline.sampler.Ima
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -19,11 +21,50 @@ from PIL import Image
 
 from wanjax.errors import WanjaxError
 from wanjax.models.image_processor import ImageInput, load_image
+from wanjax.parallel.layouts import to_host
 
 
-def video_frame(image: ImageInput, height: int, width: int) -> np.ndarray:
-    """``image`` (a PIL image, a path, or uint8 ``(H, W, 3)`` pixels) as a ``[3, height, width]``
-    float32 frame in [-1, 1]: Lanczos-resized to exactly that size, as diffusers' ``VideoProcessor``."""
+def size_for_image(
+    image_size: tuple[int, int],
+    max_area: int,
+    step: int,
+    height: int | None = None,
+    width: int | None = None,
+) -> tuple[int, int]:
+    """``(height, width)`` of a video for an image of ``(width, height)`` pixels: both left out, the
+    size of area about ``max_area`` with the image's aspect, each side rounded down to a multiple of
+    ``step`` (diffusers' Wan image-to-video examples: ``round(sqrt(max_area * aspect)) // step * step``);
+    one given, the other from the aspect, rounded down alike; both given, themselves. WanjaxError when
+    the image is too narrow for a side to reach ``step``."""
+    image_w, image_h = image_size
+    aspect = image_h / image_w
+    if height is None and width is None:
+        height = round(math.sqrt(max_area * aspect)) // step * step
+        width = round(math.sqrt(max_area / aspect)) // step * step
+    elif height is None:
+        height = round(width * aspect) // step * step
+    elif width is None:
+        width = round(height / aspect) // step * step
+    if height < step or width < step:
+        raise WanjaxError(
+            f"an image of {image_w}x{image_h} is too narrow for a video of that shape (a side would be "
+            f"under {step} pixels); give --height and --width"
+        )
+    return height, width
+
+
+def check_image_size(image: Image.Image, step: int, name: str = "image") -> None:
+    """WanjaxError when ``image`` has fewer than ``step`` pixels on a side (less than one latent
+    patch: nothing a video could start from)."""
+    if min(image.size) < step:
+        raise WanjaxError(
+            f"{name} of {image.width}x{image.height} is too small: give one at least {step} pixels on each side"
+        )
+
+
+def open_image(image: ImageInput) -> Image.Image:
+    """``image`` as a PIL image: a path is opened as diffusers' ``load_image`` opens it (EXIF
+    orientation applied, converted to RGB), uint8 ``(H, W, 3)`` pixels wrapped, a PIL image kept."""
     if isinstance(image, str) or hasattr(image, "__fspath__"):
         image = load_image(image)
     if isinstance(image, np.ndarray):
@@ -34,7 +75,14 @@ def video_frame(image: ImageInput, height: int, width: int) -> np.ndarray:
         raise WanjaxError(f"an image must be a PIL image, a path or uint8 pixels, got {type(image).__name__}")
     if image.width < 1 or image.height < 1:
         raise WanjaxError("the image is empty")
-    resized = image.convert("RGB").resize((width, height), resample=Image.Resampling.LANCZOS)
+    return image
+
+
+def video_frame(image: ImageInput, height: int, width: int) -> np.ndarray:
+    """``image`` (see :func:`open_image`) as a ``[3, height, width]`` float32 frame in [-1, 1]:
+    converted to RGB as Pillow converts (transparency dropped), Lanczos-resized to exactly that size,
+    as diffusers' ``VideoProcessor``."""
+    resized = open_image(image).convert("RGB").resize((width, height), resample=Image.Resampling.LANCZOS)
     pixels = np.asarray(resized).astype(np.float32) / np.float32(255.0)
     return (np.float32(2.0) * pixels - np.float32(1.0)).transpose(2, 0, 1)
 
@@ -61,14 +109,16 @@ def conditioning_latents(
     num_frames: int,
     temporal: int,
     last_image: ImageInput | None = None,
+    place: Callable[[np.ndarray], Any] = jnp.asarray,
 ) -> np.ndarray:
     """``(1, temporal + z, T', h, w)`` float32: the mask and the normalised VAE latents of a video whose
     first frame is ``image`` (and last frame ``last_image``), black elsewhere (``temporal``: the VAE's
-    frames per latent frame)."""
+    frames per latent frame). ``place`` puts the video where the VAE encodes it (e.g. split over a
+    mesh)."""
     video = np.zeros((1, 3, num_frames, height, width), np.float32)
     video[0, :, 0] = video_frame(image, height, width)
     if last_image is not None:
         video[0, :, -1] = video_frame(last_image, height, width)
-    latents = np.asarray(vae.normalize_latents(vae.encode(jnp.asarray(video))), np.float32)
+    latents = to_host(vae.normalize_latents(vae.encode(place(video)))).astype(np.float32)
     mask = condition_mask(num_frames, temporal, latents.shape[3:], last_image is not None)
     return np.concatenate([mask, latents], axis=1)

@@ -1,9 +1,12 @@
-"""The built-in smoke model: a tiny Wan 2.1 pipeline with random weights, in the diffusers layout.
+"""The built-in smoke models: tiny Wan pipelines with random weights, in the diffusers layout.
 
-``demo_model_dir(cache)`` writes it on first use into the cache folder (see
-:func:`wanjax.io.paths.cache_root`) as ``demo-<hash>/`` with ``model_index.json``,
-``tokenizer/``, ``text_encoder/``, ``transformer/``, ``vae/`` and ``scheduler/``, and it is then
-loaded through exactly the code real checkpoints use. Everything is generated deterministically
+:data:`DEMO_VARIANTS` names them: ``demo`` (Wan 2.1 text-to-video) and ``demo-i2v`` (Wan 2.1
+image-to-video: a CLIP image encoder and its processor, a transformer taking the image).
+``demo_model_dir(cache, name)`` writes one on first use into the cache folder (see
+:func:`wanjax.io.paths.cache_root`) as ``<name>-<hash>/`` with ``model_index.json``,
+``tokenizer/``, ``text_encoder/``, ``transformer/``, ``vae/`` and ``scheduler/`` (and
+``image_encoder/``, ``image_processor/``), and it is then loaded through exactly the code real
+checkpoints use. Everything is generated deterministically
 from fixed seeds with the run-time dependencies only (NumPy, safetensors, ``tokenizers``); the hash
 covers the configs, the vocabulary and the generator, so a changed generator gets a new folder.
 The folder is assembled under a temporary name and renamed when complete. A cache folder that
@@ -15,6 +18,7 @@ Its output is structured noise: it exercises the whole engine quickly, it is not
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,8 +35,10 @@ from tokenizers.models import Unigram
 from wanjax.io.checkpoint import random_checkpoint
 from wanjax.io.component import Component
 from wanjax.io.paths import scratch_dir, writable_dir
+from wanjax.models.clip_vision import IMAGE_ENCODER, CLIPVisionConfig
 from wanjax.models.config import TransformerConfig
 from wanjax.models.dit import TRANSFORMER
+from wanjax.models.image_processor import IMAGE_PROCESSOR, ImageProcessorConfig
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
 from wanjax.models.vae import VAE
 from wanjax.models.vae.config import VAEConfig
@@ -67,6 +73,19 @@ DEMO_TRANSFORMER = TransformerConfig(
     rope_max_seq_len=1024,
     metadata={"_class_name": "WanTransformer3DModel"},
 )
+DEMO_IMAGE_ENCODER = CLIPVisionConfig(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    image_size=28,
+    patch_size=14,
+    hidden_act="gelu",
+)
+DEMO_IMAGE_PROCESSOR = ImageProcessorConfig(
+    size={"shortest_edge": DEMO_IMAGE_ENCODER.image_size},
+    crop_size={"height": DEMO_IMAGE_ENCODER.image_size, "width": DEMO_IMAGE_ENCODER.image_size},
+)
 DEMO_VAE = VAEConfig(
     base_dim=8,
     z_dim=16,
@@ -85,6 +104,30 @@ DEMO_SCHEDULER: dict[str, Any] = {
     "predict_x0": True,
     "solver_type": "bh2",
     "lower_order_final": True,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoVariant:
+    """One built-in smoke model: its pipeline class, transformer and (image-to-video) image encoder."""
+
+    pipeline_class: str
+    transformer: TransformerConfig
+    image_encoder: CLIPVisionConfig | None = None
+
+
+DEMO_VARIANTS: dict[str, DemoVariant] = {
+    DEMO_NAME: DemoVariant("WanPipeline", DEMO_TRANSFORMER),
+    f"{DEMO_NAME}-i2v": DemoVariant(
+        "WanImageToVideoPipeline",
+        dataclasses.replace(
+            DEMO_TRANSFORMER,
+            in_channels=DEMO_TRANSFORMER.out_channels + 4 + DEMO_VAE.z_dim,  # noise, mask, image latents
+            image_dim=DEMO_IMAGE_ENCODER.hidden_size,
+            added_kv_proj_dim=DEMO_TRANSFORMER.inner_dim,
+        ),
+        DEMO_IMAGE_ENCODER,
+    ),
 }
 # What happens when the cache folder cannot be written, as the warning says it.
 UNCACHED = (
@@ -135,23 +178,33 @@ def _tokenizer_files() -> dict[str, str]:
     return {"tokenizer.json": tok.to_str(pretty=True), "tokenizer_config.json": json.dumps(config, indent=2)}
 
 
-def _components() -> dict[Component, tuple[Any, dict[str, Any], tuple[str, str]]]:
-    """component -> (config, config.json, model_index entry)."""
+def _components(variant: DemoVariant) -> dict[Component, tuple[Any, dict[str, Any], tuple[str, str]]]:
+    """component -> (config, config file contents, model_index entry)."""
     te = demo_text_encoder_config()
     te_config = {**te.to_dict(), "architectures": ["UMT5EncoderModel"], "dtype": "float32"}
-    return {
+    dit = variant.transformer
+    components = {
         TEXT_ENCODER: (te, te_config, ("transformers", "UMT5EncoderModel")),
-        TRANSFORMER: (DEMO_TRANSFORMER, DEMO_TRANSFORMER.to_dict(), ("diffusers", "WanTransformer3DModel")),
+        TRANSFORMER: (dit, dit.to_dict(), ("diffusers", "WanTransformer3DModel")),
         VAE: (DEMO_VAE, DEMO_VAE.to_dict(), ("diffusers", "AutoencoderKLWan")),
     }
+    if variant.image_encoder is not None:
+        clip = variant.image_encoder
+        clip_config = {**clip.to_dict(), "architectures": ["CLIPVisionModel"], "dtype": "float32"}
+        processor = DEMO_IMAGE_PROCESSOR
+        components[IMAGE_ENCODER] = (clip, clip_config, ("transformers", "CLIPVisionModel"))
+        components[IMAGE_PROCESSOR] = (processor, processor.to_dict(), ("transformers", "CLIPImageProcessor"))
+    return components
 
 
-def demo_fingerprint() -> str:
-    """Short hash of everything the generated files depend on."""
+def demo_fingerprint(name: str = DEMO_NAME) -> str:
+    """Short hash of everything the generated files of demo model ``name`` depend on."""
+    variant = DEMO_VARIANTS[name]
     described = {
         "generator": GENERATOR_VERSION,
         "seed": SEED,
-        "configs": {c.folder: config for c, (_, config, _) in _components().items()},
+        "pipeline": variant.pipeline_class,
+        "configs": {c.folder: config for c, (_, config, _) in _components(variant).items()},
         "scheduler": DEMO_SCHEDULER,
         "tokenizer": _tokenizer_files(),
     }
@@ -162,19 +215,21 @@ def _folder(item: tuple[Component, Any]) -> str:
     return item[0].folder
 
 
-def write_demo_model(directory: str | Path) -> Path:
-    """Write the demo model into ``directory`` (created; existing files are overwritten)."""
+def write_demo_model(directory: str | Path, name: str = DEMO_NAME) -> Path:
+    """Write demo model ``name`` into ``directory`` (created; existing files are overwritten)."""
+    variant = DEMO_VARIANTS[name]
     root = Path(directory)
     index: dict[str, Any] = {
-        "_class_name": "WanPipeline",
-        "_wanjax_demo": {"note": SMOKE_NOTE, "fingerprint": demo_fingerprint()},
+        "_class_name": variant.pipeline_class,
+        "_wanjax_demo": {"note": SMOKE_NOTE, "fingerprint": demo_fingerprint(name)},
     }
-    for i, (component, (cfg, config, entry)) in enumerate(sorted(_components().items(), key=_folder)):
+    for i, (component, (cfg, config, entry)) in enumerate(sorted(_components(variant).items(), key=_folder)):
         folder = root / component.folder
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = random_checkpoint(component.spec(cfg, ()), SEED + i)
-        weights = folder / f"{component.weight_stems[0]}.safetensors"
-        save_file(tensors, str(weights), metadata={"format": "pt"})
+        if component.has_weights:
+            tensors = random_checkpoint(component.spec(cfg, ()), SEED + i)
+            weights = folder / f"{component.weight_stems[0]}.safetensors"
+            save_file(tensors, str(weights), metadata={"format": "pt"})
         (folder / component.config_file).write_text(json.dumps(config, indent=2))
         index[component.folder] = list(entry)
     (root / "tokenizer").mkdir(parents=True, exist_ok=True)
@@ -188,11 +243,11 @@ def write_demo_model(directory: str | Path) -> Path:
     return root
 
 
-def demo_model_dir(parent: str | Path) -> Path:
-    """The demo model's directory under ``parent``, generated on first use (atomically: built aside,
-    then renamed); in :func:`~wanjax.io.paths.scratch_dir` instead, with a warning, when ``parent``
-    cannot be written."""
-    target = Path(parent) / f"{DEMO_NAME}-{demo_fingerprint()}"
+def demo_model_dir(parent: str | Path, name: str = DEMO_NAME) -> Path:
+    """The directory of demo model ``name`` under ``parent``, generated on first use (atomically:
+    built aside, then renamed); in :func:`~wanjax.io.paths.scratch_dir` instead, with a warning, when
+    ``parent`` cannot be written."""
+    target = Path(parent) / f"{name}-{demo_fingerprint(name)}"
     if not _complete(target) and not writable_dir(target.parent, "the wanjax cache", UNCACHED):
         target = scratch_dir() / target.name
     if _complete(target):
@@ -200,7 +255,7 @@ def demo_model_dir(parent: str | Path) -> Path:
     staging = target.parent / f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     staging.mkdir(parents=True)
     try:
-        write_demo_model(staging)
+        write_demo_model(staging, name)
         try:
             staging.rename(target)
         except OSError:  # another process finished first: keep its copy

@@ -24,7 +24,6 @@ from huggingface_hub.utils import validate_repo_id
 from wanjax.errors import CheckpointError, WanjaxError
 from wanjax.io.paths import cache_root
 
-DEMO = "demo"
 # What a diffusers Wan pipeline reads: configs and indexes, safetensors weights, tokenizer files.
 PIPELINE_FILES = ("*.json", "*.safetensors", "*.txt", "*.model")
 
@@ -92,17 +91,20 @@ def _snapshot(repo_id: str, revision: str | None, *, local_files_only: bool) -> 
 
 
 def resolve_model(model: str | Path, *, revision: str | None = None, download: bool = False) -> ModelSource:
-    """``demo`` -> the built-in model (generated on first use; a local folder named demo is ``./demo``);
+    """``demo`` (or another built-in variant, ``demo-i2v``) -> the built-in model (generated on first
+    use; a local folder named demo is ``./demo``);
     an existing path -> itself; a hub repo id -> its snapshot at ``revision`` in the Hugging Face cache,
     downloaded first with ``download=True``. Raises WanjaxError naming the fix otherwise."""
     name = str(model)
     path = Path(name).expanduser()
-    if revision is not None and (name == DEMO or path.exists()):
+    from wanjax.pipeline.demo import DEMO_VARIANTS
+
+    if revision is not None and (name in DEMO_VARIANTS or path.exists()):
         raise WanjaxError(f"{name}: a revision applies only to hub repo ids; drop it for a local model")
-    if name == DEMO:
+    if name in DEMO_VARIANTS:
         from wanjax.pipeline.demo import demo_model_dir
 
-        return ModelSource(name, demo_model_dir(cache_root()), is_demo=True)
+        return ModelSource(name, demo_model_dir(cache_root(), name), is_demo=True)
     if path.exists():
         from wanjax.pipeline.demo import is_demo_model
 

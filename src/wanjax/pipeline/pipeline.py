@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wanjax.errors import CheckpointError, ConfigError, WanjaxError
+from wanjax.errors import CheckpointError, WanjaxError
 from wanjax.io.lora import LoraFile
 from wanjax.io.quantizable import UNQUANTIZED
 from wanjax.io.quantizable import weights_dtype as weights_storage
@@ -50,7 +50,7 @@ from wanjax.models.vae import VAE, Tiling, WanVAE, load_vae, parse_chunk
 from wanjax.parallel.layouts import spatial_sharding, to_global, to_host
 from wanjax.parallel.mesh import MeshSpec, make_mesh, mesh_spec_from_flags
 from wanjax.parallel.rules import param_sharding, replicated
-from wanjax.pipeline.conditioning import conditioning_latents
+from wanjax.pipeline.conditioning import check_image_size, conditioning_latents, open_image, size_for_image
 from wanjax.pipeline.hub import ModelSource, resolve_model
 from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import make_scheduler
@@ -59,14 +59,56 @@ from wanjax.runtime.jax_cache import enable_compilation_cache
 from wanjax.runtime.timing import StageTiming, StepTimes
 
 Prompt = str | Sequence[str]
+DEFAULT_HEIGHT, DEFAULT_WIDTH = 480, 832  # diffusers' WanPipeline defaults
 
 
-def check_text_to_video(cfg: TransformerConfig, source: str) -> None:
-    """Raise ConfigError for an image-to-video transformer, which the command line cannot run yet."""
-    if cfg.image_to_video:
-        raise ConfigError(
-            f"{source}: an image-to-video model (image_dim {cfg.image_dim}); the command line has no --image "
-            "yet: run it from Python, WanPipeline.from_pretrained(...)(prompt, image=...)"
+def check_image_input(cfg: TransformerConfig, image: bool, last_image: bool, source: str) -> None:
+    """WanjaxError unless the images given (a first frame ``image``, a ``last_image``) are the ones the
+    transformer takes: a first frame for an image-to-video model, and a last one too for a
+    first-last-frame model; none for text-to-video."""
+    if last_image and not image:
+        raise WanjaxError("a last image needs a first one: give --image too")
+    if cfg.image_to_video and not image:
+        raise WanjaxError(
+            f"{source} is an image-to-video model: give the first frame with --image FILE "
+            "(Python: pipe(prompt, image=...))"
+        )
+    if image and not cfg.image_to_video:
+        raise WanjaxError(
+            f"{source} is a text-to-video model: it takes no image; leave --image out or use an "
+            "image-to-video model (e.g. Wan-AI/Wan2.1-I2V-14B-480P-Diffusers)"
+        )
+    if cfg.first_last_frame and image and not last_image:
+        raise WanjaxError(
+            f"{source} is a first-last-frame model: give the last frame too with --last_image FILE "
+            "(Python: last_image=...)"
+        )
+    if last_image and not cfg.first_last_frame:
+        raise WanjaxError(
+            f"{source} takes a first frame only (not a first-last-frame model, e.g. "
+            "Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers); leave --last_image out"
+        )
+
+
+def check_conditioning(
+    cfg: TransformerConfig, conditioning: ImageConditioning, latent_shape: Sequence[int], where: str
+) -> None:
+    """WanjaxError unless ``conditioning`` (of one video, e.g. read from a stage file) fits this
+    transformer and a video of latents ``latent_shape``: its latents on the same grid with the channels
+    the transformer adds to the noisy ones, one image state per given frame, ``image_dim`` wide."""
+    latents, states = conditioning.latents, conditioning.image_embeds
+    channels = cfg.in_channels - latent_shape[1]
+    expected = (1, channels, *latent_shape[2:])
+    if tuple(latents.shape) != expected:
+        raise WanjaxError(
+            f"{where}: condition_latents {list(latents.shape)} but this model and video need {list(expected)}; "
+            "re-run `wanjax encode --image ...` with this model and video size"
+        )
+    images = 2 if cfg.first_last_frame else 1
+    if states.shape[0] != images or states.shape[-1] != cfg.image_dim:
+        raise WanjaxError(
+            f"{where}: image_embeds {list(states.shape)} but this model takes {images} image(s) of width "
+            f"{cfg.image_dim}; they come from another model (re-run `wanjax encode --image ...` with it)"
         )
 
 
@@ -222,8 +264,13 @@ class WanPipeline:
             return None
         if isinstance(request, MeshSpec):
             return dataclasses.replace(request, fsdp=request.fsdp or self._fsdp)
-        heads = TRANSFORMER.read_config(TRANSFORMER.directory(self.path)).num_attention_heads
+        heads = self.transformer_config.num_attention_heads
         return mesh_spec_from_flags(request, jax.device_count(), heads=heads, use_fsdp=self._fsdp)
+
+    @functools.cached_property
+    def transformer_config(self) -> TransformerConfig:
+        """The transformer's config (read from its ``config.json``, no weights)."""
+        return TRANSFORMER.read_config(TRANSFORMER.directory(self.path))
 
     @property
     def precisions(self) -> dict[str, Precision]:
@@ -283,8 +330,9 @@ class WanPipeline:
         changes; the checkpoint is not read again). See :meth:`WanTransformer.set_loras`."""
         files = load_loras(loras)
         if files:
-            cfg = TRANSFORMER.read_config(TRANSFORMER.directory(self.path))
-            plan_updates(checkpoint_spec(cfg), files)  # a LoRA for another model fails here
+            plan_updates(
+                checkpoint_spec(self.transformer_config), files
+            )  # a LoRA for another model fails here
         if self._transformer is not None:
             with self.stage_timing("denoise").loading():
                 self._transformer.set_loras(files)
@@ -296,9 +344,13 @@ class WanPipeline:
         diffusers' Wan examples load it."""
         if self._image_encoder is None:
             with self.stage_timing("encode").loading():
+                sharding = None
+                if self.mesh is not None:
+                    sharding = param_sharding(self.mesh, self.mesh_spec.fsdp)
                 self._image_encoder = load_image_encoder(
-                    self.path, "float32", precision=self.precisions["text_encoder"]
+                    self.path, "float32", sharding=sharding, precision=self.precisions["text_encoder"]
                 )
+                jax.block_until_ready(self._image_encoder.params)
         return self._image_encoder
 
     @property
@@ -326,7 +378,7 @@ class WanPipeline:
         except CheckpointError:  # a model without vae/: Wan 2.1's VAE
             geometry = VideoGeometry()
         try:
-            dit_cfg = TRANSFORMER.read_config(TRANSFORMER.directory(self.path))
+            dit_cfg = self.transformer_config
         except CheckpointError:
             return geometry
         return dataclasses.replace(geometry, patch=tuple(dit_cfg.patch_size[1:]))
@@ -344,14 +396,17 @@ class WanPipeline:
         The transfers count as the stage's load time."""
         if self.offload == "none":
             return
-        encoder, transformer = self._text_encoder, self._transformer
+        encoders = [e for e in (self._text_encoder, self._image_encoder) if e is not None]
+        transformer = self._transformer
         with self.stage_timing(stage).loading():
-            if stage != "encode" and encoder is not None:
-                encoder.to_host(block=True)
+            if stage != "encode":
+                for encoder in encoders:
+                    encoder.to_host(block=True)
             if stage != "denoise" and transformer is not None:
                 transformer.to_host(block=True)
-            if stage == "encode" and encoder is not None:
-                encoder.to_device()
+            if stage == "encode":
+                for encoder in encoders:
+                    encoder.to_device()
             if stage == "denoise" and transformer is not None:
                 transformer.to_device()
 
@@ -463,16 +518,40 @@ class WanPipeline:
         ``last_image``: the last, first-last-frame models): the image encoder's penultimate states of
         the image(s) and the conditioning latents (:mod:`wanjax.pipeline.conditioning`), as diffusers'
         ``WanImageToVideoPipeline`` prepares them."""
+        self.geometry.check(height, width, num_frames)
+        check_image_input(self.transformer_config, True, last_image is not None, str(self.path))
+        self._enter("encode")
+        encoder, vae = self.image_encoder, self.vae
         images = [image] if last_image is None else [image, last_image]
         with self.stage_timing("encode").running():
-            states = np.asarray(self.image_encoder.encode_images(images))
-        with self.stage_timing("denoise").running():
+            states = encoder.encode_images(images)
+            place = jnp.asarray  # the video, split over the mesh as the decoder's latents
+            if self.mesh is not None:
+                place = lambda video: to_global(video, spatial_sharding(self.mesh, video.shape))  # noqa: E731
             latents = conditioning_latents(
-                self.vae, image, height, width, num_frames, self.geometry.temporal, last_image
+                vae, image, height, width, num_frames, self.geometry.temporal, last_image, place
             )
-        return ImageConditioning(
-            jnp.asarray(np.tile(latents, (batch, 1, 1, 1, 1))), jnp.asarray(np.tile(states, (batch, 1, 1)))
-        )
+            conditioning = ImageConditioning(jnp.asarray(latents), states).repeat(batch)
+            jax.block_until_ready(conditioning)
+        return conditioning
+
+    def video_size(
+        self,
+        image: ImageInput | None = None,
+        height: int | None = None,
+        width: int | None = None,
+        max_area: int = DEFAULT_HEIGHT * DEFAULT_WIDTH,
+    ) -> tuple[int, int]:
+        """``(height, width)`` of a video: given values kept; without an image, 480x832 for those left
+        out; with one, the size of area about ``max_area`` with the image's aspect, in multiples of the
+        model's latent patch (:func:`~wanjax.pipeline.conditioning.size_for_image`, as diffusers'
+        image-to-video examples size it). WanjaxError for an image smaller than a patch."""
+        if image is None:
+            return height or DEFAULT_HEIGHT, width or DEFAULT_WIDTH
+        image = open_image(image)
+        step = self.geometry.spatial * self.geometry.patch[0]
+        check_image_size(image, step)
+        return size_for_image(image.size, max_area, step, height, width)
 
     def decode(self, latents: jax.Array) -> np.ndarray:
         """The transformer's normalised latents ``[B, z, T', h, w]`` -> ``uint8 [B, T, H, W, 3]``."""
@@ -489,8 +568,8 @@ class WanPipeline:
         self,
         prompt: Prompt,
         negative_prompt: Prompt | None = None,
-        height: int = 480,
-        width: int = 832,
+        height: int | None = None,
+        width: int | None = None,
         num_frames: int = 81,
         num_inference_steps: int = 50,
         guidance_scale: float = 5.0,
@@ -510,8 +589,15 @@ class WanPipeline:
         ``cache``: a step-cache policy, e.g. ``CacheConfig("magcache")`` (see :meth:`denoise`).
         ``image`` (and ``last_image``): the first (and last) frame for an image-to-video model (a PIL
         image, a path or uint8 pixels), resized to ``width x height`` (:meth:`prepare_image`).
+        ``height``/``width`` left out: 480x832, or with an image the size of that area with the
+        image's aspect (:meth:`video_size`).
         """
         self.timings, self.step_times = {}, None
+        if image is not None:
+            image = open_image(image)
+            last_image = None if last_image is None else open_image(last_image)
+        check_image_input(self.transformer_config, image is not None, last_image is not None, str(self.path))
+        height, width = self.video_size(image, height, width)
         self.geometry.check(height, width, num_frames)
         prompt_embeds, negative_prompt_embeds = self.encode_prompt(
             prompt, negative_prompt, max_sequence_length

@@ -60,6 +60,14 @@ class ImageConditioning:
     latents: jax.Array
     image_embeds: jax.Array
 
+    def repeat(self, batch: int) -> ImageConditioning:
+        """This conditioning (of one video) for ``batch`` videos: each array tiled ``batch`` times along
+        its first axis, as diffusers repeats them (a first-last-frame model's two image states stay
+        paired: ``[first, last, first, last, ...]``)."""
+        return ImageConditioning(
+            jnp.tile(self.latents, (batch, 1, 1, 1, 1)), jnp.tile(self.image_embeds, (batch, 1, 1))
+        )
+
 
 def guided_batch(
     model: WanTransformer,

@@ -4,6 +4,10 @@ A stage directory holds, with the reference's key names and layouts (so diffuser
 
 * ``stage1_embeddings.safetensors``: ``prompt_embeds`` and ``negative_prompt_embeds``,
   ``[B, L, text_dim]`` in the text encoder's dtype (bf16 stored natively);
+* ``stage1_image.safetensors`` (image-to-video models): ``image_embeds`` (the image encoder's
+  states, ``[1 or 2, L, image_dim]``: the first frame, and the last for first-last-frame models) and
+  ``condition_latents`` (``[1, 4 + z, T', H/8, W/8]``: the mask and the VAE latents of the given
+  frames), float32, for one video (the denoise stage repeats them over the batch);
 * ``stage2_latents.safetensors``: ``latents``, float32 ``[B, 16, T', H/8, W/8]``, the transformer's
   normalised latents (diffusers' ``output_type="latent"``);
 * ``generation_config.json``: every parameter (latest values, flat), the model and the wanjax
@@ -27,14 +31,20 @@ from safetensors.numpy import save
 from wanjax.errors import NumericalError, WanjaxError
 from wanjax.io.atomic import atomic_path, write_text
 from wanjax.io.checkpoint import open_safetensors
+from wanjax.pipeline.sampler import ImageConditioning
 
 EMBEDDINGS_FILE = "stage1_embeddings.safetensors"
+IMAGE_FILE = "stage1_image.safetensors"
 LATENTS_FILE = "stage2_latents.safetensors"
 CONFIG_FILE = "generation_config.json"
 STAGES = ("encode", "denoise", "decode")
 VIDEO_KEYS = ("height", "width", "frames", "fps")
 _UNFLATTENED = ("arguments", "environment", "written")  # per-stage records, not parameters
-_PRODUCED_BY = {EMBEDDINGS_FILE: "encode --output_dir", LATENTS_FILE: "denoise --input_dir"}
+_PRODUCED_BY = {
+    EMBEDDINGS_FILE: "encode --output_dir",
+    IMAGE_FILE: "encode --image IMAGE --output_dir",
+    LATENTS_FILE: "denoise --input_dir",
+}
 
 
 def _save(path: Path, tensors: Mapping[str, np.ndarray]) -> Path:
@@ -93,6 +103,36 @@ def load_embeddings(directory: str | Path) -> tuple[np.ndarray, np.ndarray]:
     for name, array in (("prompt_embeds", pos), ("negative_prompt_embeds", neg)):
         check_finite(path, name, array)
     return pos, neg
+
+
+def save_image_conditioning(directory: str | Path, conditioning: ImageConditioning | None) -> Path:
+    """Write ``stage1_image.safetensors`` (``conditioning`` of one video); with None, remove a stale
+    one (an earlier run's), so the directory holds no image it was not given."""
+    path = Path(directory) / IMAGE_FILE
+    if conditioning is None:
+        path.unlink(missing_ok=True)
+        return path
+    tensors = {
+        "image_embeds": np.asarray(conditioning.image_embeds, np.float32),
+        "condition_latents": np.asarray(conditioning.latents, np.float32),
+    }
+    return _save(path, tensors)
+
+
+def load_image_conditioning(directory: str | Path) -> ImageConditioning:
+    """The image conditioning of a stage directory (one video), checked to be ``[n, L, D]`` states and
+    ``[1, C, T', h, w]`` latents, finite."""
+    path = Path(directory) / IMAGE_FILE
+    t = _read(path, ("image_embeds", "condition_latents"))
+    embeds, latents = t["image_embeds"], t["condition_latents"]
+    if embeds.ndim != 3 or latents.ndim != 5 or latents.shape[0] != 1:
+        raise WanjaxError(
+            f"{path}: image_embeds {embeds.shape} must be [n, L, D] and condition_latents {latents.shape} "
+            "[1, C, T', h, w]"
+        )
+    for name, array in t.items():
+        check_finite(path, name, array)
+    return ImageConditioning(latents.astype(np.float32), embeds.astype(np.float32))
 
 
 def save_latents(path: str | Path, latents: Any) -> Path:
