@@ -385,3 +385,25 @@ def test_device_random_params_on_an_8_device_mesh():
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["devices"] == 8 and report["same"] and report["equal"]
     assert report["split"] == 2  # the stacked leaves really are split over devices
+
+
+def test_image_to_video_arch_times_the_image_stage_and_joins_the_image_tokens(monkeypatch):
+    """``--arch I2V-14B`` (its transformer shrunk here): the image stage (CLIP, the VAE encode) runs,
+    and the denoise FLOPs count the CLIP ViT-H/14 tokens; a text-to-video arch skips the image stage."""
+    from wanjax.models.clip_vision import CLIP_VIT_H_14
+
+    small = dataclasses.replace(
+        PRESETS["tiny"], in_channels=36, image_dim=CLIP_VIT_H_14.hidden_size, added_kv_proj_dim=24
+    )
+    monkeypatch.setitem(PRESETS, "I2V-14B", small)
+    sizes = dict(height=32, width=32, frames=5, max_sequence_length=8, repeats=1, random_weights="numpy")
+    cfg = bench.BenchConfig(arch="I2V-14B", layers=2, stages=("image", "denoise"), **sizes)
+    result = bench.run_bench(cfg)
+    assert list(result["stages"]) == ["image", "denoise"]
+    image = result["stages"]["image"]
+    assert image["tflop_clip"] > 0 and "tflop" not in image and image["program_memory"]["total_bytes"] > 0
+    tokens = CLIP_VIT_H_14.num_positions
+    expected = dit_step_flops(small, cfg.latent_shape(), 8, guidance=True, image_len=tokens)
+    assert result["stages"]["denoise"]["tflop"] == pytest.approx(expected.total / 1e12)
+    plain = bench.run_bench(dataclasses.replace(cfg, arch="1.3B", layers=1, stages=("image",)))
+    assert plain["stages"] == {}

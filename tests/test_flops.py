@@ -18,6 +18,7 @@ from wanjax.models.vae.ops import Numerics
 from wanjax.tools.flops import (
     Flops,
     achieved,
+    clip_vision_flops,
     dit_forward_flops,
     dit_step_flops,
     umt5_flops,
@@ -90,6 +91,50 @@ def test_dit_forward_count_equals_traced_matmuls(latent_shape):
     )
     traced = traced_matmul_flops(jax.make_jaxpr(fn)(params, *args).jaxpr)
     assert dit_forward_flops(DIT, latent_shape, text_len).total == traced
+
+
+@pytest.mark.parametrize("images", [1, 2])  # image to video, and first-last frame (two images' tokens)
+def test_image_to_video_dit_count_equals_traced_matmuls(images):
+    tokens = 5
+    cfg = dataclasses.replace(
+        DIT,
+        in_channels=12,
+        image_dim=20,
+        added_kv_proj_dim=DIT.inner_dim,
+        pos_embed_seq_len=2 * tokens if images == 2 else None,
+    )
+    params = abstract_params(dit.checkpoint_spec(cfg), jnp.float32)
+    latent_shape, text_len = (2, 12, 2, 4, 6), 7
+
+    def fn(p, x, t, c, i):
+        return dit.forward(p, cfg, x, t, c, attention_backend="xla", image_embeds=i)
+
+    args = (
+        jax.ShapeDtypeStruct(latent_shape, jnp.float32),
+        jax.ShapeDtypeStruct(latent_shape[:1], jnp.float32),
+        jax.ShapeDtypeStruct((2, text_len, cfg.text_dim), jnp.float32),
+        jax.ShapeDtypeStruct((2 * images, tokens, cfg.image_dim), jnp.float32),
+    )
+    traced = traced_matmul_flops(jax.make_jaxpr(fn)(params, *args).jaxpr)
+    assert dit_forward_flops(cfg, latent_shape, text_len, image_len=images * tokens).total == traced
+
+
+def test_clip_vision_count_equals_traced_matmuls():
+    from wanjax.models import clip_vision
+
+    cfg = clip_vision.CLIPVisionConfig(
+        hidden_size=24,
+        intermediate_size=40,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        image_size=28,
+        patch_size=14,
+    )
+    params = abstract_params(clip_vision.checkpoint_spec(cfg), jnp.float32)
+    pixels = jax.ShapeDtypeStruct((2, 3, 28, 28), jnp.float32)
+    fn = lambda p, x: clip_vision.penultimate_hidden_states(p, cfg, x, precision="highest")  # noqa: E731
+    traced = traced_matmul_flops(jax.make_jaxpr(fn)(params, pixels).jaxpr)
+    assert clip_vision_flops(cfg, 2).total == traced
 
 
 def test_umt5_count_equals_traced_matmuls():

@@ -293,3 +293,55 @@ def test_bad_offload_and_weights_dtype_are_one_line_errors(capsys):
     assert len(err.strip().splitlines()) == 2, err
     assert "--offload: invalid choice 'disk' (choose from none, model, blocks)" in err
     assert "invalid choice 'int4' (choose from bf16, int8, fp8)" in err
+
+
+def test_image_to_video_14b_adds_clip_the_vae_and_the_image_layers(capsys):
+    """I2V-14B against the reference models built on torch's meta device: our weights hold their
+    parameters (CLIP ViT-H/14 without the pooled output's norm; the transformer without the unused
+    ``norm_added_q``), and the plan's encode stage adds CLIP (float32) and the VAE (float32, loaded
+    there and resident after), its denoise stage the I2V transformer's extra weights and the VAE."""
+    import torch
+    from diffusers import AutoencoderKLWan, WanTransformer3DModel
+    from transformers import CLIPVisionConfig as ReferenceCLIPConfig
+    from transformers import CLIPVisionModel
+
+    from wanjax.models import clip_vision
+    from wanjax.models.vae import checkpoint_spec as vae_spec
+
+    clip_cfg = clip_vision.CLIP_VIT_H_14
+    fields = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "image_size")
+    with torch.device("meta"):
+        clip = CLIPVisionModel(
+            ReferenceCLIPConfig(**{f: getattr(clip_cfg, f) for f in fields}, patch_size=14)
+        )
+        i2v = WanTransformer3DModel(**transformer_preset("I2V-14B").to_dict())
+        t2v = WanTransformer3DModel(**transformer_preset("14B").to_dict())
+        vae = AutoencoderKLWan()
+
+    def count(module, skip: str = "^$") -> int:
+        return sum(p.numel() for n, p in module.named_parameters() if not re.search(skip, n))
+
+    def ours(spec, dtype="float32") -> tuple[int, int]:
+        leaves = jax.tree.leaves(abstract_params(spec, dtype))
+        return sum(a.size for a in leaves), sum(a.size * a.dtype.itemsize for a in leaves)
+
+    clip_params, clip_bytes = ours(clip_vision.checkpoint_spec(clip_cfg))
+    assert clip_params == count(clip, r"post_layernorm")
+    vae_params, vae_bytes = ours(vae_spec(model_configs("I2V-14B").vae))
+    assert vae_params == count(vae)
+    i2v_params, i2v_bytes = ours(dit.checkpoint_spec(transformer_preset("I2V-14B")), "bfloat16")
+    t2v_params, t2v_bytes = ours(dit.checkpoint_spec(transformer_preset("14B")), "bfloat16")
+    assert i2v_params == count(i2v, r"norm_added_q") and t2v_params == count(t2v)
+
+    kwargs = dict(height=480, width=832, frames=81, device_memory=80 * GiB)
+    one = parse_mesh("dp=1,sp=1,tp=1")
+    base, image = plan(model_configs("14B"), one, **kwargs), plan(model_configs("I2V-14B"), one, **kwargs)
+    assert image.stages["encode"].weights - base.stages["encode"].weights == clip_bytes + vae_bytes
+    assert (
+        image.stages["denoise"].weights - base.stages["denoise"].weights == i2v_bytes - t2v_bytes + vae_bytes
+    )
+    assert image.stages["encode"].activations > base.stages["encode"].activations  # the VAE encode
+    assert (
+        main(["plan", "--model", "I2V-14B", "--num_devices", "8", "--height", "720", "--width", "1280"]) == 0
+    )
+    assert "I2V-14B: 1280x720" in capsys.readouterr().out

@@ -1,10 +1,13 @@
 """``wanjax bench``: warm-up and steady time per stage, seconds per denoising step, memory, FLOP/s.
 
-A built-in architecture (``--arch 1.3B|14B``) runs with random weights, optionally shortened to
-``--layers N`` DiT (and UMT5) layers, so no checkpoint is needed. The stages are the pipeline's:
-``encode`` (UMT5-XXL dimensions, one prompt of ``--max_sequence_length`` tokens; the vocabulary is
-cut to 32k rows, a gather whose cost does not depend on it), ``denoise`` (DiT + UniPC, CFG batched
-when ``--guidance_scale > 1``) and ``decode`` (the Wan 2.1 VAE to uint8 frames). Matmul and
+A built-in architecture (``--arch 1.3B|14B|I2V-14B``) runs with random weights, optionally shortened
+to ``--layers N`` DiT (and UMT5, CLIP) layers, so no checkpoint is needed. The stages are the
+pipeline's: ``encode`` (UMT5-XXL dimensions, one prompt of ``--max_sequence_length`` tokens; the
+vocabulary is cut to 32k rows, a gather whose cost does not depend on it), ``image`` (image-to-video
+architectures only: the CLIP ViT-H/14 encoder on one image, float32, and the VAE encode of the
+conditioning video; no FLOP rate: only the CLIP encoder's FLOPs are counted, as ``tflop_clip``), ``denoise`` (DiT + UniPC, CFG batched
+when ``--guidance_scale > 1``; image to video: the conditioning latents and the image tokens
+joined) and ``decode`` (the Wan 2.1 VAE to uint8 frames). Matmul and
 convolution FLOPs come from :mod:`wanjax.tools.flops` (per encoder pass, per denoising step, per decode;
 the decode counts the reference architecture's convolutions, the model FLOPs, and reports apart
 what wanjax's formulation executes); the hardware peak from a table (TPU, NVIDIA: dense bf16) or,
@@ -54,17 +57,25 @@ from wanjax.io.atomic import write_text
 from wanjax.io.checkpoint import ShardingFn, abstract_params, random_params, random_params_on_device
 from wanjax.io.quant import leaf_builder
 from wanjax.io.quantizable import UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
-from wanjax.models import dit, umt5
+from wanjax.models import clip_vision, dit, umt5
+from wanjax.models.clip_vision import CLIP_VIT_H_14
 from wanjax.models.config import PRESETS, parse_dtype
 from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload
 from wanjax.models.offload import program_memory as split_program_memory
 from wanjax.models.vae import WanVAE
 from wanjax.models.vae import checkpoint_spec as vae_spec
 from wanjax.models.vae.config import VAEConfig
-from wanjax.pipeline.sampler import Sampler
+from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.pipeline.step_cache import POLICIES, CacheConfig, presets
-from wanjax.tools.flops import Flops, achieved, dit_step_flops, umt5_flops, vae_decode_flops
+from wanjax.tools.flops import (
+    Flops,
+    achieved,
+    clip_vision_flops,
+    dit_step_flops,
+    umt5_flops,
+    vae_decode_flops,
+)
 
 # Dense bf16 peak, TFLOP/s per chip, matched against ``device.device_kind`` (first match wins).
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
@@ -78,6 +89,7 @@ PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
     ("A100", 312.0),
 )
 BENCH_VOCAB = 32_128
+ARCHES = tuple(name for name in PRESETS if name != "tiny")
 RANDOM_WEIGHTS = ("auto", "numpy", "device")
 CPU_DEVICE_DRAW_MIN_PARAMS = 300_000_000  # --random_weights auto on a CPU: jax.random from this size
 
@@ -97,7 +109,7 @@ class BenchConfig:
     vae_dtype: str = "float32"
     max_sequence_length: int = 512
     repeats: int = 2
-    stages: tuple[str, ...] = ("encode", "denoise", "decode")
+    stages: tuple[str, ...] = ("encode", "image", "denoise", "decode")  # image: I2V archs only
     random_weights: str = "auto"  # numpy (host draws), device (jax.random), auto: see random_weights_path
     offload: str = "none"  # OFFLOAD_MODES: where the DiT's weights wait (see WanPipeline)
     weights_dtype: str = UNQUANTIZED  # WEIGHTS_DTYPES: int8/fp8 store the matmul kernels in 8 bits
@@ -142,6 +154,7 @@ class StageResult:
     to_device_s: float | None = None  # offload model/blocks: the weights' move back to the device
     cache: dict[str, Any] | None = None  # denoise with a step cache: what it skipped (CacheReport JSON)
     effective_step_s: float | None = None  # denoise: a whole loop's seconds / its steps (median loop)
+    tflop_known: float | None = None  # image: the CLIP encoder's TFLOP (the VAE encode's not counted)
 
     def summary(self) -> dict[str, Any]:
         med = statistics.median(self.steady) if self.steady else float("nan")
@@ -163,6 +176,8 @@ class StageResult:
             out["s_per_step_effective"] = self.effective_step_s
         if self.cache is not None:
             out["cache"] = self.cache
+        if self.tflop_known is not None:
+            out["tflop_clip"] = self.tflop_known
         if self.per_step is not None:
             out["s_per_step_median"] = statistics.median(self.per_step) if self.per_step else float("nan")
             out["s_per_step_spread"] = [min(self.per_step, default=0.0), max(self.per_step, default=0.0)]
@@ -329,6 +344,29 @@ def bench_encode(cfg: BenchConfig) -> StageResult:
     return result
 
 
+def bench_image(cfg: BenchConfig) -> StageResult:
+    """CLIP ViT-H/14 (float32, as ``WanPipeline`` loads it) on one image, then the VAE encode of the
+    conditioning video (the image, then black frames) at the bench size."""
+    layers = min(cfg.layers or CLIP_VIT_H_14.num_hidden_layers, CLIP_VIT_H_14.num_hidden_layers)
+    ccfg = dataclasses.replace(CLIP_VIT_H_14, num_hidden_layers=layers)
+    params, weights = bench_params(cfg, clip_vision.checkpoint_spec(ccfg), jnp.float32)
+    encoder = clip_vision.CLIPVisionEncoder(ccfg, params)
+    pixels = jax.random.normal(jax.random.key(5), (1, 3, ccfg.image_size, ccfg.image_size), jnp.float32)
+    vcfg = VAEConfig()
+    vae_params, _ = bench_params(cfg, vae_spec(vcfg, "encoder"), parse_dtype(cfg.vae_dtype))
+    vae = WanVAE(vcfg, None, parse_dtype(cfg.vae_dtype), encoder_params=vae_params)
+    video = jnp.zeros((1, 3, cfg.frames, cfg.height, cfg.width), jnp.float32).at[:, :, 0].set(1.0)
+
+    def run() -> Any:
+        return jax.block_until_ready((encoder.encode(pixels), vae.encode(video)))
+
+    result = _repeat(run, cfg.repeats)
+    result.tflop_known = clip_vision_flops(ccfg, 1).total / 1e12  # the VAE encode's are not counted
+    result.program_memory, result.weights = program_memory(vae.compile("encode", video)), weights
+    result.weights_bytes = weights_bytes((params, vae_params))
+    return result
+
+
 def bench_denoise(cfg: BenchConfig) -> StageResult:
     base = PRESETS[cfg.arch]
     tcfg = dataclasses.replace(base, num_layers=cfg.layers or base.num_layers)
@@ -350,17 +388,31 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     sampler = Sampler(model)
     guided = cfg.guidance_scale > 1
     cache = cfg.cache_config()
+    image, image_len = None, 0
+    if tcfg.image_to_video:  # CLIP ViT-H/14 states of the image(s), the mask and image latents
+        images = 2 if tcfg.first_last_frame else 1
+        image_len = images * CLIP_VIT_H_14.num_positions
+        condition = (1, tcfg.in_channels - shape[1], *shape[2:])
+        image = ImageConditioning(
+            jax.random.normal(jax.random.key(6), condition, jnp.float32),
+            jax.random.normal(jax.random.key(7), (images, CLIP_VIT_H_14.num_positions, tcfg.image_dim)),
+        )
+
+    def run() -> Any:
+        uncond = text if guided else None
+        return sampler(scheduler, noise, text, uncond, cfg.guidance_scale, cache=cache, image=image)
+
     start = time.perf_counter()
-    _, times = sampler(scheduler, noise, text, text if guided else None, cfg.guidance_scale, cache=cache)
+    _, times = run()
     warmup = time.perf_counter() - start
     steady, per_step, denoising = [], list(times.steady), []
     for _ in range(cfg.repeats):
         start = time.perf_counter()
-        _, times = sampler(scheduler, noise, text, text if guided else None, cfg.guidance_scale, cache=cache)
+        _, times = run()
         steady.append(time.perf_counter() - start)
         per_step += [times.first, *times.steady]
         denoising.append(times.first + sum(times.steady))
-    flops = dit_step_flops(tcfg, shape, cfg.max_sequence_length, guidance=guided)
+    flops = dit_step_flops(tcfg, shape, cfg.max_sequence_length, guidance=guided, image_len=image_len)
     # The step program the sampler ran (the one it used last); Sampler has no public accessor.
     programs = sampler.programs()
     memory = program_memory(programs[-1]) if programs else None
@@ -404,6 +456,7 @@ def _stage(name: str, cfg: BenchConfig) -> dict[str, Any]:
 
 STAGES: dict[str, Callable[[BenchConfig], StageResult]] = {
     "encode": bench_encode,
+    "image": bench_image,
     "denoise": bench_denoise,
     "decode": bench_decode,
 }
@@ -411,11 +464,13 @@ STAGES: dict[str, Callable[[BenchConfig], StageResult]] = {
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run the stages of ``cfg``; a JSON-ready dict of the measurements."""
-    if cfg.arch not in PRESETS or cfg.arch == "tiny":
-        raise WanjaxError(f"unknown --arch {cfg.arch!r}; choose 1.3B or 14B")
+    if cfg.arch not in ARCHES:
+        raise WanjaxError(f"unknown --arch {cfg.arch!r}; choose one of {', '.join(ARCHES)}")
     if cfg.num_inference_steps < 1 or cfg.repeats < 1:
         raise WanjaxError("--num_inference_steps and --repeats must be at least 1")
-    unknown = sorted(set(cfg.stages) - set(STAGES))
+    with_image = PRESETS[cfg.arch].image_to_video
+    wanted = [name for name in cfg.stages if name != "image" or with_image]  # image: I2V archs only
+    unknown = sorted(set(wanted) - set(STAGES))
     if unknown:
         raise WanjaxError(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}")
     cfg.latent_shape()
@@ -429,10 +484,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
             f"unknown --weights_dtype {cfg.weights_dtype!r}; choose from {', '.join(WEIGHTS_DTYPES)}"
         )
     dtype, vae_dtype = (jnp.dtype(parse_dtype(d)).name for d in (cfg.dtype, cfg.vae_dtype))
-    peaks = {d: device_peak(d) for d in dict.fromkeys((dtype, vae_dtype))}
-    stages = {name: _stage(name, cfg) for name in cfg.stages}
+    image_dtypes = ("float32",) if "image" in wanted else ()
+    peaks = {d: device_peak(d) for d in dict.fromkeys((dtype, vae_dtype, *image_dtypes))}
+    stages = {name: _stage(name, cfg) for name in wanted}
     pipeline = pipeline_summary(cfg, stages)
-    stage_dtypes = {"encode": dtype, "denoise": dtype, "decode": vae_dtype}
+    stage_dtypes = {"encode": dtype, "image": "float32", "denoise": dtype, "decode": vae_dtype}
     for name, summary in stages.items():
         if "achieved_tflops" in summary:  # against the peak of the stage's dtype
             summary["peak_dtype"] = stage_dtypes[name]
@@ -477,26 +533,27 @@ MEMORY_LEGEND = {
 
 
 def pipeline_summary(cfg: BenchConfig, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """One generation from the stages run: an encode, ``num_inference_steps`` steps and a decode at
-    their steady medians (steps at the per-step median); empty unless all three stages ran."""
-    if not all(name in stages for name in STAGES):
+    """One generation from the stages run: an encode (and the image stage, for an image-to-video
+    architecture), ``num_inference_steps`` steps and a decode at their steady medians (steps at the
+    per-step median); empty unless all of the architecture's stages ran."""
+    needed = [name for name in STAGES if name != "image" or PRESETS[cfg.arch].image_to_video]
+    if not all(name in stages for name in needed):
         return {}
     steps = cfg.num_inference_steps
     denoise = stages["denoise"]
     cached = "cache" in denoise  # then a whole loop's time per step: its steps differ
     per_step = denoise["s_per_step_effective"] if cached else denoise["s_per_step_median"]
-    seconds = stages["encode"]["steady_median_s"] + steps * per_step + stages["decode"]["steady_median_s"]
-    tflop = stages["encode"]["tflop"] + steps * denoise["tflop"] + stages["decode"]["tflop"]
+    seconds_of = {name: stages[name]["steady_median_s"] for name in needed}
+    seconds_of["denoise"] = steps * per_step
+    tflop_of = {name: stages[name].get("tflop", stages[name].get("tflop_clip", 0.0)) for name in needed}
+    tflop_of["denoise"] = steps * denoise["tflop"]
+    seconds, tflop = sum(seconds_of.values()), sum(tflop_of.values())
     rate = {} if cached else {"achieved_tflops": tflop / seconds if seconds > 0 else float("nan")}
     return {
         "steady_s": seconds,
         "tflop": tflop,
         **rate,
-        "seconds_share": {
-            "encode": stages["encode"]["steady_median_s"] / seconds,
-            "denoise": steps * per_step / seconds,
-            "decode": stages["decode"]["steady_median_s"] / seconds,
-        },
+        "seconds_share": {name: t / seconds for name, t in seconds_of.items()},
     }
 
 
@@ -607,9 +664,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``wanjax bench`` flags (seed names, hyphenated spellings accepted)."""
     d = BenchConfig()
     parser.add_argument(
-        "--arch", default=d.arch, choices=["1.3B", "14B"], help=f"built-in architecture (default {d.arch})"
+        "--arch", default=d.arch, choices=ARCHES, help=f"built-in architecture (default {d.arch})"
     )
-    parser.add_argument("--layers", type=int, default=None, help="DiT/UMT5 layers (default: all)")
+    parser.add_argument("--layers", type=int, default=None, help="DiT/UMT5/CLIP layers (default: all)")
     parser.add_argument(
         "--height", type=int, default=d.height, help=f"pixels, multiple of 16 (default {d.height})"
     )
@@ -653,7 +710,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=list(d.stages),
         choices=list(STAGES),
-        help=f"stages to time (default: {' '.join(d.stages)})",
+        help=f"stages to time (default: {' '.join(d.stages)}; image: image-to-video archs only)",
     )
     parser.add_argument(
         "--random_weights",

@@ -14,6 +14,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from wanjax.models.clip_vision import CLIPVisionConfig
 from wanjax.models.config import TransformerConfig
 from wanjax.models.umt5 import UMT5Config
 from wanjax.models.vae.causal_conv import caches_owed_sums
@@ -60,9 +61,15 @@ def dit_tokens(cfg: TransformerConfig, latent_shape: Sequence[int]) -> int:
 
 
 def dit_forward_flops(
-    cfg: TransformerConfig, latent_shape: Sequence[int], text_len: int = 512, batch: int | None = None
+    cfg: TransformerConfig,
+    latent_shape: Sequence[int],
+    text_len: int = 512,
+    batch: int | None = None,
+    image_len: int = 0,
 ) -> Flops:
-    """One DiT forward over latents ``(B, C, T, H, W)`` with ``text_len`` text tokens per sample."""
+    """One DiT forward over latents ``(B, C, T, H, W)`` with ``text_len`` text tokens per sample (and,
+    image to video, ``image_len`` image-encoder tokens: the image embedder, and per block their keys,
+    values and the cross-attention over them)."""
     b = latent_shape[0] if batch is None else batch
     tokens = dit_tokens(cfg, latent_shape)
     d, heads, hd = cfg.inner_dim, cfg.num_attention_heads, cfg.attention_head_dim
@@ -77,15 +84,22 @@ def dit_forward_flops(
         + matmul_flops(b, d, 6 * d)  # time projection
         + matmul_flops(b * tokens, d, patch_out)  # output projection
     )
+    if image_len:  # the image embedder's MLP: image_dim -> image_dim -> d
+        embed += matmul_flops(b * image_len, cfg.image_dim, cfg.image_dim) + matmul_flops(
+            b * image_len, cfg.image_dim, d
+        )
     block_linear = (
         4 * matmul_flops(b * tokens, d, d)  # self-attention q, k, v, o
         + 2 * matmul_flops(b * tokens, d, d)  # cross-attention q, o
         + 2 * matmul_flops(b * text_len, d, d)  # cross-attention k, v (text)
         + 2 * matmul_flops(b * tokens, d, cfg.ffn_dim)  # FFN up and down
+        + 2 * matmul_flops(b * image_len, d, d)  # cross-attention add_k, add_v (image)
     )
     block_attention = attention_flops(b, heads, tokens, tokens, hd) + attention_flops(
         b, heads, tokens, text_len, hd
     )
+    if image_len:
+        block_attention += attention_flops(b, heads, tokens, image_len, hd)
     return Flops(embed, 0) + cfg.num_layers * Flops(block_linear, block_attention)
 
 
@@ -94,11 +108,22 @@ def dit_step_flops(
     latent_shape: Sequence[int],
     text_len: int = 512,
     guidance: bool = True,
+    image_len: int = 0,
 ) -> Flops:
     """One denoising step: the forward over the batch, twice the batch with classifier-free guidance
     (the scheduler update is a handful of elementwise operations)."""
     batch = latent_shape[0] * (2 if guidance else 1)
-    return dit_forward_flops(cfg, latent_shape, text_len, batch=batch)
+    return dit_forward_flops(cfg, latent_shape, text_len, batch=batch, image_len=image_len)
+
+
+def clip_vision_flops(cfg: CLIPVisionConfig, images: int) -> Flops:
+    """The penultimate hidden states of ``images`` images: the patch embedding and ``N - 1`` layers."""
+    tokens, d = cfg.num_positions, cfg.hidden_size
+    rows = images * tokens
+    embed = matmul_flops(images * cfg.grid**2, cfg.num_channels * cfg.patch_size**2, d)
+    layer_linear = 4 * matmul_flops(rows, d, d) + 2 * matmul_flops(rows, d, cfg.intermediate_size)
+    layer_attention = attention_flops(images, cfg.num_attention_heads, tokens, tokens, cfg.head_dim)
+    return Flops(embed, 0) + (cfg.num_hidden_layers - 1) * Flops(layer_linear, layer_attention)
 
 
 def umt5_flops(cfg: UMT5Config, batch: int, length: int) -> Flops:

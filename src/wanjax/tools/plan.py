@@ -45,14 +45,15 @@ from wanjax.io.quantizable import (
     scale_dims,
     weights_dtype,
 )
-from wanjax.models import dit, umt5, vae
+from wanjax.models import clip_vision, dit, umt5, vae
+from wanjax.models.clip_vision import CLIP_VIT_H_14, IMAGE_ENCODER, CLIPVisionConfig
 from wanjax.models.config import PRESETS, TransformerConfig, parse_dtype
 from wanjax.models.dit import TRANSFORMER
 from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS, parse_offload, streams_layers
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import Numerics
-from wanjax.models.vae.scan import decoder_chunk
+from wanjax.models.vae.scan import decoder_chunk, encoder_chunk
 from wanjax.parallel.attention import sequence_mode
 from wanjax.parallel.layouts import TokenLayout, token_layout
 from wanjax.parallel.mesh import MeshSpec, auto_mesh
@@ -69,12 +70,15 @@ class Model:
     transformer: TransformerConfig
     text_encoder: UMT5Config
     vae: VAEConfig
+    image_encoder: CLIPVisionConfig | None = None  # image-to-video models with a CLIP encoder
 
 
 def model_configs(model: str) -> Model:
-    """A preset name (``1.3B``, ``14B``: with UMT5-XXL and the Wan 2.1 VAE) or a diffusers directory."""
+    """A preset name (``1.3B``, ``14B``, ``I2V-14B``: with UMT5-XXL, the Wan 2.1 VAE and, image to
+    video, CLIP ViT-H/14) or a diffusers directory."""
     if model in PRESETS:
-        return Model(PRESETS[model], UMT5_XXL, VAEConfig())
+        clip = CLIP_VIT_H_14 if PRESETS[model].image_to_video else None
+        return Model(PRESETS[model], UMT5_XXL, VAEConfig(), clip)
     root = Path(model)
     if not (root / TRANSFORMER.folder / TRANSFORMER.config_file).is_file():
         raise WanjaxError(
@@ -86,10 +90,12 @@ def model_configs(model: str) -> Model:
         folder = root / component.folder
         return component.read_config(folder) if (folder / component.config_file).is_file() else default
 
+    transformer = TRANSFORMER.read_config(root / TRANSFORMER.folder)
     return Model(
-        TRANSFORMER.read_config(root / TRANSFORMER.folder),
+        transformer,
         read(TEXT_ENCODER, UMT5_XXL),
         read(vae.VAE, VAEConfig()),
+        read(IMAGE_ENCODER, CLIP_VIT_H_14) if transformer.image_to_video else None,
     )
 
 
@@ -337,7 +343,54 @@ def plan(
         "denoise": d_bytes.stage(dit_act, streams_layers(offload)),
         "decode": StagePlan(v_weights, vae_act),
     }
+    if model.image_encoder is not None:
+        add_image_stage(stages, model, sizes, mesh, height, width, frames, vae_dtype, v_weights)
     return Plan(mesh, stages, device_memory, layout, offload, weights_dtype)
+
+
+def add_image_stage(
+    stages: dict[str, StagePlan],
+    model: Model,
+    sizes: dict[str, int],
+    mesh: MeshSpec,
+    height: int,
+    width: int,
+    frames: int,
+    vae_dtype: str,
+    decoder_weights: int,
+) -> None:
+    """An image-to-video model's extras, as ``WanPipeline`` runs them: in the encode stage the CLIP
+    encoder (float32, sharded as UMT5) and the VAE, loaded there and resident after, whose encoder
+    turns the conditioning video (the image, then black frames; split spatially over the devices as
+    the decoder's latents) into latents. The stages after hold the VAE too."""
+    clip = model.image_encoder
+    assert clip is not None
+    c_bytes = weight_bytes(clip_vision.checkpoint_spec(clip), np.float32, sizes, mesh.fsdp)
+    v_spec = vae.checkpoint_spec(model.vae, "encoder")
+    encoder_weights, _ = per_device_param_bytes(v_spec, parse_dtype(vae_dtype), sizes)
+    images = 2 if model.transformer.first_last_frame else 1
+    tokens, d = clip.num_positions, clip.hidden_size
+    clip_act = (
+        images * tokens * (4 * d * 4 * 2 + clip.num_attention_heads * tokens * 4 + clip.intermediate_size * 4)
+    )
+    v = model.vae
+    item = np.dtype(parse_dtype(vae_dtype)).itemsize
+    spatial = mesh.num_devices if (height * width) % mesh.num_devices == 0 else 1
+    video = frames * height * width * 3 * 4  # the float32 conditioning video
+    working = (4 * 4 + 2 * 3) * height * width * v.encoder_dims[0] * item
+    encode_act = (video + working + vae_encoder_cache_bytes(v, height, width, vae_dtype)) // spatial
+    vae_weights = decoder_weights + encoder_weights
+    text = stages["encode"]
+    stages["encode"] = StagePlan(
+        text.weights + c_bytes.total + vae_weights,
+        max(text.activations, clip_act, encode_act),
+        text.stored + c_bytes.total + vae_weights,
+        text.streamed,
+    )
+    for name in ("denoise", "decode"):  # the VAE stays where it was loaded
+        s = stages[name]
+        extra = vae_weights - (decoder_weights if name == "decode" else 0)
+        stages[name] = StagePlan(s.weights + extra, s.activations, s.stored + extra, s.streamed)
 
 
 @functools.lru_cache(maxsize=16)
@@ -351,6 +404,18 @@ def vae_cache_bytes(cfg: VAEConfig, height: int, width: int, dtype: str = "float
     z = jax.ShapeDtypeStruct((1, 1, height // f, width // f, cfg.z_dim), dt)
     nm = Numerics(dt, "conv3d")
     _, cache = jax.eval_shape(lambda p, z: decoder_chunk(p, cfg, z, {}, True, nm, 1), params, z)
+    return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(cache))
+
+
+@functools.lru_cache(maxsize=16)
+def vae_encoder_cache_bytes(cfg: VAEConfig, height: int, width: int, dtype: str = "float32") -> int:
+    """Bytes of the encoder's causal cache for one ``height`` x ``width`` video (as
+    :func:`vae_cache_bytes`, from the abstract first chunk)."""
+    dt = parse_dtype(dtype)
+    params = abstract_params(vae.checkpoint_spec(cfg, "encoder"), dt)
+    video = jax.ShapeDtypeStruct((1, 1, height, width, cfg.in_channels), dt)
+    nm = Numerics(dt, "conv3d")
+    _, cache = jax.eval_shape(lambda p, x: encoder_chunk(p, cfg, x, {}, True, nm, 1), params, video)
     return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(cache))
 
 
