@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -285,3 +286,20 @@ def test_a_text_to_video_model_refuses_an_image_and_its_stages_check_the_image_f
     (d / stages.IMAGE_FILE).unlink()
     assert main(["denoise", "--input_dir", str(d), "--jax_cache_dir", "off"]) == 2
     assert "run `wanjax encode --image IMAGE" in capsys.readouterr().err
+
+
+def test_model_offload_moves_the_image_encoder_and_keeps_the_frames(i2v):
+    """``offload="model"``: CLIP waits in host memory outside the encode stage (as the text encoder);
+    the frames are those of the resident run."""
+    from wanjax.models.offload import HOST, memory_kind
+
+    root, _, image, noise = i2v
+    kwargs = dict(latents=noise.numpy(), image=image, progress=False)
+    resident = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
+    offloaded = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False, offload="model")
+    expected = resident(PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, **kwargs)
+    np.testing.assert_array_equal(
+        offloaded(PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, **kwargs), expected
+    )
+    leaves = jax.tree.leaves(offloaded.image_encoder.params)
+    assert {memory_kind(a) for a in leaves} == {HOST}
