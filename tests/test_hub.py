@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,7 @@ from huggingface_hub import constants
 from huggingface_hub.utils import filter_repo_objects
 
 import wanjax
+from wanjax import WanPipeline
 from wanjax.errors import CheckpointError, WanjaxError
 from wanjax.models import dit, tokenizer, umt5, vae
 from wanjax.pipeline import scheduler
@@ -267,3 +269,42 @@ def test_cli_revision_and_download_flags(hf_cache, demo_dir, cached_repo, capsys
     args = ["generate", "--model", REPO, "--revision", "v3", "--prompt", "a cat", "--jax_cache_dir", "off"]
     assert main(args) == 2
     assert "--revision v3" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        (
+            {"transformer_2": ["diffusers", "WanTransformer3DModel"], "boundary_ratio": 0.875},
+            "two-expert (A14B)",
+        ),
+        ({"boundary_ratio": 0.9}, "two-expert (A14B)"),
+        ({"expand_timesteps": True}, "expand_timesteps (Wan 2.2 TI2V-5B"),
+        ({"_class_name": "WanVACEPipeline"}, "a WanVACEPipeline; wanjax runs WanPipeline"),
+        ({"flow_guidance": 2.0}, "unknown field(s) flow_guidance"),
+    ],
+)
+def test_a_model_index_entry_wanjax_does_not_act_on_is_an_error(
+    tiny_pipeline_dir, tmp_path, entries, message, capsys
+):
+    """A Wan 2.2 directory (or any entry wanjax would ignore) is refused by name before any weight,
+    never run with part of it; ``[null, null]`` entries (absent optional components) and Wan 2.2's
+    defaults (``expand_timesteps: false``, ``boundary_ratio: null``) are accepted."""
+    import json
+    import shutil
+
+    from wanjax.cli.main import main
+
+    root = tmp_path / "model"
+    shutil.copytree(tiny_pipeline_dir, root)
+    index = json.loads((root / "model_index.json").read_text())
+    accepted = {**index, "image_encoder": [None, None], "transformer_2": [None, None], "boundary_ratio": None}
+    (root / "model_index.json").write_text(json.dumps({**accepted, "expand_timesteps": False}))
+    WanPipeline.from_pretrained(root, jax_cache_dir=False)
+    (root / "model_index.json").write_text(json.dumps({**index, **entries}))
+    with pytest.raises(WanjaxError, match=re.escape(message)):
+        WanPipeline.from_pretrained(root, jax_cache_dir=False)
+    out = tmp_path / "never.mp4"
+    assert main(["generate", "--model", str(root), "--prompt", "a cat", "--output_video", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and not out.exists()

@@ -52,6 +52,7 @@ from wanjax.parallel.mesh import MeshSpec, make_mesh, mesh_spec_from_flags
 from wanjax.parallel.rules import param_sharding, replicated
 from wanjax.pipeline.conditioning import check_image_size, conditioning_latents, open_image, size_for_image
 from wanjax.pipeline.hub import ModelSource, resolve_model
+from wanjax.pipeline.model_index import read_model_index
 from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import make_scheduler
 from wanjax.pipeline.step_cache import CacheConfig, CacheReport
@@ -201,6 +202,7 @@ class WanPipeline:
         loras: Sequence[LoraSpec] = (),
     ):
         self.source = source
+        self.model_index = read_model_index(source.path)  # an entry wanjax does not act on fails here
         self.offload = parse_offload(offload)
         weights_storage(weights_dtype)  # a bad name fails now, before any weight is read
         self.weights_dtype = weights_dtype
