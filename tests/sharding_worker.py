@@ -73,27 +73,32 @@ def parity(root: str, meshes: list[str]) -> dict:
     return out
 
 
-def i2v_parity(root: str, meshes: list[str]) -> dict:
-    """The image-to-video demo model (written into ``root``) on each mesh vs one device, float32:
-    the image's conditioning, the final latents and the frames."""
+def demo_parity(root: str, args: list[str]) -> dict:
+    """Demo model ``args[0]`` (``demo-i2v``, ``demo-a14b``: written into ``root``) on each mesh of
+    ``args[1:]`` vs one device, float32: the image's conditioning (image to video), the final latents
+    (two experts: the steps each ran) and the frames."""
     from wanjax import WanPipeline
     from wanjax.parallel.layouts import to_host
     from wanjax.pipeline.demo import write_demo_model
 
-    write_demo_model(root, "demo-i2v")
+    variant, *meshes = args
+    write_demo_model(root, variant)
     image = np.random.default_rng(0).integers(0, 256, (40, 72, 3), dtype=np.uint8)
 
     def run(mesh: str | None) -> dict[str, np.ndarray]:
         pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False, mesh=mesh)
         pos, neg = pipe.encode_prompt("a red cat walks", None, max_sequence_length=16)
-        conditioning = pipe.prepare_image(image, 1, GEN["height"], GEN["width"], GEN["num_frames"])
+        conditioning, found = None, {}
+        if pipe.transformer_config.image_to_video:
+            conditioning = pipe.prepare_image(image, 1, GEN["height"], GEN["width"], GEN["num_frames"])
+            found = {"condition": to_host(conditioning.latents), "states": to_host(conditioning.image_embeds)}
         noise = pipe.prepare_latents(1, **GEN)
-        latents = pipe.denoise(pos, neg, noise, num_inference_steps=2, progress=False, image=conditioning)
+        latents = pipe.denoise(pos, neg, noise, num_inference_steps=4, progress=False, image=conditioning)
         return {
-            "condition": to_host(conditioning.latents),
-            "states": to_host(conditioning.image_embeds),
+            **found,
             "latents": to_host(latents),
             "frames": pipe.decode(latents),
+            "experts": pipe.expert_steps,
         }
 
     ref = run(None)
@@ -101,8 +106,12 @@ def i2v_parity(root: str, meshes: list[str]) -> dict:
     for mesh in meshes:
         got = run(mesh)
         out[mesh] = {
-            "condition_max": float(np.abs(got["condition"] - ref["condition"]).max()),
-            "states_max": float(np.abs(got["states"] - ref["states"]).max()),
+            **{
+                f"{name}_max": float(np.abs(got[name] - ref[name]).max())
+                for name in ("condition", "states")
+                if name in ref
+            },
+            "experts": [got["experts"], ref["experts"]],
             "latents_rel": float(
                 np.linalg.norm(got["latents"] - ref["latents"]) / np.linalg.norm(ref["latents"])
             ),
@@ -162,6 +171,6 @@ if __name__ == "__main__":
         write_model(Path(root))
         result = {}
     else:
-        tasks = {"parity": parity, "i2v_parity": i2v_parity, "params": params, "vae": vae_memory}
+        tasks = {"parity": parity, "demo_parity": demo_parity, "params": params, "vae": vae_memory}
         result = tasks[task](root, rest)
     print(json.dumps(result))

@@ -407,3 +407,20 @@ def test_image_to_video_arch_times_the_image_stage_and_joins_the_image_tokens(mo
     assert result["stages"]["denoise"]["tflop"] == pytest.approx(expected.total / 1e12)
     plain = bench.run_bench(dataclasses.replace(cfg, arch="1.3B", layers=1, stages=("image",)))
     assert plain["stages"] == {}
+
+
+def test_two_expert_arch_draws_both_experts_and_refuses_a_step_cache(monkeypatch):
+    """``--arch A14B`` (shrunk here): two experts' weights, both run (their boundary falls between the
+    two steps); a step cache is refused, not ignored."""
+    monkeypatch.setitem(PRESETS, "A14B", PRESETS["tiny"])
+    sizes = dict(height=32, width=32, frames=5, max_sequence_length=8, repeats=1, random_weights="numpy")
+    cfg = bench.BenchConfig(arch="A14B", stages=("denoise",), **sizes)
+    result = bench.run_bench(cfg)
+    single = dit.checkpoint_spec(PRESETS["tiny"])
+    expected = 2 * sum(
+        a.size * a.dtype.itemsize for a in jax.tree.leaves(abstract_params(single, "bfloat16"))
+    )
+    assert result["stages"]["denoise"]["weights_bytes"]["device"] == expected
+    assert result["stages"]["denoise"]["expert_steps"] == [0, 1]  # timesteps 999 | 500, boundary 875
+    with pytest.raises(WanjaxError, match="not supported with two experts"):
+        bench.run_bench(dataclasses.replace(cfg, cache="firstblock"))

@@ -130,3 +130,20 @@ def test_image_to_video_demo_runs_from_an_image_at_its_aspect(demo_env, tmp_path
     folder = demo_model_dir(cache_root(), "demo-i2v")
     pipe = WanImageToVideoPipeline.from_pretrained(folder)
     assert pipe.image_encoder.config.hidden_size == pipe.transformer.config.image_dim
+
+
+def test_two_expert_demo_is_a_diffusers_wan22_pipeline_and_runs_both_experts(demo_env, tmp_path):
+    """``demo-a14b``: diffusers reads it as a Wan 2.2 A14B-style WanPipeline (``transformer_2``,
+    ``boundary_ratio``); ``generate`` runs the high-noise expert, then the low-noise one."""
+    from diffusers import WanPipeline as ReferencePipeline
+
+    from wanjax.cli.main import main
+    from wanjax.io.paths import cache_root
+
+    video = tmp_path / "v.mp4"
+    args = ["generate", "--model", "demo-a14b", "--prompt", "a cat", "--num_inference_steps", "4"]
+    assert main([*args, "--output_video", str(video), "--jax_cache_dir", "off"]) == 0
+    record = json.loads(video.with_suffix(".json").read_text())
+    assert record["expert_steps"] == [0, 0, 1, 1] and record["sampling"]["boundary_ratio"] == 0.875
+    reference = ReferencePipeline.from_pretrained(demo_model_dir(cache_root(), "demo-a14b"))
+    assert reference.transformer_2 is not None and reference.config.boundary_ratio == 0.875

@@ -275,12 +275,13 @@ def test_cli_revision_and_download_flags(hf_cache, demo_dir, cached_repo, capsys
     ("entries", "message"),
     [
         (
-            {"transformer_2": ["diffusers", "WanTransformer3DModel"], "boundary_ratio": 0.875},
-            "two-expert (A14B)",
+            {"transformer_2": ["diffusers", "WanTransformer3DModel"]},
+            "needs both transformer_2 and boundary_ratio",
         ),
-        ({"boundary_ratio": 0.9}, "two-expert (A14B)"),
+        ({"boundary_ratio": 0.9}, "needs both transformer_2 and boundary_ratio"),
         ({"expand_timesteps": True}, "expand_timesteps (Wan 2.2 TI2V-5B"),
         ({"_class_name": "WanVACEPipeline"}, "a WanVACEPipeline; wanjax runs WanPipeline"),
+        ({"transformer_2": ["diffusers", "WanTransformer3DModel"], "boundary_ratio": 1.5}, "between 0 and 1"),
         ({"flow_guidance": 2.0}, "unknown field(s) flow_guidance"),
     ],
 )

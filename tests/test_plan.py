@@ -345,3 +345,30 @@ def test_image_to_video_14b_adds_clip_the_vae_and_the_image_layers(capsys):
         main(["plan", "--model", "I2V-14B", "--num_devices", "8", "--height", "720", "--width", "1280"]) == 0
     )
     assert "I2V-14B: 1280x720" in capsys.readouterr().out
+
+
+def test_two_experts_are_both_resident_or_take_turns(tmp_path):
+    """A14B: two 14B transformers; resident together under ``--offload none``, one on the device at a
+    time under ``model`` (the idle one in host memory). A directory is two-expert by its
+    ``model_index.json``'s ``boundary_ratio``."""
+    import json
+
+    kwargs = dict(height=720, width=1280, frames=81, device_memory=80 * GiB)
+    mesh = parse_mesh("dp=2,sp=1,tp=4")
+    one = plan(model_configs("14B"), mesh, **kwargs).stages["denoise"]
+    both = plan(model_configs("A14B"), mesh, **kwargs).stages["denoise"]
+    assert both.weights == 2 * one.weights and both.activations == one.activations
+    turns = plan(model_configs("A14B"), mesh, offload="model", **kwargs)
+    assert turns.stages["denoise"].weights == one.weights and turns.stages["denoise"].streamed == one.weights
+    assert "the idle expert" in turns.table()
+    root = tmp_path / "a14b"
+    (root / "transformer").mkdir(parents=True)
+    (root / "transformer" / "config.json").write_text(json.dumps(transformer_preset("A14B").to_dict()))
+    index = {"_class_name": "WanPipeline", "transformer": ["diffusers", "WanTransformer3DModel"]}
+    second = {"transformer_2": ["diffusers", "WanTransformer3DModel"], "boundary_ratio": 0.875}
+    (root / "model_index.json").write_text(json.dumps({**index, **second}))
+    assert model_configs(str(root)).experts == 2
+    (root / "model_index.json").write_text(json.dumps(index))
+    assert model_configs(str(root)).experts == 1
+    i2v = model_configs("I2V-A14B")  # no CLIP: the VAE alone joins the encode stage
+    assert i2v.image and i2v.image_encoder is None and i2v.experts == 2

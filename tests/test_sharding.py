@@ -178,13 +178,17 @@ def test_five_meshes_match_the_single_device_run(model_dir):
         assert r["embeds_max"] <= 1e-5, (mesh, r)
 
 
-def test_image_to_video_on_three_meshes_matches_the_single_device_run(tmp_path):
-    """The I2V demo model: CLIP sharded as UMT5, image tokens beside the text tokens, float32."""
-    report = run_worker(
-        "i2v_parity", str(tmp_path / "i2v"), "dp=1,sp=1,tp=8", "dp=2,sp=2,tp=2", "dp=1,sp=8,tp=1"
-    )
+@pytest.mark.parametrize("variant", ["demo-i2v", "demo-a14b"])
+def test_image_to_video_and_two_experts_on_three_meshes_match_the_single_device_run(variant, tmp_path):
+    """The I2V demo model (CLIP sharded as UMT5, image tokens beside the text tokens) and the two-expert
+    one (both experts sharded, switching at the same step), float32."""
+    meshes = ("dp=1,sp=1,tp=8", "dp=2,sp=2,tp=2", "dp=1,sp=8,tp=1")
+    report = run_worker("demo_parity", str(tmp_path / variant), variant, *meshes)
     for mesh, r in report.items():
-        assert r["condition_max"] <= 1e-5 and r["states_max"] <= 1e-5, (mesh, r)
+        if variant == "demo-i2v":
+            assert r["condition_max"] <= 1e-5 and r["states_max"] <= 1e-5, (mesh, r)
+        else:
+            assert r["experts"][0] == r["experts"][1] == [0, 0, 1, 1], (mesh, r)
         assert r["latents_rel"] <= 1e-5, (mesh, r)
         assert r["frames_max"] <= 1, (mesh, r)
 

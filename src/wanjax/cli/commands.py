@@ -246,7 +246,7 @@ def open_images(
     check_image_input(cfg, flags.image is not None, flags.last_image is not None, model_label(pipe.source))
     if flags.image is None:
         return None, None
-    validation.check_model(pipe.path, (*IMAGE_COMPONENTS, "vae"))
+    validation.check_model(pipe.path, (*IMAGE_COMPONENTS, "vae") if cfg.image_tokens else ("vae",))
     step = pipe.geometry.spatial * pipe.geometry.patch[0]
     opened = []
     for name in ("image", "last_image"):
@@ -325,6 +325,7 @@ def make_report(command: str, pipe: WanPipeline, video: dict[str, Any], outputs:
             "dtype": str(pipe.dtype),
             "precision": {s: pipe.precisions[c] for s, c in STAGE_COMPONENTS.items() if s in order},
             **({"mesh": pipe.mesh_usage} if pipe.mesh_usage else {}),
+            **({"expert_steps": pipe.expert_steps} if pipe.boundary_ratio is not None else {}),
         },
     )
 
@@ -640,9 +641,21 @@ def sampling_params(pipe: WanPipeline, sampling: SamplingFlags) -> dict[str, Any
     steps = _given_or(sampling.num_inference_steps, defaults.num_inference_steps)
     kind = sampling.scheduler or "auto"
     scheduler = make_scheduler(pipe.path, steps, sampling.flow_shift, kind=kind)
+    experts = {}
+    if pipe.boundary_ratio is not None:  # two experts: the switch and the second guidance
+        experts = {
+            "boundary_ratio": _given_or(sampling.boundary_ratio, pipe.boundary_ratio),
+            "guidance_scale_2": sampling.guidance_scale_2,
+        }
+    elif sampling.boundary_ratio is not None or sampling.guidance_scale_2 is not None:
+        raise WanjaxError(
+            f"--boundary_ratio and --guidance_scale_2 are for two-expert models (Wan 2.2 A14B); "
+            f"{model_label(pipe.source)} has one transformer"
+        )
     return {
         "num_inference_steps": steps,
         "guidance_scale": _given_or(sampling.guidance_scale, defaults.guidance_scale),
+        **experts,
         "scheduler": kind if kind != "auto" else scheduler.kind,
         "flow_shift": float(scheduler.config.flow_shift),
         "seed": None if init else _given_or(sampling.seed, defaults.seed),
@@ -680,6 +693,8 @@ def denoise(
         seed=params["seed"] or 0,
         cache=cache.config(),
         image=image,
+        guidance_scale_2=params.get("guidance_scale_2"),
+        boundary_ratio=params.get("boundary_ratio"),
     )
     report = pipe.cache_report
     if cache.cache_calibrate and report is not None and is_primary():
@@ -689,6 +704,8 @@ def denoise(
 
 def check_cache(cache: CacheFlags, cfg: TransformerConfig, params: Mapping[str, Any], guided: bool) -> None:
     """The step cache resolves for this model and run (a MagCache curve exists for it) before any work."""
+    if "boundary_ratio" in params and (cache.cache != "off" or cache.cache_calibrate):
+        raise ConfigError(f"--cache {cache.cache}: not supported with two experts (Wan 2.2 A14B) yet")
     try:
         resolve_cache(cache.config(), cfg, params["num_inference_steps"], guided)
     except ConfigError as e:

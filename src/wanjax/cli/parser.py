@@ -313,6 +313,19 @@ def add_sampling(parser: argparse.ArgumentParser) -> None:
     flag(parser, "num_inference_steps", type=int, help=f"denoising steps ({steps})")
     guidance = f"default {ref.guidance_scale}; <= 1: off"
     flag(parser, "guidance_scale", type=float, help=f"classifier-free guidance ({guidance})")
+    flag(
+        parser,
+        "guidance_scale_2",
+        type=float,
+        help="two-expert models (Wan 2.2 A14B): the low-noise expert's guidance (default --guidance_scale)",
+    )
+    flag(
+        parser,
+        "boundary_ratio",
+        type=float,
+        help="two-expert models: the high-noise expert runs while timestep >= ratio x 1000 "
+        "(default: the checkpoint's model_index.json)",
+    )
     flag(parser, "seed", type=int, help=f"noise seed (default {ref.seed}; batch item i uses seed + i)")
     from wanjax.pipeline.scheduler import DISTILL_SHIFT, SCHEDULER_KINDS
 

@@ -122,6 +122,8 @@ class SamplingFlags:
 
     num_inference_steps: int | None = None
     guidance_scale: float | None = None
+    guidance_scale_2: float | None = None
+    boundary_ratio: float | None = None
     seed: int | None = None
     scheduler: str | None = None
     flow_shift: float | None = None
@@ -461,6 +463,14 @@ def _check_numbers(flags: dict[str, Any]) -> None:
     if guidance is not None and not (math.isfinite(guidance) and guidance >= 0):
         raise WanjaxError(
             f"--guidance_scale must be >= 0 (5.0 is the default; <= 1 turns CFG off), got {guidance}"
+        )
+    guidance_2 = flags.get("guidance_scale_2")
+    if guidance_2 is not None and not (math.isfinite(guidance_2) and guidance_2 >= 0):
+        raise WanjaxError(f"--guidance_scale_2 must be >= 0 (default: --guidance_scale), got {guidance_2}")
+    boundary = flags.get("boundary_ratio")
+    if boundary is not None and not 0 < boundary < 1:
+        raise WanjaxError(
+            f"--boundary_ratio must be between 0 and 1 (0.875 for Wan2.2-T2V-A14B), got {boundary}"
         )
     shift = flags.get("flow_shift")
     if shift is not None and not (math.isfinite(shift) and shift > 0):

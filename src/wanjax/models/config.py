@@ -127,9 +127,20 @@ class TransformerConfig(ComponentConfig):
         return pt * ph * pw
 
     @property
-    def image_to_video(self) -> bool:
-        """An image-to-video transformer: image tokens (``image_dim`` wide) join the cross-attention."""
+    def image_tokens(self) -> bool:
+        """Image-encoder tokens (``image_dim`` wide) join the cross-attention (Wan 2.1 I2V, FLF2V)."""
         return self.image_dim is not None
+
+    @property
+    def condition_channels(self) -> int:
+        """Channels of conditioning latents (mask, image latents) joined to the noisy ones: 20 for the
+        image-to-video models that take them (Wan 2.1 I2V, Wan 2.2 I2V-A14B), else 0."""
+        return self.in_channels - self.out_channels
+
+    @property
+    def image_to_video(self) -> bool:
+        """A transformer that needs an image: its encoder's tokens, or conditioning latents."""
+        return self.image_tokens or self.condition_channels > 0
 
     @property
     def first_last_frame(self) -> bool:
@@ -143,12 +154,12 @@ class TransformerConfig(ComponentConfig):
                 f"{source}: an image-to-video model needs both image_dim and added_kv_proj_dim, got "
                 f"{self.image_dim} and {self.added_kv_proj_dim}"
             )
-        if self.image_to_video and self.added_kv_proj_dim != self.inner_dim:
+        if self.image_tokens and self.added_kv_proj_dim != self.inner_dim:
             raise ConfigError(
                 f"{source}: added_kv_proj_dim {self.added_kv_proj_dim} must equal the inner dim {self.inner_dim} "
                 "(the image embedder's output feeds add_k_proj / add_v_proj)"
             )
-        if self.pos_embed_seq_len is not None and not self.image_to_video:
+        if self.pos_embed_seq_len is not None and not self.image_tokens:
             raise ConfigError(f"{source}: pos_embed_seq_len is for image-to-video models (first-last frame)")
         if len(self.patch_size) != 3:
             raise ConfigError(f"{source}: patch_size must have 3 entries, got {self.patch_size}")
@@ -188,14 +199,23 @@ PRESETS: dict[str, TransformerConfig] = {
         image_dim=1280,
         added_kv_proj_dim=5120,
     ),
+    # Wan 2.2 A14B (T2V): two experts of the 14B architecture
+    "A14B": TransformerConfig(num_attention_heads=40, ffn_dim=13824, num_layers=40),
+    # Wan 2.2 I2V-A14B: two experts of the 14B with 36 input channels, no image tokens
+    "I2V-A14B": TransformerConfig(num_attention_heads=40, ffn_dim=13824, num_layers=40, in_channels=36),
     "tiny": TransformerConfig(
         num_attention_heads=2, attention_head_dim=12, text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2
     ),
 }
 
 
+# The presets of two-expert models (Wan 2.2 A14B), with their model_index.json's boundary_ratio.
+TWO_EXPERTS: dict[str, float] = {"A14B": 0.875, "I2V-A14B": 0.9}
+
+
 def transformer_preset(name: str, **overrides: Any) -> TransformerConfig:
-    """A named architecture (``1.3B``, ``14B``, ``I2V-14B``, ``tiny``) with optional field overrides."""
+    """A named architecture (``1.3B``, ``14B``, ``I2V-14B``, ``A14B``, ``I2V-A14B`` (one expert of
+    :data:`TWO_EXPERTS`), ``tiny``) with optional field overrides."""
     try:
         base = PRESETS[name]
     except KeyError:

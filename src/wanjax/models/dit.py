@@ -124,7 +124,7 @@ def checkpoint_spec(cfg: TransformerConfig) -> Params:
             "proj_out": block_lin("ffn.net.2", ff, d, ("mlp", "embed")),
         },
     }
-    if cfg.image_to_video:  # the image tokens' own keys and values in the cross-attention
+    if cfg.image_tokens:  # the image tokens' own keys and values in the cross-attention
         blocks["attn2"]["add_k_proj"] = block_lin("attn2.add_k_proj", d, d, ("embed", "heads"))
         blocks["attn2"]["add_v_proj"] = block_lin("attn2.add_v_proj", d, d, ("embed", "heads"))
         blocks["attn2"]["norm_added_k"] = {"scale": block_vec("attn2.norm_added_k.weight", "heads")}
@@ -160,7 +160,7 @@ def checkpoint_spec(cfg: TransformerConfig) -> Params:
             ("scale_shift_table",), (1, 2, d), _squeeze_leading, axes=REPLICATED, **keep
         ),
         "proj_out": lin("proj_out", d, cfg.out_channels * cfg.patch_volume, ("embed", None), (None,)),
-        **({"image_embedder": _image_embedder_spec(cfg)} if cfg.image_to_video else {}),
+        **({"image_embedder": _image_embedder_spec(cfg)} if cfg.image_tokens else {}),
     }
 
 
@@ -203,6 +203,8 @@ TRANSFORMER = Component(
     # diffusers' _keys_to_ignore_on_load_unexpected: an unused query norm some I2V files carry
     ignore=lambda name: name.endswith("attn2.norm_added_q.weight"),
 )
+# A Wan 2.2 two-expert model's low-noise expert: the same architecture and layout in its own folder.
+TRANSFORMER_2 = dataclasses.replace(TRANSFORMER, folder="transformer_2")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -391,7 +393,7 @@ def embed(
     context = pin(context, "context")
     rope = rope_tables(grid, cfg.attention_head_dim, cfg.rope_max_seq_len)
     image_context = None
-    if cfg.image_to_video:
+    if cfg.image_tokens:
         if image_embeds is None:
             raise ConfigError("an image-to-video transformer needs image_embeds (the image encoder's states)")
         image_context = pin(

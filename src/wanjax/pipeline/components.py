@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from wanjax.io.component import Component
 from wanjax.models.clip_vision import IMAGE_ENCODER
-from wanjax.models.dit import TRANSFORMER
+from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2
 from wanjax.models.image_processor import IMAGE_PROCESSOR
 from wanjax.models.tokenizer import TOKENIZER
 from wanjax.models.umt5 import TEXT_ENCODER
@@ -18,6 +18,15 @@ SCHEDULER = Component("scheduler", files=("scheduler_config.json",))
 
 COMPONENTS: dict[str, Component] = {
     c.folder: c
-    for c in (TOKENIZER, TEXT_ENCODER, TRANSFORMER, VAE, SCHEDULER, IMAGE_ENCODER, IMAGE_PROCESSOR)
+    for c in (
+        TOKENIZER,
+        TEXT_ENCODER,
+        TRANSFORMER,
+        TRANSFORMER_2,
+        VAE,
+        SCHEDULER,
+        IMAGE_ENCODER,
+        IMAGE_PROCESSOR,
+    )
 }
 IMAGE_COMPONENTS = ("image_encoder", "image_processor")  # what an image-to-video model adds

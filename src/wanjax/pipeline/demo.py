@@ -1,7 +1,8 @@
 """The built-in smoke models: tiny Wan pipelines with random weights, in the diffusers layout.
 
-:data:`DEMO_VARIANTS` names them: ``demo`` (Wan 2.1 text-to-video) and ``demo-i2v`` (Wan 2.1
-image-to-video: a CLIP image encoder and its processor, a transformer taking the image).
+:data:`DEMO_VARIANTS` names them: ``demo`` (Wan 2.1 text-to-video), ``demo-i2v`` (Wan 2.1
+image-to-video: a CLIP image encoder and its processor, a transformer taking the image) and
+``demo-a14b`` (Wan 2.2 A14B-style: two experts, ``transformer_2`` after the boundary).
 ``demo_model_dir(cache, name)`` writes one on first use into the cache folder (see
 :func:`wanjax.io.paths.cache_root`) as ``<name>-<hash>/`` with ``model_index.json``,
 ``tokenizer/``, ``text_encoder/``, ``transformer/``, ``vae/`` and ``scheduler/`` (and
@@ -36,8 +37,8 @@ from wanjax.io.checkpoint import random_checkpoint
 from wanjax.io.component import Component
 from wanjax.io.paths import scratch_dir, writable_dir
 from wanjax.models.clip_vision import IMAGE_ENCODER, CLIPVisionConfig
-from wanjax.models.config import TransformerConfig
-from wanjax.models.dit import TRANSFORMER
+from wanjax.models.config import TWO_EXPERTS, TransformerConfig
+from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2
 from wanjax.models.image_processor import IMAGE_PROCESSOR, ImageProcessorConfig
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
 from wanjax.models.vae import VAE
@@ -114,6 +115,7 @@ class DemoVariant:
     pipeline_class: str
     transformer: TransformerConfig
     image_encoder: CLIPVisionConfig | None = None
+    boundary_ratio: float | None = None  # two experts (Wan 2.2 A14B): transformer_2 and the switch
 
 
 DEMO_VARIANTS: dict[str, DemoVariant] = {
@@ -128,6 +130,7 @@ DEMO_VARIANTS: dict[str, DemoVariant] = {
         ),
         DEMO_IMAGE_ENCODER,
     ),
+    f"{DEMO_NAME}-a14b": DemoVariant("WanPipeline", DEMO_TRANSFORMER, boundary_ratio=TWO_EXPERTS["A14B"]),
 }
 # What happens when the cache folder cannot be written, as the warning says it.
 UNCACHED = (
@@ -188,6 +191,8 @@ def _components(variant: DemoVariant) -> dict[Component, tuple[Any, dict[str, An
         TRANSFORMER: (dit, dit.to_dict(), ("diffusers", "WanTransformer3DModel")),
         VAE: (DEMO_VAE, DEMO_VAE.to_dict(), ("diffusers", "AutoencoderKLWan")),
     }
+    if variant.boundary_ratio is not None:
+        components[TRANSFORMER_2] = (dit, dit.to_dict(), ("diffusers", "WanTransformer3DModel"))
     if variant.image_encoder is not None:
         clip = variant.image_encoder
         clip_config = {**clip.to_dict(), "architectures": ["CLIPVisionModel"], "dtype": "float32"}
@@ -204,6 +209,7 @@ def demo_fingerprint(name: str = DEMO_NAME) -> str:
         "generator": GENERATOR_VERSION,
         "seed": SEED,
         "pipeline": variant.pipeline_class,
+        "boundary_ratio": variant.boundary_ratio,
         "configs": {c.folder: config for c, (_, config, _) in _components(variant).items()},
         "scheduler": DEMO_SCHEDULER,
         "tokenizer": _tokenizer_files(),
@@ -223,6 +229,8 @@ def write_demo_model(directory: str | Path, name: str = DEMO_NAME) -> Path:
         "_class_name": variant.pipeline_class,
         "_wanjax_demo": {"note": SMOKE_NOTE, "fingerprint": demo_fingerprint(name)},
     }
+    if variant.boundary_ratio is not None:
+        index["boundary_ratio"] = variant.boundary_ratio
     for i, (component, (cfg, config, entry)) in enumerate(sorted(_components(variant).items(), key=_folder)):
         folder = root / component.folder
         folder.mkdir(parents=True, exist_ok=True)

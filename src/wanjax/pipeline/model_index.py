@@ -2,9 +2,9 @@
 
 Every entry must be one wanjax acts on: a component it loads (:data:`COMPONENT_ENTRIES`, an entry
 ``[null, null]`` meaning "absent", as diffusers writes optional components), or a pipeline option it
-runs. Anything else is an error naming it, not an entry silently skipped: a Wan 2.2 A14B directory
-(``transformer_2``, ``boundary_ratio``) run with its first expert alone would exit 0 with degraded
-videos. A directory without ``model_index.json`` (a hand-assembled one) is read by its folders.
+runs (Wan 2.2 A14B's ``transformer_2`` and ``boundary_ratio``: the two experts). Anything else is an
+error naming it, not an entry silently skipped: a Wan 2.2 TI2V-5B directory (``expand_timesteps``) run
+as Wan 2.1 would exit 0 with degraded videos. A directory without ``model_index.json`` (a hand-assembled one) is read by its folders.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ class ModelIndex(ComponentConfig):
     scheduler: Entry = None
     image_encoder: Entry = None
     image_processor: Entry = None
-    # Wan 2.2 options, refused until they are run
+    # Wan 2.2 A14B: the low-noise expert, and the switch to it (pipeline.WanPipeline.boundary_ratio)
     transformer_2: Entry = None
     boundary_ratio: float | None = None
-    expand_timesteps: bool = False
+    expand_timesteps: bool = False  # TI2V-5B's per-token timesteps: refused until it is run
 
     _IGNORED_FIELDS: ClassVar[frozenset[str]] = frozenset()
 
@@ -69,11 +69,15 @@ class ModelIndex(ComponentConfig):
             entry = getattr(self, name)
             if entry is not None and (not isinstance(entry, tuple) or len(entry) != 2):
                 raise ConfigError(f"{source}: {name} must be a [library, class] pair, got {entry!r}")
-        if self.present("transformer_2") or self.boundary_ratio is not None:
+        if self.present("transformer_2") != (self.boundary_ratio is not None):
             raise ConfigError(
-                f"{source}: a Wan 2.2 two-expert (A14B) model: transformer_2 / boundary_ratio "
-                f"(the low-noise expert after a boundary timestep) is {NOT_YET}"
+                f"{source}: a two-expert (Wan 2.2 A14B) model needs both transformer_2 and boundary_ratio "
+                f"(got {self.transformer_2} and {self.boundary_ratio})"
             )
+        if self.boundary_ratio is not None and not 0 < self.boundary_ratio < 1:
+            raise ConfigError(f"{source}: boundary_ratio must be between 0 and 1, got {self.boundary_ratio}")
+        if self.present("transformer_2") and not self.present("transformer"):
+            raise ConfigError(f"{source}: transformer_2 without transformer (the high-noise expert)")
         if self.expand_timesteps:
             raise ConfigError(
                 f"{source}: expand_timesteps (Wan 2.2 TI2V-5B's per-token timesteps) is {NOT_YET}"

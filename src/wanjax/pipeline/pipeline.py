@@ -41,7 +41,7 @@ from wanjax.kernels.attention import AttentionSpec
 from wanjax.kernels.precision import Precision, parse_precision, resolve_precision
 from wanjax.models.clip_vision import CLIPVisionEncoder, load_image_encoder
 from wanjax.models.config import TransformerConfig, parse_dtype
-from wanjax.models.dit import TRANSFORMER, WanTransformer, checkpoint_spec, load_transformer
+from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2, WanTransformer, checkpoint_spec, load_transformer
 from wanjax.models.image_processor import ImageInput
 from wanjax.models.lora import LoraSpec, load_loras, plan_updates
 from wanjax.models.offload import Offload, parse_offload
@@ -84,7 +84,7 @@ def check_image_input(cfg: TransformerConfig, image: bool, last_image: bool, sou
             f"{source} is a first-last-frame model: give the last frame too with --last_image FILE "
             "(Python: last_image=...)"
         )
-    if last_image and not cfg.first_last_frame:
+    if last_image and cfg.image_tokens and not cfg.first_last_frame:  # its image tokens are one image's
         raise WanjaxError(
             f"{source} takes a first frame only (not a first-last-frame model, e.g. "
             "Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers); leave --last_image out"
@@ -105,10 +105,18 @@ def check_conditioning(
             f"{where}: condition_latents {list(latents.shape)} but this model and video need {list(expected)}; "
             "re-run `wanjax encode --image ...` with this model and video size"
         )
+    if not cfg.image_tokens:
+        if states is not None:
+            raise WanjaxError(
+                f"{where}: image_embeds given but this model takes no image-encoder states; they come "
+                "from another model (re-run `wanjax encode --image ...` with it)"
+            )
+        return
     images = 2 if cfg.first_last_frame else 1
-    if states.shape[0] != images or states.shape[-1] != cfg.image_dim:
+    if states is None or states.shape[0] != images or states.shape[-1] != cfg.image_dim:
+        shape = None if states is None else list(states.shape)
         raise WanjaxError(
-            f"{where}: image_embeds {list(states.shape)} but this model takes {images} image(s) of width "
+            f"{where}: image_embeds {shape} but this model takes {images} image(s) of width "
             f"{cfg.image_dim}; they come from another model (re-run `wanjax encode --image ...` with it)"
         )
 
@@ -223,8 +231,10 @@ class WanPipeline:
         self.step_times: StepTimes | None = None
         self.mesh_usage: str | None = None  # how the last denoise used each mesh axis
         self.cache_report: CacheReport | None = None  # what the last denoise's step cache did
+        self.expert_steps: list[int] = []  # which expert ran each step of the last denoise
         self._text_encoder: UMT5Encoder | None = None
         self._transformer: WanTransformer | None = None
+        self._transformer_2: WanTransformer | None = None
         self._sampler: Sampler | None = None
         self._vae: WanVAE | None = None
         self._image_encoder: CLIPVisionEncoder | None = None
@@ -306,24 +316,63 @@ class WanPipeline:
                 jax.block_until_ready(self._text_encoder.params)
         return self._text_encoder
 
+    def _load_transformer(self, folder: Path) -> WanTransformer:
+        with self.stage_timing("denoise").loading():
+            model = load_transformer(
+                folder,
+                self.dtype,
+                attention_backend=self.attention_backend,
+                mesh=self.mesh,
+                fsdp=self.mesh_spec is not None and self.mesh_spec.fsdp,
+                precision=self.precisions["transformer"],
+                offload=self.offload,
+                weights_dtype=self.weights_dtype,
+            )
+            jax.block_until_ready(model.params)
+        return model
+
     @property
     def transformer(self) -> WanTransformer:
+        """The transformer (of a two-expert model: the high-noise expert, run first)."""
         if self._transformer is None:
-            with self.stage_timing("denoise").loading():
-                self._transformer = load_transformer(
-                    self.path,
-                    self.dtype,
-                    attention_backend=self.attention_backend,
-                    mesh=self.mesh,
-                    fsdp=self.mesh_spec is not None and self.mesh_spec.fsdp,
-                    precision=self.precisions["transformer"],
-                    offload=self.offload,
-                    weights_dtype=self.weights_dtype,
-                )
-                if self.loras:
+            self._transformer = self._load_transformer(TRANSFORMER.directory(self.path))
+            if self.loras:
+                with self.stage_timing("denoise").loading():
                     self._transformer.set_loras(self.loras)
-                jax.block_until_ready(self._transformer.params)
+                    jax.block_until_ready(self._transformer.params)
         return self._transformer
+
+    @property
+    def boundary_ratio(self) -> float | None:
+        """A two-expert model's switch (``model_index.json``'s ``boundary_ratio``): ``transformer``
+        runs the steps whose timestep is at least ``boundary_ratio * num_train_timesteps``,
+        ``transformer_2`` the rest. None: one transformer."""
+        return None if self.model_index is None else self.model_index.boundary_ratio
+
+    @property
+    def transformer_2(self) -> WanTransformer | None:
+        """A two-expert model's low-noise expert (``transformer_2/``), None for one transformer.
+        Under ``offload`` other than ``"none"`` it is read, then waits in host memory until its first
+        step (the experts take turns on the device)."""
+        if self.boundary_ratio is None:
+            return None
+        if self._transformer_2 is None:
+            if self.offload != "none" and self._transformer is not None:
+                self._transformer.to_host(block=True)  # one expert on the device at a time
+            self._transformer_2 = self._load_transformer(TRANSFORMER_2.directory(self.path))
+            if self.offload != "none":
+                self._transformer_2.to_host(block=True)
+        return self._transformer_2
+
+    def _switch_expert(self, expert: int) -> None:
+        """Before expert ``expert``'s first step: under ``offload`` other than ``"none"``, the other
+        expert to host memory (waiting until its device copy is free), this one to the device."""
+        if self.offload == "none" or self._transformer_2 is None:
+            return
+        models = (self.transformer, self._transformer_2)
+        with self.stage_timing("denoise").loading():
+            models[1 - expert].to_host(block=True)
+            models[expert].to_device()
 
     def set_loras(self, loras: Sequence[LoraSpec]) -> None:
         """Use these LoRA adapters (``[(file, weight), ...]``, replacing any set before; ``[]``: none):
@@ -399,13 +448,14 @@ class WanPipeline:
         if self.offload == "none":
             return
         encoders = [e for e in (self._text_encoder, self._image_encoder) if e is not None]
-        transformer = self._transformer
+        transformer, second = self._transformer, self._transformer_2
         with self.stage_timing(stage).loading():
             if stage != "encode":
                 for encoder in encoders:
                     encoder.to_host(block=True)
-            if stage != "denoise" and transformer is not None:
-                transformer.to_host(block=True)
+            for model in (transformer, second):
+                if model is not None and (stage != "denoise" or model is second):
+                    model.to_host(block=True)  # a second expert waits for its first step
             if stage == "encode":
                 for encoder in encoders:
                     encoder.to_device()
@@ -453,6 +503,8 @@ class WanPipeline:
         scheduler: str = "auto",
         seed: int = 0,
         image: ImageConditioning | None = None,
+        guidance_scale_2: float | None = None,
+        boundary_ratio: float | None = None,
     ) -> jax.Array:
         """Denoise ``latents`` (float32 noise) with classifier-free guidance (skipped when
         ``guidance_scale <= 1``); returns the transformer's normalised latents, float32.
@@ -462,11 +514,20 @@ class WanPipeline:
         :mod:`wanjax.pipeline.scheduler`). ``image``: an image-to-video model's conditioning
         (:meth:`prepare_image`), required by such a model. ``cache``: a step-cache policy
         (:class:`~wanjax.pipeline.step_cache.CacheConfig`); :attr:`cache_report` then tells what it
-        skipped (None without one)."""
+        skipped (None without one). A two-expert model (Wan 2.2 A14B): ``guidance_scale_2`` for the
+        low-noise expert (default ``guidance_scale``, as diffusers), ``boundary_ratio`` in place of
+        the checkpoint's (:attr:`boundary_ratio`); :attr:`expert_steps` then tells which expert ran
+        each step."""
         from tqdm import tqdm
 
         self._enter("denoise")
         model = self.transformer
+        second = self.transformer_2
+        if second is None and (guidance_scale_2 is not None or boundary_ratio is not None):
+            raise WanjaxError(
+                "guidance_scale_2 and boundary_ratio are for two-expert models (Wan 2.2 A14B: transformer_2)"
+            )
+        boundary = boundary_ratio if boundary_ratio is not None else self.boundary_ratio
         if model.cfg.image_to_video != (image is not None):
             raise WanjaxError(
                 "an image-to-video model needs an image (pipe(prompt, image=...))"
@@ -479,7 +540,7 @@ class WanPipeline:
         layout = model.token_layout((rows, *latents.shape[1:]))
         self.mesh_usage = None if layout is None else layout.describe(dict(self.mesh.shape))
         if self._sampler is None:
-            self._sampler = Sampler(model)
+            self._sampler = Sampler(model, second)
         timing = self.stage_timing("denoise")
         with timing.running():
             steps = make_scheduler(self.path, num_inference_steps, flow_shift, kind=scheduler, seed=seed)
@@ -502,9 +563,13 @@ class WanPipeline:
                     check_finite=True,
                     cache=cache,
                     image=image,
+                    boundary_ratio=boundary,
+                    guidance_scale_2=guidance_scale_2,
+                    on_expert=self._switch_expert,
                 )
         self.step_times = times
         self.cache_report = self._sampler.cache_report
+        self.expert_steps = self._sampler.expert_steps
         return out
 
     def prepare_image(
@@ -523,10 +588,11 @@ class WanPipeline:
         self.geometry.check(height, width, num_frames)
         check_image_input(self.transformer_config, True, last_image is not None, str(self.path))
         self._enter("encode")
-        encoder, vae = self.image_encoder, self.vae
+        encoder = self.image_encoder if self.transformer_config.image_tokens else None
+        vae = self.vae
         images = [image] if last_image is None else [image, last_image]
         with self.stage_timing("encode").running():
-            states = encoder.encode_images(images)
+            states = None if encoder is None else encoder.encode_images(images)
             place = jnp.asarray  # the video, split over the mesh as the decoder's latents
             if self.mesh is not None:
                 place = lambda video: to_global(video, spatial_sharding(self.mesh, video.shape))  # noqa: E731
@@ -584,6 +650,7 @@ class WanPipeline:
         scheduler: str = "auto",
         image: ImageInput | None = None,
         last_image: ImageInput | None = None,
+        guidance_scale_2: float | None = None,
     ) -> np.ndarray:
         """Generate videos: ``uint8 [B, num_frames, height, width, 3]``, one per prompt.
 
@@ -592,7 +659,8 @@ class WanPipeline:
         ``image`` (and ``last_image``): the first (and last) frame for an image-to-video model (a PIL
         image, a path or uint8 pixels), resized to ``width x height`` (:meth:`prepare_image`).
         ``height``/``width`` left out: 480x832, or with an image the size of that area with the
-        image's aspect (:meth:`video_size`).
+        image's aspect (:meth:`video_size`). ``guidance_scale_2``: a two-expert model's low-noise
+        expert's guidance (default ``guidance_scale``).
         """
         self.timings, self.step_times = {}, None
         if image is not None:
@@ -628,6 +696,7 @@ class WanPipeline:
             scheduler=scheduler,
             seed=seed,
             image=conditioning,
+            guidance_scale_2=guidance_scale_2,
         )
         return self.decode(final)
 

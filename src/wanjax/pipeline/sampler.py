@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from wanjax.errors import NumericalError
+from wanjax.errors import ConfigError, NumericalError
 from wanjax.models.dit import WanTransformer
 from wanjax.models.layers import Params
 from wanjax.parallel.layouts import to_global, to_host
@@ -54,19 +54,19 @@ __all__ = ["ImageConditioning", "Sampler", "StepTimes", "denoise", "guide", "gui
 class ImageConditioning:
     """What an image-to-video transformer reads besides the text, for every step: the conditioning
     latents ``(B, 20, T', h, w)`` (4 mask channels, then the VAE latents of the given frames)
-    concatenated to the noisy latents along channels, and the image encoder's states ``(B, Li, Di)``.
+    concatenated to the noisy latents along channels, and the image encoder's states ``(B, Li, Di)``
+    (for a transformer that takes them).
     Both branches of a guided step get the same (as diffusers' ``WanImageToVideoPipeline``)."""
 
     latents: jax.Array
-    image_embeds: jax.Array
+    image_embeds: jax.Array | None = None  # None: a transformer without image tokens (Wan 2.2 I2V)
 
     def repeat(self, batch: int) -> ImageConditioning:
         """This conditioning (of one video) for ``batch`` videos: each array tiled ``batch`` times along
         its first axis, as diffusers repeats them (a first-last-frame model's two image states stay
         paired: ``[first, last, first, last, ...]``)."""
-        return ImageConditioning(
-            jnp.tile(self.latents, (batch, 1, 1, 1, 1)), jnp.tile(self.image_embeds, (batch, 1, 1))
-        )
+        states = None if self.image_embeds is None else jnp.tile(self.image_embeds, (batch, 1, 1))
+        return ImageConditioning(jnp.tile(self.latents, (batch, 1, 1, 1, 1)), states)
 
 
 def guided_batch(
@@ -81,7 +81,7 @@ def guided_batch(
     ones; with ``image``, its latents joined to the noisy ones and its states for every row."""
     x = latents if image is None else jnp.concatenate([latents, image.latents.astype(latents.dtype)], axis=1)
     x = x.astype(model.dtype)
-    images = None if image is None else image.image_embeds.astype(model.dtype)
+    images = None if image is None or image.image_embeds is None else image.image_embeds.astype(model.dtype)
     batch = latents.shape[0]
     if negative_prompt_embeds is None:
         return x, jnp.full((batch,), timestep), prompt_embeds, images
@@ -129,14 +129,16 @@ class Sampler:
     kept, so repeated calls (several seeds, the same shape) compile nothing.
     """
 
-    def __init__(self, model: WanTransformer):
+    def __init__(self, model: WanTransformer, model_2: WanTransformer | None = None):
         self.model = model
+        self.experts = (model,) if model_2 is None else (model, model_2)
         self._programs = ProgramCache()
         self.finite_flags: list[jax.Array] = []
         self.cache_report: CacheReport | None = None
+        self.expert_steps: list[int] = []  # which expert ran each step of the last run
 
-    def _program(self, scheduler: Scheduler, args: tuple[Any, ...]) -> jax.stages.Compiled:
-        model = self.model
+    def _program(self, scheduler: Scheduler, args: tuple[Any, ...], expert: int = 0) -> jax.stages.Compiled:
+        model = self.experts[expert]
 
         def step(params, state, index, cond, uncond, guidance, image):
             timestep = scheduler.model_timestep(index)
@@ -151,7 +153,7 @@ class Sampler:
             out = None if model.mesh is None else replicated(model.mesh)
             return jax.jit(step, out_shardings=out).lower(*args)
 
-        key = (scheduler.kind, scheduler.config, scheduler.num_inference_steps, signature(args))
+        key = (expert, scheduler.kind, scheduler.config, scheduler.num_inference_steps, signature(args))
         return self._programs.get(key, lower)
 
     def _cached_program(
@@ -236,12 +238,22 @@ class Sampler:
         check_finite: bool = False,
         cache: CacheConfig | None = None,
         image: ImageConditioning | None = None,
+        *,
+        boundary_ratio: float | None = None,
+        guidance_scale_2: float | None = None,
+        on_expert: Callable[[int], None] | None = None,
     ) -> tuple[jax.Array, StepTimes]:
         """Run all scheduler steps from ``latents`` (float32 noise); the final latents and timings.
         ``image``: an image-to-video model's conditioning (:class:`ImageConditioning`).
 
         ``cache``: a step-cache policy (:mod:`wanjax.pipeline.step_cache`); what it decided is then in
         :attr:`cache_report` (None without one).
+
+        Two experts (a Sampler built with ``model_2``, Wan 2.2 A14B): each step runs the first expert
+        while its timestep is at least ``boundary_ratio * num_train_timesteps``, the second after
+        (:func:`expert_schedule`), with ``guidance_scale_2`` (default ``guidance_scale``), each with
+        its own compiled program; ``on_expert(k)`` is called before expert ``k``'s first step (e.g.
+        to swap the weights in device memory), and the expert's params are read after it.
 
         The unconditional pass runs only when ``negative_prompt_embeds`` is given and
         ``guidance_scale > 1``. ``on_step(i, seconds)`` is called after each step. Each step also
@@ -251,6 +263,16 @@ class Sampler:
         """
         channels = latents.shape[1] + (0 if image is None else image.latents.shape[1])
         self.model.check_shape((latents.shape[0], channels, *latents.shape[2:]))
+        two = len(self.experts) == 2
+        if two != (boundary_ratio is not None):
+            raise ConfigError(
+                "two experts need a boundary_ratio, one expert none"
+                if two
+                else "a boundary_ratio needs the second expert (model_2)"
+            )
+        experts = expert_schedule(scheduler, boundary_ratio)
+        scales = (guidance_scale, guidance_scale if guidance_scale_2 is None else guidance_scale_2)
+        # as diffusers' do_classifier_free_guidance: guidance_scale alone decides, for both experts
         uncond = negative_prompt_embeds if guidance_scale > 1.0 else None
         self.cache_report = None
         # Place every input on the params' device (one device) or replicate it over the mesh (as a
@@ -268,37 +290,43 @@ class Sampler:
             place(jnp.asarray(prompt_embeds)),
             place(None if uncond is None else jnp.asarray(uncond)),
         )
-        guidance = place(jnp.float32(guidance_scale))
+        guidance = [place(jnp.float32(g)) for g in scales]
         index0 = place(jnp.int32(0))
         times = StepTimes()
-        start = time.perf_counter()
         image = None if image is None else jax.tree.map(place, image)
-        args = (self.model.params, state, index0, cond, uncond, guidance, image)
         step_cache = (
             None
             if cache is None
             else resolve(cache, self.model.cfg, scheduler.num_inference_steps, uncond is not None)
         )
-        if step_cache is None:
-            program = self._program(scheduler, args)
-            extra: tuple[Any, ...] = ()
-        else:
-            extra, cache_sharding = self._cache_inputs(step_cache, latents, place)
-            program = self._cached_program(scheduler, step_cache, args + extra, cache_sharding)
-        times.compile = time.perf_counter() - start
+        if two and step_cache is not None:
+            raise ConfigError("a step cache is not supported with two experts (Wan 2.2 A14B) yet")
         finite: list[jax.Array] = []
         self.finite_flags = finite
+        self.expert_steps = experts
         decisions: list[tuple[jax.Array, jax.Array]] = []
+        program, extra, current = None, (), None
         for i in range(scheduler.num_inference_steps):
+            k = experts[i]
+            if k != current:  # this expert's first step: its weights, then its program
+                if on_expert is not None:
+                    on_expert(k)
+                params = self.experts[k].params
+                start = time.perf_counter()
+                args = (params, state, index0, cond, uncond, guidance[k], image)
+                if step_cache is None:
+                    program = self._program(scheduler, args, k)
+                else:
+                    extra, cache_sharding = self._cache_inputs(step_cache, latents, place)
+                    program = self._cached_program(scheduler, step_cache, args + extra, cache_sharding)
+                times.compile += time.perf_counter() - start
+                current = k
             start = time.perf_counter()
+            step_args = (params, state, place(jnp.int32(i)), cond, uncond, guidance[k], image)
             if step_cache is None:
-                state, ok = program(
-                    self.model.params, state, place(jnp.int32(i)), cond, uncond, guidance, image
-                )
+                state, ok = program(*step_args)
             else:
-                state, ok, cache_state, computed, ratios = program(
-                    self.model.params, state, place(jnp.int32(i)), cond, uncond, guidance, image, *extra
-                )
+                state, ok, cache_state, computed, ratios = program(*step_args, *extra)
                 extra = (cache_state, *extra[1:])
                 decisions.append((computed, ratios))
             finite.append(ok)
@@ -342,6 +370,19 @@ class Sampler:
         finite = self.finite_flags
         if finite and not bool(to_host(finite[-1])):
             check_steps_finite([bool(to_host(f)) for f in finite], self.model.dtype)
+
+
+def expert_schedule(scheduler: Scheduler, boundary_ratio: float | None) -> list[int]:
+    """The expert of each step: 0 (the high-noise ``transformer``) while the step's timestep is at
+    least ``boundary_ratio * num_train_timesteps``, 1 (``transformer_2``) after; all 0 without a
+    boundary. Compared in float32, as diffusers' ``t >= boundary_timestep`` promotes a timestep
+    tensor and a Python float."""
+    steps = scheduler.num_inference_steps
+    if boundary_ratio is None:
+        return [0] * steps
+    boundary = np.float32(boundary_ratio * scheduler.config.num_train_timesteps)
+    timesteps = np.asarray(scheduler.timesteps).astype(np.float32)
+    return [0 if t >= boundary else 1 for t in timesteps[:steps]]
 
 
 def cache_report(

@@ -5,7 +5,8 @@ A stage directory holds, with the reference's key names and layouts (so diffuser
 * ``stage1_embeddings.safetensors``: ``prompt_embeds`` and ``negative_prompt_embeds``,
   ``[B, L, text_dim]`` in the text encoder's dtype (bf16 stored natively);
 * ``stage1_image.safetensors`` (image-to-video models): ``image_embeds`` (the image encoder's
-  states, ``[1 or 2, L, image_dim]``: the first frame, and the last for first-last-frame models) and
+  states, ``[1 or 2, L, image_dim]``: the first frame, and the last for first-last-frame models; only
+  for a transformer that takes them) and
   ``condition_latents`` (``[1, 4 + z, T', H/8, W/8]``: the mask and the VAE latents of the given
   frames), float32, for one video (the denoise stage repeats them over the batch);
 * ``stage2_latents.safetensors``: ``latents``, float32 ``[B, 16, T', H/8, W/8]``, the transformer's
@@ -112,10 +113,9 @@ def save_image_conditioning(directory: str | Path, conditioning: ImageConditioni
     if conditioning is None:
         path.unlink(missing_ok=True)
         return path
-    tensors = {
-        "image_embeds": np.asarray(conditioning.image_embeds, np.float32),
-        "condition_latents": np.asarray(conditioning.latents, np.float32),
-    }
+    tensors = {"condition_latents": np.asarray(conditioning.latents, np.float32)}
+    if conditioning.image_embeds is not None:
+        tensors["image_embeds"] = np.asarray(conditioning.image_embeds, np.float32)
     return _save(path, tensors)
 
 
@@ -123,16 +123,21 @@ def load_image_conditioning(directory: str | Path) -> ImageConditioning:
     """The image conditioning of a stage directory (one video), checked to be ``[n, L, D]`` states and
     ``[1, C, T', h, w]`` latents, finite."""
     path = Path(directory) / IMAGE_FILE
-    t = _read(path, ("image_embeds", "condition_latents"))
-    embeds, latents = t["image_embeds"], t["condition_latents"]
-    if embeds.ndim != 3 or latents.ndim != 5 or latents.shape[0] != 1:
+    latents = _read(path, ("condition_latents",))["condition_latents"]
+    embeds = (
+        _read(path, ("image_embeds",))["image_embeds"] if "image_embeds" in open_safetensors(path) else None
+    )
+    if (embeds is not None and embeds.ndim != 3) or latents.ndim != 5 or latents.shape[0] != 1:
+        shape = None if embeds is None else embeds.shape
         raise WanjaxError(
-            f"{path}: image_embeds {embeds.shape} must be [n, L, D] and condition_latents {latents.shape} "
+            f"{path}: image_embeds {shape} must be [n, L, D] and condition_latents {latents.shape} "
             "[1, C, T', h, w]"
         )
-    for name, array in t.items():
-        check_finite(path, name, array)
-    return ImageConditioning(latents.astype(np.float32), embeds.astype(np.float32))
+    check_finite(path, "condition_latents", latents)
+    if embeds is not None:
+        check_finite(path, "image_embeds", embeds)
+        embeds = embeds.astype(np.float32)
+    return ImageConditioning(latents.astype(np.float32), embeds)
 
 
 def save_latents(path: str | Path, latents: Any) -> Path:

@@ -1,11 +1,13 @@
 """``wanjax bench``: warm-up and steady time per stage, seconds per denoising step, memory, FLOP/s.
 
-A built-in architecture (``--arch 1.3B|14B|I2V-14B``) runs with random weights, optionally shortened
-to ``--layers N`` DiT (and UMT5, CLIP) layers, so no checkpoint is needed. The stages are the
+A built-in architecture (``--arch 1.3B|14B|I2V-14B|A14B|I2V-A14B``) runs with random weights,
+optionally shortened to ``--layers N`` DiT (and UMT5, CLIP) layers, so no checkpoint is needed; the
+Wan 2.2 A14B architectures draw two experts and switch at their boundary (taking turns on the device
+under ``--offload model``/``blocks``). The stages are the
 pipeline's: ``encode`` (UMT5-XXL dimensions, one prompt of ``--max_sequence_length`` tokens; the
 vocabulary is cut to 32k rows, a gather whose cost does not depend on it), ``image`` (image-to-video
-architectures only: the CLIP ViT-H/14 encoder on one image, float32, and the VAE encode of the
-conditioning video; no FLOP rate: only the CLIP encoder's FLOPs are counted, as ``tflop_clip``), ``denoise`` (DiT + UniPC, CFG batched
+architectures only: the CLIP ViT-H/14 encoder on one image, float32, for a transformer taking its
+tokens, and the VAE encode of the conditioning video; no FLOP rate: only the CLIP encoder's FLOPs are counted, as ``tflop_clip``), ``denoise`` (DiT + UniPC, CFG batched
 when ``--guidance_scale > 1``; image to video: the conditioning latents and the image tokens
 joined) and ``decode`` (the Wan 2.1 VAE to uint8 frames). Matmul and
 convolution FLOPs come from :mod:`wanjax.tools.flops` (per encoder pass, per denoising step, per decode;
@@ -59,7 +61,7 @@ from wanjax.io.quant import leaf_builder
 from wanjax.io.quantizable import UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
 from wanjax.models import clip_vision, dit, umt5
 from wanjax.models.clip_vision import CLIP_VIT_H_14
-from wanjax.models.config import PRESETS, parse_dtype
+from wanjax.models.config import PRESETS, TWO_EXPERTS, parse_dtype
 from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload
 from wanjax.models.offload import program_memory as split_program_memory
 from wanjax.models.vae import WanVAE
@@ -155,6 +157,7 @@ class StageResult:
     cache: dict[str, Any] | None = None  # denoise with a step cache: what it skipped (CacheReport JSON)
     effective_step_s: float | None = None  # denoise: a whole loop's seconds / its steps (median loop)
     tflop_known: float | None = None  # image: the CLIP encoder's TFLOP (the VAE encode's not counted)
+    expert_steps: list[int] | None = None  # denoise, two experts: which one ran each step
 
     def summary(self) -> dict[str, Any]:
         med = statistics.median(self.steady) if self.steady else float("nan")
@@ -178,6 +181,8 @@ class StageResult:
             out["cache"] = self.cache
         if self.tflop_known is not None:
             out["tflop_clip"] = self.tflop_known
+        if self.expert_steps is not None:
+            out["expert_steps"] = self.expert_steps
         if self.per_step is not None:
             out["s_per_step_median"] = statistics.median(self.per_step) if self.per_step else float("nan")
             out["s_per_step_spread"] = [min(self.per_step, default=0.0), max(self.per_step, default=0.0)]
@@ -345,23 +350,27 @@ def bench_encode(cfg: BenchConfig) -> StageResult:
 
 
 def bench_image(cfg: BenchConfig) -> StageResult:
-    """CLIP ViT-H/14 (float32, as ``WanPipeline`` loads it) on one image, then the VAE encode of the
-    conditioning video (the image, then black frames) at the bench size."""
-    layers = min(cfg.layers or CLIP_VIT_H_14.num_hidden_layers, CLIP_VIT_H_14.num_hidden_layers)
-    ccfg = dataclasses.replace(CLIP_VIT_H_14, num_hidden_layers=layers)
-    params, weights = bench_params(cfg, clip_vision.checkpoint_spec(ccfg), jnp.float32)
-    encoder = clip_vision.CLIPVisionEncoder(ccfg, params)
-    pixels = jax.random.normal(jax.random.key(5), (1, 3, ccfg.image_size, ccfg.image_size), jnp.float32)
+    """CLIP ViT-H/14 (float32, as ``WanPipeline`` loads it) on one image, for a transformer taking its
+    tokens, then the VAE encode of the conditioning video (the image, then black frames) at the bench
+    size."""
     vcfg = VAEConfig()
-    vae_params, _ = bench_params(cfg, vae_spec(vcfg, "encoder"), parse_dtype(cfg.vae_dtype))
+    vae_params, weights = bench_params(cfg, vae_spec(vcfg, "encoder"), parse_dtype(cfg.vae_dtype))
     vae = WanVAE(vcfg, None, parse_dtype(cfg.vae_dtype), encoder_params=vae_params)
     video = jnp.zeros((1, 3, cfg.frames, cfg.height, cfg.width), jnp.float32).at[:, :, 0].set(1.0)
+    clip, params, tflop = None, None, 0.0
+    if PRESETS[cfg.arch].image_tokens:
+        layers = min(cfg.layers or CLIP_VIT_H_14.num_hidden_layers, CLIP_VIT_H_14.num_hidden_layers)
+        ccfg = dataclasses.replace(CLIP_VIT_H_14, num_hidden_layers=layers)
+        params, weights = bench_params(cfg, clip_vision.checkpoint_spec(ccfg), jnp.float32)
+        clip = clip_vision.CLIPVisionEncoder(ccfg, params)
+        tflop = clip_vision_flops(ccfg, 1).total / 1e12
+    pixels = jax.random.normal(jax.random.key(5), (1, 3, CLIP_VIT_H_14.image_size, CLIP_VIT_H_14.image_size))
 
     def run() -> Any:
-        return jax.block_until_ready((encoder.encode(pixels), vae.encode(video)))
+        return jax.block_until_ready((None if clip is None else clip.encode(pixels), vae.encode(video)))
 
     result = _repeat(run, cfg.repeats)
-    result.tflop_known = clip_vision_flops(ccfg, 1).total / 1e12  # the VAE encode's are not counted
+    result.tflop_known = tflop  # the VAE encode's FLOPs are not counted
     result.program_memory, result.weights = program_memory(vae.compile("encode", video)), weights
     result.weights_bytes = weights_bytes((params, vae_params))
     return result
@@ -375,6 +384,11 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     sharding = dit.transformer_sharding(offload=offload)  # blocks: the stacked layers in pinned host
     params, weights = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.weights_dtype)
     model = dit.WanTransformer(tcfg, params, dtype, offload=offload)
+    boundary = TWO_EXPERTS.get(cfg.arch)
+    second = None
+    if boundary is not None:  # Wan 2.2 A14B: a second expert of the same architecture
+        params_2, _ = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.weights_dtype)
+        second = dit.WanTransformer(tcfg, params_2, dtype, offload=offload)
     to_device_s = None
     if offload != "none":  # as WanPipeline enters the stage: from pinned host memory back to the device
         model.to_host(block=True)
@@ -385,22 +399,39 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     noise = jax.random.normal(jax.random.key(2), shape, jnp.float32)
     text = jax.random.normal(jax.random.key(3), (1, cfg.max_sequence_length, tcfg.text_dim), dtype)
     scheduler = make_scheduler(SchedulerConfig(), cfg.num_inference_steps)
-    sampler = Sampler(model)
+    sampler = Sampler(model, second)
+
+    def swap(expert: int) -> None:  # as WanPipeline: under offload, one expert on the device at a time
+        if second is not None and offload != "none":
+            (second, model)[expert].to_host(block=True)
+            (model, second)[expert].to_device(block=True)
+
     guided = cfg.guidance_scale > 1
     cache = cfg.cache_config()
     image, image_len = None, 0
-    if tcfg.image_to_video:  # CLIP ViT-H/14 states of the image(s), the mask and image latents
-        images = 2 if tcfg.first_last_frame else 1
-        image_len = images * CLIP_VIT_H_14.num_positions
-        condition = (1, tcfg.in_channels - shape[1], *shape[2:])
-        image = ImageConditioning(
-            jax.random.normal(jax.random.key(6), condition, jnp.float32),
-            jax.random.normal(jax.random.key(7), (images, CLIP_VIT_H_14.num_positions, tcfg.image_dim)),
-        )
+    if tcfg.image_to_video:  # the mask and image latents (and CLIP ViT-H/14's states of the images)
+        condition = (1, tcfg.condition_channels, *shape[2:])
+        states = None
+        if tcfg.image_tokens:
+            images = 2 if tcfg.first_last_frame else 1
+            image_len = images * CLIP_VIT_H_14.num_positions
+            states_shape = (images, CLIP_VIT_H_14.num_positions, tcfg.image_dim)
+            states = jax.random.normal(jax.random.key(7), states_shape)
+        image = ImageConditioning(jax.random.normal(jax.random.key(6), condition, jnp.float32), states)
 
     def run() -> Any:
         uncond = text if guided else None
-        return sampler(scheduler, noise, text, uncond, cfg.guidance_scale, cache=cache, image=image)
+        return sampler(
+            scheduler,
+            noise,
+            text,
+            uncond,
+            cfg.guidance_scale,
+            cache=cache,
+            image=image,
+            boundary_ratio=boundary,
+            on_expert=swap,
+        )
 
     start = time.perf_counter()
     _, times = run()
@@ -424,10 +455,11 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
         per_step,
         program_memory=memory,
         weights=weights,
-        weights_bytes=weights_bytes(model.params),
+        weights_bytes=weights_bytes((model.params, None if second is None else second.params)),
         to_device_s=to_device_s,
         cache=None if report is None else report.as_json(),
         effective_step_s=statistics.median(denoising) / cfg.num_inference_steps,
+        expert_steps=None if second is None else sampler.expert_steps,
     )
 
 
@@ -468,6 +500,8 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         raise WanjaxError(f"unknown --arch {cfg.arch!r}; choose one of {', '.join(ARCHES)}")
     if cfg.num_inference_steps < 1 or cfg.repeats < 1:
         raise WanjaxError("--num_inference_steps and --repeats must be at least 1")
+    if cfg.arch in TWO_EXPERTS and cfg.cache != "off":
+        raise WanjaxError(f"--cache {cfg.cache}: not supported with two experts ({cfg.arch}) yet")
     with_image = PRESETS[cfg.arch].image_to_video
     wanted = [name for name in cfg.stages if name != "image" or with_image]  # image: I2V archs only
     unknown = sorted(set(wanted) - set(STAGES))

@@ -47,7 +47,7 @@ from wanjax.io.quantizable import (
 )
 from wanjax.models import clip_vision, dit, umt5, vae
 from wanjax.models.clip_vision import CLIP_VIT_H_14, IMAGE_ENCODER, CLIPVisionConfig
-from wanjax.models.config import PRESETS, TransformerConfig, parse_dtype
+from wanjax.models.config import PRESETS, TWO_EXPERTS, TransformerConfig, parse_dtype
 from wanjax.models.dit import TRANSFORMER
 from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS, parse_offload, streams_layers
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
@@ -58,6 +58,7 @@ from wanjax.parallel.attention import sequence_mode
 from wanjax.parallel.layouts import TokenLayout, token_layout
 from wanjax.parallel.mesh import MeshSpec, auto_mesh
 from wanjax.parallel.rules import leaf_spec, num_shards, per_device_param_bytes
+from wanjax.pipeline.model_index import read_model_index
 
 HEADROOM = 0.9
 GiB = 1 << 30
@@ -71,14 +72,18 @@ class Model:
     text_encoder: UMT5Config
     vae: VAEConfig
     image_encoder: CLIPVisionConfig | None = None  # image-to-video models with a CLIP encoder
+    experts: int = 1  # Wan 2.2 A14B: two transformers of this config
+    image: bool = False  # an image-to-video model: the VAE encodes its conditioning in the encode stage
 
 
 def model_configs(model: str) -> Model:
-    """A preset name (``1.3B``, ``14B``, ``I2V-14B``: with UMT5-XXL, the Wan 2.1 VAE and, image to
-    video, CLIP ViT-H/14) or a diffusers directory."""
+    """A preset name (``1.3B``, ``14B``, ``I2V-14B``, ``A14B``, ``I2V-A14B``: with UMT5-XXL, the Wan
+    2.1 VAE and, image to video, CLIP ViT-H/14 when the transformer takes its tokens) or a diffusers
+    directory."""
     if model in PRESETS:
-        clip = CLIP_VIT_H_14 if PRESETS[model].image_to_video else None
-        return Model(PRESETS[model], UMT5_XXL, VAEConfig(), clip)
+        t = PRESETS[model]
+        clip = CLIP_VIT_H_14 if t.image_tokens else None
+        return Model(t, UMT5_XXL, VAEConfig(), clip, 2 if model in TWO_EXPERTS else 1, t.image_to_video)
     root = Path(model)
     if not (root / TRANSFORMER.folder / TRANSFORMER.config_file).is_file():
         raise WanjaxError(
@@ -91,11 +96,14 @@ def model_configs(model: str) -> Model:
         return component.read_config(folder) if (folder / component.config_file).is_file() else default
 
     transformer = TRANSFORMER.read_config(root / TRANSFORMER.folder)
+    index = read_model_index(root)
     return Model(
         transformer,
         read(TEXT_ENCODER, UMT5_XXL),
         read(vae.VAE, VAEConfig()),
-        read(IMAGE_ENCODER, CLIP_VIT_H_14) if transformer.image_to_video else None,
+        read(IMAGE_ENCODER, CLIP_VIT_H_14) if transformer.image_tokens else None,
+        2 if index is not None and index.boundary_ratio is not None else 1,
+        transformer.image_to_video,
     )
 
 
@@ -119,6 +127,15 @@ class Plan:
     layout: TokenLayout  # how the DiT's tokens are split over the mesh
     offload: str = "none"
     weights_dtype: str = UNQUANTIZED
+    experts: int = 1
+
+    def host_note(self, stage: str) -> str:
+        """What of ``stage``'s component waits in host memory while it runs."""
+        layers = f"layers streamed, {STREAMED_LAYERS} on device"
+        if stage != "denoise" or self.experts == 1:
+            return layers
+        idle = "the idle expert (the experts swap at the boundary)"
+        return idle if self.offload == "model" else f"{idle}; {layers}"
 
     @property
     def weights(self) -> int:
@@ -172,7 +189,7 @@ class Plan:
                 f"   on device {self.on_device(name) / GiB:7.2f} GiB"
             )
             if s.streamed:
-                line += f"   (layers: {s.streamed / GiB:.2f} GiB in host memory, {STREAMED_LAYERS} on device)"
+                line += f"   ({s.streamed / GiB:.2f} GiB in host memory: {self.host_note(name)})"
             lines.append(line)
         verdict = "fits" if self.fits else "does NOT fit"
         host = f", {self.host / GiB:.2f} GiB of host memory per device" if self.host else ""
@@ -343,9 +360,24 @@ def plan(
         "denoise": d_bytes.stage(dit_act, streams_layers(offload)),
         "decode": StagePlan(v_weights, vae_act),
     }
-    if model.image_encoder is not None:
+    if model.experts == 2:  # both experts resident, or (offload) the idle one in host memory
+        d = stages["denoise"]
+        idle = 0 if offload == "none" else d_bytes.total
+        stages["denoise"] = StagePlan(
+            d.weights + d_bytes.total - idle, d.activations, 2 * d.stored, d.streamed + idle
+        )
+    if model.image:
         add_image_stage(stages, model, sizes, mesh, height, width, frames, vae_dtype, v_weights)
-    return Plan(mesh, stages, device_memory, layout, offload, weights_dtype)
+    return Plan(mesh, stages, device_memory, layout, offload, weights_dtype, model.experts)
+
+
+def clip_activations(clip: CLIPVisionConfig, images: int) -> int:
+    """Bytes of a CLIP layer's live set (float32) on ``images`` images: the residual, q/k/v/out, the
+    attention scores and the MLP's hidden."""
+    tokens, d = clip.num_positions, clip.hidden_size
+    return (
+        images * tokens * (4 * d * 4 * 2 + clip.num_attention_heads * tokens * 4 + clip.intermediate_size * 4)
+    )
 
 
 def add_image_stage(
@@ -360,19 +392,17 @@ def add_image_stage(
     decoder_weights: int,
 ) -> None:
     """An image-to-video model's extras, as ``WanPipeline`` runs them: in the encode stage the CLIP
-    encoder (float32, sharded as UMT5) and the VAE, loaded there and resident after, whose encoder
-    turns the conditioning video (the image, then black frames; split spatially over the devices as
-    the decoder's latents) into latents. The stages after hold the VAE too."""
+    encoder (float32, sharded as UMT5; for a transformer taking its tokens) and the VAE, loaded there
+    and resident after, whose encoder turns the conditioning video (the image, then black frames;
+    split spatially over the devices as the decoder's latents) into latents. The stages after hold
+    the VAE too."""
     clip = model.image_encoder
-    assert clip is not None
-    c_bytes = weight_bytes(clip_vision.checkpoint_spec(clip), np.float32, sizes, mesh.fsdp)
+    clip_bytes = clip_act = 0
+    if clip is not None:
+        clip_bytes = weight_bytes(clip_vision.checkpoint_spec(clip), np.float32, sizes, mesh.fsdp).total
+        clip_act = clip_activations(clip, 2 if model.transformer.first_last_frame else 1)
     v_spec = vae.checkpoint_spec(model.vae, "encoder")
     encoder_weights, _ = per_device_param_bytes(v_spec, parse_dtype(vae_dtype), sizes)
-    images = 2 if model.transformer.first_last_frame else 1
-    tokens, d = clip.num_positions, clip.hidden_size
-    clip_act = (
-        images * tokens * (4 * d * 4 * 2 + clip.num_attention_heads * tokens * 4 + clip.intermediate_size * 4)
-    )
     v = model.vae
     item = np.dtype(parse_dtype(vae_dtype)).itemsize
     spatial = mesh.num_devices if (height * width) % mesh.num_devices == 0 else 1
@@ -382,9 +412,9 @@ def add_image_stage(
     vae_weights = decoder_weights + encoder_weights
     text = stages["encode"]
     stages["encode"] = StagePlan(
-        text.weights + c_bytes.total + vae_weights,
+        text.weights + clip_bytes + vae_weights,
         max(text.activations, clip_act, encode_act),
-        text.stored + c_bytes.total + vae_weights,
+        text.stored + clip_bytes + vae_weights,
         text.streamed,
     )
     for name in ("denoise", "decode"):  # the VAE stays where it was loaded

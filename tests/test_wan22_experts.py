@@ -1,0 +1,215 @@
+"""Wan 2.2 A14B-style two-expert pipelines against diffusers, on tiny random pipelines saved with
+``save_pretrained``: text to video (``WanPipeline`` with ``transformer_2`` and ``boundary_ratio``) and
+image to video (``WanImageToVideoPipeline`` without a CLIP encoder). The experts switch at the step
+diffusers switches (read from which of its transformers ran), each with its guidance scale; the
+latents and frames are diffusers'; ``generate``, the three stages and model offload (the experts
+taking turns on the device) give the same frames.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import randomize_
+from PIL import Image
+from safetensors.numpy import load_file, save_file
+from test_pipeline_parity import NEGATIVE, PROMPT, relative_error, save_tiny, tiny_components, to_uint8
+from test_tokenizer import make_tokenizer_dir
+
+from wanjax import WanPipeline
+from wanjax.cli.main import main
+from wanjax.errors import WanjaxError
+from wanjax.pipeline import stages
+
+HEIGHT, WIDTH, FRAMES, STEPS = 48, 64, 9, 4
+BOUNDARY = 0.9  # 4 UniPC steps at shift 3: timesteps 999, 900 | 750, 500 (900 >= 900: the edge case)
+GUIDANCE, GUIDANCE_2 = 5.0, 3.0
+
+
+def build(root, tokenizer_dir, pipeline_class, **transformer):
+    """A two-expert pipeline of ``pipeline_class`` saved under ``root``; diffusers' copy read back."""
+    components = tiny_components(tokenizer_dir, **transformer)
+    first = components["transformer"]
+    second = randomize_(type(first).from_config(first.config), seed=7, std=0.2).eval()
+    pipe = pipeline_class(**components, transformer_2=second, boundary_ratio=BOUNDARY)
+    save_tiny(pipe, root, tokenizer_dir)
+    return pipeline_class.from_pretrained(root)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    return make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer")
+
+
+@pytest.fixture(scope="module")
+def noise(tmp_path_factory):
+    latents = torch.randn((1, 16, 3, HEIGHT // 8, WIDTH // 8), generator=torch.Generator().manual_seed(0))
+    path = tmp_path_factory.mktemp("noise") / "noise.safetensors"
+    save_file({"latents": latents.numpy()}, str(path))
+    return latents, path
+
+
+@pytest.fixture(scope="module")
+def t2v(tmp_path_factory, tokenizer_dir):
+    from diffusers import WanPipeline as ReferencePipeline
+
+    root = tmp_path_factory.mktemp("a14b_t2v")
+    return root, build(root, tokenizer_dir, ReferencePipeline)
+
+
+@pytest.fixture(scope="module")
+def i2v(tmp_path_factory, tokenizer_dir):
+    from diffusers import WanImageToVideoPipeline
+
+    root = tmp_path_factory.mktemp("a14b_i2v")
+    return root, build(root, tokenizer_dir, WanImageToVideoPipeline, in_channels=36, out_channels=16)
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory):
+    path = tmp_path_factory.mktemp("image") / "image.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (37, 53, 3), dtype=np.uint8)).save(path)
+    return path
+
+
+def diffusers_run(pipe, noise, **kwargs) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Final latents, uint8 frames, and the expert of each step (which transformer ran first in it)."""
+    calls: list[int] = []
+    hooks = [
+        model.register_forward_hook(lambda m, i, o, k=k: calls.append(k))
+        for k, model in enumerate((pipe.transformer, pipe.transformer_2))
+    ]
+    final = []
+    try:
+        with torch.no_grad():
+            video = pipe(
+                prompt=PROMPT,
+                negative_prompt=NEGATIVE,
+                height=HEIGHT,
+                width=WIDTH,
+                num_frames=FRAMES,
+                num_inference_steps=STEPS,
+                guidance_scale=GUIDANCE,
+                guidance_scale_2=GUIDANCE_2,
+                latents=noise,
+                output_type="np",
+                callback_on_step_end=lambda p, i, t, kw: final.append(kw["latents"].clone()) or {},
+                **kwargs,
+            ).frames
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return final[-1].numpy(), to_uint8(video), calls[::2]  # two calls (CFG) per step
+
+
+@pytest.mark.parametrize("variant", ["t2v", "i2v"])
+def test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames(
+    variant, request, noise, image
+):
+    root, reference = request.getfixturevalue(variant)
+    extra = {"image": Image.open(image).convert("RGB")} if variant == "i2v" else {}
+    latents_ref, frames_ref, experts_ref = diffusers_run(reference, noise[0], **extra)
+    assert experts_ref == [0, 0, 1, 1]
+
+    pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
+    assert pipe.boundary_ratio == BOUNDARY
+    pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
+    conditioning = None
+    if variant == "i2v":  # no image encoder: the conditioning latents alone
+        conditioning = pipe.prepare_image(extra["image"], 1, HEIGHT, WIDTH, FRAMES)
+        assert conditioning.image_embeds is None
+    latents = pipe.denoise(
+        pos,
+        neg,
+        noise[0].numpy(),
+        num_inference_steps=STEPS,
+        guidance_scale=GUIDANCE,
+        guidance_scale_2=GUIDANCE_2,
+        progress=False,
+        image=conditioning,
+    )
+    assert pipe.expert_steps == experts_ref
+    assert relative_error(latents, latents_ref) <= 1e-5
+    frames = pipe.decode(latents)
+    assert frames_ref.std() > 20 and np.abs(frames.astype(np.int16) - frames_ref).max() <= 2
+
+
+@pytest.mark.parametrize("variant", ["t2v", "i2v"])
+def test_generate_three_stages_and_offload_give_the_same_frames(variant, request, noise, image, tmp_path):
+    """``generate`` (float32, diffusers' noise) gives diffusers' frames; the three stages and
+    ``--offload model`` (one expert on the device at a time) give exactly ``generate``'s."""
+    root, reference = request.getfixturevalue(variant)
+    image_flags = ("--image", str(image)) if variant == "i2v" else ()
+    extra = {"image": Image.open(image).convert("RGB")} if variant == "i2v" else {}
+    latents_ref, frames_ref, _ = diffusers_run(reference, noise[0], **extra)
+    text = ("--model", str(root), "--prompt", PROMPT, "--negative_prompt", NEGATIVE, "--dtype", "float32")
+    video = ("--height", HEIGHT, "--width", WIDTH, "--frames", FRAMES)
+    sampling = (
+        "--num_inference_steps",
+        STEPS,
+        "--guidance_scale",
+        GUIDANCE,
+        "--guidance_scale_2",
+        GUIDANCE_2,
+    )
+    init = ("--init_latents", str(noise[1]))
+
+    def cli(*args) -> None:
+        assert main([*map(str, args), "--jax_cache_dir", "off"]) == 0
+
+    cli("generate", *text, *image_flags, *video, *sampling, *init, "--frames_out", tmp_path / "g.npy")
+    generated = np.load(tmp_path / "g.npy")
+    assert np.abs(generated.astype(np.int16) - frames_ref).max() <= 2
+    cli(
+        "generate",
+        *text,
+        *image_flags,
+        *video,
+        *sampling,
+        *init,
+        "--offload",
+        "model",
+        "--frames_out",
+        tmp_path / "o.npy",
+    )
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), generated)
+
+    d = tmp_path / "stages"
+    cli("encode", *text, *image_flags, *video, "--output_dir", d)
+    cli("denoise", "--input_dir", d, *sampling, *init)
+    cli("decode", "--input_dir", d, "--frames_out", d / "s.npy")
+    np.testing.assert_array_equal(np.load(d / "s.npy"), generated)
+    assert relative_error(load_file(d / stages.LATENTS_FILE)["latents"], latents_ref) <= 1e-4
+    config = stages.read_config(d)
+    assert config["boundary_ratio"] == BOUNDARY and config["guidance_scale_2"] == GUIDANCE_2
+
+
+def test_boundary_and_second_guidance_are_two_expert_flags(t2v, tiny_pipeline_dir, noise, capsys, tmp_path):
+    """``boundary_ratio=`` overrides the checkpoint's (diffusers with that config switches alike);
+    on a one-transformer model both settings are errors."""
+    root, reference = t2v
+    pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
+    pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
+    pipe.denoise(pos, neg, noise[0].numpy(), num_inference_steps=STEPS, boundary_ratio=0.6, progress=False)
+    reference.register_to_config(boundary_ratio=0.6)
+    try:
+        assert pipe.expert_steps == diffusers_run(reference, noise[0])[2] == [0, 0, 0, 1]
+    finally:
+        reference.register_to_config(boundary_ratio=BOUNDARY)
+    one = WanPipeline.from_pretrained(tiny_pipeline_dir, dtype="float32", jax_cache_dir=False)
+    with pytest.raises(WanjaxError, match="for two-expert models"):
+        one.denoise(
+            pos, neg, noise[0].numpy(), num_inference_steps=STEPS, guidance_scale_2=2.0, progress=False
+        )
+    out = tmp_path / "never.mp4"
+    small = ["--height", "48", "--width", "64", "--frames", "9", "--output_video", str(out)]
+    args = ["generate", "--model", str(tiny_pipeline_dir), "--prompt", "a cat", *small]
+    assert main([*args, "--boundary_ratio", "0.5"]) == 2
+    assert "has one transformer" in capsys.readouterr().err
+    assert main([*args, "--boundary_ratio", "1.5"]) == 2
+    assert "--boundary_ratio must be between 0 and 1" in capsys.readouterr().err
+    args = ["generate", "--model", str(root), "--prompt", "a cat", *small]
+    assert main([*args, "--cache", "firstblock"]) == 2
+    assert "not supported with two experts" in capsys.readouterr().err
+    assert not out.exists()
