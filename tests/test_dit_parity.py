@@ -117,3 +117,30 @@ def test_timestep_is_broadcast_and_batch_items_independent(tiny_transformer_dir)
     both = model(latents, jnp.asarray(500), text)
     first = model(latents[:1], jnp.asarray([500]), text[:1])
     np.testing.assert_allclose(np.asarray(both[:1]), np.asarray(first), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-5), ("bfloat16", None)])
+def test_a_timestep_per_latent_frame_equals_diffusers_per_token_timesteps(
+    tiny_transformer_dir, dtype, tolerance
+):
+    """Wan 2.2 TI2V's ``expand_timesteps``: diffusers takes ``(B, L)`` per-token timesteps (the first
+    latent frame's tokens at 0); ours one per latent frame ``(B, F)``, the same for each frame's
+    tokens. float32: diffusers' output; bfloat16: the tokens of frame 0 modulated as at timestep 0
+    (equal to a scalar-0 run's there)."""
+    root, reference = tiny_transformer_dir
+    shape = (2, 16, 3, 6, 8)
+    latents, _, text = reference_inputs(shape, 7, 32, 5)
+    per_frame = torch.tensor([[0.0, 750.0, 750.0], [0.0, 320.0, 320.0]])
+    tokens_per_frame = (shape[3] // 2) * (shape[4] // 2)
+    model = wanjax.load_transformer(root, dtype=dtype)
+    ours = np.asarray(
+        model(jnp.asarray(latents.numpy()), jnp.asarray(per_frame.numpy()), jnp.asarray(text.numpy()))
+    )
+    if tolerance is not None:
+        with torch.no_grad():
+            ref = reference(
+                latents, per_frame.repeat_interleave(tokens_per_frame, dim=1), text
+            ).sample.numpy()
+        assert relative_error(ours, ref) <= tolerance
+    scalar = model(jnp.asarray(latents.numpy()), jnp.asarray([750.0, 320.0]), jnp.asarray(text.numpy()))
+    assert not np.allclose(ours[:, :, :1], np.asarray(scalar)[:, :, :1])  # frame 0 runs at timestep 0

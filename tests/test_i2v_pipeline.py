@@ -172,7 +172,8 @@ def test_generate_and_three_stages_equal_diffusers(variant, request, images, noi
     assert np.abs(frames.astype(np.int16) - frames_ref).max() <= 2
 
     out = tmp_path / "generate.npy"
-    cli("generate", *text, *image_flags, *VIDEO, *SAMPLING, "--init_latents", noise[1], "--frames_out", out)
+    more = ("--init_latents", noise[1], "--frames_out", out, "--output_video", tmp_path / "g.mp4")
+    cli("generate", *text, *image_flags, *VIDEO, *SAMPLING, *more)
     np.testing.assert_array_equal(np.load(out), frames)
     config = stages.read_config(d)
     assert config["image"] == str(images[0].resolve()) and config["height"] == HEIGHT

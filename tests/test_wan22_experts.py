@@ -158,7 +158,8 @@ def test_generate_three_stages_and_offload_give_the_same_frames(variant, request
     def cli(*args) -> None:
         assert main([*map(str, args), "--jax_cache_dir", "off"]) == 0
 
-    cli("generate", *text, *image_flags, *video, *sampling, *init, "--frames_out", tmp_path / "g.npy")
+    out = ("--output_video", tmp_path / "g.mp4")
+    cli("generate", *text, *image_flags, *video, *sampling, *init, *out, "--frames_out", tmp_path / "g.npy")
     generated = np.load(tmp_path / "g.npy")
     assert np.abs(generated.astype(np.int16) - frames_ref).max() <= 2
     cli(
@@ -168,6 +169,7 @@ def test_generate_three_stages_and_offload_give_the_same_frames(variant, request
         *video,
         *sampling,
         *init,
+        *out,
         "--offload",
         "model",
         "--frames_out",

@@ -235,7 +235,7 @@ def resolve_video(
 
 def defaults_of(pipe: WanPipeline) -> Any:
     """The video and sampling defaults of the pipeline's model (:func:`model_defaults`)."""
-    return model_defaults(pipe.source.is_demo, pipe.source.name)
+    return model_defaults(pipe.source.is_demo, pipe.source.name, pipe.expand_timesteps)
 
 
 def open_images(
@@ -243,7 +243,8 @@ def open_images(
 ) -> tuple[Image.Image | None, Image.Image | None]:
     """``--image`` and ``--last_image`` opened, after checking that the model takes them (and, when it
     does, that its image components are sound); one-line errors for unreadable or too small images."""
-    check_image_input(cfg, flags.image is not None, flags.last_image is not None, model_label(pipe.source))
+    given = (flags.image is not None, flags.last_image is not None)
+    check_image_input(cfg, *given, model_label(pipe.source), pipe.expand_timesteps)
     if flags.image is None:
         return None, None
     validation.check_model(pipe.path, (*IMAGE_COMPONENTS, "vae") if cfg.image_tokens else ("vae",))
@@ -553,7 +554,8 @@ def stage_image(
     """The stage directory's image conditioning (one video) when the model takes an image, checked
     against the model and the video; None for a text-to-video model (whose directory must hold none)."""
     path = directory / stages.IMAGE_FILE
-    if not cfg.image_to_video:
+    expand = pipe.expand_timesteps  # Wan 2.2 TI2V: an image is optional
+    if not cfg.image_to_video and not expand:
         if path.exists():
             raise WanjaxError(
                 f"{path}: the stage directory holds an image's conditioning but {model_label(pipe.source)} "
@@ -561,11 +563,13 @@ def stage_image(
             )
         return None
     if not path.exists():
+        if expand:
+            return None
         raise WanjaxError(
             f"{directory}: no {stages.IMAGE_FILE}, and {model_label(pipe.source)} is an image-to-video model; "
             f"run `wanjax encode --image IMAGE --output_dir {directory}` first"
         )
-    conditioning = stages.load_image_conditioning(directory)
+    conditioning = dataclasses.replace(stages.load_image_conditioning(directory), first_frame=expand)
     check_conditioning(cfg, conditioning, latent_shape, str(path))
     return conditioning
 

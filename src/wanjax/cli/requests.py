@@ -46,13 +46,16 @@ class ModelDefaults:
     seed: int = 42
 
 
-def model_defaults(is_demo: bool, name: str = "") -> ModelDefaults:
-    """The reference's defaults (720x1280 for a model named for 720p, e.g. Wan2.1-I2V-14B-720P), or
-    the demo model's smaller ones."""
+def model_defaults(is_demo: bool, name: str = "", expand_timesteps: bool = False) -> ModelDefaults:
+    """The reference's defaults (720x1280 for a model named for 720p, e.g. Wan2.1-I2V-14B-720P;
+    704x1280, 121 frames at 24 fps for Wan 2.2 TI2V-5B, ``expand_timesteps``, as its diffusers
+    example), or the demo model's smaller ones."""
     if is_demo:
         from wanjax.pipeline.demo import DEMO_DEFAULTS
 
         return ModelDefaults(**DEMO_DEFAULTS)
+    if expand_timesteps:
+        return ModelDefaults(height=704, width=1280, frames=121, fps=24)
     if "720p" in name.lower():
         return ModelDefaults(height=720, width=1280)
     return ModelDefaults()

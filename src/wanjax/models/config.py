@@ -203,6 +203,10 @@ PRESETS: dict[str, TransformerConfig] = {
     "A14B": TransformerConfig(num_attention_heads=40, ffn_dim=13824, num_layers=40),
     # Wan 2.2 I2V-A14B: two experts of the 14B with 36 input channels, no image tokens
     "I2V-A14B": TransformerConfig(num_attention_heads=40, ffn_dim=13824, num_layers=40, in_channels=36),
+    # Wan 2.2 TI2V-5B: 48 latent channels (the Wan 2.2 VAE), text and image to video
+    "5B": TransformerConfig(
+        num_attention_heads=24, ffn_dim=14336, num_layers=30, in_channels=48, out_channels=48
+    ),
     "tiny": TransformerConfig(
         num_attention_heads=2, attention_head_dim=12, text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2
     ),
@@ -211,6 +215,8 @@ PRESETS: dict[str, TransformerConfig] = {
 
 # The presets of two-expert models (Wan 2.2 A14B), with their model_index.json's boundary_ratio.
 TWO_EXPERTS: dict[str, float] = {"A14B": 0.875, "I2V-A14B": 0.9}
+# The presets run with expand_timesteps (Wan 2.2 TI2V-5B: the Wan 2.2 VAE, an optional first frame).
+EXPAND_TIMESTEPS = frozenset({"5B"})
 
 
 def transformer_preset(name: str, **overrides: Any) -> TransformerConfig:

@@ -311,31 +311,45 @@ def _block(
     precision: Precision,
     image_context: jax.Array | None = None,
 ) -> jax.Array:
-    mod = p["scale_shift_table"].astype(jnp.float32)[None] + time_mod.astype(jnp.float32)  # (B, 6, D)
-    shift, scale, gate, c_shift, c_scale, c_gate = (mod[:, i : i + 1] for i in range(6))
+    # (B, 6, D), or per latent frame (B, F, 6, D): each (B, F, 1, D), applied to the tokens as frames
+    mod = p["scale_shift_table"].astype(jnp.float32) + time_mod.astype(jnp.float32)
+    mod = mod if mod.ndim == 4 else mod[:, None]
+    shift, scale, gate, c_shift, c_scale, c_gate = (mod[:, :, i : i + 1] for i in range(6))
     heads, eps, dtype = cfg.num_attention_heads, cfg.eps, x.dtype
+    frames, tokens = _frame_views(x.shape, mod.shape[1])
 
-    n = _modulate(x, shift, scale, eps)
+    n = tokens(_modulate(frames(x), shift, scale, eps))
     a = _attention_block(p["attn1"], n, n, heads, eps, rope, attend, precision)
-    x = (x.astype(jnp.float32) + a * gate).astype(dtype)
+    x = tokens((frames(x).astype(jnp.float32) + frames(a) * gate).astype(dtype))
 
     n = layer_norm(x, eps, p["norm2"]["scale"], p["norm2"]["bias"]).astype(dtype) if "norm2" in p else x
     x = x + _attention_block(p["attn2"], n, context, heads, eps, None, attend, precision, image_context)
 
-    n = _modulate(x, c_shift, c_scale, eps)
+    n = tokens(_modulate(frames(x), c_shift, c_scale, eps))
     f = linear(
         gelu_tanh(linear(n, p["ffn"]["proj_in"], precision=precision)),
         p["ffn"]["proj_out"],
         precision=precision,
     )
-    return (x.astype(jnp.float32) + f.astype(jnp.float32) * c_gate).astype(dtype)
+    return tokens((frames(x).astype(jnp.float32) + frames(f).astype(jnp.float32) * c_gate).astype(dtype))
+
+
+def _frame_views(
+    shape: tuple[int, ...], frames: int
+) -> tuple[Callable[[jax.Array], jax.Array], Callable[[jax.Array], jax.Array]]:
+    """``(to_frames, to_tokens)``: tokens ``(B, L, D)`` viewed as ``(B, F, L / F, D)`` (frame-major
+    token order), so a per-frame modulation ``(B, F, 1, D)`` broadcasts over each frame's tokens;
+    ``F = 1`` is the per-sample modulation."""
+    b, length, d = shape
+    return (lambda h: h.reshape(b, frames, length // frames, d)), (lambda h: h.reshape(b, length, d))
 
 
 @dataclasses.dataclass(frozen=True)
 class Conditioning:
     """What every block reads besides the tokens (one batch of rows): the projected text
     ``context (B, Lc, D)``, the blocks' timestep modulation ``time_mod (B, 6, D)``, the time embedding
-    ``temb (B, D)`` the output norm is modulated by, the token grid's RoPE tables and (image-to-video)
+    ``temb (B, D)`` the output norm is modulated by (with a timestep per latent frame: ``(B, F, 6, D)``
+    and ``(B, F, D)``), the token grid's RoPE tables and (image-to-video)
     the embedded image tokens."""
 
     context: jax.Array
@@ -384,10 +398,16 @@ def embed(
     x = pin(lin(patchify(latents.astype(dtype), cfg.patch_size), params["patch_embedding"]))
 
     # Condition embedding: the time embedder runs in its own (float32) dtype, then is cast like the text.
-    t_emb = timestep_embedding(timestep, cfg.freq_dim)
+    # A timestep per latent frame (B, F) (expand_timesteps) gives each frame's tokens their modulation.
+    if timestep.ndim == 2 and timestep.shape[1] != grid[0]:
+        raise ConfigError(
+            f"timestep {timestep.shape}: one per sample (B,) or per latent frame (B, {grid[0]})"
+        )
+    t_emb = timestep_embedding(timestep.reshape(-1), cfg.freq_dim)
     te = params["time_embedder"]
     temb = lin(silu(lin(t_emb, te["linear_1"])), te["linear_2"]).astype(dtype)
-    time_mod = lin(silu(temb), params["time_proj"]).reshape(b, 6, d)
+    time_mod = lin(silu(temb), params["time_proj"]).reshape(*timestep.shape, 6, d)
+    temb = temb.reshape(*timestep.shape, d)
     tx = params["text_embedder"]
     context = lin(gelu_tanh(lin(prompt_embeds.astype(dtype), tx["linear_1"])), tx["linear_2"])
     context = pin(context, "context")
@@ -458,8 +478,11 @@ def project(
     precision: Precision = "highest",
 ) -> jax.Array:
     """The last block's tokens -> the velocity ``(B, C, T, H, W)`` (modulated output norm, projection)."""
-    out_mod = params["scale_shift_table"].astype(jnp.float32)[None] + cond.temb.astype(jnp.float32)[:, None]
-    x = _modulate(x, out_mod[:, 0:1], out_mod[:, 1:2], cfg.eps)
+    temb = cond.temb.astype(jnp.float32)
+    temb = temb if temb.ndim == 3 else temb[:, None]  # (B, F, D): per latent frame, or F = 1
+    out_mod = params["scale_shift_table"].astype(jnp.float32) + temb[:, :, None]  # (B, F, 2, D)
+    frames, tokens = _frame_views(x.shape, out_mod.shape[1])
+    x = tokens(_modulate(frames(x), out_mod[:, :, 0:1], out_mod[:, :, 1:2], cfg.eps))
     x = linear(x, params["proj_out"], precision=precision)
     return unpatchify(x, cond.grid, cfg.patch_size)
 
@@ -560,7 +583,9 @@ class WanTransformer:
         image_embeds: jax.Array | None = None,
     ) -> jax.Array:
         self.check_shape(tuple(latents.shape))
-        timestep = jnp.broadcast_to(jnp.asarray(timestep), (latents.shape[0],))
+        timestep = jnp.asarray(timestep)
+        if timestep.ndim < 2:  # a scalar or one per sample; (B, F): one per latent frame
+            timestep = jnp.broadcast_to(timestep, (latents.shape[0],))
         return self._forward(self.params, latents, timestep, prompt_embeds, image_embeds)
 
     def apply(

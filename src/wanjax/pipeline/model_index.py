@@ -2,9 +2,9 @@
 
 Every entry must be one wanjax acts on: a component it loads (:data:`COMPONENT_ENTRIES`, an entry
 ``[null, null]`` meaning "absent", as diffusers writes optional components), or a pipeline option it
-runs (Wan 2.2 A14B's ``transformer_2`` and ``boundary_ratio``: the two experts). Anything else is an
-error naming it, not an entry silently skipped: a Wan 2.2 TI2V-5B directory (``expand_timesteps``) run
-as Wan 2.1 would exit 0 with degraded videos. A directory without ``model_index.json`` (a hand-assembled one) is read by its folders.
+runs (Wan 2.2 A14B's ``transformer_2`` and ``boundary_ratio``: the two experts; TI2V-5B's
+``expand_timesteps``). Anything else is an error naming it, not an entry silently skipped: a model
+run with part of its pipeline would exit 0 with degraded videos. A directory without ``model_index.json`` (a hand-assembled one) is read by its folders.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class ModelIndex(ComponentConfig):
     # Wan 2.2 A14B: the low-noise expert, and the switch to it (pipeline.WanPipeline.boundary_ratio)
     transformer_2: Entry = None
     boundary_ratio: float | None = None
-    expand_timesteps: bool = False  # TI2V-5B's per-token timesteps: refused until it is run
+    expand_timesteps: bool = False  # Wan 2.2 TI2V-5B: an image's latents as the first latent frame
 
     _IGNORED_FIELDS: ClassVar[frozenset[str]] = frozenset()
 
@@ -78,10 +78,8 @@ class ModelIndex(ComponentConfig):
             raise ConfigError(f"{source}: boundary_ratio must be between 0 and 1, got {self.boundary_ratio}")
         if self.present("transformer_2") and not self.present("transformer"):
             raise ConfigError(f"{source}: transformer_2 without transformer (the high-noise expert)")
-        if self.expand_timesteps:
-            raise ConfigError(
-                f"{source}: expand_timesteps (Wan 2.2 TI2V-5B's per-token timesteps) is {NOT_YET}"
-            )
+        if self.expand_timesteps and self.boundary_ratio is not None:
+            raise ConfigError(f"{source}: expand_timesteps with two experts is {NOT_YET}")
 
 
 def read_model_index(root: str | Path) -> ModelIndex | None:

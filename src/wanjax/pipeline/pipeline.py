@@ -50,7 +50,13 @@ from wanjax.models.vae import VAE, Tiling, WanVAE, load_vae, parse_chunk
 from wanjax.parallel.layouts import spatial_sharding, to_global, to_host
 from wanjax.parallel.mesh import MeshSpec, make_mesh, mesh_spec_from_flags
 from wanjax.parallel.rules import param_sharding, replicated
-from wanjax.pipeline.conditioning import check_image_size, conditioning_latents, open_image, size_for_image
+from wanjax.pipeline.conditioning import (
+    check_image_size,
+    conditioning_latents,
+    first_frame_latents,
+    open_image,
+    size_for_image,
+)
 from wanjax.pipeline.hub import ModelSource, resolve_model
 from wanjax.pipeline.model_index import read_model_index
 from wanjax.pipeline.sampler import ImageConditioning, Sampler
@@ -63,12 +69,19 @@ Prompt = str | Sequence[str]
 DEFAULT_HEIGHT, DEFAULT_WIDTH = 480, 832  # diffusers' WanPipeline defaults
 
 
-def check_image_input(cfg: TransformerConfig, image: bool, last_image: bool, source: str) -> None:
+def check_image_input(
+    cfg: TransformerConfig, image: bool, last_image: bool, source: str, expand_timesteps: bool = False
+) -> None:
     """WanjaxError unless the images given (a first frame ``image``, a ``last_image``) are the ones the
     transformer takes: a first frame for an image-to-video model, and a last one too for a
-    first-last-frame model; none for text-to-video."""
+    first-last-frame model; none for text-to-video; a first frame or none for a text-and-image model
+    (``expand_timesteps``, Wan 2.2 TI2V)."""
     if last_image and not image:
         raise WanjaxError("a last image needs a first one: give --image too")
+    if expand_timesteps:
+        if last_image:
+            raise WanjaxError(f"{source} (Wan 2.2 TI2V) takes a first frame only; leave --last_image out")
+        return
     if cfg.image_to_video and not image:
         raise WanjaxError(
             f"{source} is an image-to-video model: give the first frame with --image FILE "
@@ -98,8 +111,10 @@ def check_conditioning(
     transformer and a video of latents ``latent_shape``: its latents on the same grid with the channels
     the transformer adds to the noisy ones, one image state per given frame, ``image_dim`` wide."""
     latents, states = conditioning.latents, conditioning.image_embeds
-    channels = cfg.in_channels - latent_shape[1]
-    expected = (1, channels, *latent_shape[2:])
+    if conditioning.first_frame:  # expand_timesteps: the image's own latents, one frame
+        expected = (1, latent_shape[1], 1, *latent_shape[3:])
+    else:
+        expected = (1, cfg.in_channels - latent_shape[1], *latent_shape[2:])
     if tuple(latents.shape) != expected:
         raise WanjaxError(
             f"{where}: condition_latents {list(latents.shape)} but this model and video need {list(expected)}; "
@@ -283,6 +298,12 @@ class WanPipeline:
     def transformer_config(self) -> TransformerConfig:
         """The transformer's config (read from its ``config.json``, no weights)."""
         return TRANSFORMER.read_config(TRANSFORMER.directory(self.path))
+
+    @property
+    def expand_timesteps(self) -> bool:
+        """Wan 2.2 TI2V (``model_index.json``'s ``expand_timesteps``): text to video, or with an image
+        its latents as the first latent frame, whose tokens run at timestep 0."""
+        return self.model_index is not None and self.model_index.expand_timesteps
 
     @property
     def precisions(self) -> dict[str, Precision]:
@@ -528,7 +549,7 @@ class WanPipeline:
                 "guidance_scale_2 and boundary_ratio are for two-expert models (Wan 2.2 A14B: transformer_2)"
             )
         boundary = boundary_ratio if boundary_ratio is not None else self.boundary_ratio
-        if model.cfg.image_to_video != (image is not None):
+        if model.cfg.image_to_video != (image is not None) and not self.expand_timesteps:
             raise WanjaxError(
                 "an image-to-video model needs an image (pipe(prompt, image=...))"
                 if image is None
@@ -586,9 +607,10 @@ class WanPipeline:
         the image(s) and the conditioning latents (:mod:`wanjax.pipeline.conditioning`), as diffusers'
         ``WanImageToVideoPipeline`` prepares them."""
         self.geometry.check(height, width, num_frames)
-        check_image_input(self.transformer_config, True, last_image is not None, str(self.path))
+        cfg, expand = self.transformer_config, self.expand_timesteps
+        check_image_input(cfg, True, last_image is not None, str(self.path), expand)
         self._enter("encode")
-        encoder = self.image_encoder if self.transformer_config.image_tokens else None
+        encoder = self.image_encoder if cfg.image_tokens else None
         vae = self.vae
         images = [image] if last_image is None else [image, last_image]
         with self.stage_timing("encode").running():
@@ -596,10 +618,13 @@ class WanPipeline:
             place = jnp.asarray  # the video, split over the mesh as the decoder's latents
             if self.mesh is not None:
                 place = lambda video: to_global(video, spatial_sharding(self.mesh, video.shape))  # noqa: E731
-            latents = conditioning_latents(
-                vae, image, height, width, num_frames, self.geometry.temporal, last_image, place
-            )
-            conditioning = ImageConditioning(jnp.asarray(latents), states).repeat(batch)
+            if expand:
+                latents = first_frame_latents(vae, image, height, width, place)
+            else:
+                latents = conditioning_latents(
+                    vae, image, height, width, num_frames, self.geometry.temporal, last_image, place
+                )
+            conditioning = ImageConditioning(jnp.asarray(latents), states, expand).repeat(batch)
             jax.block_until_ready(conditioning)
         return conditioning
 
@@ -666,7 +691,13 @@ class WanPipeline:
         if image is not None:
             image = open_image(image)
             last_image = None if last_image is None else open_image(last_image)
-        check_image_input(self.transformer_config, image is not None, last_image is not None, str(self.path))
+        check_image_input(
+            self.transformer_config,
+            image is not None,
+            last_image is not None,
+            str(self.path),
+            self.expand_timesteps,
+        )
         height, width = self.video_size(image, height, width)
         self.geometry.check(height, width, num_frames)
         prompt_embeds, negative_prompt_embeds = self.encode_prompt(

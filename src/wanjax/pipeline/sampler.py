@@ -55,18 +55,26 @@ class ImageConditioning:
     """What an image-to-video transformer reads besides the text, for every step: the conditioning
     latents ``(B, 20, T', h, w)`` (4 mask channels, then the VAE latents of the given frames)
     concatenated to the noisy latents along channels, and the image encoder's states ``(B, Li, Di)``
-    (for a transformer that takes them).
+    (for a transformer that takes them). With ``first_frame`` (Wan 2.2 TI2V's ``expand_timesteps``)
+    the latents are the image's own ``(B, z, 1, h, w)``: they replace the first latent frame of the
+    transformer's input at every step (that frame's tokens at timestep 0) and of the final latents.
     Both branches of a guided step get the same (as diffusers' ``WanImageToVideoPipeline``)."""
 
     latents: jax.Array
     image_embeds: jax.Array | None = None  # None: a transformer without image tokens (Wan 2.2 I2V)
+    first_frame: bool = dataclasses.field(default=False, metadata={"static": True})
 
     def repeat(self, batch: int) -> ImageConditioning:
         """This conditioning (of one video) for ``batch`` videos: each array tiled ``batch`` times along
         its first axis, as diffusers repeats them (a first-last-frame model's two image states stay
         paired: ``[first, last, first, last, ...]``)."""
         states = None if self.image_embeds is None else jnp.tile(self.image_embeds, (batch, 1, 1))
-        return ImageConditioning(jnp.tile(self.latents, (batch, 1, 1, 1, 1)), states)
+        return ImageConditioning(jnp.tile(self.latents, (batch, 1, 1, 1, 1)), states, self.first_frame)
+
+    def impose(self, latents: jax.Array) -> jax.Array:
+        """``first_frame``: ``latents`` with their first latent frame replaced by the image's (exactly
+        diffusers' ``(1 - mask) * condition + mask * latents`` for its 0/1 mask)."""
+        return latents.at[:, :, :1].set(self.latents.astype(latents.dtype))
 
 
 def guided_batch(
@@ -79,15 +87,22 @@ def guided_batch(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
     """The transformer's inputs for one step: the conditional rows, then (guided) the unconditional
     ones; with ``image``, its latents joined to the noisy ones and its states for every row."""
-    x = latents if image is None else jnp.concatenate([latents, image.latents.astype(latents.dtype)], axis=1)
+    batch = latents.shape[0]
+    times = jnp.full((batch,), timestep)
+    if image is None:
+        x = latents
+    elif image.first_frame:  # the image's latents as frame 0, whose tokens are at timestep 0
+        x = image.impose(latents)
+        times = jnp.full((batch, latents.shape[2]), timestep, jnp.float32).at[:, 0].set(0.0)
+    else:
+        x = jnp.concatenate([latents, image.latents.astype(latents.dtype)], axis=1)
     x = x.astype(model.dtype)
     images = None if image is None or image.image_embeds is None else image.image_embeds.astype(model.dtype)
-    batch = latents.shape[0]
     if negative_prompt_embeds is None:
-        return x, jnp.full((batch,), timestep), prompt_embeds, images
+        return x, times, prompt_embeds, images
     embeds = jnp.concatenate([prompt_embeds, negative_prompt_embeds])
     images = None if images is None else jnp.concatenate([images, images])
-    return jnp.concatenate([x, x]), jnp.full((2 * batch,), timestep), embeds, images
+    return jnp.concatenate([x, x]), jnp.concatenate([times, times]), embeds, images
 
 
 def guide(
@@ -261,7 +276,8 @@ class Sampler:
         the loop); with ``check_finite`` (or a later :meth:`check_finite`) NaN/inf in the final
         latents raise :class:`~wanjax.errors.NumericalError` naming the first step that produced them.
         """
-        channels = latents.shape[1] + (0 if image is None else image.latents.shape[1])
+        joined = image is not None and not image.first_frame
+        channels = latents.shape[1] + (image.latents.shape[1] if joined else 0)
         self.model.check_shape((latents.shape[0], channels, *latents.shape[2:]))
         two = len(self.experts) == 2
         if two != (boundary_ratio is not None):
@@ -342,7 +358,10 @@ class Sampler:
             self.cache_report = cache_report(step_cache, decisions, times)
         if check_finite:
             self.check_finite()
-        return state.sample, times
+        final = state.sample
+        if image is not None and image.first_frame:
+            final = image.impose(final)
+        return final, times
 
     def _cache_inputs(
         self, cache: StepCache, latents: jax.Array, place: Callable[[Any], Any]

@@ -61,7 +61,7 @@ from wanjax.io.quant import leaf_builder
 from wanjax.io.quantizable import UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
 from wanjax.models import clip_vision, dit, umt5
 from wanjax.models.clip_vision import CLIP_VIT_H_14
-from wanjax.models.config import PRESETS, TWO_EXPERTS, parse_dtype
+from wanjax.models.config import EXPAND_TIMESTEPS, PRESETS, TWO_EXPERTS, parse_dtype
 from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload
 from wanjax.models.offload import program_memory as split_program_memory
 from wanjax.models.vae import WanVAE
@@ -78,6 +78,7 @@ from wanjax.tools.flops import (
     umt5_flops,
     vae_decode_flops,
 )
+from wanjax.tools.plan import preset_vae
 
 # Dense bf16 peak, TFLOP/s per chip, matched against ``device.device_kind`` (first match wins).
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
@@ -131,13 +132,19 @@ class BenchConfig:
             mag_ratios=self.mag_ratios,
         )
 
+    @property
+    def vae(self) -> VAEConfig:
+        """The architecture's VAE (the Wan 2.2 VAE's shapes for TI2V-5B)."""
+        return preset_vae(self.arch)
+
     def latent_shape(self) -> tuple[int, int, int, int, int]:
-        if self.height % 16 or self.width % 16 or (self.frames - 1) % 4:
+        f = self.vae.spatial_factor
+        if self.height % (2 * f) or self.width % (2 * f) or (self.frames - 1) % 4:
             raise WanjaxError(
-                f"{self.height}x{self.width}x{self.frames}: height and width must be multiples of 16 "
-                "and frames 4n+1"
+                f"{self.height}x{self.width}x{self.frames}: height and width must be multiples of "
+                f"{2 * f} and frames 4n+1"
             )
-        return (1, 16, (self.frames - 1) // 4 + 1, self.height // 8, self.width // 8)
+        return (1, self.vae.z_dim, (self.frames - 1) // 4 + 1, self.height // f, self.width // f)
 
 
 @dataclasses.dataclass
@@ -349,14 +356,20 @@ def bench_encode(cfg: BenchConfig) -> StageResult:
     return result
 
 
+def takes_image(arch: str) -> bool:
+    """Whether the architecture's pipeline encodes an image (image to video, or TI2V)."""
+    return PRESETS[arch].image_to_video or arch in EXPAND_TIMESTEPS
+
+
 def bench_image(cfg: BenchConfig) -> StageResult:
     """CLIP ViT-H/14 (float32, as ``WanPipeline`` loads it) on one image, for a transformer taking its
     tokens, then the VAE encode of the conditioning video (the image, then black frames) at the bench
     size."""
-    vcfg = VAEConfig()
+    vcfg = cfg.vae
     vae_params, weights = bench_params(cfg, vae_spec(vcfg, "encoder"), parse_dtype(cfg.vae_dtype))
     vae = WanVAE(vcfg, None, parse_dtype(cfg.vae_dtype), encoder_params=vae_params)
-    video = jnp.zeros((1, 3, cfg.frames, cfg.height, cfg.width), jnp.float32).at[:, :, 0].set(1.0)
+    frames = 1 if cfg.arch in EXPAND_TIMESTEPS else cfg.frames  # TI2V encodes the image alone
+    video = jnp.zeros((1, 3, frames, cfg.height, cfg.width), jnp.float32).at[:, :, 0].set(1.0)
     clip, params, tflop = None, None, 0.0
     if PRESETS[cfg.arch].image_tokens:
         layers = min(cfg.layers or CLIP_VIT_H_14.num_hidden_layers, CLIP_VIT_H_14.num_hidden_layers)
@@ -409,7 +422,10 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     guided = cfg.guidance_scale > 1
     cache = cfg.cache_config()
     image, image_len = None, 0
-    if tcfg.image_to_video:  # the mask and image latents (and CLIP ViT-H/14's states of the images)
+    if cfg.arch in EXPAND_TIMESTEPS:  # TI2V with an image: its latents as frame 0, at timestep 0
+        first = jax.random.normal(jax.random.key(6), (1, *shape[1:2], 1, *shape[3:]), jnp.float32)
+        image = ImageConditioning(first, None, first_frame=True)
+    elif tcfg.image_to_video:  # the mask and image latents (and CLIP ViT-H/14's states of the images)
         condition = (1, tcfg.condition_channels, *shape[2:])
         states = None
         if tcfg.image_tokens:
@@ -464,7 +480,7 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
 
 
 def bench_decode(cfg: BenchConfig) -> StageResult:
-    vcfg = VAEConfig()
+    vcfg = cfg.vae
     dtype = parse_dtype(cfg.vae_dtype)
     params, weights = bench_params(cfg, vae_spec(vcfg, "decoder"), dtype)
     vae = WanVAE(vcfg, params, dtype)
@@ -502,7 +518,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         raise WanjaxError("--num_inference_steps and --repeats must be at least 1")
     if cfg.arch in TWO_EXPERTS and cfg.cache != "off":
         raise WanjaxError(f"--cache {cfg.cache}: not supported with two experts ({cfg.arch}) yet")
-    with_image = PRESETS[cfg.arch].image_to_video
+    with_image = takes_image(cfg.arch)
     wanted = [name for name in cfg.stages if name != "image" or with_image]  # image: I2V archs only
     unknown = sorted(set(wanted) - set(STAGES))
     if unknown:
@@ -570,7 +586,7 @@ def pipeline_summary(cfg: BenchConfig, stages: dict[str, dict[str, Any]]) -> dic
     """One generation from the stages run: an encode (and the image stage, for an image-to-video
     architecture), ``num_inference_steps`` steps and a decode at their steady medians (steps at the
     per-step median); empty unless all of the architecture's stages ran."""
-    needed = [name for name in STAGES if name != "image" or PRESETS[cfg.arch].image_to_video]
+    needed = [name for name in STAGES if name != "image" or takes_image(cfg.arch)]
     if not all(name in stages for name in needed):
         return {}
     steps = cfg.num_inference_steps

@@ -213,6 +213,8 @@ def vae_decode_flops(
                 rest *= 2
             linear += upsampling(b * (first + rest), c_in, c_out)
             h, w = 2 * h, 2 * w
+        elif layer.kind == "skip" or layer.is_shortcut:
+            continue  # Wan 2.2's residual shortcuts: a rearrangement and a mean, no products
         else:
             raise ValueError(f"unexpected decoder layer kind {layer.kind!r}")
     return Flops(linear, attention)

@@ -47,7 +47,7 @@ from wanjax.io.quantizable import (
 )
 from wanjax.models import clip_vision, dit, umt5, vae
 from wanjax.models.clip_vision import CLIP_VIT_H_14, IMAGE_ENCODER, CLIPVisionConfig
-from wanjax.models.config import PRESETS, TWO_EXPERTS, TransformerConfig, parse_dtype
+from wanjax.models.config import EXPAND_TIMESTEPS, PRESETS, TWO_EXPERTS, TransformerConfig, parse_dtype
 from wanjax.models.dit import TRANSFORMER
 from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS, parse_offload, streams_layers
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
@@ -63,6 +63,18 @@ from wanjax.pipeline.model_index import read_model_index
 HEADROOM = 0.9
 GiB = 1 << 30
 UMT5_XXL = UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64)
+WAN22_VAE = VAEConfig(
+    base_dim=160,
+    decoder_base_dim=256,
+    z_dim=48,
+    is_residual=True,
+    patch_size=2,
+    in_channels=12,
+    out_channels=12,
+    scale_factor_spatial=16,
+    latents_mean=(0.0,) * 48,
+    latents_std=(1.0,) * 48,
+)
 ATTENTION_BLOCK = (512, 1024)  # the xla backend's query/key blocks
 
 
@@ -83,7 +95,10 @@ def model_configs(model: str) -> Model:
     if model in PRESETS:
         t = PRESETS[model]
         clip = CLIP_VIT_H_14 if t.image_tokens else None
-        return Model(t, UMT5_XXL, VAEConfig(), clip, 2 if model in TWO_EXPERTS else 1, t.image_to_video)
+        experts = 2 if model in TWO_EXPERTS else 1
+        return Model(
+            t, UMT5_XXL, preset_vae(model), clip, experts, t.image_to_video or model in EXPAND_TIMESTEPS
+        )
     root = Path(model)
     if not (root / TRANSFORMER.folder / TRANSFORMER.config_file).is_file():
         raise WanjaxError(
@@ -103,8 +118,14 @@ def model_configs(model: str) -> Model:
         read(vae.VAE, VAEConfig()),
         read(IMAGE_ENCODER, CLIP_VIT_H_14) if transformer.image_tokens else None,
         2 if index is not None and index.boundary_ratio is not None else 1,
-        transformer.image_to_video,
+        transformer.image_to_video or (index is not None and index.expand_timesteps),
     )
+
+
+def preset_vae(model: str) -> VAEConfig:
+    """The VAE of a preset: the Wan 2.2 VAE's shapes for TI2V-5B (its latent statistics, which do
+    not change memory, left neutral), Wan 2.1's otherwise."""
+    return WAN22_VAE if model in EXPAND_TIMESTEPS else VAEConfig()
 
 
 @dataclasses.dataclass
@@ -308,7 +329,9 @@ def plan(
     rows = batch * (2 if cfg else 1)
     latent_t = (frames - 1) // 4 + 1
     pt, ph, pw = t.patch_size
-    length = (latent_t // pt) * (height // 8 // ph) * (width // 8 // pw)
+    v = model.vae
+    f = v.spatial_factor  # video pixels per latent (16 for the Wan 2.2 VAE)
+    length = (latent_t // pt) * (height // f // ph) * (width // f // pw)
     layout = token_layout(sizes, rows, length, t.num_attention_heads)
 
     def shards(axes: tuple[str, ...]) -> int:
@@ -326,7 +349,7 @@ def plan(
     # (the attention's buffers are dead before the FFN's hidden is made).
     throughout = (
         tokens * d * (2 * act + 2 * 4)  # residual + normed input, float32 norm / modulation temporaries
-        + 4 * rows * 16 * latent_t * (height // 8) * (width // 8) * 4  # scheduler state (replicated)
+        + 4 * rows * v.z_dim * latent_t * (height // f) * (width // f) * 4  # scheduler state (replicated)
         + d_bytes.dequantized_layer  # 8-bit weights: one layer's kernels dequantised for its matmuls
     )
     attention = (
@@ -349,10 +372,10 @@ def plan(
     # VAE decoder, split spatially over all devices: full-resolution layers on one chunk (4 frames:
     # in, out, residual, conv temps), the causal conv's 3-frame input window and its padded copy, and
     # the causal cache carried between chunks (the dominant term: ~1 GiB per device at 720p on 8).
-    v = model.vae
     c0 = (v.decoder_base_dim or v.base_dim) * v.dim_mult[0]
     spatial = mesh.num_devices if (height * width) % mesh.num_devices == 0 else 1
-    working = (4 * 4 + 2 * 3) * height * width * c0 * vae_act * batch
+    pixels = (height // v.patch) * (width // v.patch)  # the decoder's output: 2x2 patches in Wan 2.2
+    working = (4 * 4 + 2 * 3) * pixels * c0 * vae_act * batch
     vae_act = (working + batch * vae_cache_bytes(v, height, width, vae_dtype)) // spatial
 
     stages = {
@@ -407,7 +430,7 @@ def add_image_stage(
     item = np.dtype(parse_dtype(vae_dtype)).itemsize
     spatial = mesh.num_devices if (height * width) % mesh.num_devices == 0 else 1
     video = frames * height * width * 3 * 4  # the float32 conditioning video
-    working = (4 * 4 + 2 * 3) * height * width * v.encoder_dims[0] * item
+    working = (4 * 4 + 2 * 3) * (height // v.patch) * (width // v.patch) * v.encoder_dims[0] * item
     encode_act = (video + working + vae_encoder_cache_bytes(v, height, width, vae_dtype)) // spatial
     vae_weights = decoder_weights + encoder_weights
     text = stages["encode"]

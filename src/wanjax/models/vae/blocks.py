@@ -1,4 +1,5 @@
-"""Modules of the Wan 2.1 causal 3D VAE, channel-last (``[B, T, H, W, C]``), one chunk at a time.
+"""Modules of the Wan 2.1 and 2.2 causal 3D VAEs, channel-last (``[B, T, H, W, C]``), one chunk at a
+time.
 
 Every function maps one chunk of frames plus the causal cache of the frames before it to the chunk's
 output plus the updated cache. The cache is a flat dict ``{site name: (frame, frame)}`` of separate
@@ -9,7 +10,10 @@ Cache rules (diffusers ``feat_cache``, exact): a causal 3x3x3 conv sees its inpu
 frames of everything before it in front (zeros at the start) and keeps the last two frames of that
 concatenation; ``upsample3d``'s ``time_conv`` skips the first chunk entirely (frame 0 stays one
 frame and is not cached); ``downsample3d``'s stride-2 ``time_conv`` keeps one frame and skips the
-first chunk. Norms, attention and the 2-D convs are per frame. The primitives are in
+first chunk. Norms, attention and the 2-D convs are per frame. The Wan 2.2 residual blocks' shortcuts
+(:mod:`~wanjax.models.vae.shortcuts`) keep no cache: ``AvgDown3D`` pads each chunk in front to whole
+frame pairs (only the first chunk, one frame, needs it), and the first chunk keeps the last of the
+frames a temporal ``DupUp3D`` makes of its one frame. The other primitives are in
 :mod:`~wanjax.models.vae.ops`, :mod:`~wanjax.models.vae.causal_conv` and
 :mod:`~wanjax.models.vae.upsampling`.
 """
@@ -41,6 +45,7 @@ from wanjax.models.vae.ops import (
     pointwise,
     zero_frames,
 )
+from wanjax.models.vae.shortcuts import avg_down, dup_space, dup_time, dup_up
 from wanjax.models.vae.upsampling import caches_lowres_input, conv1_lowres, lowres_history, upsample_conv
 
 
@@ -96,27 +101,52 @@ def upsample(p: Params, x: jax.Array, nm: Numerics) -> jax.Array:
     return per_frame(lambda f: upsample_conv(f, p["resample"], nm), x)
 
 
+FrameArrays = jax.Array | tuple[jax.Array, ...]  # frames on axis 1: one array, or several in step
+
+
 @dataclasses.dataclass(frozen=True)
 class LazyFrames:
     """``length`` frames made on demand: ``make(start, count)`` gives frames ``[start, start + count)``
-    (``start`` may be traced), so a loop over them never holds them all."""
+    (``start`` may be traced), so a loop over them never holds them all. The frames are an array, or
+    a tuple of arrays with the same frames (see :func:`time_doubling`)."""
 
     length: int
-    make: Callable[[jax.Array | int, int], jax.Array]
+    make: Callable[[jax.Array | int, int], FrameArrays]
+
+
+def frame_count(x: FrameArrays | LazyFrames) -> int:
+    """Number of frames of ``x``."""
+    return x.length if isinstance(x, LazyFrames) else jax.tree.leaves(x)[0].shape[1]
 
 
 def time_doubling(
-    p: Params, layer: Layer, x: jax.Array, cache: Cache, new: Cache, first: bool, nm: Numerics
-) -> jax.Array | LazyFrames:
+    p: Params,
+    layer: Layer,
+    x: jax.Array,
+    cache: Cache,
+    new: Cache,
+    first: bool,
+    nm: Numerics,
+    shortcut: tuple[Layer, jax.Array] | None = None,
+) -> FrameArrays | LazyFrames:
     """upsample3d's temporal half: each frame becomes two, except in the first chunk (the reference's
     "Rep" rule: frame 0 is neither doubled nor cached). Frame ``2j + s`` is output channels
     ``[sC, (s+1)C)`` of a (3, 1, 1) ``time_conv`` at input frame ``j``; the doubled frames are
     returned as :class:`LazyFrames`, each computed alone from the input frames (and the two cached
-    ones, which stay alive meanwhile) with those channels of the kernel."""
+    ones, which stay alive meanwhile) with those channels of the kernel.
+
+    ``shortcut``: the ``dup_up3d`` layer of a Wan 2.2 residual up block and the block's input; each
+    frame then comes with :func:`~wanjax.models.vae.shortcuts.dup_time` of its input frame at its
+    phase ``s`` (``(frames, shortcut frames)``), which the next segment adds after the spatial half.
+    The first chunk keeps the last of the frames ``DupUp3D`` makes of its one frame (the
+    reference's ``first_chunk``)."""
     (site,) = layer.cache_sites
     if first:
         new[site] = zero_frames(x, 2)
-        return x
+        if shortcut is None:
+            return x
+        dup, block_in = shortcut
+        return x, dup_time(block_in, dup, dup.factors[0] - 1)
     prev = cache[site]
     new[site] = last_frames(prev, x, 2)
     c = x.shape[-1]
@@ -124,19 +154,24 @@ def time_doubling(
     stacked = jnp.stack(frames, axis=1) if x.shape[1] > 1 else None
     kernel, bias = p["time_conv"]["kernel"].astype(x.dtype), p["time_conv"]["bias"].astype(jnp.float32)
 
-    def make(start: jax.Array | int, count: int) -> jax.Array:
-        out = []
-        for f in range(count):
-            j, half = (start + f) // 2, (start + f) % 2
-            k = lax.dynamic_slice_in_dim(kernel, half * c, c, axis=2)
-            y = lax.dynamic_slice_in_dim(bias, half * c, c)
-            for kt in range(3):  # the order of time_conv's taps
-                window = (
-                    frames[kt] if stacked is None else lax.dynamic_index_in_dim(stacked, j + kt, 1, False)
-                )
-                y = y + matmul(window, k[kt], nm)
-            out.append(y.astype(x.dtype))
-        return jnp.stack(out, axis=1)
+    def make_one(j: jax.Array | int, half: jax.Array | int) -> jax.Array:
+        k = lax.dynamic_slice_in_dim(kernel, half * c, c, axis=2)
+        y = lax.dynamic_slice_in_dim(bias, half * c, c)
+        for kt in range(3):  # the order of time_conv's taps
+            window = frames[kt] if stacked is None else lax.dynamic_index_in_dim(stacked, j + kt, 1, False)
+            y = y + matmul(window, k[kt], nm)
+        return y.astype(x.dtype)
+
+    def make(start: jax.Array | int, count: int) -> FrameArrays:
+        phases = [((start + f) // 2, (start + f) % 2) for f in range(count)]
+        out = jnp.stack([make_one(j, half) for j, half in phases], axis=1)
+        if shortcut is None:
+            return out
+        dup, block_in = shortcut
+        shortcut_frames = [
+            dup_time(lax.dynamic_index_in_dim(block_in, j, 1), dup, half) for j, half in phases
+        ]
+        return out, jnp.concatenate(shortcut_frames, axis=1)
 
     return LazyFrames(2 * x.shape[1], make)
 
@@ -171,13 +206,24 @@ def at_output_resolution(layers: Sequence[Layer]) -> bool:
 
 
 def run_layers(
-    params: Params, layers: Sequence[Layer], x: jax.Array, cache: Cache, first: bool, nm: Numerics
+    params: Params,
+    layers: Sequence[Layer],
+    x: jax.Array,
+    cache: Cache,
+    first: bool,
+    nm: Numerics,
+    carried: jax.Array | None = None,
 ) -> tuple[jax.Array, Cache]:
-    """Run ``layers`` in order on one chunk; returns the output and the caches of their sites."""
+    """Run ``layers`` in order on one chunk; returns the output and the caches of their sites.
+
+    A ``skip`` layer keeps its input for the shortcut layer that closes its residual block; a
+    ``dup_up3d`` adds ``carried`` instead, the temporal half of its shortcut that
+    :func:`time_doubling` made with the frames (its block began in the segment before)."""
     new: Cache = {}
     lowres = None  # (input, params) of the spatial upsampling that made x, when it did
+    block_in = carried  # what the next shortcut layer adds its shortcut of
     for i, layer in enumerate(layers):
-        p = params[layer.name]
+        p = params.get(layer.name)
         upsampled = None
         if layer.kind == "conv":
             x, new[layer.name] = causal_conv3d(x, cache.get(layer.name), p, nm)
@@ -193,6 +239,14 @@ def run_layers(
             x = downsample(p, layer, x, cache, new, first, nm)
         elif layer.kind == "head":
             x = head(p, layer, x, cache, new, nm)
+        elif layer.kind == "skip":
+            block_in = x
+        elif layer.kind in ("avg_down3d", "avg_down2d", "avg_channels"):
+            x = x + avg_down(block_in, layer)
+        elif layer.kind == "dup_up2d":
+            x = x + dup_up(block_in, layer)
+        elif layer.kind == "dup_up3d":
+            x = x + dup_space(block_in, layer)
         else:  # up3d / up_time: split into segments by the decoder (see time_doubling)
             raise ValueError(f"run_layers cannot run a {layer.kind!r} layer")
         lowres = upsampled
@@ -200,20 +254,20 @@ def run_layers(
 
 
 def in_steps(
-    fn: Callable[[jax.Array, Cache], tuple[jax.Array, Cache]],
-    x: jax.Array | LazyFrames,
+    fn: Callable[[FrameArrays, Cache], tuple[jax.Array, Cache]],
+    x: FrameArrays | LazyFrames,
     cache: Cache,
     frames: int,
 ) -> tuple[jax.Array, Cache]:
-    """``fn`` (frames, cache -> output, new cache) over ``x (B, T, ...)`` (or :class:`LazyFrames`,
-    made one step at a time) in steps of ``frames`` frames (a ``lax.scan``, ``fn`` traced once), the
-    cache carried from step to step: exact, and memory bounded by one step. ``frames`` must divide
-    ``T``. Returns the output and all of ``cache`` updated with what ``fn`` wrote. Looping,
-    ``cache`` must already hold every entry ``fn`` writes (the first chunk, which creates them,
-    never runs here in pieces).
+    """``fn`` (frames, cache -> output, new cache) over ``x (B, T, ...)`` (or a tuple of such arrays
+    taken in step, or :class:`LazyFrames`, made one step at a time) in steps of ``frames`` frames (a
+    ``lax.scan``, ``fn`` traced once), the cache carried from step to step: exact, and memory bounded
+    by one step. ``frames`` must divide ``T``. Returns the output and all of ``cache`` updated with
+    what ``fn`` wrote. Looping, ``cache`` must already hold every entry ``fn`` writes (the first
+    chunk, which creates them, never runs here in pieces).
     """
     lazy = isinstance(x, LazyFrames)
-    t = x.length if lazy else x.shape[1]
+    t = frame_count(x)
     if t <= frames:
         y, new = fn(x.make(0, t) if lazy else x, cache)
         return y, {**cache, **new}
@@ -223,9 +277,10 @@ def in_steps(
     if lazy:
         steps, take = jnp.arange(n), lambda i: x.make(i * frames, frames)
     else:
-        steps, take = jnp.moveaxis(x.reshape(x.shape[0], n, frames, *x.shape[2:]), 1, 0), lambda xs: xs
+        split = lambda a: jnp.moveaxis(a.reshape(a.shape[0], n, frames, *a.shape[2:]), 1, 0)  # noqa: E731
+        steps, take = jax.tree.map(split, x), lambda xs: xs
 
-    def step(state: Cache, xs: jax.Array) -> tuple[Cache, jax.Array]:
+    def step(state: Cache, xs: FrameArrays) -> tuple[Cache, jax.Array]:
         y, new = fn(take(xs), state)
         return {**state, **new}, y
 

@@ -1,6 +1,6 @@
-"""Causal convolutions over time of the Wan 2.1 VAE: the 3x3x3 ``WanCausalConv3d`` (with the cache
-of input frames, or of the partial sums owed to the next frames) and the ``(3, 1, 1)`` time conv of
-the 3-D resamplers.
+"""Causal convolutions over time of the Wan 2.1 and 2.2 VAEs: the 3x3x3 ``WanCausalConv3d`` (with the
+cache of input frames, or of the partial sums owed to the next frames) and the ``(3, 1, 1)`` time conv
+of the 3-D resamplers.
 
 A causal 3x3x3 conv sees its input with the last two frames of everything before it in front (zeros
 at the start) and keeps the last two frames of that concatenation (diffusers ``feat_cache``, exact).

@@ -1,8 +1,11 @@
-"""``vae/config.json`` of a Wan 2.1 ``AutoencoderKLWan`` and the layer plan derived from it.
+"""``vae/config.json`` of a Wan 2.1 or Wan 2.2 ``AutoencoderKLWan`` and the layer plan derived from it.
 
 The plan lists the encoder's and decoder's modules in call order, named as in the checkpoint
 (``decoder.up_blocks.1.resnets.0`` ...), so the forward code, the checkpoint spec and the causal
-cache all walk the same list.
+cache all walk the same list. The Wan 2.2 VAE (``is_residual``) wraps each level in a residual
+block whose parameter-free shortcut (``AvgDown3D`` / ``DupUp3D``) spans the level: a ``skip``
+layer marks where the block's input is kept, and a shortcut layer after the level's resampler adds
+the shortcut of that input.
 """
 
 from __future__ import annotations
@@ -46,12 +49,34 @@ class VAEConfig(ComponentConfig):
     patch_size: int | None = None
     scale_factor_temporal: int | None = 4
     scale_factor_spatial: int | None = 8
-    clip_output: bool = True  # Wan 2.2 configs carry it; diffusers 0.42 always clamps
+    # Wan 2.2 configs say False; diffusers 0.42.1 has no such option and always clamps the decoded
+    # video to [-1, 1], so the field is read and ignored (wanjax clamps as diffusers does).
+    clip_output: bool = True
+
+    @property
+    def patch(self) -> int:
+        """Side of the pixel patches folded into channels before the encoder (1: none)."""
+        return self.patch_size or 1
+
+    @property
+    def resampling_factor(self) -> int:
+        """Pixels of the encoder's input / decoder's output per latent (2 per down/up-sampling level)."""
+        return 2 ** (len(self.dim_mult) - 1)
 
     @property
     def spatial_factor(self) -> int:
-        """Pixels per latent along H and W (2 per down/up-sampling level)."""
-        return 2 ** (len(self.dim_mult) - 1)
+        """Video pixels per latent along H and W: the levels' factor times the patch side."""
+        return self.resampling_factor * self.patch
+
+    @property
+    def video_channels(self) -> int:
+        """Channels of the video encoded (``in_channels`` are those of its patches)."""
+        return self.in_channels // self.patch**2
+
+    @property
+    def output_channels(self) -> int:
+        """Channels of the decoded video (``out_channels`` are those of its patches)."""
+        return self.out_channels // self.patch**2
 
     @property
     def temporal_factor(self) -> int:
@@ -67,16 +92,6 @@ class VAEConfig(ComponentConfig):
         return 1 + ((num_frames - 1) // 4) * 4 // self.temporal_factor
 
     def validate(self, source: str) -> None:
-        if self.is_residual:
-            raise ConfigError(f"{source}: is_residual=True is the Wan 2.2 VAE; wanjax runs the Wan 2.1 VAE")
-        if self.patch_size is not None:
-            raise ConfigError(
-                f"{source}: patch_size={self.patch_size} is the Wan 2.2 VAE; wanjax runs the Wan 2.1 VAE"
-            )
-        if not self.clip_output:
-            raise ConfigError(
-                f"{source}: clip_output=False (Wan 2.2) is not supported; the Wan 2.1 VAE clamps"
-            )
         levels = len(self.dim_mult)
         if levels < 1 or min(self.dim_mult) < 1 or self.base_dim < 1 or self.z_dim < 1:
             raise ConfigError(f"{source}: base_dim, z_dim and dim_mult entries must be positive")
@@ -96,13 +111,48 @@ class VAEConfig(ComponentConfig):
             raise ConfigError(f"{source}: latents_mean and latents_std need z_dim = {self.z_dim} entries")
         if any(s == 0 for s in self.latents_std):
             raise ConfigError(f"{source}: latents_std has a zero entry")
+        self._validate_patches(source)
+        self._validate_shortcuts(source)
         for name, declared, actual in (
             ("scale_factor_spatial", self.scale_factor_spatial, self.spatial_factor),
             ("scale_factor_temporal", self.scale_factor_temporal, self.temporal_factor),
         ):
             if declared is not None and declared != actual:
                 raise ConfigError(
-                    f"{source}: {name}={declared} but dim_mult/temperal_downsample give {actual}"
+                    f"{source}: {name}={declared} but dim_mult/temperal_downsample/patch_size give {actual}"
+                )
+
+    def _validate_patches(self, source: str) -> None:
+        """``patch_size`` must divide the channels: diffusers' (un)patchify folds ``patch**2`` pixels
+        into each of them."""
+        if self.patch_size is not None and (isinstance(self.patch_size, bool) or self.patch_size < 1):
+            raise ConfigError(
+                f"{source}: patch_size must be a positive integer or null, got {self.patch_size!r}"
+            )
+        area = self.patch**2
+        for name, channels in (("in_channels", self.in_channels), ("out_channels", self.out_channels)):
+            if channels < 1 or channels % area:
+                raise ConfigError(
+                    f"{source}: {name}={channels} must be a positive multiple of patch_size**2 = {area}"
+                )
+
+    def _validate_shortcuts(self, source: str) -> None:
+        """The residual blocks' shortcuts exist only where diffusers can build them: ``AvgDown3D``
+        averages whole groups of ``in * factor`` channels, ``DupUp3D`` repeats each channel a whole
+        number of times."""
+        for layer in (*encoder_plan(self), *decoder_plan(self)):
+            if not layer.is_shortcut:
+                continue
+            factor_t, factor_s = layer.factors
+            factor = factor_t * factor_s * factor_s
+            if layer.kind.startswith("avg"):
+                ok, what = layer.dim_in * factor % layer.dim_out == 0, "in * factor % out"
+            else:
+                ok, what = layer.dim_out * factor % layer.dim_in == 0, "out * factor % in"
+            if not ok:
+                raise ConfigError(
+                    f"{source}: {layer.name} ({layer.dim_in} -> {layer.dim_out} channels, factor {factor}) "
+                    f"needs {what} == 0; the reference cannot build it"
                 )
 
     @property
@@ -118,7 +168,32 @@ class VAEConfig(ComponentConfig):
 # ----------------------------------------------------------------------------------------------
 # Layer plans
 
-Kind = Literal["conv", "res", "attn", "up2d", "up3d", "up_time", "down2d", "down3d", "head"]
+Kind = Literal[
+    "conv",
+    "res",
+    "attn",
+    "up2d",
+    "up3d",
+    "up_time",
+    "down2d",
+    "down3d",
+    "head",
+    "skip",
+    "avg_down3d",
+    "avg_down2d",
+    "avg_channels",
+    "dup_up3d",
+    "dup_up2d",
+]
+
+# Shortcut layers of the Wan 2.2 residual blocks -> (factor_t, factor_s) of their AvgDown3D / DupUp3D
+SHORTCUT_FACTORS: dict[str, tuple[int, int]] = {
+    "avg_down3d": (2, 2),
+    "avg_down2d": (1, 2),
+    "avg_channels": (1, 1),
+    "dup_up3d": (2, 2),
+    "dup_up2d": (1, 2),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,6 +204,21 @@ class Layer:
     name: str
     dim_in: int
     dim_out: int
+
+    @property
+    def is_shortcut(self) -> bool:
+        """Whether this layer adds a residual block's shortcut (of the input its ``skip`` kept)."""
+        return self.kind in SHORTCUT_FACTORS
+
+    @property
+    def has_params(self) -> bool:
+        """Whether the checkpoint holds weights for this layer (the shortcuts and ``skip`` have none)."""
+        return self.kind != "skip" and not self.is_shortcut
+
+    @property
+    def factors(self) -> tuple[int, int]:
+        """``(factor_t, factor_s)`` of a shortcut layer."""
+        return SHORTCUT_FACTORS[self.kind]
 
     @property
     def cache_sites(self) -> tuple[str, ...]:
@@ -145,27 +235,52 @@ class Layer:
 def decoder_plan(cfg: VAEConfig) -> tuple[Layer, ...]:
     """``WanDecoder3d`` in call order (``conv_in`` ... ``norm_out + conv_out`` as one ``head``)."""
     dims = cfg.decoder_dims
-    upsample = cfg.temperal_downsample[::-1]
     layers = [Layer("conv", "decoder.conv_in", cfg.z_dim, dims[0])]
     layers += _mid_block("decoder.mid_block", dims[0])
     for i, (d_in, d_out) in enumerate(itertools.pairwise(dims)):
+        block = f"decoder.up_blocks.{i}"
+        up = i != len(cfg.dim_mult) - 1
+        temporal = up and cfg.temperal_downsample[::-1][i]
+        if cfg.is_residual:
+            layers += _residual_up_block(block, d_in, d_out, cfg.num_res_blocks, up, temporal)
+            continue
         d_in = d_in // 2 if i > 0 else d_in
-        for j in range(cfg.num_res_blocks + 1):
-            layers.append(Layer("res", f"decoder.up_blocks.{i}.resnets.{j}", d_in, d_out))
-            d_in = d_out
-        if i != len(cfg.dim_mult) - 1:
-            kind = "up3d" if upsample[i] else "up2d"
-            layers.append(Layer(kind, f"decoder.up_blocks.{i}.upsamplers.0", d_out, d_out // 2))
+        layers += _resnets(f"{block}.resnets", d_in, d_out, cfg.num_res_blocks + 1)
+        if up:
+            layers.append(Layer("up3d" if temporal else "up2d", f"{block}.upsamplers.0", d_out, d_out // 2))
     layers.append(Layer("head", "decoder.conv_out", dims[-1], cfg.out_channels))
     return tuple(layers)
 
 
+def _residual_up_block(
+    block: str, d_in: int, d_out: int, n_res: int, up: bool, temporal: bool
+) -> list[Layer]:
+    """``WanResidualUpBlock``: resnets, then (if ``up``) the upsampler (``d_out`` channels kept)
+    and the ``DupUp3D`` shortcut of the block's input."""
+    if not up:
+        return _resnets(f"{block}.resnets", d_in, d_out, n_res + 1)
+    return [
+        Layer("skip", block, d_in, d_in),
+        *_resnets(f"{block}.resnets", d_in, d_out, n_res + 1),
+        Layer("up3d" if temporal else "up2d", f"{block}.upsampler", d_out, d_out),
+        Layer("dup_up3d" if temporal else "dup_up2d", f"{block}.avg_shortcut", d_in, d_out),
+    ]
+
+
 def encoder_plan(cfg: VAEConfig) -> tuple[Layer, ...]:
-    """``WanEncoder3d`` in call order; ``down_blocks`` is the reference's flat list (indices kept)."""
+    """``WanEncoder3d`` in call order; Wan 2.1's ``down_blocks`` is the reference's flat list
+    (indices kept), Wan 2.2's one residual block per level."""
     dims = cfg.encoder_dims
     layers = [Layer("conv", "encoder.conv_in", cfg.in_channels, dims[0])]
     index, scale = 0, 1.0
     for i, (d_in, d_out) in enumerate(itertools.pairwise(dims)):
+        down = i != len(cfg.dim_mult) - 1
+        temporal = down and cfg.temperal_downsample[i]
+        if cfg.is_residual:
+            layers += _residual_down_block(
+                f"encoder.down_blocks.{i}", d_in, d_out, cfg.num_res_blocks, down, temporal
+            )
+            continue
         for _ in range(cfg.num_res_blocks):
             layers.append(Layer("res", f"encoder.down_blocks.{index}", d_in, d_out))
             index += 1
@@ -173,14 +288,33 @@ def encoder_plan(cfg: VAEConfig) -> tuple[Layer, ...]:
                 layers.append(Layer("attn", f"encoder.down_blocks.{index}", d_out, d_out))
                 index += 1
             d_in = d_out
-        if i != len(cfg.dim_mult) - 1:
-            kind = "down3d" if cfg.temperal_downsample[i] else "down2d"
-            layers.append(Layer(kind, f"encoder.down_blocks.{index}", d_out, d_out))
+        if down:
+            layers.append(
+                Layer("down3d" if temporal else "down2d", f"encoder.down_blocks.{index}", d_out, d_out)
+            )
             index += 1
             scale /= 2.0
     layers += _mid_block("encoder.mid_block", dims[-1])
     layers.append(Layer("head", "encoder.conv_out", dims[-1], 2 * cfg.z_dim))
     return tuple(layers)
+
+
+def _residual_down_block(
+    block: str, d_in: int, d_out: int, n_res: int, down: bool, temporal: bool
+) -> list[Layer]:
+    """``WanResidualDownBlock``: resnets, the downsampler (if ``down``), plus the ``AvgDown3D``
+    shortcut of the block's input (no attention, whatever ``attn_scales`` say)."""
+    layers = [Layer("skip", block, d_in, d_in), *_resnets(f"{block}.resnets", d_in, d_out, n_res)]
+    if down:
+        layers.append(Layer("down3d" if temporal else "down2d", f"{block}.downsampler", d_out, d_out))
+    kind = ("avg_down3d" if temporal else "avg_down2d") if down else "avg_channels"
+    layers.append(Layer(kind, f"{block}.avg_shortcut", d_in, d_out))
+    return layers
+
+
+def _resnets(prefix: str, d_in: int, d_out: int, count: int) -> list[Layer]:
+    """``count`` residual blocks ``prefix.0 ...``, the first ``d_in -> d_out``, the others ``d_out``."""
+    return [Layer("res", f"{prefix}.{j}", d_in if j == 0 else d_out, d_out) for j in range(count)]
 
 
 def _mid_block(name: str, dim: int) -> list[Layer]:

@@ -1,6 +1,7 @@
-"""The VAE as pure functions in diffusers' layout (channels first): :func:`decode`,
+"""The VAE (Wan 2.1 or 2.2) as pure functions in diffusers' layout (channels first): :func:`decode`,
 :func:`decode_uint8` and :func:`encode`, what :class:`~wanjax.models.vae.model.WanVAE` compiles
-(``cfg``, ``nm``, ``chunk``, ``frames`` and ``tiling`` are static)."""
+(``cfg``, ``nm``, ``chunk``, ``frames`` and ``tiling`` are static). The Wan 2.2 VAE's patches are
+made from the video before the encoder and undone after the decoder (per chunk, before ``finish``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 from wanjax.models.layers import Params
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import Numerics
-from wanjax.models.vae.postprocess import clamp, denormalize_latents, to_uint8
+from wanjax.models.vae.postprocess import clamp, denormalize_latents, patchify, to_uint8, unpatchify
 from wanjax.models.vae.scan import decode_frames, encode_frames
 from wanjax.models.vae.tiling import Tiling, decode_frames_tiled
 
@@ -34,10 +35,13 @@ def _decode_any(
     """Channel-last VAE latents -> ``finish(frames)`` (time on ``time_axis``), tiled when ``tiling``
     applies to this size."""
     size = None if tiling is None else tiling.size // cfg.spatial_factor
+    finish_patches = lambda v: finish(unpatchify(cfg, v))  # noqa: E731
     if size is None or (z.shape[2] <= size and z.shape[3] <= size):
-        return decode_frames(params, cfg, z, finish, nm=nm, chunk=chunk, frames=frames, time_axis=time_axis)
+        return decode_frames(
+            params, cfg, z, finish_patches, nm=nm, chunk=chunk, frames=frames, time_axis=time_axis
+        )
     video = decode_frames_tiled(params, cfg, z, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
-    return finish(video)
+    return finish_patches(video)
 
 
 def _to_channels_last(x: jax.Array) -> jax.Array:
@@ -84,5 +88,6 @@ def encode(
     params: Params, cfg: VAEConfig, video: jax.Array, *, nm: Numerics, chunk: int | None, frames: int
 ) -> jax.Array:
     """diffusers ``vae.encode(video).latent_dist.mean``: ``(B, 3, T, H, W)`` in [-1, 1] -> VAE latents."""
-    mean = encode_frames(params, cfg, _to_channels_last(video), nm=nm, chunk=chunk, frames=frames)
+    patches = patchify(cfg, _to_channels_last(video))
+    mean = encode_frames(params, cfg, patches, nm=nm, chunk=chunk, frames=frames)
     return _to_channels_first(mean)

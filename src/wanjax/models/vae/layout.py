@@ -1,4 +1,4 @@
-"""Checkpoint layout of the Wan 2.1 VAE: which tensors of ``vae/`` make which params, and how
+"""Checkpoint layout of the Wan 2.1 and 2.2 VAEs: which tensors of ``vae/`` make which params, and how
 PyTorch's conv weights become channel-last kernels (NumPy views only); and the component's
 :class:`~wanjax.io.component.Component` description."""
 
@@ -83,15 +83,16 @@ def _layer_spec(layer: Layer) -> Params:
 
 def checkpoint_spec(cfg: VAEConfig, part: str = "all") -> Params:
     """Spec tree (module name -> params) of the ``decoder`` (+ ``post_quant_conv``), the ``encoder``
-    (+ ``quant_conv``), or ``all``. Module names are the checkpoint prefixes."""
+    (+ ``quant_conv``), or ``all``. Module names are the checkpoint prefixes; layers without weights
+    (the Wan 2.2 residual blocks' shortcuts) have no entry."""
     z = cfg.z_dim
     spec: Params = {}
     if part in ("decoder", "all"):
         spec["post_quant_conv"] = _conv("post_quant_conv", (z, z, 1, 1, 1), _pointwise_kernel)
-        spec.update({layer.name: _layer_spec(layer) for layer in decoder_plan(cfg)})
+        spec.update({layer.name: _layer_spec(layer) for layer in decoder_plan(cfg) if layer.has_params})
     if part in ("encoder", "all"):
         spec["quant_conv"] = _conv("quant_conv", (2 * z, 2 * z, 1, 1, 1), _pointwise_kernel)
-        spec.update({layer.name: _layer_spec(layer) for layer in encoder_plan(cfg)})
+        spec.update({layer.name: _layer_spec(layer) for layer in encoder_plan(cfg) if layer.has_params})
     return spec
 
 

@@ -1,4 +1,5 @@
-"""The Wan 2.1 causal 3D VAE (``AutoencoderKLWan``) as a loaded model: :class:`WanVAE` and :func:`load_vae`.
+"""The Wan 2.1 and 2.2 causal 3D VAEs (``AutoencoderKLWan``) as a loaded model: :class:`WanVAE` and
+:func:`load_vae`.
 
 Two latent conventions, never to be mixed up:
 
@@ -75,10 +76,11 @@ class _Weights:
 
 
 class WanVAE:
-    """A loaded Wan 2.1 VAE. See the module docstring for the two latent conventions.
+    """A loaded Wan 2.1 or 2.2 VAE. See the module docstring for the two latent conventions.
 
     * ``decode(vae_latents)``: ``(B, z, T', h, w)`` VAE latents (diffusers' ``vae.decode`` input)
-      -> float video ``(B, 3, 1 + 4 (T'-1), H, W)`` in [-1, 1], in the activation dtype.
+      -> float video ``(B, 3, 1 + 4 (T'-1), H, W)`` in [-1, 1], in the activation dtype
+      (``H = cfg.spatial_factor * h``: 8 for Wan 2.1, 16 for Wan 2.2; always clamped, as diffusers).
     * ``decode_uint8(normalized_latents)``: the transformer's output -> ``uint8 (B, T, H, W, 3)``.
     * ``encode(video)``: ``(B, 3, T, H, W)`` in [-1, 1] -> posterior mean ``(B, z, T', h, w)``
       (VAE latents; :meth:`normalize_latents` maps them to the transformer's space).
@@ -181,8 +183,14 @@ class WanVAE:
     def encode(self, video: jax.Array) -> jax.Array:
         """Video ``(B, 3, T, H, W)`` in [-1, 1] -> posterior mean ``(B, z, T', h, w)`` (VAE latents)."""
         shape = tuple(video.shape)
-        if len(shape) != 5 or shape[1] != self.cfg.in_channels or shape[2] < 1:
-            raise ConfigError(f"video must be (B, {self.cfg.in_channels}, T, H, W), got {shape}")
+        if len(shape) != 5 or shape[1] != self.cfg.video_channels or shape[2] < 1:
+            raise ConfigError(f"video must be (B, {self.cfg.video_channels}, T, H, W), got {shape}")
+        # patches need whole ones; the residual blocks' shortcuts halve H and W exactly at every level
+        multiple = self.cfg.spatial_factor if self.cfg.is_residual else self.cfg.patch
+        if shape[3] % multiple or shape[4] % multiple:
+            raise ConfigError(
+                f"this VAE encodes frames whose height and width are multiples of {multiple}, got {shape[3:]}"
+            )
         if any(layer.kind == "attn" and "down_blocks" in layer.name for layer in encoder_plan(self.cfg)):
             # diffusers 0.42 (and the original Wan code) crash when encoding with attention blocks
             # in down_blocks, so there is no reference to be exact against.
@@ -267,7 +275,7 @@ def load_vae(
     compile_in_child: bool | None = None,
     precision: str | None = None,
 ) -> WanVAE:
-    """Load ``vae/`` of a diffusers-layout Wan 2.1 model (``path`` = model root or that folder).
+    """Load ``vae/`` of a diffusers-layout Wan 2.1 or 2.2 model (``path`` = model root or that folder).
 
     ``dtype``: activations; ``weights_dtype``: how the weights are stored (default: ``dtype``);
     weights are cast to ``dtype`` at use. ``decode_chunk``: latent frames per decode step;

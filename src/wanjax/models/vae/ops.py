@@ -1,5 +1,5 @@
-"""Primitives of the Wan 2.1 VAE, channel-last (``[B, T, H, W, C]``): numerics settings, the channel
-L2 norm, pointwise and 2-D convolutions, and the frame bookkeeping of the causal cache.
+"""Primitives of the Wan 2.1 and 2.2 VAEs, channel-last (``[B, T, H, W, C]``): numerics settings, the
+channel L2 norm, pointwise and 2-D convolutions, and the frame bookkeeping of the causal cache.
 
 Convolutions and matmuls take their operands in the activation dtype and accumulate in float32;
 float32 ones run at ``Numerics.precision`` (see :mod:`wanjax.kernels.precision`). Weights are stored

@@ -1,6 +1,6 @@
-"""Conversions at the VAE's edges: the transformer's normalised latents to and from VAE latents, and
-decoded video to clamped floats and ``uint8`` frames (as the reference pipeline and diffusers'
-post-processing compute them)."""
+"""Conversions at the VAE's edges: the transformer's normalised latents to and from VAE latents, video
+to and from the Wan 2.2 VAE's patches, and decoded video to clamped floats and ``uint8`` frames (as
+the reference pipeline and diffusers' post-processing compute them)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from wanjax.models.vae.config import VAEConfig
 
-__all__ = ["clamp", "denormalize_latents", "normalize_latents", "to_uint8"]
+__all__ = ["clamp", "denormalize_latents", "normalize_latents", "patchify", "to_uint8", "unpatchify"]
 
 
 def denormalize_latents(cfg: VAEConfig, normalized_latents: jax.Array) -> jax.Array:
@@ -31,6 +31,27 @@ def _latent_stats(cfg: VAEConfig) -> tuple[np.ndarray, np.ndarray]:
     mean = np.asarray(cfg.latents_mean, np.float32).reshape(shape)
     inv_std = (np.float32(1.0) / np.asarray(cfg.latents_std, np.float32)).reshape(shape)
     return mean, inv_std
+
+
+def patchify(cfg: VAEConfig, video: jax.Array) -> jax.Array:
+    """diffusers ``patchify``, channel-last: ``(B, T, H, W, C) -> (B, T, H / p, W / p, C p p)``, patch
+    channels in the reference's ``(channel, column, row)`` order (identity without patches)."""
+    p = cfg.patch
+    if p == 1:
+        return video
+    b, t, h, w, c = video.shape
+    x = video.reshape(b, t, h // p, p, w // p, p, c).transpose(0, 1, 2, 4, 6, 5, 3)
+    return x.reshape(b, t, h // p, w // p, c * p * p)
+
+
+def unpatchify(cfg: VAEConfig, video: jax.Array) -> jax.Array:
+    """diffusers ``unpatchify``, channel-last: the inverse of :func:`patchify`."""
+    p = cfg.patch
+    if p == 1:
+        return video
+    b, t, h, w, cpp = video.shape
+    x = video.reshape(b, t, h, w, cpp // (p * p), p, p).transpose(0, 1, 2, 6, 3, 5, 4)
+    return x.reshape(b, t, h * p, w * p, cpp // (p * p))
 
 
 def clamp(video: jax.Array) -> jax.Array:

@@ -1,5 +1,5 @@
-"""Chunked, static-shape decode and encode of the Wan 2.1 VAE as a ``lax.scan`` (pure functions; the
-config, numerics and chunking are static).
+"""Chunked, static-shape decode and encode of the Wan 2.1 and 2.2 VAEs as a ``lax.scan`` (pure
+functions; the config, numerics and chunking are static).
 
 Time runs as a ``lax.scan`` over fixed-size chunks of latent frames (``decode_chunk``) or groups of 4
 video frames (``encode_chunk``) with the causal cache as a fixed-shape carry; the first latent frame /
@@ -8,15 +8,16 @@ trimmed, so the scan body has one shape whatever the video length, and memory do
 number of frames beyond the output. Inside a chunk the work still goes one latent frame (decoder) /
 group of 4 frames (encoder) at a time, and each decoder segment after a temporal upsampling runs in
 steps of ``frames_per_step`` video frames scaled to its frame rate (one frame by default), inside the
-steps of the segment before it; the encoder's layers before its first temporal downsampling likewise.
+steps of the segment before it; the encoder's layers before its first temporal downsampling (before
+the Wan 2.2 residual block holding it) likewise.
 Every operation thus has the same shape whatever the chunk size, so chunk sizes give bit-identical
 results, and only a few frames of activations are alive at any resolution. Results equal the
 reference's per-frame loop (whole-sequence causal convolutions with its first-frame rules) up to
 float32 rounding.
 
-Memory at 240x416: 280 MiB of float32 decoder weights and a 917 MiB program: 807 MiB of causal
-cache (two frames, two owed partial sums, or two low-resolution frames to recompute from, at each
-of the 32 cache sites: the state the reference keeps) and ~110 MiB of scratch (three
+Memory of the Wan 2.1 decode at 240x416: 280 MiB of float32 decoder weights and a 917 MiB program:
+807 MiB of causal cache (two frames, two owed partial sums, or two low-resolution frames to recompute
+from, at each of the 32 cache sites: the state the reference keeps) and ~110 MiB of scratch (three
 full-resolution frames of activations at the peak, one frame at each lower resolution); XLA's
 packing of them loses almost nothing. Each causal conv runs its taps in an order that lets XLA
 write the new owed sums and the folded-in residual straight into the loop carry
@@ -36,7 +37,14 @@ import jax.numpy as jnp
 
 from wanjax.errors import ConfigError
 from wanjax.models.layers import Params
-from wanjax.models.vae.blocks import LazyFrames, in_steps, run_layers, run_layers_in_steps, time_doubling
+from wanjax.models.vae.blocks import (
+    FrameArrays,
+    frame_count,
+    in_steps,
+    run_layers,
+    run_layers_in_steps,
+    time_doubling,
+)
 from wanjax.models.vae.config import Layer, VAEConfig, decoder_plan, encoder_plan
 from wanjax.models.vae.ops import Cache, Numerics, pointwise
 
@@ -57,36 +65,72 @@ def _decoder_segments(cfg: VAEConfig) -> list[tuple[Layer, ...]]:
     return segments
 
 
+def _carried_shortcut(segment: tuple[Layer, ...]) -> Layer | None:
+    """The ``dup_up3d`` shortcut ``segment`` adds right after its first layer (the spatial half of
+    the temporal upsampling that began it): its block, and so its input, began in the segment before."""
+    return next((layer for layer in segment[:2] if layer.kind == "dup_up3d"), None)
+
+
+def _block_start(layers: tuple[Layer, ...]) -> int:
+    """Index of the last ``skip`` in ``layers``: where the residual block they end in began."""
+    return max(i for i, layer in enumerate(layers) if layer.kind == "skip")
+
+
 def decoder_chunk(
     params: Params, cfg: VAEConfig, z: jax.Array, cache: Cache, first: bool, nm: Numerics, frames: int
 ) -> tuple[jax.Array, Cache]:
-    """VAE latents of one chunk ``(B, t, h, w, z)`` -> decoded frames (unclamped) and new caches.
+    """VAE latents of one chunk ``(B, t, h, w, z)`` -> decoded frames (unclamped, patches for the
+    Wan 2.2 VAE) and new caches.
 
     Each segment after a temporal upsampling runs in steps of ``frames`` video frames scaled to its
     frame rate (at least one frame), inside the steps of the segment before it: the activations
-    alive at once stay a few frames at every resolution, whatever the chunk."""
+    alive at once stay a few frames at every resolution, whatever the chunk. A Wan 2.2 residual
+    block ending in a temporal upsampling hands its input's ``DupUp3D`` shortcut (its temporal half,
+    frame by frame) to the next segment with the doubled frames."""
     segments = _decoder_segments(cfg)
     rates = [2**i for i in range(len(segments))]  # frames per latent frame in each segment
 
-    def run(i: int, x: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
+    def run(i: int, x: FrameArrays, cache: Cache) -> tuple[jax.Array, Cache]:
+        x, carried = x if isinstance(x, tuple) else (x, None)
         if i + 1 == len(segments):
-            return run_layers(params, segments[i], x, cache, first, nm)
+            return run_layers(params, segments[i], x, cache, first, nm, carried)
         *body, doubling = segments[i]
-        y, new = run_layers(params, body, x, cache, first, nm)
-        y = time_doubling(params[doubling.name], doubling, y, cache, new, first, nm)
-        length = y.length if isinstance(y, LazyFrames) else y.shape[1]
-        step = math.gcd(length, max(1, frames * rates[i + 1] // rates[-1]))
+        dup = _carried_shortcut(segments[i + 1])
+        cut = len(body) if dup is None else _block_start(tuple(body))
+        y, new = run_layers(params, body[:cut], x, cache, first, nm, carried)
+        shortcut = None
+        if dup is not None:  # the block's input kept for its shortcut, then the block
+            shortcut = (dup, y)
+            y, block_new = run_layers(params, body[cut + 1 :], y, cache, first, nm)
+            new.update(block_new)
+        y = time_doubling(params[doubling.name], doubling, y, cache, new, first, nm, shortcut)
+        step = math.gcd(frame_count(y), max(1, frames * rates[i + 1] // rates[-1]))
         return in_steps(lambda xs, c: run(i + 1, xs, c), y, {**cache, **new}, step)
 
     return run(0, pointwise(z, params["post_quant_conv"], nm), cache)
 
 
+def _encoder_split(plan: tuple[Layer, ...]) -> int:
+    """Where the encoder's layers stop running in steps of video frames: at its first temporal
+    downsampling, or at the start of the residual block it is in (whose shortcut averages pairs of
+    frames, so needs the block's input for the whole chunk)."""
+    split = next((i for i, layer in enumerate(plan) if layer.kind == "down3d"), len(plan))
+    open_block = None
+    for i, layer in enumerate(plan[:split]):
+        if layer.kind == "skip":
+            open_block = i
+        elif layer.is_shortcut:  # the block is closed
+            open_block = None
+    return split if open_block is None else open_block
+
+
 def encoder_chunk(
     params: Params, cfg: VAEConfig, video: jax.Array, cache: Cache, first: bool, nm: Numerics, frames: int
 ) -> tuple[jax.Array, Cache]:
-    """Video frames of one chunk -> encoder output (``2 z`` channels, before ``quant_conv``), caches."""
+    """Video frames (patches for the Wan 2.2 VAE) of one chunk -> encoder output (``2 z`` channels,
+    before ``quant_conv``), caches."""
     plan = encoder_plan(cfg)
-    split = next((i for i, layer in enumerate(plan) if layer.kind == "down3d"), len(plan))
+    split = _encoder_split(plan)
     x, new = run_layers_in_steps(params, plan[:split], video, cache, first, nm, frames)
     x, new_rest = run_layers(params, plan[split:], x, cache, first, nm)
     return x, {**new, **new_rest}
@@ -136,7 +180,9 @@ def decode_frames(
     frames: int,
     time_axis: int = 1,
 ) -> jax.Array:
-    """Channel-last VAE latents ``(B, T', h, w, z)`` -> ``finish(frames)`` for ``1 + r (T' - 1)`` frames.
+    """Channel-last VAE latents ``(B, T', h, w, z)`` -> ``finish(frames)`` for ``1 + r (T' - 1)`` frames
+    (the decoder's output: patches for the Wan 2.2 VAE, see
+    :func:`~wanjax.models.vae.postprocess.unpatchify`).
 
     ``finish`` (clamp, post-processing, the output's layout, with time on ``time_axis``) runs inside
     each chunk, which writes its result straight into the output. ``chunk``: latent frames per
@@ -164,7 +210,8 @@ def decode_frames(
 def encode_frames(
     params: Params, cfg: VAEConfig, video: jax.Array, *, nm: Numerics, chunk: int | None, frames: int
 ) -> jax.Array:
-    """Channel-last video ``(B, T, H, W, C)`` -> posterior mean ``(B, T', h, w, z)`` (VAE latents).
+    """Channel-last video ``(B, T, H, W, C)`` (patches for the Wan 2.2 VAE, see
+    :func:`~wanjax.models.vae.postprocess.patchify`) -> posterior mean ``(B, T', h, w, z)`` (VAE latents).
 
     Frame 0 is encoded alone, then groups of 4 frames, ``chunk`` groups per scan step (``None``: all);
     frames after the last complete group are dropped, as in the reference.

@@ -85,10 +85,12 @@ def decode_frames_tiled(
     frames: int,
     tiling: Tiling,
 ) -> jax.Array:
-    """:func:`decode_frames` (unclamped float frames) through :class:`Tiling`. Tiles of one shape
-    run one after another under ``lax.map``, so each tile shape is compiled once."""
+    """:func:`decode_frames` (unclamped float frames, patches for the Wan 2.2 VAE) through
+    :class:`Tiling`. Tiles of one shape run one after another under ``lax.map``, so each tile shape
+    is compiled once."""
     h, w = vae_latents.shape[2:4]
-    scale = cfg.spatial_factor
+    scale = cfg.resampling_factor  # decoder output pixels (patches) per latent
+    tiling = Tiling(tiling.size // cfg.patch, tiling.stride // cfg.patch)  # in the decoder's pixels
     size, stride = tiling.size // scale, tiling.stride // scale
     grid = [(i, j) for i in range(0, h, stride) for j in range(0, w, stride)]
     groups: dict[tuple[int, int], list[tuple[int, int]]] = {}

@@ -1,5 +1,6 @@
-"""Spatial x2 upsampling of the Wan 2.1 VAE (nearest x2 + 3x3 conv, per frame), and the residual
-blocks' low-resolution cache that recomputes upsampled frames instead of keeping them."""
+"""Spatial x2 upsampling of the Wan 2.1 and 2.2 VAEs (nearest x2 + 3x3 conv, per frame), and the
+residual blocks' low-resolution cache that recomputes upsampled frames instead of keeping them (Wan
+2.1 only: in Wan 2.2 a shortcut is added between the upsampling and the next residual block)."""
 
 from __future__ import annotations
 
