@@ -74,7 +74,7 @@ def parity(root: str, meshes: list[str]) -> dict:
 
 
 def demo_parity(root: str, args: list[str]) -> dict:
-    """Demo model ``args[0]`` (``demo-i2v``, ``demo-a14b``: written into ``root``) on each mesh of
+    """Demo model ``args[0]`` (``demo-i2v``, ``demo-a14b``, ``demo-ti2v``: written into ``root``) on each mesh of
     ``args[1:]`` vs one device, float32: the image's conditioning (image to video), the final latents
     (two experts: the steps each ran) and the frames."""
     from wanjax import WanPipeline
@@ -89,9 +89,11 @@ def demo_parity(root: str, args: list[str]) -> dict:
         pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False, mesh=mesh)
         pos, neg = pipe.encode_prompt("a red cat walks", None, max_sequence_length=16)
         conditioning, found = None, {}
-        if pipe.transformer_config.image_to_video:
+        if pipe.transformer_config.image_to_video or pipe.expand_timesteps:
             conditioning = pipe.prepare_image(image, 1, GEN["height"], GEN["width"], GEN["num_frames"])
-            found = {"condition": to_host(conditioning.latents), "states": to_host(conditioning.image_embeds)}
+            found = {"condition": to_host(conditioning.latents)}
+            if conditioning.image_embeds is not None:
+                found["states"] = to_host(conditioning.image_embeds)
         noise = pipe.prepare_latents(1, **GEN)
         latents = pipe.denoise(pos, neg, noise, num_inference_steps=4, progress=False, image=conditioning)
         return {
@@ -117,6 +119,35 @@ def demo_parity(root: str, args: list[str]) -> dict:
             ),
             "frames_max": int(np.abs(got["frames"].astype(int) - ref["frames"]).max()),
         }
+    return out
+
+
+def vae_strips(root: str, cases: list[str]) -> dict:
+    """The demo VAE's decode of small latents ``HxW`` split over mesh ``M`` (``HxW@M`` cases) vs one
+    device: the largest uint8 difference and the split used."""
+    from wanjax.models.vae import load_vae
+    from wanjax.parallel.layouts import spatial_sharding, to_global, to_host
+    from wanjax.parallel.mesh import make_mesh, parse_mesh
+    from wanjax.parallel.rules import replicated
+    from wanjax.pipeline.demo import write_demo_model
+
+    write_demo_model(root)
+    base = load_vae(root, "float32")
+    out = {}
+    for case in cases:
+        size, text = case.split("@")
+        z = (
+            np.random.default_rng(0)
+            .standard_normal((1, 16, 2, *map(int, size.split("x"))))
+            .astype(np.float32)
+        )
+        spec = parse_mesh(text)
+        mesh = make_mesh(spec, jax.devices()[: spec.num_devices])
+        vae = load_vae(root, "float32", sharding=lambda source, mesh=mesh: replicated(mesh))
+        x = to_global(z, spatial_sharding(mesh, z.shape))
+        frames = to_host(vae.decode_uint8(x))
+        ref = np.asarray(base.decode_uint8(z))
+        out[case] = {"max": int(np.abs(frames.astype(int) - ref).max()), "spec": str(x.sharding.spec)}
     return out
 
 
@@ -171,6 +202,12 @@ if __name__ == "__main__":
         write_model(Path(root))
         result = {}
     else:
-        tasks = {"parity": parity, "demo_parity": demo_parity, "params": params, "vae": vae_memory}
+        tasks = {
+            "parity": parity,
+            "demo_parity": demo_parity,
+            "params": params,
+            "vae": vae_memory,
+            "vae_strips": vae_strips,
+        }
         result = tasks[task](root, rest)
     print(json.dumps(result))

@@ -98,17 +98,31 @@ def to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
+MIN_STRIP = 2  # latent pixels across a VAE strip at the least (see spatial_sharding)
+
+
 def spatial_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
-    """VAE activations ``(B, C, T, H, W)`` split over every device along W, then H, for the mesh axes
-    that divide them (the batch stays whole: each device decodes a strip of every video)."""
+    """VAE activations ``(B, C, T, H, W)`` split into strips along one spatial axis, W or H, whichever
+    the mesh axes that divide it split the more (W on a tie), each strip at least :data:`MIN_STRIP`
+    latent pixels across; the batch stays whole: each device decodes a strip of every video. XLA's
+    partitioner decoded small frames split into one-pixel strips, or over both axes, wrongly (frames
+    off by up to 236 levels; tests/test_sharding.py); strips of real videos are tens of pixels."""
     sizes = _mesh_sizes(mesh)
-    width: list[str] = []
-    height: list[str] = []
-    for a in (a for a in mesh.axis_names if sizes[a] > 1):
-        for dims, dim in ((width, shape[-1]), (height, shape[-2])):
-            if dim % (math.prod(sizes[c] for c in dims) * sizes[a]) == 0:
-                dims.append(a)
-                break
+
+    def axes_dividing(dim: int) -> list[str]:
+        chosen: list[str] = []
+        for a in (a for a in mesh.axis_names if sizes[a] > 1):
+            parts = math.prod(sizes[c] for c in chosen) * sizes[a]
+            if dim % parts == 0 and dim // parts >= MIN_STRIP:
+                chosen.append(a)
+        return chosen
+
+    width, height = axes_dividing(shape[-1]), axes_dividing(shape[-2])
+    split = lambda axes: math.prod(sizes[a] for a in axes)  # noqa: E731
+    if split(height) > split(width):
+        width = []
+    else:
+        height = []
     entry = TokenLayout._entry
     return NamedSharding(mesh, P(None, None, None, entry(tuple(height)), entry(tuple(width))))
 

@@ -2,7 +2,8 @@
 
 :data:`DEMO_VARIANTS` names them: ``demo`` (Wan 2.1 text-to-video), ``demo-i2v`` (Wan 2.1
 image-to-video: a CLIP image encoder and its processor, a transformer taking the image) and
-``demo-a14b`` (Wan 2.2 A14B-style: two experts, ``transformer_2`` after the boundary).
+``demo-a14b`` (Wan 2.2 A14B-style: two experts, ``transformer_2`` after the boundary) and
+``demo-ti2v`` (Wan 2.2 TI2V-style: the Wan 2.2 VAE, ``expand_timesteps``, an optional image).
 ``demo_model_dir(cache, name)`` writes one on first use into the cache folder (see
 :func:`wanjax.io.paths.cache_root`) as ``<name>-<hash>/`` with ``model_index.json``,
 ``tokenizer/``, ``text_encoder/``, ``transformer/``, ``vae/`` and ``scheduler/`` (and
@@ -95,6 +96,20 @@ DEMO_VAE = VAEConfig(
     temperal_downsample=(False, True, True),
     metadata={"_class_name": "AutoencoderKLWan"},
 )
+DEMO_VAE22 = VAEConfig(  # the Wan 2.2 VAE's layout (residual blocks, 2x2 patches), narrow
+    base_dim=8,
+    decoder_base_dim=12,
+    z_dim=16,
+    dim_mult=(1, 2, 4, 4),
+    num_res_blocks=1,
+    temperal_downsample=(False, True, True),
+    is_residual=True,
+    patch_size=2,
+    in_channels=12,
+    out_channels=12,
+    scale_factor_spatial=16,
+    metadata={"_class_name": "AutoencoderKLWan"},
+)
 DEMO_SCHEDULER: dict[str, Any] = {
     "_class_name": "UniPCMultistepScheduler",
     "num_train_timesteps": 1000,
@@ -116,6 +131,8 @@ class DemoVariant:
     transformer: TransformerConfig
     image_encoder: CLIPVisionConfig | None = None
     boundary_ratio: float | None = None  # two experts (Wan 2.2 A14B): transformer_2 and the switch
+    vae: VAEConfig = DEMO_VAE
+    expand_timesteps: bool = False  # Wan 2.2 TI2V: an optional first frame, the Wan 2.2 VAE
 
 
 DEMO_VARIANTS: dict[str, DemoVariant] = {
@@ -131,6 +148,7 @@ DEMO_VARIANTS: dict[str, DemoVariant] = {
         DEMO_IMAGE_ENCODER,
     ),
     f"{DEMO_NAME}-a14b": DemoVariant("WanPipeline", DEMO_TRANSFORMER, boundary_ratio=TWO_EXPERTS["A14B"]),
+    f"{DEMO_NAME}-ti2v": DemoVariant("WanPipeline", DEMO_TRANSFORMER, vae=DEMO_VAE22, expand_timesteps=True),
 }
 # What happens when the cache folder cannot be written, as the warning says it.
 UNCACHED = (
@@ -189,7 +207,7 @@ def _components(variant: DemoVariant) -> dict[Component, tuple[Any, dict[str, An
     components = {
         TEXT_ENCODER: (te, te_config, ("transformers", "UMT5EncoderModel")),
         TRANSFORMER: (dit, dit.to_dict(), ("diffusers", "WanTransformer3DModel")),
-        VAE: (DEMO_VAE, DEMO_VAE.to_dict(), ("diffusers", "AutoencoderKLWan")),
+        VAE: (variant.vae, variant.vae.to_dict(), ("diffusers", "AutoencoderKLWan")),
     }
     if variant.boundary_ratio is not None:
         components[TRANSFORMER_2] = (dit, dit.to_dict(), ("diffusers", "WanTransformer3DModel"))
@@ -210,6 +228,7 @@ def demo_fingerprint(name: str = DEMO_NAME) -> str:
         "seed": SEED,
         "pipeline": variant.pipeline_class,
         "boundary_ratio": variant.boundary_ratio,
+        "expand_timesteps": variant.expand_timesteps,
         "configs": {c.folder: config for c, (_, config, _) in _components(variant).items()},
         "scheduler": DEMO_SCHEDULER,
         "tokenizer": _tokenizer_files(),
@@ -231,6 +250,8 @@ def write_demo_model(directory: str | Path, name: str = DEMO_NAME) -> Path:
     }
     if variant.boundary_ratio is not None:
         index["boundary_ratio"] = variant.boundary_ratio
+    if variant.expand_timesteps:
+        index["expand_timesteps"] = True
     for i, (component, (cfg, config, entry)) in enumerate(sorted(_components(variant).items(), key=_folder)):
         folder = root / component.folder
         folder.mkdir(parents=True, exist_ok=True)
