@@ -113,9 +113,9 @@ TINY_VAE = VAEConfig(
 def test_decode_bench_reports_vae_flops(capsys, monkeypatch):
     """Latents [1,16,2,4,4] through the decode stage: the reference count and the (smaller) count
     of what wanjax's formulation executes."""
-    monkeypatch.setattr(bench, "VAEConfig", lambda: TINY_VAE)
+    monkeypatch.setattr(bench, "preset_vae", lambda arch: TINY_VAE)
     monkeypatch.setattr(bench, "device_peak", lambda dtype="bfloat16": (1e12, f"test {dtype}"))
-    cfg = bench.BenchConfig(height=32, width=32, frames=5, stages=("decode",), repeats=1)
+    cfg = bench.BenchConfig(height=8, width=8, frames=5, stages=("decode",), repeats=1)  # 2 px a latent
     result = bench.run_bench(cfg)
     decode = result["stages"]["decode"]
     assert decode["tflop"] * 1e12 == pytest.approx(vae_decode_flops(TINY_VAE, (1, 16, 2, 4, 4)).total)

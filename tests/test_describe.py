@@ -117,3 +117,22 @@ def test_plan_on_one_device_names_no_alternative(capsys):
     )
     assert fitting == [suggested] == ["dp=1,sp=1,tp=1"]
     assert why == "--mesh auto (generate's default) fits; each DiT block runs on one device"
+
+
+@pytest.mark.parametrize(
+    ("model", "extra", "options"),
+    [
+        ("demo-i2v", ("image_encoder", "image_processor"), None),
+        ("demo-a14b", ("transformer_2",), "boundary_ratio=0.875"),
+        ("demo-ti2v", (), "expand_timesteps=true"),
+    ],
+)
+def test_info_describes_the_wan_family(demo_env, capsys, model, extra, options):
+    """The image-to-video and Wan 2.2 demo models: their extra components, and the pipeline options
+    ``model_index.json`` carries."""
+    assert main(["info", model]) == 0
+    out = capsys.readouterr().out
+    sections = {part.split("]\n")[0] for part in out.split("\n[")[1:]}
+    assert sections == {*COMPONENTS, *extra}
+    header = out.split("\n[")[0]
+    assert (options in header) if options else ("=" not in header.splitlines()[-1])

@@ -279,7 +279,14 @@ def test_cli_revision_and_download_flags(hf_cache, demo_dir, cached_repo, capsys
             "needs both transformer_2 and boundary_ratio",
         ),
         ({"boundary_ratio": 0.9}, "needs both transformer_2 and boundary_ratio"),
-        ({"expand_timesteps": True}, "expand_timesteps (Wan 2.2 TI2V-5B"),
+        (
+            {
+                "expand_timesteps": True,
+                "transformer_2": ["diffusers", "WanTransformer3DModel"],
+                "boundary_ratio": 0.9,
+            },
+            "expand_timesteps with two experts",
+        ),
         ({"_class_name": "WanVACEPipeline"}, "a WanVACEPipeline; wanjax runs WanPipeline"),
         ({"transformer_2": ["diffusers", "WanTransformer3DModel"], "boundary_ratio": 1.5}, "between 0 and 1"),
         ({"flow_guidance": 2.0}, "unknown field(s) flow_guidance"),

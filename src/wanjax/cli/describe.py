@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from wanjax.cli.requests import InfoRequest, PlanRequest
@@ -25,9 +26,13 @@ def cmd_info(request: InfoRequest) -> None:
     if index_path.exists():
         index = _read_json(index_path)
         components = [k for k, v in index.items() if not k.startswith("_") and isinstance(v, list)]
+        options = {k: v for k, v in index.items() if not k.startswith("_") and not isinstance(v, list)}
         print(f"{root}: {index.get('_class_name', 'model')}")
         if source.is_demo:
             print(f"  {index['_wanjax_demo']['note']}")
+        if options:  # pipeline options: Wan 2.2's boundary_ratio (two experts), expand_timesteps (TI2V)
+            print("  " + ", ".join(f"{k}={json.dumps(v)}" for k, v in options.items()))
+        components = [k for k in components if any(v is not None for v in index[k])]  # [null, null]: absent
     elif (root / marker).is_file():
         components, root = [root.name], root.parent
     else:

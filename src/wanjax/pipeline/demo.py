@@ -2,7 +2,8 @@
 
 :data:`DEMO_VARIANTS` names them: ``demo`` (Wan 2.1 text-to-video), ``demo-i2v`` (Wan 2.1
 image-to-video: a CLIP image encoder and its processor, a transformer taking the image) and
-``demo-a14b`` (Wan 2.2 A14B-style: two experts, ``transformer_2`` after the boundary) and
+``demo-a14b`` and ``demo-i2v-a14b`` (Wan 2.2 A14B-style: two experts, ``transformer_2`` after the
+boundary; the image-to-video one conditions on the image's latents without CLIP) and
 ``demo-ti2v`` (Wan 2.2 TI2V-style: the Wan 2.2 VAE, ``expand_timesteps``, an optional image).
 ``demo_model_dir(cache, name)`` writes one on first use into the cache folder (see
 :func:`wanjax.io.paths.cache_root`) as ``<name>-<hash>/`` with ``model_index.json``,
@@ -148,6 +149,11 @@ DEMO_VARIANTS: dict[str, DemoVariant] = {
         DEMO_IMAGE_ENCODER,
     ),
     f"{DEMO_NAME}-a14b": DemoVariant("WanPipeline", DEMO_TRANSFORMER, boundary_ratio=TWO_EXPERTS["A14B"]),
+    f"{DEMO_NAME}-i2v-a14b": DemoVariant(
+        "WanImageToVideoPipeline",
+        dataclasses.replace(DEMO_TRANSFORMER, in_channels=DEMO_TRANSFORMER.out_channels + 4 + DEMO_VAE.z_dim),
+        boundary_ratio=TWO_EXPERTS["I2V-A14B"],
+    ),
     f"{DEMO_NAME}-ti2v": DemoVariant("WanPipeline", DEMO_TRANSFORMER, vae=DEMO_VAE22, expand_timesteps=True),
 }
 # What happens when the cache folder cannot be written, as the warning says it.
