@@ -367,3 +367,12 @@ def test_cli_offload_and_8bit_flags_run_and_are_recorded(demo_env, tmp_path, cap
     assert main([*base, "--weights_dtype", "int4"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--weights_dtype" in err, err
+
+
+def test_program_memory_of_a_program_that_leaves_an_argument_unread():
+    """An argument the program does not read has no input sharding (None); the split still pairs each
+    argument with its own (it raised on the Wan 2.2 VAE's encode program)."""
+    compiled = jax.jit(lambda a, b, c: a * 2 + c).lower(jnp.ones(3), jnp.ones(4), jnp.ones(3)).compile()
+    memory = program_memory(compiled)
+    assert memory["host_argument"] == 0
+    assert memory["argument"] == compiled.memory_analysis().argument_size_in_bytes

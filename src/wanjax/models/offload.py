@@ -218,12 +218,19 @@ def program_memory(compiled: jax.stages.Compiled) -> dict[str, int]:
     argument = int(stats.argument_size_in_bytes)
     host = int(getattr(stats, "host_argument_size_in_bytes", 0) or 0)
     if host == 0:
-        shardings = jax.tree.leaves(compiled.input_shardings)
-        infos = jax.tree.leaves(compiled.args_info, is_leaf=lambda x: isinstance(x, jax.stages.ArgInfo))
-        host = sum(  # per device, as memory_analysis counts: one shard of each argument
-            math.prod(sharding.shard_shape(tuple(info.shape))) * np.dtype(info.dtype).itemsize
-            for info, sharding in zip(infos, shardings, strict=True)
-            if getattr(sharding, "memory_kind", None) in HOST_KINDS
+
+        def host_shard(info: jax.stages.ArgInfo, sharding: Any) -> int:
+            """One shard's bytes of a host-memory argument (per device, as memory_analysis counts);
+            an argument the program does not read has no sharding (None)."""
+            if getattr(sharding, "memory_kind", None) not in HOST_KINDS:
+                return 0
+            return math.prod(sharding.shard_shape(tuple(info.shape))) * np.dtype(info.dtype).itemsize
+
+        is_info = lambda x: isinstance(x, jax.stages.ArgInfo)  # noqa: E731
+        host = sum(
+            jax.tree.leaves(
+                jax.tree.map(host_shard, compiled.args_info, compiled.input_shardings, is_leaf=is_info)
+            )
         )
         argument -= host
     out = {
