@@ -424,3 +424,19 @@ def test_two_expert_arch_draws_both_experts_and_refuses_a_step_cache(monkeypatch
     assert result["stages"]["denoise"]["expert_steps"] == [0, 1]  # timesteps 999 | 500, boundary 875
     with pytest.raises(WanjaxError, match="not supported with two experts"):
         bench.run_bench(dataclasses.replace(cfg, cache="firstblock"))
+
+
+def test_ti2v_arch_encodes_the_image_alone_and_denoises_with_it_as_frame_0(monkeypatch):
+    """``--arch 5B`` (shrunk here, with a narrow Wan 2.2 VAE): the image stage VAE-encodes one frame,
+    the denoise stage runs with the image's latents as frame 0 (timesteps per latent frame)."""
+    from wanjax.pipeline.demo import DEMO_VAE22
+
+    small = dataclasses.replace(PRESETS["tiny"], in_channels=DEMO_VAE22.z_dim, out_channels=DEMO_VAE22.z_dim)
+    monkeypatch.setitem(PRESETS, "5B", small)
+    monkeypatch.setattr(bench, "preset_vae", lambda arch: DEMO_VAE22)
+    sizes = dict(height=32, width=64, frames=5, max_sequence_length=8, repeats=1, random_weights="numpy")
+    result = bench.run_bench(bench.BenchConfig(arch="5B", stages=("image", "denoise"), **sizes))
+    assert list(result["stages"]) == ["image", "denoise"]
+    assert result["stages"]["image"]["tflop_clip"] == 0  # no CLIP: the VAE encode alone
+    assert result["stages"]["denoise"]["program_memory"]["total_bytes"] > 0
+    assert result["config"]["arch"] == "5B"
