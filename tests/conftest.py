@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -63,12 +64,30 @@ def demo_env(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_pipeline_dir(tmp_path_factory):
+def tokenizer_dir(tmp_path_factory):
+    """A T5-style tokenizer folder as the Wan repos hold it (:func:`test_tokenizer.make_tokenizer_dir`)."""
+    from test_tokenizer import make_tokenizer_dir
+
+    return make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer")
+
+
+@pytest.fixture(scope="session")
+def tiny_pipeline_dir(tmp_path_factory, tokenizer_dir):
     """A tiny random diffusers WanPipeline (UniPC, CFG) saved in the diffusers layout, shared by the
     parity tests (read-only: a test that writes files puts them elsewhere)."""
     from test_pipeline_parity import build_tiny_pipeline
-    from test_tokenizer import make_tokenizer_dir
 
     root = tmp_path_factory.mktemp("wan_pipeline")
-    build_tiny_pipeline(root, make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer"))
+    build_tiny_pipeline(root, tokenizer_dir)
     return root
+
+
+def noise_file(tmp_path_factory: pytest.TempPathFactory, shape: tuple[int, ...]) -> tuple[torch.Tensor, Path]:
+    """Starting noise of ``shape`` as torch draws it (seed 0), and in a safetensors file (key
+    ``latents``) for the command line's ``--init_latents``."""
+    from safetensors.numpy import save_file
+
+    latents = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    path = tmp_path_factory.mktemp("noise") / "noise.safetensors"
+    save_file({"latents": latents.numpy()}, str(path))
+    return latents, path

@@ -12,11 +12,10 @@ import jax
 import numpy as np
 import pytest
 import torch
-from conftest import randomize_
+from conftest import noise_file, randomize_
 from PIL import Image
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 from test_pipeline_parity import NEGATIVE, PROMPT, relative_error, save_tiny, tiny_components, to_uint8
-from test_tokenizer import make_tokenizer_dir
 
 from wanjax import WanPipeline
 from wanjax.cli.main import main
@@ -50,11 +49,6 @@ def build_i2v(root, tokenizer_dir, **transformer):
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    return make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer")
-
-
-@pytest.fixture(scope="module")
 def images(tmp_path_factory):
     """Two images of other aspects than the video (resized by the pipeline), as PNG files."""
     folder = tmp_path_factory.mktemp("images")
@@ -68,11 +62,7 @@ def images(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def noise(tmp_path_factory):
-    """Starting noise as torch draws it, and in a safetensors file (key ``latents``) for the CLI."""
-    latents = torch.randn((1, 16, 3, HEIGHT // 8, WIDTH // 8), generator=torch.Generator().manual_seed(0))
-    path = tmp_path_factory.mktemp("noise") / "noise.safetensors"
-    save_file({"latents": latents.numpy()}, str(path))
-    return latents, path
+    return noise_file(tmp_path_factory, (1, 16, 3, HEIGHT // 8, WIDTH // 8))
 
 
 @pytest.fixture(scope="module")

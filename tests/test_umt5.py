@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import randomize_
 from safetensors.numpy import load_file, save_file
-from test_tokenizer import LONG, make_tokenizer_dir
+from test_tokenizer import LONG
 from transformers import UMT5Config as HFConfig
 from transformers import UMT5EncoderModel
 from transformers.models.umt5.modeling_umt5 import UMT5Attention
@@ -53,11 +53,6 @@ def padded_batch(lengths, padded: int, vocab: int, seed: int) -> tuple[np.ndarra
         ids[row, :n] = rng.integers(1, vocab, n)
         mask[row, :n] = 1
     return ids, mask
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    return make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer")
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])

@@ -68,6 +68,18 @@ def assert_not_saturated(video: np.ndarray) -> None:
     assert np.mean(np.abs(video) < 0.999) > 0.9
 
 
+def pipeline_frames(model: AutoencoderKLWan, normalized: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """diffusers' decoded video of normalised latents and its uint8 frames, as WanPipeline's
+    denormalisation, VideoProcessor and PIL make them: ``(video, frames)``."""
+    cfg = model.config
+    mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1)
+    inv_std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1)
+    with torch.no_grad():
+        video = model.decode(normalized / inv_std + mean).sample
+    frames = (video * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).numpy()
+    return video.numpy(), (frames * 255).round().astype(np.uint8)
+
+
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def case(request, tmp_path_factory):
     """(model root, diffusers model, config name) for each tiny config."""
@@ -99,17 +111,10 @@ def test_decode_uint8_matches_pipeline_postprocessing(case, vae):
     """Normalised latents in, frames out, as WanPipeline's denormalisation + VideoProcessor + PIL."""
     _, model, name = case
     normalized = randn((2, CONFIGS[name]["z_dim"], 5, *LATENT_HW), seed=11)
-    cfg = model.config
-    mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1)
-    inv_std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1)
-    with torch.no_grad():
-        video = model.decode(normalized / inv_std + mean).sample
-    frames = (video * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).numpy()
-    ref = (frames * 255).round().astype(np.uint8)
-
+    video, ref = pipeline_frames(model, normalized)
     ours = vae.decode_uint8(jnp.asarray(normalized.numpy()))
     assert ours.dtype == jnp.uint8 and ours.shape == ref.shape == (2, 17, 24, 40, 3)
-    assert_not_saturated(video.numpy())
+    assert_not_saturated(video)
     assert ref.std() > 20  # frames span the range
     assert np.abs(np.asarray(ours, np.int16) - ref).max() <= 1
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import randomize_
 from diffusers import AutoencoderKLWan
+from test_vae import assert_not_saturated, pipeline_frames, randn
 
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import abstract_params
@@ -59,18 +60,9 @@ def relative_error(ours, ref) -> float:
     return float(np.abs(ours - ref).max() / np.abs(ref).max())
 
 
-def randn(shape, seed: int) -> torch.Tensor:
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
-
-
 def random_video(num_frames: int, seed: int) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
     return torch.rand((2, 3, num_frames, 16 * LATENT_HW[0], 16 * LATENT_HW[1]), generator=gen) * 2 - 1
-
-
-def assert_not_saturated(video: np.ndarray) -> None:
-    """The reference output must mostly lie inside (-1, 1), or a clamp could hide any difference."""
-    assert np.mean(np.abs(video) < 0.999) > 0.9
 
 
 def save(model: AutoencoderKLWan, root) -> None:
@@ -128,17 +120,10 @@ def test_decode_uint8_matches_pipeline_postprocessing(wan22):
     denormalisation + VideoProcessor + PIL."""
     model, vae = wan22
     normalized = randn((2, 12, 3, *LATENT_HW), seed=11)
-    cfg = model.config
-    mean = torch.tensor(cfg.latents_mean).view(1, cfg.z_dim, 1, 1, 1)
-    inv_std = 1.0 / torch.tensor(cfg.latents_std).view(1, cfg.z_dim, 1, 1, 1)
-    with torch.no_grad():
-        video = model.decode(normalized / inv_std + mean).sample
-    frames = (video * 0.5 + 0.5).clamp(0, 1).permute(0, 2, 3, 4, 1).numpy()
-    ref = (frames * 255).round().astype(np.uint8)
-
+    video, ref = pipeline_frames(model, normalized)
     ours = vae.decode_uint8(jnp.asarray(normalized.numpy()))
     assert ours.dtype == jnp.uint8 and ours.shape == ref.shape == (2, 9, 48, 80, 3)
-    assert_not_saturated(video.numpy())
+    assert_not_saturated(video)
     assert ref.std() > 20  # frames span the range
     assert np.abs(np.asarray(ours, np.int16) - ref).max() <= 1
 

@@ -11,11 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import randomize_
+from conftest import noise_file, randomize_
 from PIL import Image
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 from test_pipeline_parity import NEGATIVE, PROMPT, relative_error, save_tiny, tiny_components, to_uint8
-from test_tokenizer import make_tokenizer_dir
 
 from wanjax import WanPipeline
 from wanjax.cli.main import main
@@ -38,16 +37,8 @@ def build(root, tokenizer_dir, pipeline_class, **transformer):
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    return make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer")
-
-
-@pytest.fixture(scope="module")
 def noise(tmp_path_factory):
-    latents = torch.randn((1, 16, 3, HEIGHT // 8, WIDTH // 8), generator=torch.Generator().manual_seed(0))
-    path = tmp_path_factory.mktemp("noise") / "noise.safetensors"
-    save_file({"latents": latents.numpy()}, str(path))
-    return latents, path
+    return noise_file(tmp_path_factory, (1, 16, 3, HEIGHT // 8, WIDTH // 8))
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import randomize_
+from conftest import noise_file, randomize_
 from PIL import Image
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 from test_pipeline_parity import NEGATIVE, PROMPT, relative_error, save_tiny, tiny_components, to_uint8
-from test_tokenizer import make_tokenizer_dir
 
 from wanjax import WanPipeline
 from wanjax.cli.main import main
@@ -41,14 +40,13 @@ VAE22 = dict(
 
 
 @pytest.fixture(scope="module")
-def ti2v(tmp_path_factory):
+def ti2v(tmp_path_factory, tokenizer_dir):
     """The saved pipeline (a ``WanPipeline`` with ``expand_timesteps``), diffusers' copy read back, and
     an image-to-video pipeline on the same components."""
     from diffusers import AutoencoderKLWan, WanImageToVideoPipeline
     from diffusers import WanPipeline as ReferencePipeline
 
     root = tmp_path_factory.mktemp("ti2v")
-    tokenizer_dir = make_tokenizer_dir(tmp_path_factory.mktemp("tok") / "tokenizer")
     components = tiny_components(tokenizer_dir, in_channels=Z, out_channels=Z)
     components["vae"] = randomize_(AutoencoderKLWan(**VAE22), seed=3, std=0.2).eval()
     save_tiny(ReferencePipeline(**components, expand_timesteps=True), root, tokenizer_dir)
@@ -61,10 +59,7 @@ def ti2v(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def noise(tmp_path_factory):
-    latents = torch.randn((1, Z, 3, HEIGHT // 16, WIDTH // 16), generator=torch.Generator().manual_seed(0))
-    path = tmp_path_factory.mktemp("noise") / "noise.safetensors"
-    save_file({"latents": latents.numpy()}, str(path))
-    return latents, path
+    return noise_file(tmp_path_factory, (1, Z, 3, HEIGHT // 16, WIDTH // 16))
 
 
 @pytest.fixture(scope="module")
