@@ -15,7 +15,14 @@ import torch
 from conftest import noise_file, randomize_
 from PIL import Image
 from safetensors.numpy import load_file
-from test_pipeline_parity import NEGATIVE, PROMPT, relative_error, save_tiny, tiny_components, to_uint8
+from test_pipeline_parity import (
+    NEGATIVE,
+    PROMPT,
+    reference_run,
+    relative_error,
+    save_tiny,
+    tiny_components,
+)
 
 from wanjax import WanPipeline
 from wanjax.cli.main import main
@@ -79,23 +86,7 @@ def flf2v(tmp_path_factory, tokenizer_dir):
 
 
 def diffusers_run(pipe, image, noise, last_image=None) -> tuple[np.ndarray, np.ndarray]:
-    final = []
-    with torch.no_grad():
-        video = pipe(
-            image=image,
-            last_image=last_image,
-            prompt=PROMPT,
-            negative_prompt=NEGATIVE,
-            height=HEIGHT,
-            width=WIDTH,
-            num_frames=FRAMES,
-            num_inference_steps=STEPS,
-            guidance_scale=5.0,
-            latents=noise,
-            output_type="np",
-            callback_on_step_end=lambda p, i, t, kw: final.append(kw["latents"].clone()) or {},
-        ).frames
-    return final[-1].numpy(), to_uint8(video)
+    return reference_run(pipe, HEIGHT, WIDTH, FRAMES, STEPS, noise, image=image, last_image=last_image)
 
 
 def test_image_to_video_equals_diffusers(i2v):

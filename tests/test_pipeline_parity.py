@@ -37,6 +37,28 @@ def to_uint8(video: np.ndarray) -> np.ndarray:
     return (video * 255).round().astype(np.uint8)
 
 
+def reference_run(
+    pipe: Any, height: int, width: int, frames: int, steps: int, latents: Any, **kwargs: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """A diffusers pipeline's run of PROMPT / NEGATIVE from ``latents`` (guidance 5.0 unless given):
+    its last step's latents (as the step callback sees them) and its uint8 frames."""
+    final = []
+    with torch.no_grad():
+        video = pipe(
+            prompt=PROMPT,
+            negative_prompt=NEGATIVE,
+            height=height,
+            width=width,
+            num_frames=frames,
+            num_inference_steps=steps,
+            latents=latents,
+            output_type="np",
+            callback_on_step_end=lambda p, i, t, kw: final.append(kw["latents"].clone()) or {},
+            **{"guidance_scale": 5.0, **kwargs},
+        ).frames
+    return final[-1].numpy(), to_uint8(video)
+
+
 def tiny_components(tokenizer_dir: Path, **transformer: Any) -> dict[str, Any]:
     """The random tiny components of a diffusers Wan pipeline (``transformer``: config overrides, e.g.
     an image-to-video transformer's)."""

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from conftest import noise_file, randomize_
 from PIL import Image
 from safetensors.numpy import load_file
-from test_pipeline_parity import NEGATIVE, PROMPT, relative_error, save_tiny, tiny_components, to_uint8
+from test_pipeline_parity import (
+    NEGATIVE,
+    PROMPT,
+    reference_run,
+    relative_error,
+    save_tiny,
+    tiny_components,
+)
 
 from wanjax import WanPipeline
 from wanjax.cli.main import main
@@ -71,27 +77,13 @@ def diffusers_run(pipe, noise, **kwargs) -> tuple[np.ndarray, np.ndarray, list[i
         model.register_forward_hook(lambda m, i, o, k=k: calls.append(k))
         for k, model in enumerate((pipe.transformer, pipe.transformer_2))
     ]
-    final = []
+    guidance = {"guidance_scale": GUIDANCE, "guidance_scale_2": GUIDANCE_2}
     try:
-        with torch.no_grad():
-            video = pipe(
-                prompt=PROMPT,
-                negative_prompt=NEGATIVE,
-                height=HEIGHT,
-                width=WIDTH,
-                num_frames=FRAMES,
-                num_inference_steps=STEPS,
-                guidance_scale=GUIDANCE,
-                guidance_scale_2=GUIDANCE_2,
-                latents=noise,
-                output_type="np",
-                callback_on_step_end=lambda p, i, t, kw: final.append(kw["latents"].clone()) or {},
-                **kwargs,
-            ).frames
+        latents, frames = reference_run(pipe, HEIGHT, WIDTH, FRAMES, STEPS, noise, **guidance, **kwargs)
     finally:
         for hook in hooks:
             hook.remove()
-    return final[-1].numpy(), to_uint8(video), calls[::2]  # two calls (CFG) per step
+    return latents, frames, calls[::2]  # two calls (CFG) per step
 
 
 @pytest.mark.parametrize("variant", ["t2v", "i2v"])

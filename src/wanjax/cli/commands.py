@@ -248,7 +248,7 @@ def open_images(
     if flags.image is None:
         return None, None
     validation.check_model(pipe.path, (*IMAGE_COMPONENTS, "vae") if cfg.image_tokens else ("vae",))
-    step = pipe.geometry.spatial * pipe.geometry.patch[0]
+    step = pipe.geometry.pixel_steps[0]
     opened = []
     for name in ("image", "last_image"):
         path = getattr(flags, name)

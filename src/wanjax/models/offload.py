@@ -27,7 +27,7 @@ numerics are tested there, not its memory saving at run time).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import jax
@@ -116,6 +116,17 @@ def run_placement(
     params = move(params, DEVICE)
     params[stacked] = move(layers, HOST if stream else DEVICE)
     return jax.block_until_ready(params) if block else params
+
+
+def take_turns(models: Sequence[Any], active: int, *, block: bool = False) -> None:
+    """Models that share the device one at a time (a Wan 2.2 A14B's experts): every other one to
+    pinned host memory, waiting until its device copy is free, then ``models[active]`` back to the
+    device (asynchronous unless ``block``: the next program waits for its weights). Each model has
+    ``to_host`` and ``to_device``."""
+    for i, model in enumerate(models):
+        if i != active:
+            model.to_host(block=True)
+    models[active].to_device(block=block)
 
 
 def host_bytes(tree: Tree) -> int:

@@ -44,7 +44,7 @@ from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2, WanTransformer, checkpoint_spec, load_transformer
 from wanjax.models.image_processor import ImageInput
 from wanjax.models.lora import LoraSpec, load_loras, plan_updates
-from wanjax.models.offload import Offload, parse_offload
+from wanjax.models.offload import Offload, parse_offload, take_turns
 from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
 from wanjax.models.vae import VAE, Tiling, WanVAE, load_vae, parse_chunk
 from wanjax.parallel.layouts import spatial_sharding, to_global, to_host
@@ -145,10 +145,14 @@ class VideoGeometry:
     temporal: int = 4  # frames per latent frame after the first
     patch: tuple[int, int] = (2, 2)  # transformer patch along the latent H and W
 
+    @property
+    def pixel_steps(self) -> tuple[int, int]:
+        """Pixels per transformer token along H and W: what video sizes must be multiples of."""
+        return self.spatial * self.patch[0], self.spatial * self.patch[1]
+
     def check(self, height: int, width: int, num_frames: int) -> None:
         """Raise WanjaxError (naming valid values) unless the sizes can be generated."""
-        step_h, step_w = self.spatial * self.patch[0], self.spatial * self.patch[1]
-        for name, value, step in (("height", height, step_h), ("width", width, step_w)):
+        for name, value, step in zip(("height", "width"), (height, width), self.pixel_steps, strict=True):
             if value < step or value % step:
                 near = max(step, round(value / step) * step)
                 raise WanjaxError(f"{name} {value} must be a positive multiple of {step} (e.g. {near})")
@@ -390,10 +394,8 @@ class WanPipeline:
         expert to host memory (waiting until its device copy is free), this one to the device."""
         if self.offload == "none" or self._transformer_2 is None:
             return
-        models = (self.transformer, self._transformer_2)
         with self.stage_timing("denoise").loading():
-            models[1 - expert].to_host(block=True)
-            models[expert].to_device()
+            take_turns((self.transformer, self._transformer_2), expert)
 
     def set_loras(self, loras: Sequence[LoraSpec]) -> None:
         """Use these LoRA adapters (``[(file, weight), ...]``, replacing any set before; ``[]``: none):
@@ -642,7 +644,7 @@ class WanPipeline:
         if image is None:
             return height or DEFAULT_HEIGHT, width or DEFAULT_WIDTH
         image = open_image(image)
-        step = self.geometry.spatial * self.geometry.patch[0]
+        step = self.geometry.pixel_steps[0]  # diffusers' examples round both sides to this one
         check_image_size(image, step)
         return size_for_image(image.size, max_area, step, height, width)
 

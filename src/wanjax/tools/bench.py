@@ -62,7 +62,7 @@ from wanjax.io.quantizable import UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
 from wanjax.models import clip_vision, dit, umt5
 from wanjax.models.clip_vision import CLIP_VIT_H_14
 from wanjax.models.config import EXPAND_TIMESTEPS, PRESETS, TWO_EXPERTS, parse_dtype
-from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload
+from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload, take_turns
 from wanjax.models.offload import program_memory as split_program_memory
 from wanjax.models.vae import WanVAE
 from wanjax.models.vae import checkpoint_spec as vae_spec
@@ -416,8 +416,7 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
 
     def swap(expert: int) -> None:  # as WanPipeline: under offload, one expert on the device at a time
         if second is not None and offload != "none":
-            (second, model)[expert].to_host(block=True)
-            (model, second)[expert].to_device(block=True)
+            take_turns((model, second), expert, block=True)
 
     guided = cfg.guidance_scale > 1
     cache = cfg.cache_config()
