@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -284,10 +284,10 @@ def recorded(request: PipelineRequest) -> dict[str, Any]:
 
 
 def finish(
-    report: RunReport, request: PipelineRequest, start: float, record: Path | None = None
+    report: RunReport, request: PipelineRequest, start: float, record: Path | None = None, show: bool = True
 ) -> RunReport:
-    """Complete the report, print it and write it as JSON to ``record`` (default ``--metrics_json``;
-    process 0 only)."""
+    """Complete the report, print it (unless ``show`` is False) and write it as JSON to ``record``
+    (default ``--metrics_json``; process 0 only)."""
     import jax
 
     from wanjax.version import __version__
@@ -308,7 +308,8 @@ def finish(
         return report
     if record is not None:
         report.write_json(record)
-    print(report.table())
+    if show:
+        print(report.table())
     return report
 
 
@@ -342,7 +343,15 @@ def cmd_generate(request: GenerateRequest) -> RunReport:
     record = video_record(request)
     check_output_paths(request, **{"--metrics_json": record})
     mesh, fsdp = mesh_request(request.parallel)
-    pipe = open_pipeline(
+    pipe = open_generate_pipeline(request, mesh, fsdp)
+    work = check_generate(pipe, request, mesh)
+    frames = run_generate(pipe, work)
+    return finish(generate_outputs(pipe, work, frames), request, start, record)
+
+
+def open_generate_pipeline(request: GenerateRequest, mesh: MeshSpec | str | None, fsdp: bool) -> WanPipeline:
+    """The pipeline a ``generate`` request runs on (no weight is read yet)."""
+    return open_pipeline(
         request.common,
         request.common.model,
         request.dtype,
@@ -354,43 +363,104 @@ def cmd_generate(request: GenerateRequest) -> RunReport:
         attention=request.attention,
         adapters=request.adapters,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateWork:
+    """A ``generate`` request checked against its model: every value the run uses, decided before
+    any work (``wanjax generate`` and ``wanjax serve`` both run these)."""
+
+    request: GenerateRequest
+    prompts: list[str]
+    negative: str
+    video: dict[str, int]
+    params: dict[str, Any]
+    fps: float
+    image: Image.Image | None = None
+    last_image: Image.Image | None = None
+    init: np.ndarray | None = None
+
+    @property
+    def batch(self) -> int:
+        return len(self.prompts)
+
+    def described(self, pipe: WanPipeline) -> dict[str, Any]:
+        """The run's parameters as its videos' metadata records them."""
+        return {
+            "model": model_label(pipe.source),
+            "negative_prompt": self.negative,
+            **(image_record(self.request.images) if self.image is not None else {}),
+            **self.video,
+            "fps": self.fps,
+            **self.params,
+        }
+
+
+def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec | str | None) -> GenerateWork:
+    """Every check of a ``generate`` request against the pipeline's model (one-line WanjaxError), and
+    the values the run will use; reads no weight."""
     configs = validation.check_model(pipe.path, ("tokenizer", "text_encoder", "transformer", "vae"))
     image, last_image = open_images(pipe, request.images, configs["transformer"])
     check_vae_tiling(pipe)
     init_name = request.sampling.init_latents
     init = stages.load_latents(init_name) if init_name else None
     prompts = batch_prompts(prompt_list(request.text), None if init is None else init.shape[0])
-    batch = len(prompts)
-    video = resolve_video(pipe, dataclasses.asdict(request.video), {}, init, batch, init_name, image)
+    video = resolve_video(pipe, dataclasses.asdict(request.video), {}, init, len(prompts), init_name, image)
     validation.check_rope(configs["transformer"], pipe.geometry, video)
     check_devices(mesh, configs["transformer"].num_attention_heads)
     check_attention(pipe, configs["transformer"])
     params = sampling_params(pipe, request.sampling)
     check_cache(request.cache, configs["transformer"], params, guided=params["guidance_scale"] > 1)
-    negative = negative_prompt(request.text.negative_prompt)
-    pos, neg = pipe.encode_prompt(prompts, [negative] * batch, request.text.max_sequence_length)
-    conditioning = None
-    if image is not None:
-        conditioning = pipe.prepare_image(image, batch, **video_args(video), last_image=last_image)
-    latents = (
-        init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
+    return GenerateWork(
+        request,
+        prompts,
+        negative_prompt(request.text.negative_prompt),
+        video,
+        params,
+        request.video.fps or defaults_of(pipe).fps,
+        image,
+        last_image,
+        init,
     )
-    final = denoise(pipe, pos, neg, latents, params, request.cache, conditioning)
-    frames = pipe.decode(final)
-    fps = request.video.fps or defaults_of(pipe).fps
-    described = {
-        "model": model_label(pipe.source),
-        "negative_prompt": negative,
-        **(image_record(request.images) if image is not None else {}),
-        **video,
-        "fps": fps,
-        **params,
-    }
-    outputs = write_outputs(frames, request.outputs, fps, clip_infos(batch, prompts, described))
-    report = make_report("generate", pipe, {"batch": batch, **video, "fps": fps}, outputs)
-    report.extra.update(sampling=params, prompts=prompts, negative_prompt=negative)
+
+
+def run_generate(
+    pipe: WanPipeline, work: GenerateWork, on_progress: Callable[[str, int], None] | None = None
+) -> np.ndarray:
+    """The three stages of a checked request in memory: uint8 frames ``[B, T, H, W, 3]``.
+    ``on_progress(stage, steps_done)`` is called as each stage starts and after each denoising step."""
+    report = on_progress or (lambda stage, done: None)
+    pipe.reset_timings()
+    report("encode", 0)
+    batch = work.batch
+    pos, neg = pipe.encode_prompt(
+        work.prompts, [work.negative] * batch, work.request.text.max_sequence_length
+    )
+    conditioning = None
+    if work.image is not None:
+        conditioning = pipe.prepare_image(
+            work.image, batch, **video_args(work.video), last_image=work.last_image
+        )
+    latents = work.init
+    if latents is None:
+        latents = pipe.prepare_latents(batch, **video_args(work.video), seed=work.params["seed"])
+    report("denoise", 0)
+    on_step = lambda done: report("denoise", done)  # noqa: E731
+    final = denoise(pipe, pos, neg, latents, work.params, work.request.cache, conditioning, on_step)
+    report("decode", work.params["num_inference_steps"])
+    return pipe.decode(final)
+
+
+def generate_outputs(pipe: WanPipeline, work: GenerateWork, frames: np.ndarray) -> RunReport:
+    """Write a generate run's videos (and frames, previews: process 0) and its report (not yet
+    finished: :func:`finish`)."""
+    request, batch = work.request, work.batch
+    clips = clip_infos(batch, work.prompts, work.described(pipe))
+    outputs = write_outputs(frames, request.outputs, work.fps, clips)
+    report = make_report("generate", pipe, {"batch": batch, **work.video, "fps": work.fps}, outputs)
+    report.extra.update(sampling=work.params, prompts=work.prompts, negative_prompt=work.negative)
     cache_outputs(report, pipe, request.cache)
-    return finish(report, request, start, record)
+    return report
 
 
 def prompt_list(text: PromptFlags) -> list[str]:
@@ -683,6 +753,7 @@ def denoise(
     params: Mapping[str, Any],
     cache: CacheFlags,
     image: ImageConditioning | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> Any:
     """The pipeline's denoise with these parameters, step cache and image conditioning; with
     ``--cache_calibrate`` the measured MagCache ratios are written there (process 0, atomically)."""
@@ -699,6 +770,7 @@ def denoise(
         image=image,
         guidance_scale_2=params.get("guidance_scale_2"),
         boundary_ratio=params.get("boundary_ratio"),
+        on_step=on_step,
     )
     report = pipe.cache_report
     if cache.cache_calibrate and report is not None and is_primary():

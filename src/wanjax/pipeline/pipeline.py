@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -284,6 +284,10 @@ class WanPipeline:
     # ------------------------------------------------------------------------------------------
     # Components, loaded on first use
 
+    def reset_timings(self) -> None:
+        """Forget the stage and step timings of earlier runs (a new run's report starts empty)."""
+        self.timings, self.step_times = {}, None
+
     def stage_timing(self, stage: str) -> StageTiming:
         return self.timings.setdefault(stage, StageTiming())
 
@@ -457,6 +461,18 @@ class WanPipeline:
             return geometry
         return dataclasses.replace(geometry, patch=tuple(dit_cfg.patch_size[1:]))
 
+    def load(self) -> None:
+        """Read every component's weights now, each stage's in turn (under ``offload`` each then waits
+        where that puts it), so that no later run pays for loading: a server's start."""
+        self._enter("encode")
+        _ = self.text_encoder
+        if self.transformer_config.image_tokens:
+            _ = self.image_encoder
+        self._enter("denoise")
+        _ = self.transformer, self.transformer_2
+        self._enter("decode")
+        _ = self.vae
+
     # ------------------------------------------------------------------------------------------
     # Residency (offload "model" and "blocks")
 
@@ -528,6 +544,7 @@ class WanPipeline:
         image: ImageConditioning | None = None,
         guidance_scale_2: float | None = None,
         boundary_ratio: float | None = None,
+        on_step: Callable[[int], None] | None = None,
     ) -> jax.Array:
         """Denoise ``latents`` (float32 noise) with classifier-free guidance (skipped when
         ``guidance_scale <= 1``); returns the transformer's normalised latents, float32.
@@ -540,7 +557,8 @@ class WanPipeline:
         skipped (None without one). A two-expert model (Wan 2.2 A14B): ``guidance_scale_2`` for the
         low-noise expert (default ``guidance_scale``, as diffusers), ``boundary_ratio`` in place of
         the checkpoint's (:attr:`boundary_ratio`); :attr:`expert_steps` then tells which expert ran
-        each step."""
+        each step. ``on_step(done)`` is called after each step with the number of steps done (an
+        exception it raises stops the denoising)."""
         from tqdm import tqdm
 
         self._enter("denoise")
@@ -582,7 +600,7 @@ class WanPipeline:
                     cond,
                     uncond,
                     guidance_scale,
-                    on_step=lambda i, seconds: bar.update(),
+                    on_step=lambda i, seconds: (bar.update(), on_step and on_step(i + 1)),
                     check_finite=True,
                     cache=cache,
                     image=image,
@@ -689,7 +707,7 @@ class WanPipeline:
         image's aspect (:meth:`video_size`). ``guidance_scale_2``: a two-expert model's low-noise
         expert's guidance (default ``guidance_scale``).
         """
-        self.timings, self.step_times = {}, None
+        self.reset_timings()
         if image is not None:
             image = open_image(image)
             last_image = None if last_image is None else open_image(last_image)
