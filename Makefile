@@ -19,7 +19,7 @@ $(RUN_STAMP): pyproject.toml
 
 $(TEST_STAMP): $(RUN_STAMP)
 	$(BIN)/python -m pip install --quiet torch==2.13.0
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,serve]'
 	touch $(TEST_STAMP)
 
 venv: $(TEST_STAMP)

@@ -1,5 +1,5 @@
-"""The ``wanjax`` command line: ``generate``, the stages ``encode | denoise | decode``, ``info``, ``plan``,
-``bench``, ``tune-attention``.
+"""The ``wanjax`` command line: ``generate``, the stages ``encode | denoise | decode``, ``serve``, ``info``,
+``plan``, ``bench``, ``tune-attention``.
 
 Each subcommand is one :class:`Subcommand`: its flags, the typed request it builds from them, and the
 function that runs the request. User mistakes (bad flags, bad model directories, contradicting stage
@@ -36,6 +36,7 @@ class Subcommand:
 def subcommands() -> dict[str, Subcommand]:
     """Every subcommand by name, in the order ``wanjax --help`` lists them."""
     from wanjax.cli import commands, describe, requests
+    from wanjax.cli.server import serve
     from wanjax.cli import parser as flags
     from wanjax.tools import bench, tune_attention
 
@@ -63,6 +64,12 @@ def subcommands() -> dict[str, Subcommand]:
             flags.decode_flags,
             requests.DecodeRequest.from_flags,
             commands.cmd_decode,
+        ),
+        "serve": Subcommand(
+            "an HTTP server generating videos (OpenAI-style API, a web page); needs wanjax[serve]",
+            flags.serve_flags,
+            requests.ServeRequest.from_flags,
+            serve.cmd_serve,
         ),
         "plan": Subcommand(
             "per-device memory of a run on a mesh (no weights needed)",

@@ -18,6 +18,7 @@ from wanjax.cli.requests import (
     AttentionFlags,
     PlanRequest,
     PromptFlags,
+    ServerFlags,
     VaeFlags,
     model_defaults,
 )
@@ -89,7 +90,12 @@ def flag(parser: argparse.ArgumentParser, name: str, **kwargs: Any) -> None:
 
 
 def add_common(
-    parser: argparse.ArgumentParser, *, model_help: str, dtype: bool = True, vae: bool = False
+    parser: argparse.ArgumentParser,
+    *,
+    model_help: str,
+    dtype: bool = True,
+    vae: bool = False,
+    metrics: bool = True,
 ) -> None:
     flag(parser, "model", help=model_help)
     add_hub(parser)
@@ -108,7 +114,8 @@ def add_common(
         "jax_cache_dir",
         help="persistent compilation cache (default $WANJAX_JAX_CACHE_DIR or ~/.cache/wanjax/jax; 'off')",
     )
-    flag(parser, "metrics_json", help="also write the timing report as JSON to this file")
+    if metrics:
+        flag(parser, "metrics_json", help="also write the timing report as JSON to this file")
     add_parallel(parser)
 
 
@@ -374,6 +381,39 @@ def generate_flags(parser: argparse.ArgumentParser) -> None:
     add_cache(parser)
     add_outputs(parser, "YYYYMMDD_HHMMSS.mp4")
     add_memory(parser)
+
+
+def serve_flags(parser: argparse.ArgumentParser) -> None:
+    add_common(parser, model_help=MODEL_HELP, vae=True, metrics=False)
+    add_attention(parser)
+    add_lora(parser)
+    add_cache(parser)
+    add_memory(parser)
+    server = ServerFlags()
+    group = parser.add_argument_group("server")
+    flag(group, "host", help=f"address to listen on (default {server.host}: this machine only)")
+    flag(group, "port", type=int, help=f"TCP port (default {server.port}; 0: any free port)")
+    flag(group, "output_dir", help=f"job records (SQLite) and videos (default {server.output_dir})")
+    flag(
+        group,
+        "api_key",
+        help="require 'Authorization: Bearer KEY' on every API request (default $WANJAX_API_KEY; none)",
+    )
+    flag(
+        group, "max_queue", type=int, help=f"jobs waiting at most; more get 429 (default {server.max_queue})"
+    )
+    flag(group, "max_frames", type=int, help="frames a video at most (default: the model's default)")
+    flag(group, "max_pixels", type=int, help="width x height at most (default: the model's default size)")
+    flag(group, "max_steps", type=int, help=f"denoising steps at most (default {server.max_steps})")
+    flag(
+        group, "max_body_bytes", type=int, help=f"request body size at most (default {server.max_body_bytes})"
+    )
+    flag(
+        group,
+        "device_memory",
+        help="a device's memory, e.g. 80GiB: the largest request must fit it by `wanjax plan`'s estimate "
+        "(default: the device's own figure where JAX reports one)",
+    )
 
 
 def encode_flags(parser: argparse.ArgumentParser) -> None:

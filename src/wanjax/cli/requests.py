@@ -347,6 +347,55 @@ PipelineRequest = GenerateRequest | EncodeRequest | DenoiseRequest | DecodeReque
 
 
 @dataclasses.dataclass(frozen=True)
+class ServerFlags:
+    """Where ``wanjax serve`` listens and keeps its jobs, its key, and the largest request it takes
+    (``None``: the model's default frames / pixels a frame)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    output_dir: str = "serve_outputs"
+    api_key: str | None = None
+    max_queue: int = 64
+    max_frames: int | None = None
+    max_pixels: int | None = None
+    max_steps: int = 100
+    max_body_bytes: int = 65536
+    device_memory: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeRequest(Request):
+    """``wanjax serve``: one process (per host) holding the model, generating the videos HTTP clients
+    ask for; every flag but the server's applies to each job as to ``wanjax generate``."""
+
+    command: ClassVar[str] = "serve"
+    common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
+    dtype: str | None = None
+    precision: str | None = None
+    attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
+    vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
+    adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)
+    cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
+    memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
+    parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
+    server: ServerFlags = dataclasses.field(default_factory=ServerFlags)
+
+    def job_base(self) -> GenerateRequest:
+        """The ``generate`` request every job starts from (its text, video and sampling are the job's)."""
+        return GenerateRequest(
+            common=self.common,
+            dtype=self.dtype,
+            precision=self.precision,
+            attention=self.attention,
+            vae=self.vae,
+            adapters=self.adapters,
+            cache=self.cache,
+            memory=self.memory,
+            parallel=self.parallel,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class PlanRequest(Request):
     """``wanjax plan``: per-device memory of a run on a mesh."""
 
@@ -383,7 +432,7 @@ def _from_namespace(cls: type[Any], args: argparse.Namespace) -> Any:
     for field in dataclasses.fields(cls):
         if dataclasses.is_dataclass(hints[field.name]):
             values[field.name] = _from_namespace(hints[field.name], args)
-        elif (value := getattr(args, field.name)) is not None:
+        elif (value := getattr(args, field.name, None)) is not None:  # a flag the command lacks: default
             values[field.name] = tuple(value) if isinstance(value, list) else value
     return cls(**values)
 
@@ -422,6 +471,22 @@ def check_flags(request: Request) -> None:
     _check_cache(request)
     for value in flags.get("lora", ()):
         parse_lora(value)
+    if isinstance(request, ServeRequest):
+        _check_server(request.server, request.cache)
+
+
+def _check_server(server: ServerFlags, cache: CacheFlags) -> None:
+    """``wanjax serve``'s own flags."""
+    if not 0 <= server.port <= 65535:
+        raise WanjaxError(f"--port must be between 0 (any free port) and 65535, got {server.port}")
+    for name in ("max_queue", "max_frames", "max_pixels", "max_steps", "max_body_bytes"):
+        value = getattr(server, name)
+        if value is not None and value < 1:
+            raise WanjaxError(f"--{name} must be at least 1, got {value}")
+    if server.api_key is not None and not server.api_key.strip():
+        raise WanjaxError("--api_key is empty; give a secret, or leave the flag out for no key")
+    if cache.cache_calibrate:
+        raise WanjaxError("--cache_calibrate is for one `wanjax generate` run, not for a server")
 
 
 def _check_cache(request: Request) -> None:

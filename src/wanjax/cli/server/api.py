@@ -1,0 +1,212 @@
+"""The HTTP API's values: a request body read into a job's parameters, a job as an OpenAI-style video
+object, and errors as JSON.
+
+A body's fields are checked for type here, then turned into the :class:`GenerateRequest` the command
+line would build for the same values (:func:`generate_request`), so the server runs the CLI's own
+checks (:func:`~wanjax.cli.requests.check_flags`, :func:`~wanjax.cli.commands.check_generate`)
+and its messages, with flag names given as the API's field names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from wanjax.cli.requests import GenerateRequest, ModelDefaults, OutputFlags, VideoFlags
+from wanjax.cli.server.store import Job
+
+SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+NUMBER_FIELDS = {"fps", "guidance_scale", "seconds"}
+INT_FIELDS = {"frames", "num_inference_steps", "seed"}
+TEXT_FIELDS = {"prompt", "negative_prompt", "size", "model"}
+FIELDS = NUMBER_FIELDS | INT_FIELDS | TEXT_FIELDS
+LATER = {"image", "last_image", "lora", "input_reference"}  # accepted by the CLI; not by the API yet
+
+
+@dataclasses.dataclass
+class ApiError(Exception):
+    """An answer other than success: HTTP status, one-line message, OpenAI-style type and code."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """The largest request the server accepts (``--max_frames``, ``--max_pixels``, ``--max_steps``) and
+    its queue and body limits."""
+
+    max_frames: int
+    max_pixels: int
+    max_steps: int
+    max_queue: int
+    max_body_bytes: int
+
+
+def job_params(
+    body: Any, defaults: ModelDefaults, temporal: int, limits: Limits, model: str
+) -> dict[str, Any]:
+    """A request body's fields checked for type and limits, with the model's defaults for those left
+    out: ``prompt, negative_prompt, width, height, frames, fps, num_inference_steps, guidance_scale,
+    seed``. ``seconds`` becomes the nearest frame count the VAE takes (``temporal * n + 1``)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, 'the body must be a JSON object, e.g. {"prompt": "a cat on the grass"}')
+    for name in body:
+        if name in LATER:
+            raise ApiError(400, f"{name!r} is not supported by this server yet", param=name)
+        if name not in FIELDS:
+            raise ApiError(
+                400, f"unknown field {name!r}; the fields are {', '.join(sorted(FIELDS))}", param=name
+            )
+    for name, value in body.items():
+        _check_type(name, value)
+    if body.get("model") not in (None, model):
+        raise ApiError(400, f"this server runs the model {model!r}, not {body['model']!r}", param="model")
+    prompt = body.get("prompt")
+    if prompt is None or not prompt.strip():
+        raise ApiError(400, "'prompt' is required: what the video shows", param="prompt")
+    width, height = defaults.width, defaults.height
+    if "size" in body:
+        match = SIZE.match(body["size"])
+        if not match:
+            raise ApiError(400, f'size {body["size"]!r} must be WIDTHxHEIGHT, e.g. "832x480"', param="size")
+        width, height = int(match[1]), int(match[2])
+    fps = float(body.get("fps", defaults.fps))
+    if not (math.isfinite(fps) and fps > 0):
+        raise ApiError(400, f"fps must be positive, got {fps}", param="fps")
+    if "frames" in body and "seconds" in body:
+        raise ApiError(400, "give frames or seconds, not both", param="seconds")
+    frames = body.get("frames", defaults.frames)
+    if "seconds" in body:
+        seconds = body["seconds"]
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ApiError(400, f"seconds must be positive, got {seconds}", param="seconds")
+        frames = temporal * max(round(seconds * fps / temporal), 0) + 1
+    params = {
+        "prompt": prompt,
+        "negative_prompt": body.get("negative_prompt", ""),
+        "width": width,
+        "height": height,
+        "frames": frames,
+        "fps": fps,
+        "num_inference_steps": body.get("num_inference_steps", defaults.num_inference_steps),
+        "guidance_scale": float(body.get("guidance_scale", defaults.guidance_scale)),
+        "seed": body.get("seed", defaults.seed),
+    }
+    check_limits(params, limits)
+    return params
+
+
+def _check_type(name: str, value: Any) -> None:
+    kinds = {"a string": TEXT_FIELDS, "an integer": INT_FIELDS, "a number": NUMBER_FIELDS}
+    expected = next(kind for kind, fields in kinds.items() if name in fields)
+    ok = {
+        "a string": isinstance(value, str),
+        "an integer": isinstance(value, int) and not isinstance(value, bool),
+        "a number": isinstance(value, int | float) and not isinstance(value, bool),
+    }[expected]
+    if not ok:
+        raise ApiError(400, f"{name} must be {expected}, got {value!r}", param=name)
+
+
+def check_limits(params: Mapping[str, Any], limits: Limits) -> None:
+    """The server's limits on frames, pixels per frame and steps (400 naming the limit)."""
+    frames, pixels, steps = (
+        params["frames"],
+        params["width"] * params["height"],
+        params["num_inference_steps"],
+    )
+    if frames > limits.max_frames:
+        raise ApiError(
+            400, f"frames {frames} is over this server's limit of {limits.max_frames}", param="frames"
+        )
+    if pixels > limits.max_pixels:
+        raise ApiError(
+            400,
+            f"size {params['width']}x{params['height']} is {pixels} pixels a frame, over this server's limit "
+            f"of {limits.max_pixels}",
+            param="size",
+        )
+    if steps > limits.max_steps:
+        raise ApiError(
+            400,
+            f"num_inference_steps {steps} is over this server's limit of {limits.max_steps}",
+            param="num_inference_steps",
+        )
+
+
+def generate_request(
+    base: GenerateRequest, params: Mapping[str, Any], outputs: OutputFlags
+) -> GenerateRequest:
+    """The ``wanjax generate`` request of a job: the server's flags (model, dtype, mesh, ...) with the
+    job's text, video and sampling values and its output files."""
+    return dataclasses.replace(
+        base,
+        text=dataclasses.replace(
+            base.text, prompt=(params["prompt"],), prompt_file=None, negative_prompt=params["negative_prompt"]
+        ),
+        video=VideoFlags(params["height"], params["width"], params["frames"], params["fps"]),
+        sampling=dataclasses.replace(
+            base.sampling,
+            num_inference_steps=params["num_inference_steps"],
+            guidance_scale=params["guidance_scale"],
+            seed=params["seed"],
+        ),
+        outputs=outputs,
+    )
+
+
+FLAG = re.compile(r"--(\w+)")
+FLAG_FIELDS = {"height": "size (height)", "width": "size (width)", "prompt": "prompt"}
+
+
+def api_message(message: str) -> str:
+    """A CLI message with the flags the API takes as fields named as those fields."""
+    api_names = FIELDS | {"height", "width"}
+
+    def rename(match: re.Match[str]) -> str:
+        name = match[1]
+        return FLAG_FIELDS.get(name, name) if name in api_names else match[0]
+
+    return FLAG.sub(rename, message)
+
+
+def video_object(job: Job, model: str) -> dict[str, Any]:
+    """A job as the OpenAI video API's object (with this server's extra fields)."""
+    p = job.params
+    error = None if job.error_code is None else {"code": job.error_code, "message": job.error_message}
+    return {
+        "id": job.id,
+        "object": "video",
+        "model": model,
+        "status": job.status,
+        "progress": job.progress,
+        "stage": job.stage,
+        "step": job.step,
+        "steps": p["num_inference_steps"],
+        "created_at": int(job.created_at),
+        "started_at": None if job.started_at is None else int(job.started_at),
+        "completed_at": None if job.completed_at is None else int(job.completed_at),
+        "prompt": p["prompt"],
+        "negative_prompt": p["negative_prompt"],
+        "size": f"{p['width']}x{p['height']}",
+        "frames": p["frames"],
+        "fps": p["fps"],
+        "seconds": f"{p['frames'] / p['fps']:.2f}",
+        "num_inference_steps": p["num_inference_steps"],
+        "guidance_scale": p["guidance_scale"],
+        "seed": p["seed"],
+        "error": error,
+        "compiled_programs": job.compiled_programs,
+        "compile_seconds": job.compile_seconds,
+        "run_seconds": job.run_seconds,
+    }

@@ -1,0 +1,267 @@
+"""The HTTP side of ``wanjax serve``: a Starlette app over the job store and the worker.
+
+Routes follow OpenAI's video API (``/v1/videos``; see the README's "Serving" section), plus
+``/v1/server`` (the model, its defaults and the limits), ``/v1/videos/{id}/events`` (server-sent
+events of a job's progress) and the web page at ``/``. Every answer other than success is JSON
+``{"error": {"message", "type", "param", "code"}}`` with a 4xx (5xx for the server's own faults, which
+never stop it). With an API key, every ``/v1`` request needs ``Authorization: Bearer KEY``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+import traceback
+from importlib import resources
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from wanjax.cli.server.api import ApiError, Limits, video_object
+from wanjax.cli.server.engine import Engine, Worker
+from wanjax.cli.server.store import COMPLETED, IN_PROGRESS, QUEUED, Job, JobStore, QueueFull
+
+log = logging.getLogger("wanjax.serve")
+EVENT_POLL_SECONDS = 0.25
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+}
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+class BearerAuth:
+    """ASGI middleware: ``/v1`` requests need ``Authorization: Bearer KEY`` (401 otherwise)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                message = "missing or wrong API key: send the header 'Authorization: Bearer KEY'"
+                await error_response(ApiError(401, message, "authentication_error"))(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | None = None) -> Starlette:
+    """The server's ASGI app."""
+    limits: Limits = engine.limits
+    page = resources.files("wanjax.cli.server").joinpath("page.html").read_text()
+
+    def find(job_id: str) -> Job:
+        job = store.get(job_id)
+        if job is None:
+            raise ApiError(
+                404, f"no video {job_id!r} on this server", "not_found_error", code="video_not_found"
+            )
+        return job
+
+    def as_object(job: Job) -> dict[str, Any]:
+        return video_object(job, engine.model)
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(page)
+
+    async def server_info(request: Request) -> Response:
+        d = engine.defaults
+        return JSONResponse(
+            {
+                "object": "server",
+                "model": engine.model,
+                "defaults": {
+                    "size": f"{d.width}x{d.height}",
+                    "frames": d.frames,
+                    "fps": d.fps,
+                    "num_inference_steps": d.num_inference_steps,
+                    "guidance_scale": d.guidance_scale,
+                    "seed": d.seed,
+                    "negative_prompt": "",
+                },
+                "limits": {
+                    "max_frames": limits.max_frames,
+                    "max_pixels": limits.max_pixels,
+                    "max_steps": limits.max_steps,
+                    "max_queue": limits.max_queue,
+                    "max_body_bytes": limits.max_body_bytes,
+                },
+                "queue": {
+                    k: v
+                    for k, v in (await run_in_threadpool(store.counts)).items()
+                    if k in (QUEUED, IN_PROGRESS)
+                },
+            }
+        )
+
+    async def create(request: Request) -> Response:
+        body = await read_body(request, limits.max_body_bytes)
+        try:
+            parsed = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the body is not JSON: {e}") from None
+        params = await run_in_threadpool(engine.params, parsed)
+        try:
+            job = await run_in_threadpool(store.add, secrets.token_hex(16), params, limits.max_queue)
+        except QueueFull:
+            raise ApiError(
+                429,
+                f"the queue is full ({limits.max_queue} jobs waiting); retry when one has started",
+                "rate_limit_error",
+                code="queue_full",
+            ) from None
+        worker.notify()
+        return JSONResponse(as_object(job), status_code=202)
+
+    async def list_videos(request: Request) -> Response:
+        query = request.query_params
+        try:
+            limit = int(query.get("limit", "20"))
+        except ValueError:
+            raise ApiError(400, f"limit must be an integer, got {query['limit']!r}", param="limit") from None
+        if not 1 <= limit <= 100:
+            raise ApiError(400, f"limit must be between 1 and 100, got {limit}", param="limit")
+        order = query.get("order", "desc")
+        if order not in ("asc", "desc"):
+            raise ApiError(400, f"order must be asc or desc, got {order!r}", param="order")
+        try:
+            jobs, more = await run_in_threadpool(store.page, limit, query.get("after"), order == "desc")
+        except LookupError:
+            raise ApiError(400, f"after: no video {query['after']!r} on this server", param="after") from None
+        data = [as_object(j) for j in jobs]
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "first_id": data[0]["id"] if data else None,
+                "last_id": data[-1]["id"] if data else None,
+                "has_more": more,
+            }
+        )
+
+    async def get_video(request: Request) -> Response:
+        return JSONResponse(as_object(find(request.path_params["id"])))
+
+    async def delete_video(request: Request) -> Response:
+        job = find(request.path_params["id"])
+        if not worker.cancel(job.id):  # not running: remove it now
+            store.delete(job.id)
+            await run_in_threadpool(engine.remove_files, job.id)
+        return JSONResponse({"id": job.id, "object": "video.deleted", "deleted": True})
+
+    async def content(request: Request) -> Response:
+        job = find(request.path_params["id"])
+        variant = request.query_params.get("variant", "video")
+        kinds = {"video": ("video", "video/mp4"), "thumbnail": ("thumbnail", "image/png")}
+        if variant not in kinds:
+            raise ApiError(400, f"variant must be video or thumbnail, got {variant!r}", param="variant")
+        if job.status != COMPLETED:
+            raise ApiError(
+                409,
+                f"video {job.id} is {job.status}; its content is there once its status is completed",
+                "conflict_error",
+                code="video_not_ready",
+            )
+        kind, media = kinds[variant]
+        path = engine.files(job.id)[kind]
+        if not path.is_file():
+            raise ApiError(
+                404, f"the {variant} of video {job.id} is missing on the server", "not_found_error"
+            )
+        return FileResponse(
+            path, media_type=media, filename=f"{job.id}{path.suffix}", content_disposition_type="inline"
+        )
+
+    async def events(request: Request) -> Response:
+        job = find(request.path_params["id"])
+
+        async def stream():
+            last = None
+            while True:
+                current = await run_in_threadpool(store.get, job.id)
+                if current is None:
+                    yield f"event: deleted\ndata: {json.dumps({'id': job.id})}\n\n"
+                    return
+                obj = as_object(current)
+                if obj != last:
+                    yield f"data: {json.dumps(obj)}\n\n"
+                    last = obj
+                if current.finished or await request.is_disconnected():
+                    return
+                await asyncio.sleep(EVENT_POLL_SECONDS)
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    async def api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return error_response(exc)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        status = exc.status_code
+        message = {
+            404: f"no route {request.url.path}",
+            405: f"{request.method} is not allowed on {request.url.path}",
+        }
+        return error_response(
+            ApiError(
+                status, message.get(status, str(exc.detail)), ERROR_TYPES.get(status, "invalid_request_error")
+            )
+        )
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.error("%s %s failed:\n%s", request.method, request.url.path, traceback.format_exc())
+        return error_response(ApiError(500, f"internal error: {type(exc).__name__}", "server_error"))
+
+    app = Starlette(
+        routes=[
+            Route("/", index),
+            Route("/v1/server", server_info),
+            Route("/v1/videos", create, methods=["POST"]),
+            Route("/v1/videos", list_videos, methods=["GET"]),
+            Route("/v1/videos/{id}", get_video, methods=["GET"]),
+            Route("/v1/videos/{id}", delete_video, methods=["DELETE"]),
+            Route("/v1/videos/{id}/content", content),
+            Route("/v1/videos/{id}/events", events),
+        ],
+        exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error},
+    )
+    if api_key:
+        app.add_middleware(BearerAuth, api_key=api_key)
+    return app
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body; 413 once it is over ``limit`` bytes (announced or sent)."""
+    declared = request.headers.get("content-length")
+    too_large = ApiError(413, f"the body is over this server's limit of {limit} bytes", "request_too_large")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)

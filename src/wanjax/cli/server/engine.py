@@ -1,0 +1,336 @@
+"""The server's generation side: one pipeline, opened once, running one job at a time.
+
+:class:`Engine` checks a request body the way ``wanjax generate`` checks its flags and runs a job
+through the same functions (:func:`~wanjax.cli.commands.check_generate`,
+:func:`~wanjax.cli.commands.run_generate`), so a job's video is the one ``wanjax generate`` writes
+for the same values. The pipeline keeps its weights and compiled programs between jobs: a job of a
+shape seen before compiles nothing (:class:`RunResult` counts the programs). :class:`Worker` is the
+thread that takes the oldest queued job from the store, runs it, and records how it ended. With
+several processes (a pod), process 0 sends each job to the others first (:class:`JobChannel`) and
+they run it with it; only process 0 writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from wanjax.cli.commands import (
+    GenerateWork,
+    check_generate,
+    defaults_of,
+    finish,
+    generate_outputs,
+    model_label,
+    run_generate,
+)
+from wanjax.cli.parser import one_line
+from wanjax.cli.requests import GenerateRequest, OutputFlags, check_flags
+from wanjax.cli.server.api import ApiError, Limits, api_message, generate_request, job_params
+from wanjax.cli.server.store import Job, JobStore
+from wanjax.errors import WanjaxError
+from wanjax.parallel.mesh import MeshSpec
+from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.runtime.timing import CompileMeter
+
+log = logging.getLogger("wanjax.serve")
+VIDEOS = "videos"
+FILE_SUFFIXES = {"video": ".mp4", "thumbnail": ".png", "record": ".json"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """How a job ran: XLA programs compiled (or read from the persistent cache) for it, the seconds
+    that took, and the job's wall time."""
+
+    compiled_programs: int
+    compile_seconds: float
+    run_seconds: float
+
+
+class Cancelled(Exception):
+    """The job was deleted while it ran."""
+
+
+class Stopping(Exception):
+    """The server is stopping; the job goes back to the queue."""
+
+
+class Engine:
+    """The pipeline and the server's flags; checks request bodies and runs jobs."""
+
+    def __init__(
+        self,
+        pipe: WanPipeline,
+        base: GenerateRequest,
+        mesh: MeshSpec | str | None,
+        output_dir: str | Path,
+        limits: Limits,
+        device_memory: int | None = None,
+    ) -> None:
+        self.pipe, self.base, self.mesh, self.limits = pipe, base, mesh, limits
+        self.device_memory = device_memory
+        self.videos = Path(output_dir) / VIDEOS
+        self.model = model_label(pipe.source)
+        self.defaults = defaults_of(pipe)
+
+    def params(self, body: Any) -> dict[str, Any]:
+        """A request body as a job's parameters, after every check a ``generate`` run of it would
+        pass and the memory check (ApiError 400 with the CLI's message otherwise); reads no weight."""
+        params = job_params(body, self.defaults, self.pipe.geometry.temporal, self.limits, self.model)
+        self.work("check", params)
+        self.check_memory(params)
+        return params
+
+    def check_startup(self) -> None:
+        """The server can run its model: a request of the model's defaults passes every check, and
+        the largest the limits allow (the default aspect) fits a device (WanjaxError otherwise)."""
+        d, limits, pipe = self.defaults, self.limits, self.pipe
+        if pipe.transformer_config.image_to_video and not pipe.expand_timesteps:
+            raise WanjaxError(
+                f"{self.model} is an image-to-video model; the server does not take images yet "
+                "(use `wanjax generate --image`)"
+            )
+        body = {"prompt": "a check of the server's settings", "frames": min(d.frames, limits.max_frames)}
+        try:
+            self.work("check", job_params(body, d, pipe.geometry.temporal, limits, self.model))
+        except ApiError as e:
+            raise WanjaxError(f"the server cannot serve {self.model} with these flags: {e.message}") from None
+        scale = (limits.max_pixels / (d.height * d.width)) ** 0.5
+        height, width = (max(16, int(side * scale) // 16 * 16) for side in (d.height, d.width))
+        need = self.memory_needed({"height": height, "width": width, "frames": limits.max_frames})
+        if need is not None:
+            raise WanjaxError(
+                f"the largest request --max_pixels and --max_frames allow ({width}x{height}, "
+                f"{limits.max_frames} frames) {need}; lower them, or use --offload or more devices"
+            )
+
+    def check_memory(self, params: Mapping[str, Any]) -> None:
+        """``wanjax plan``'s per-device peak of a video of this size fits the device (when its
+        memory is known: ``--device_memory`` or the device's own figure); ApiError 400 otherwise."""
+        need = self.memory_needed(params)
+        if need is not None:
+            size = f"{params['width']}x{params['height']}, {params['frames']} frames"
+            raise ApiError(400, f"{size} {need}; ask for fewer frames or a smaller size", param="size")
+
+    def memory_needed(self, params: Mapping[str, Any]) -> str | None:
+        """None when a video of this size fits a device by ``wanjax plan``'s estimate (or the device's
+        memory is unknown), else what it needs against what there is."""
+        if self.device_memory is None:
+            return None
+        from wanjax.tools import plan as planning
+
+        base, mesh = self.base, self.pipe.mesh_spec
+        estimate = planning.plan(
+            planning.model_configs(str(self.pipe.path)),
+            mesh if mesh is not None else MeshSpec(),
+            height=params["height"],
+            width=params["width"],
+            frames=params["frames"],
+            device_memory=self.device_memory,
+            dtype=self.pipe.dtype.name,
+            vae_dtype=self.pipe.vae_dtype.name,
+            offload=base.memory.offload,
+            weights_dtype=base.memory.weights_dtype,
+        )
+        if estimate.fits:
+            return None
+        return (
+            f"needs about {size_text(estimate.peak)} a device by wanjax plan's estimate, but a device "
+            f"has {size_text(self.device_memory)} ({planning.HEADROOM:.0%} of it usable)"
+        )
+
+    def load(self) -> None:
+        """Read the model's weights now, so the first job pays no loading."""
+        self.pipe.load()
+
+    def remove_partial_files(self) -> None:
+        """Temporary files a killed server left half-written (:func:`~wanjax.io.atomic.atomic_path`)."""
+        for path in self.videos.glob(".*.tmp"):
+            path.unlink(missing_ok=True)
+
+    def work(self, job_id: str, params: Mapping[str, Any]) -> GenerateWork:
+        """The checked ``generate`` run of a job writing its files (ApiError 400 for a bad value)."""
+        files = self.files(job_id)
+        outputs = OutputFlags(output_video=str(files["video"]), preview=str(files["thumbnail"]))
+        request = generate_request(self.base, params, outputs)
+        try:
+            check_flags(request)
+            return check_generate(self.pipe, request, self.mesh)
+        except WanjaxError as e:
+            raise ApiError(400, api_message(one_line(e))) from None
+
+    def files(self, job_id: str) -> dict[str, Path]:
+        """A job's files by kind: ``video`` (mp4), ``thumbnail`` (PNG contact sheet), ``record`` (JSON)."""
+        return {kind: self.videos / f"{job_id}{suffix}" for kind, suffix in FILE_SUFFIXES.items()}
+
+    def remove_files(self, job_id: str) -> None:
+        for path in self.files(job_id).values():
+            path.unlink(missing_ok=True)
+
+    def run(
+        self, job_id: str, params: Mapping[str, Any], on_progress: Callable[[str, int], None]
+    ) -> RunResult:
+        """Run a job and write its files (atomically; process 0 only)."""
+        start = time.perf_counter()
+        work = self.work(job_id, params)
+        with CompileMeter() as meter:
+            frames = run_generate(self.pipe, work, on_progress)
+            report = generate_outputs(self.pipe, work, frames)
+        result = RunResult(meter.programs, round(meter.seconds, 3), round(time.perf_counter() - start, 3))
+        report.extra["server"] = {"job": job_id, **dataclasses.asdict(result)}
+        finish(report, work.request, start, self.files(job_id)["record"], show=False)
+        return result
+
+
+class JobChannel:
+    """Process 0 tells the other processes of a multi-process server each job (and the stop) through
+    ``jax.distributed``'s key-value store; they wait for the next one without holding a device."""
+
+    PREFIX = "wanjax/serve/job/"
+
+    def __init__(self) -> None:
+        from jax._src.distributed import global_state  # the coordination service's client
+
+        self._client = global_state.client
+        self._next = 0
+
+    def send(self, message: Mapping[str, Any] | None) -> None:
+        """The next job (``{"id", "params"}``), or None: stop."""
+        self._client.key_value_set(f"{self.PREFIX}{self._next}", json.dumps(message))
+        self._next += 1
+
+    def receive(self) -> dict[str, Any] | None:
+        """Wait for process 0's next message."""
+        import jax
+
+        key = f"{self.PREFIX}{self._next}"
+        while True:
+            try:
+                text = self._client.blocking_key_value_get(key, 60_000)
+                break
+            except jax.errors.JaxRuntimeError as e:
+                if "DEADLINE_EXCEEDED" not in str(e):
+                    raise
+        self._next += 1
+        return json.loads(text)
+
+
+def follow(engine: Engine, channel: JobChannel) -> None:
+    """A process other than 0: run each job process 0 sends, until it says stop."""
+    while (message := channel.receive()) is not None:
+        try:
+            engine.run(message["id"], message["params"], lambda stage, done: None)
+        except Exception:  # process 0 records the failure; keep following
+            log.error("job %s failed here:\n%s", message["id"], traceback.format_exc())
+
+
+class Worker:
+    """The thread that runs queued jobs one at a time, oldest first."""
+
+    def __init__(self, engine: Engine, store: JobStore, channel: JobChannel | None = None) -> None:
+        self.engine, self.store, self.channel = engine, store, channel
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._cancelled: set[str] = set()
+        self._lock = threading.Lock()
+        self._current: str | None = None
+        self._thread = threading.Thread(target=self._loop, name="wanjax-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def notify(self) -> None:
+        """A job was queued."""
+        self._wake.set()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the current step (that job goes back to the queue); wait for the thread."""
+        self._stopping.set()
+        self._wake.set()
+        self._thread.join(timeout)
+        if self.channel is not None:
+            self.channel.send(None)
+
+    def cancel(self, job_id: str) -> bool:
+        """Ask the running job ``job_id`` to stop and be deleted; False when it is not running."""
+        with self._lock:
+            if self._current != job_id:
+                return False
+            self._cancelled.add(job_id)
+            return True
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            job = self.store.next_queued()
+            if job is None:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            self._run(job)
+
+    def _run(self, job: Job) -> None:
+        if not self.store.start(job.id):
+            return  # deleted meanwhile
+        with self._lock:
+            self._current = job.id
+        try:
+            self._attempt(job)
+        finally:
+            with self._lock:
+                self._current = None
+                self._cancelled.discard(job.id)
+
+    def _attempt(self, job: Job) -> None:
+        steps = job.params["num_inference_steps"]
+        interruptible = self.channel is None  # every process must finish a job it started together
+
+        def on_progress(stage: str, done: int) -> None:
+            if interruptible and job.id in self._cancelled:
+                raise Cancelled
+            if interruptible and self._stopping.is_set():
+                raise Stopping
+            percent = {"encode": 1, "denoise": 2 + 93 * done // max(steps, 1), "decode": 95}[stage]
+            self.store.progress(job.id, stage, done, percent)
+
+        if self.channel is not None:
+            self.channel.send({"id": job.id, "params": job.params})
+        try:
+            result = self.engine.run(job.id, job.params, on_progress)
+        except Cancelled:
+            self._discard(job.id)
+            return
+        except Stopping:
+            self.store.requeue(job.id)
+            return
+        except ApiError as e:  # the model or server changed since it was queued
+            self.store.fail(job.id, "invalid_request", e.message)
+        except WanjaxError as e:
+            self.store.fail(job.id, "generation_failed", one_line(e))
+        except Exception as e:
+            log.error("job %s failed:\n%s", job.id, traceback.format_exc())
+            self.store.fail(job.id, "server_error", f"{type(e).__name__}: {one_line(e)}"[:500])
+        else:
+            if job.id in self._cancelled:
+                self._discard(job.id)
+            else:
+                self.store.complete(job.id, **dataclasses.asdict(result))
+            return
+        if job.id in self._cancelled:
+            self._discard(job.id)
+
+    def _discard(self, job_id: str) -> None:
+        self.engine.remove_files(job_id)
+        self.store.delete(job_id)
+
+
+def size_text(size: int) -> str:
+    """Bytes as GiB (MiB below one GiB)."""
+    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"

@@ -1,0 +1,170 @@
+"""``wanjax serve``: open the model once, then answer HTTP requests until stopped.
+
+Start-up does every check a ``generate`` run would (a request of the model's defaults must pass
+them, and the largest request the limits allow must fit a device's memory by ``wanjax plan``'s
+estimate when the device's size is known), binds the port, loads the weights and puts the jobs a
+dead server left back in the queue, before it prints ``wanjax serve: listening on URL``. Process 0 of
+a multi-process run serves HTTP; the others run the jobs it sends them (:func:`engine.follow`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from wanjax.cli.commands import begin, defaults_of, mesh_request, open_generate_pipeline
+from wanjax.cli.requests import ServeRequest
+from wanjax.errors import ConfigError, WanjaxError
+from wanjax.parallel.multihost import is_primary
+
+if TYPE_CHECKING:
+    from wanjax.cli.server.engine import Engine
+
+log = logging.getLogger("wanjax.serve")
+
+
+def cmd_serve(request: ServeRequest) -> int:
+    """Run the server until SIGINT/SIGTERM; the running job goes back to the queue."""
+    import jax
+
+    from wanjax.cli.server.engine import JobChannel, Worker, follow
+    from wanjax.cli.server.store import JobStore
+
+    check_serving_stack()
+    begin(request.parallel)
+    flags = request.server
+    if not is_primary():
+        engine = open_engine(request)
+        follow(engine, JobChannel())
+        return 0
+    check_output_dir(flags.output_dir)
+    with bind(flags.host, flags.port) as sock:
+        engine = open_engine(request)
+        store = JobStore(flags.output_dir)
+        requeued, failed = store.recover()
+        engine.remove_partial_files()
+        worker = Worker(engine, store, JobChannel() if jax.process_count() > 1 else None)
+        api_key = flags.api_key or os.environ.get("WANJAX_API_KEY") or None
+        url = f"http://{url_host(*sock.getsockname()[:2])}"
+        try:
+            serve_http(engine, store, worker, api_key, sock, url, len(requeued), len(failed))
+        finally:
+            worker.stop()
+            store.close()
+    return 0
+
+
+def open_engine(request: ServeRequest) -> Engine:
+    """The pipeline of the server's flags, checked (a request of the model's defaults must pass, the
+    largest the limits allow must fit a device where its memory is known), its weights loaded."""
+    from wanjax.cli.server.api import Limits
+    from wanjax.cli.server.engine import Engine
+
+    flags = request.server
+    mesh, fsdp = mesh_request(request.parallel)
+    base = request.job_base()
+    pipe = open_generate_pipeline(base, mesh, fsdp)
+    defaults = defaults_of(pipe)
+    limits = Limits(
+        max_frames=flags.max_frames or defaults.frames,
+        max_pixels=flags.max_pixels or defaults.height * defaults.width,
+        max_steps=flags.max_steps,
+        max_queue=flags.max_queue,
+        max_body_bytes=flags.max_body_bytes,
+    )
+    engine = Engine(pipe, base, mesh, flags.output_dir, limits, device_memory(flags.device_memory))
+    engine.check_startup()
+    engine.load()
+    return engine
+
+
+def check_output_dir(directory: str) -> None:
+    """``--output_dir`` is (or can be made) a directory this process can write."""
+    path = Path(directory)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WanjaxError(f"--output_dir {directory}: cannot create it ({e.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise WanjaxError(f"--output_dir {directory}: not writable by this user")
+
+
+def check_serving_stack() -> None:
+    """The optional ``serve`` extra is installed (one line naming the install otherwise)."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise ConfigError(
+            f"wanjax serve needs the serve extra ({e.name} is missing): pip install 'wanjax[serve]'"
+        ) from None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0: any free one), before any weight is read."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise WanjaxError(f"--host {host}: cannot resolve it ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise WanjaxError(
+            f"cannot listen on {host}:{port}: {e.strerror} (another server there? try --port)"
+        ) from None
+    sock.listen(128)
+    return sock
+
+
+def url_host(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def device_memory(given: str | None) -> int | None:
+    """``--device_memory`` in bytes, else the first device's own figure (None where JAX has none: CPU)."""
+    if given is not None:
+        from wanjax.tools.plan import parse_memory
+
+        return parse_memory(given)
+    import jax
+
+    stats = jax.local_devices()[0].memory_stats() or {}
+    return stats.get("bytes_limit")
+
+
+def serve_http(
+    engine, store, worker, api_key, sock: socket.socket, url: str, requeued: int, failed: int
+) -> None:
+    """Run uvicorn on ``sock`` with the app; announce the URL once it accepts requests."""
+    import uvicorn
+
+    from wanjax.cli.server.app import create_app
+
+    app = create_app(engine, store, worker, api_key)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        worker.start()
+        restored = f" ({requeued} unfinished jobs back in the queue)" if requeued else ""
+        restored += f" ({failed} jobs interrupted too often: failed)" if failed else ""
+        print(f"wanjax serve: listening on {url}{restored}", flush=True)
+        yield
+
+    app.router.lifespan_context = lifespan
+    logging.basicConfig(level=logging.INFO, format="wanjax serve: %(message)s", stream=sys.stderr)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    # uvicorn stops on SIGINT/SIGTERM, then raises the signal again under the handlers it found:
+    # these, so that the caller's clean-up runs (the running job back to the queue) and the exit is 0.
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(stop, lambda number, frame: None)
+    uvicorn.Server(config).run(sockets=[sock])

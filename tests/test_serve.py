@@ -1,0 +1,286 @@
+"""``wanjax serve``: a real server process on 127.0.0.1 with the demo model, driven over HTTP.
+
+A job's video is ``wanjax generate``'s for the same values (its contact sheet pixel for pixel, its mp4
+decoded frame for frame); a second job of a shape compiles nothing; progress, list, delete; every
+refusal is a JSON error with its status; a server killed with SIGKILL mid-job loses no finished
+video and no record, and runs the interrupted jobs after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import av
+import numpy as np
+import pytest
+from PIL import Image
+from serve_process import Server
+
+from wanjax.cli.main import main
+from wanjax.cli.server.store import JobStore
+
+KEY = "test-key-123"
+PROMPT = "A red fox runs through fresh snow"
+
+
+@pytest.fixture(scope="module")
+def server(demo_env, tmp_path_factory):
+    """One server for the module: an API key, a queue of 2, small request bodies."""
+    out = tmp_path_factory.mktemp("serve")
+    flags = ("--max_queue", "2", "--max_body_bytes", "1024", "--max_steps", "60")
+    server = Server(out, *flags, api_key=KEY, env={"WANJAX_CACHE": str(demo_env)}).start()
+    yield server
+    assert server.stop() == 0, server.stderr
+
+
+def mp4_frames(data: bytes, tmp_path, name: str) -> np.ndarray:
+    path = tmp_path / name
+    path.write_bytes(data)
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+
+def assert_error(status: int, body, expected: int, words: str) -> None:
+    assert status == expected, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert words in error["message"] and "\n" not in error["message"], error
+
+
+def test_a_job_is_the_generate_run_and_its_second_shape_compiles_nothing(server, tmp_path):
+    fields = dict(prompt=PROMPT, negative_prompt="blurry", num_inference_steps=3, seed=7, guidance_scale=4.0)
+    job = server.submit(**fields)
+    assert job["object"] == "video" and job["status"] in ("queued", "in_progress")
+    assert len(job["id"]) == 32 and job["size"] == "192x128" and job["frames"] == 17
+    done = server.wait(job["id"])
+    assert done["progress"] == 100 and done["step"] == 3 and done["completed_at"] >= done["created_at"]
+    status, video, headers = server.request("GET", f"/v1/videos/{job['id']}/content")
+    assert status == 200 and headers["content-type"] == "video/mp4"
+    status, sheet, headers = server.request("GET", f"/v1/videos/{job['id']}/content?variant=thumbnail")
+    assert status == 200 and headers["content-type"] == "image/png"
+
+    args = ["--prompt", PROMPT, "--negative_prompt", "blurry", "--num_inference_steps", "3", "--seed", "7"]
+    args += ["--guidance_scale", "4.0", "--output_video", str(tmp_path / "cli.mp4")]
+    assert main(["generate", "--model", "demo", *args, "--preview", str(tmp_path / "cli.png")]) == 0
+    (tmp_path / "job.png").write_bytes(sheet)
+    # The contact sheet holds every raw frame: equal pixels are equal frames.
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(tmp_path / "job.png")), np.asarray(Image.open(tmp_path / "cli.png"))
+    )
+    cli = mp4_frames((tmp_path / "cli.mp4").read_bytes(), tmp_path, "cli_copy.mp4")
+    np.testing.assert_array_equal(mp4_frames(video, tmp_path, "job.mp4"), cli)
+
+    again = server.wait(server.submit(prompt="another prompt", num_inference_steps=3, seed=8)["id"])
+    assert done["compiled_programs"] > 0  # the first job of the shape (or read from the disk cache)
+    assert again["compiled_programs"] == 0 and again["compile_seconds"] == 0
+
+
+def test_progress_streams_as_server_sent_events(server):
+    job = server.submit(prompt=PROMPT, num_inference_steps=40, seed=1)
+    request = urllib.request.Request(
+        f"{server.url}/v1/videos/{job['id']}/events", headers={"Authorization": f"Bearer {KEY}"}
+    )
+    events = []
+    with urllib.request.urlopen(request, timeout=120) as stream:
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        for line in stream:
+            if line.startswith(b"data: "):
+                events.append(json.loads(line[6:]))
+    assert events[-1]["status"] == "completed" and events[-1]["progress"] == 100
+    running = [e for e in events if e["status"] == "in_progress"]
+    middle = {e["step"] for e in running if 0 < e["step"] < 40}
+    assert len(middle) >= 2, [(e["stage"], e["step"]) for e in events]  # the steps show as they run
+    progress = [e["progress"] for e in events]
+    assert progress == sorted(progress)
+    assert [e["stage"] for e in running if e["stage"] == "denoise"]
+
+
+def test_list_pages_and_delete(server):
+    ids = [
+        server.wait(server.submit(prompt=f"clip {i}", num_inference_steps=2)["id"])["id"] for i in range(2)
+    ]
+    status, page, _ = server.request("GET", "/v1/videos?limit=1")
+    assert status == 200 and page["object"] == "list" and page["has_more"]
+    assert [v["id"] for v in page["data"]] == [ids[1]]  # newest first
+    status, page, _ = server.request("GET", f"/v1/videos?limit=1&after={ids[1]}")
+    assert [v["id"] for v in page["data"]] == [ids[0]]
+    status, page, _ = server.request("GET", "/v1/videos?limit=100&order=asc")
+    assert [v["id"] for v in page["data"]][-2:] == ids and not page["has_more"]
+
+    files = sorted(p.name for p in (server.output_dir / "videos").glob(f"{ids[0]}.*"))
+    assert files == [f"{ids[0]}.json", f"{ids[0]}.mp4", f"{ids[0]}.png"]
+    status, body, _ = server.request("DELETE", f"/v1/videos/{ids[0]}")
+    assert status == 200 and body == {"id": ids[0], "object": "video.deleted", "deleted": True}
+    assert not list((server.output_dir / "videos").glob(f"{ids[0]}.*"))
+    assert_error(*server.request("GET", f"/v1/videos/{ids[0]}")[:2], 404, "no video")
+    assert_error(*server.request("GET", f"/v1/videos/{ids[0]}/content")[:2], 404, "no video")
+    assert_error(*server.request("DELETE", f"/v1/videos/{ids[0]}")[:2], 404, "no video")
+
+
+@pytest.mark.parametrize(
+    ("body", "words"),
+    [
+        ({"negative_prompt": "x"}, "'prompt' is required"),
+        ({"prompt": "a", "size": "big"}, "must be WIDTHxHEIGHT"),
+        ({"prompt": "a", "size": "100x128"}, "multiple of 16"),
+        ({"prompt": "a", "frames": 6}, "4n+1"),
+        ({"prompt": "a", "frames": 9, "seconds": 1}, "not both"),
+        ({"prompt": "a", "frames": 21}, "over this server's limit of 17"),
+        ({"prompt": "a", "size": "256x256"}, "over this server's limit"),
+        ({"prompt": "a", "num_inference_steps": 61}, "limit of 60"),
+        ({"prompt": "a", "num_inference_steps": 0}, "at least 1"),
+        ({"prompt": "a", "seed": "7"}, "seed must be an integer"),
+        ({"prompt": "a", "guidance_scale": -1}, "guidance_scale must be >= 0"),
+        ({"prompt": "a", "image": "cat.png"}, "not supported"),
+        ({"prompt": "a", "output_video": "/etc/x.mp4"}, "unknown field 'output_video'"),
+        ({"prompt": "a", "model": "Wan-AI/other"}, "runs the model 'demo'"),
+        (["a list"], "must be a JSON object"),
+    ],
+)
+def test_bad_requests_get_400_with_the_reason(server, body, words):
+    assert_error(*server.request("POST", "/v1/videos", body)[:2], 400, words)
+
+
+def test_refusals_are_json_with_their_status(server):
+    assert_error(*server.request("POST", "/v1/videos", raw=b"{not json")[:2], 400, "not JSON")
+    assert_error(*server.request("GET", "/v1/videos", key=None)[:2], 401, "API key")
+    assert_error(*server.request("GET", "/v1/server", key="wrong")[:2], 401, "API key")
+    status, body, headers = server.request("POST", "/v1/videos", {"prompt": "a"}, key=None)
+    assert status == 401 and headers["www-authenticate"] == "Bearer"
+    assert_error(*server.request("GET", "/v1/videos/nope")[:2], 404, "no video 'nope'")
+    assert_error(*server.request("GET", "/v1/nothing")[:2], 404, "no route")
+    assert_error(
+        *server.request("POST", "/v1/videos", {"prompt": "x" * 2000})[:2], 413, "limit of 1024 bytes"
+    )
+    assert_error(*server.request("PUT", "/v1/videos")[:2], 405, "not allowed")
+    status, page, _ = server.request("GET", "/", key=None)  # the page needs no key; the API does
+    assert status == 200 and b"<html" in page.lower()
+
+    running = server.submit(prompt="a long one", num_inference_steps=60)
+    queued = [server.submit(prompt=f"waiting {i}", num_inference_steps=2) for i in range(2)]
+    status, body, _ = server.request("POST", "/v1/videos", {"prompt": "one too many"})
+    assert_error(status, body, 429, "queue is full")
+    assert_error(*server.request("GET", f"/v1/videos/{queued[0]['id']}/content")[:2], 409, "is queued")
+    for job in (*queued, running):  # a queued job leaves the queue; the running one stops at a step
+        assert server.request("DELETE", f"/v1/videos/{job['id']}")[0] == 200
+    deadline = time.monotonic() + 60
+    while server.request("GET", f"/v1/videos/{running['id']}")[0] != 404:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert not list((server.output_dir / "videos").glob(f"{running['id']}*"))
+    assert server.wait(server.submit(prompt="after the refusals", num_inference_steps=2)["id"])
+
+
+def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path):
+    env = {"WANJAX_CACHE": str(demo_env)}
+    first = Server(tmp_path, env=env).start()
+    try:
+        finished = first.wait(first.submit(prompt="finished before the kill", num_inference_steps=2)["id"])
+        _, video, _ = first.request("GET", f"/v1/videos/{finished['id']}/content")
+        running = first.submit(prompt="running at the kill", num_inference_steps=60, seed=3)
+        waiting = first.submit(prompt="waiting at the kill", num_inference_steps=2)
+        deadline = time.monotonic() + 120
+        while first.request("GET", f"/v1/videos/{running['id']}")[1]["step"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        first.kill()
+
+    second = Server(tmp_path, env=env).start()
+    try:
+        _, page, _ = second.request("GET", "/v1/videos?order=asc")
+        assert [v["id"] for v in page["data"]] == [finished["id"], running["id"], waiting["id"]]
+        assert page["data"][0] == {**finished}  # the finished record, unchanged
+        assert [v["status"] for v in page["data"][1:]] in (
+            ["queued", "queued"],
+            ["in_progress", "queued"],
+            ["completed", "queued"],
+            ["completed", "in_progress"],
+            ["completed", "completed"],
+        )
+        status, again, _ = second.request("GET", f"/v1/videos/{finished['id']}/content")
+        assert status == 200 and again == video
+        rerun = second.wait(running["id"])
+        assert second.wait(waiting["id"])["status"] == "completed"
+        assert rerun["step"] == 60
+        stopped = second.submit(prompt="running at a SIGTERM", num_inference_steps=60)
+        while second.request("GET", f"/v1/videos/{stopped['id']}")[1]["step"] < 2:
+            assert time.monotonic() < deadline + 120
+            time.sleep(0.05)
+    finally:
+        assert second.stop() == 0, second.stderr
+    assert not list(tmp_path.glob("videos/.*"))  # no half-written file left
+    store = JobStore(tmp_path)  # a clean stop puts the running job back in the queue
+    assert store.get(stopped["id"]).status == "queued" and store.get(rerun["id"]).status == "completed"
+    store.close()
+
+
+def test_two_processes_serve_one_model(demo_env, tmp_path):
+    """Process 0 serves HTTP and sends each job to process 1; they run it on a mesh spanning both
+    (one CPU device each); only process 0 writes. The frames are those of ``wanjax generate`` with
+    the same mesh in one process (to XLA:CPU's rounding across process layouts: see test_multihost)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"WANJAX_CACHE": str(demo_env), "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    flags = ("--mesh", "sp=2", "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2")
+    follower = Server(tmp_path / "serve", *flags, "--process_id", "1", env=env).launch()
+    leader = Server(tmp_path / "serve", *flags, "--process_id", "0", env=env)
+    try:
+        leader.start()
+        job = leader.wait(leader.submit(prompt=PROMPT, num_inference_steps=2, seed=5)["id"])
+        _, sheet, _ = leader.request("GET", f"/v1/videos/{job['id']}/content?variant=thumbnail")
+    finally:
+        assert leader.stop() == 0, leader.stderr
+        assert follower.stop(signal_it=False) == 0, follower.stderr  # told to stop by process 0
+    assert sorted(p.name for p in (tmp_path / "serve").iterdir()) == ["jobs.sqlite3", "videos"]
+    args = ["generate", "--model", "demo", "--prompt", PROMPT, "--num_inference_steps", "2", "--seed", "5"]
+    args += ["--mesh", "sp=2", "--output_video", "one.mp4", "--preview", "one.png"]
+    subprocess.run(
+        [sys.executable, "-m", "wanjax.cli", *args],
+        cwd=tmp_path,
+        env={**os.environ, **env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+        check=True,
+        capture_output=True,
+    )
+    (tmp_path / "job.png").write_bytes(sheet)
+    served, one = (np.asarray(Image.open(tmp_path / f"{n}.png")).astype(int) for n in ("job", "one"))
+    diff = np.abs(served - one)
+    assert diff.max() <= 1 and np.mean(diff > 0) < 1e-3
+
+
+def serve_mistake(capsys, *args: str) -> str:
+    """``wanjax serve ARGS``'s one-line error (exit 2, nothing on stdout)."""
+    code = main(["serve", *args])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, ""), (code, out, err)
+    assert err.count("\n") == 1 and err.startswith("wanjax: error: "), err
+    return err
+
+
+def test_start_up_mistakes_are_one_line(demo_env, tmp_path, capsys, monkeypatch):
+    assert "--port must be between 0" in serve_mistake(capsys, "--port", "70000")
+    assert "--max_queue must be at least 1" in serve_mistake(capsys, "--max_queue", "0")
+    assert "--cache_calibrate" in serve_mistake(capsys, "--cache_calibrate", "x.json")
+    (tmp_path / "file").write_text("")
+    assert "--output_dir" in serve_mistake(
+        capsys, "--model", "demo", "--output_dir", str(tmp_path / "file" / "x")
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        err = serve_mistake(capsys, "--model", "demo", "--port", port, "--output_dir", str(tmp_path / "out"))
+    assert f"cannot listen on 127.0.0.1:{port}" in err
+    err = serve_mistake(capsys, "--model", "demo-i2v", "--port", "0", "--output_dir", str(tmp_path / "out"))
+    assert "demo-i2v is an image-to-video model" in err and "--image" in err
+    big = ("--model", "demo", "--port", "0", "--output_dir", str(tmp_path / "out"), "--device_memory", "1MiB")
+    assert "wanjax plan's estimate" in serve_mistake(capsys, *big)
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # the serve extra not installed
+    assert "pip install 'wanjax[serve]'" in serve_mistake(capsys, "--model", "demo")

@@ -1,0 +1,178 @@
+"""The web page of ``wanjax serve`` in real headless Chromium (selenium): a real server process with the demo
+model, the form's defaults from ``/v1/server``, a server error shown in the page, one job submitted from the
+form whose progress bar moves while the page polls, and its mp4 played by a <video> element (from a blob
+fetched with the key header), then deleted from its card. A screenshot is kept as a test artefact
+(``tmp_path/page.png``, copied to ``$WANJAX_ARTEFACTS`` when set)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from serve_process import Server
+
+STEPS = 6
+# libx264 with yuv420p writes High profile: a Chromium built without proprietary codecs answers "" here
+H264 = 'video/mp4; codecs="avc1.64001E"'
+HEADLESS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage")
+
+
+def _browser_paths() -> tuple[str, str]:
+    """Chromium and chromedriver (Debian's packages); skip without them, except in CI where they must be."""
+    chromium = next(filter(None, map(shutil.which, ("/usr/bin/chromium", "chromium"))), None)
+    driver = next(filter(None, map(shutil.which, ("/usr/bin/chromedriver", "chromedriver"))), None)
+    missing = [name for name, path in (("chromium", chromium), ("chromedriver", driver)) if path is None]
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        missing.append("selenium (pip)")
+    if missing:
+        message = f"the page test needs {', '.join(missing)}: apt-get install chromium chromium-driver"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return chromium, driver
+
+
+@pytest.fixture
+def browser():
+    chromium, driver_path = _browser_paths()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    options = Options()
+    options.binary_location = chromium  # with both paths given, Selenium Manager downloads nothing
+    for arg in (*HEADLESS, "--window-size=1280,860"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def server(tmp_path, demo_env):
+    """A ``wanjax serve --model demo`` process on a free port (no API key); yields its base URL."""
+    server = Server(tmp_path / "serve", env={"WANJAX_CACHE": str(demo_env)}).start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+def _wait(predicate, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _keep_screenshot(driver, tmp_path: Path) -> Path:
+    shot = tmp_path / "page.png"
+    driver.save_screenshot(str(shot))
+    if os.environ.get("WANJAX_ARTEFACTS"):
+        target = Path(os.environ["WANJAX_ARTEFACTS"])
+        target.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, target / "serve_page.png")
+    return shot
+
+
+def test_page_submits_a_job_shows_its_progress_and_plays_the_video(server, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.set_script_timeout(30)
+    driver.get(server + "/")
+    field = lambda name: driver.find_element(By.ID, name)  # noqa: E731
+    info = json.load(urllib.request.urlopen(server + "/v1/server", timeout=10))
+    try:
+        # the form's defaults come from /v1/server
+        _wait(lambda: field("num_inference_steps").get_attribute("value"), 30, "the defaults in the form")
+        defaults = info["defaults"]
+        assert field("size").get_attribute("value") == defaults["size"] == "192x128"
+        assert field("frames").get_attribute("value") == str(defaults["frames"])
+        assert field("num_inference_steps").get_attribute("value") == str(defaults["num_inference_steps"])
+        assert field("seed").get_attribute("value") == str(defaults["seed"])
+
+        # a request the server refuses: its error.message in #error, no job
+        prompt = 'a <b>red</b> fox & "friends" <script>x()</script>'
+        field("prompt").send_keys(prompt)
+        field("num_inference_steps").clear()
+        field("num_inference_steps").send_keys(str(info["limits"]["max_steps"] + 1))
+        field("submit").click()
+        message = _wait(lambda: field("error").text, 10, "the error message in #error")
+        assert "\n" not in message and not driver.find_elements(By.CSS_SELECTOR, ".job")
+
+        # a real job: the progress bar moves while the page polls
+        field("num_inference_steps").clear()
+        field("num_inference_steps").send_keys(str(STEPS))
+        field("submit").click()
+        card = _wait(lambda: driver.find_elements(By.CSS_SELECTOR, ".job[data-id]"), 10, "the job's card")[0]
+        job_id = card.get_attribute("data-id")
+        assert re.fullmatch(r"[0-9a-f]{32}", job_id), job_id
+        assert field("error").text == ""
+        read = f"""const card = document.querySelector('.job[data-id="{job_id}"]');
+            return [card.className, card.querySelector('progress.progress').value,
+                    card.querySelector('.stage').textContent];"""
+        values, stages, deadline = [], set(), time.monotonic() + 90
+        while time.monotonic() < deadline:
+            classes, value, stage = driver.execute_script(read)
+            if not values or values[-1] != value:
+                values.append(value)
+            stages.add(stage)
+            if "completed" in classes.split() or "failed" in classes.split():
+                break
+            time.sleep(0.05)
+        assert "completed" in classes.split(), (classes, card.find_element(By.CSS_SELECTOR, ".err").text)
+        assert values == sorted(values) and values[-1] == 100, values  # never goes back
+        assert any(0 < v < 100 for v in values), f"no progress between 0 and 100 was shown: {values}"
+        assert any(re.search(rf"step \d+/{STEPS}\b", s) for s in stages), stages
+        # the prompt as typed, as text (no markup from it)
+        assert card.find_element(By.CSS_SELECTOR, ".prompt").text == prompt
+        assert not card.find_elements(By.CSS_SELECTOR, ".prompt *")
+        assert f"{STEPS} steps" in card.text and "192x128" in card.text
+
+        # the newest completed job's video loads by itself, from a blob: URL
+        player = f"document.querySelector('.job[data-id=\"{job_id}\"] video.player')"
+        js = lambda code: driver.execute_script(f"const v = {player}; {code}")  # noqa: E731
+        _wait(lambda: js("return v !== null"), 30, "the video.player element")
+        src = js("return v.src")
+        assert src.startswith("blob:"), src
+        blob = driver.execute_async_script(
+            "const done = arguments[arguments.length - 1];"
+            f"fetch({player}.src).then(r => r.blob()).then(b => done([b.type, b.size]), e => done(`${{e}}`));"
+        )
+        assert blob[0] == "video/mp4" and blob[1] > 0, blob
+        if js(f"return v.canPlayType('{H264}')"):
+            _wait(lambda: js("return v.readyState >= 1"), 20, "the video's metadata")
+            state = js("return [v.videoWidth, v.videoHeight, v.error]")
+            assert state == [192, 128, None], state
+        else:  # a Chromium build without H.264: the blob's type and size above are what can be checked
+            print(f"chromium cannot decode {H264}: the mp4 was checked as a blob only")
+        _wait(lambda: js("return v.readyState >= 2 || v.error !== null"), 10, "a frame to show")
+    except BaseException:  # the page as it was when the test failed
+        with contextlib.suppress(Exception):
+            _keep_screenshot(driver, tmp_path)
+        raise
+    assert _keep_screenshot(driver, tmp_path).stat().st_size > 0
+
+    # its delete button removes the card and the job
+    card.find_element(By.CSS_SELECTOR, "button.del").click()
+    cards = lambda: driver.find_elements(By.CSS_SELECTOR, f'.job[data-id="{job_id}"]')  # noqa: E731
+    _wait(lambda: not cards(), 10, "the card to go")
+    with pytest.raises(urllib.error.HTTPError) as gone:
+        urllib.request.urlopen(f"{server}/v1/videos/{job_id}", timeout=10)
+    assert gone.value.code == 404
