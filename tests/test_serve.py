@@ -23,7 +23,7 @@ from PIL import Image
 from serve_process import Server
 
 from wanjax.cli.main import main
-from wanjax.cli.server.store import JobStore
+from wanjax.cli.server.store import JobStore, QueueFull
 
 KEY = "test-key-123"
 PROMPT = "A red fox runs through fresh snow"
@@ -144,7 +144,25 @@ def test_list_pages_and_delete(server):
     ],
 )
 def test_bad_requests_get_400_with_the_reason(server, body, words):
-    assert_error(*server.request("POST", "/v1/videos", body)[:2], 400, words)
+    status, error, _ = server.request("POST", "/v1/videos", body)
+    assert_error(status, error, 400, words)
+    assert "--" not in error["error"]["message"]  # the API's field names, not the CLI's flags
+
+
+def test_the_store_retries_an_interrupted_job_once(tmp_path):
+    store = JobStore(tmp_path)
+    params = {"prompt": "p", "num_inference_steps": 2}
+    first, second = (store.add(name, params, max_queued=5).id for name in ("first", "second"))
+    with pytest.raises(QueueFull):
+        store.add("third", params, max_queued=2)
+    assert store.next_queued().id == first and store.start(first)
+    assert store.recover() == ([first, second], [])  # the server died while it ran: queued again
+    assert store.get(first).status == "queued" and store.start(first)
+    assert store.recover() == ([second], [first])  # died again while running it: failed
+    failed = store.get(first)
+    assert (failed.status, failed.error_code) == ("failed", "interrupted")
+    assert not store.start(first) and store.next_queued().id == second
+    store.close()
 
 
 def test_refusals_are_json_with_their_status(server):

@@ -13,8 +13,8 @@ import asyncio
 import hmac
 import json
 import logging
-import secrets
 import traceback
+import uuid
 from importlib import resources
 from typing import Any
 
@@ -121,7 +121,7 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
             raise ApiError(400, f"the body is not JSON: {e}") from None
         params = await run_in_threadpool(engine.params, parsed)
         try:
-            job = await run_in_threadpool(store.add, secrets.token_hex(16), params, limits.max_queue)
+            job = await run_in_threadpool(store.add, uuid.uuid4().hex, params, limits.max_queue)
         except QueueFull:
             raise ApiError(
                 429,
@@ -163,8 +163,9 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
 
     async def delete_video(request: Request) -> Response:
         job = find(request.path_params["id"])
-        if not worker.cancel(job.id):  # not running: remove it now
-            store.delete(job.id)
+        running = not store.delete(job.id, unless_running=True)
+        if not (running and worker.cancel(job.id)):  # a running one: the worker removes it at its next step
+            store.delete(job.id)  # a job that ended meanwhile
             await run_in_threadpool(engine.remove_files, job.id)
         return JSONResponse({"id": job.id, "object": "video.deleted", "deleted": True})
 

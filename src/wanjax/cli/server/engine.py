@@ -322,6 +322,12 @@ class Worker:
                 self._discard(job.id)
             else:
                 self.store.complete(job.id, **dataclasses.asdict(result))
+                log.info(
+                    "job %s completed in %.2f s (%d programs compiled)",
+                    job.id,
+                    result.run_seconds,
+                    result.compiled_programs,
+                )
             return
         if job.id in self._cancelled:
             self._discard(job.id)

@@ -224,10 +224,13 @@ class JobStore:
                 (FAILED, time.time(), code, message, job_id),
             )
 
-    def delete(self, job_id: str) -> bool:
-        """Remove a job's record; False if there was none."""
+    def delete(self, job_id: str, unless_running: bool = False) -> bool:
+        """Remove a job's record (``unless_running``: only if it is not running); False if none went."""
         with self._transaction() as db:
-            cursor = db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+            if unless_running:
+                cursor = db.execute("DELETE FROM jobs WHERE id=? AND status!=?", (job_id, IN_PROGRESS))
+            else:
+                cursor = db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
         return cursor.rowcount == 1
 
 
