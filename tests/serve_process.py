@@ -20,10 +20,17 @@ LISTENING = "wanjax serve: listening on "
 
 
 class Server:
-    """``wanjax serve --model demo --port 0 --output_dir DIR FLAGS...`` as a child process."""
+    """``wanjax serve --model MODEL --port 0 --output_dir DIR FLAGS...`` as a child process."""
 
-    def __init__(self, output_dir: Path, *flags: str, api_key: str | None = None, env: dict | None = None):
-        self.output_dir, self.flags, self.api_key = Path(output_dir), flags, api_key
+    def __init__(
+        self,
+        output_dir: Path,
+        *flags: str,
+        model: str = "demo",
+        api_key: str | None = None,
+        env: dict | None = None,
+    ):
+        self.output_dir, self.flags, self.model, self.api_key = Path(output_dir), flags, model, api_key
         inherited = {k: v for k, v in os.environ.items() if k != "WANJAX_API_KEY"}  # the key: api_key
         self.env = {**inherited, **(env or {})}
         self.process: subprocess.Popen | None = None
@@ -33,7 +40,7 @@ class Server:
 
     def launch(self) -> Server:
         """Start the process (a multi-process server's other processes print nothing: use this)."""
-        command = [sys.executable, "-m", "wanjax.cli", "serve", "--model", "demo", "--host", "127.0.0.1"]
+        command = [sys.executable, "-m", "wanjax.cli", "serve", "--model", self.model, "--host", "127.0.0.1"]
         command += ["--port", "0", "--output_dir", str(self.output_dir), *self.flags]
         if self.api_key:
             command += ["--api_key", self.api_key]

@@ -8,6 +8,7 @@ video and no record, and runs the interrupted jobs after a restart.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -26,6 +27,7 @@ from wanjax.cli.main import main
 from wanjax.cli.server.store import JobStore, QueueFull
 
 KEY = "test-key-123"
+PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
 PROMPT = "A red fox runs through fresh snow"
 
 
@@ -137,7 +139,9 @@ def test_list_pages_and_delete(server):
         ({"prompt": "a", "num_inference_steps": 0}, "at least 1"),
         ({"prompt": "a", "seed": "7"}, "seed must be an integer"),
         ({"prompt": "a", "guidance_scale": -1}, "guidance_scale must be >= 0"),
-        ({"prompt": "a", "image": "cat.png"}, "not supported"),
+        ({"prompt": "a", "image": "cat.png"}, "image must be an image file in base64"),
+        ({"prompt": "a", "image": PNG}, "demo is a text-to-video model: it takes no image"),
+        ({"prompt": "a", "lora": "style.safetensors"}, "'lora' is not supported"),
         ({"prompt": "a", "output_video": "/etc/x.mp4"}, "unknown field 'output_video'"),
         ({"prompt": "a", "model": "Wan-AI/other"}, "runs the model 'demo'"),
         (["a list"], "must be a JSON object"),
@@ -296,9 +300,52 @@ def test_start_up_mistakes_are_one_line(demo_env, tmp_path, capsys, monkeypatch)
         port = str(taken.getsockname()[1])
         err = serve_mistake(capsys, "--model", "demo", "--port", port, "--output_dir", str(tmp_path / "out"))
     assert f"cannot listen on 127.0.0.1:{port}" in err
-    err = serve_mistake(capsys, "--model", "demo-i2v", "--port", "0", "--output_dir", str(tmp_path / "out"))
-    assert "demo-i2v is an image-to-video model" in err and "--image" in err
+    err = serve_mistake(
+        capsys, "--model", "demo", "--port", "0", "--output_dir", str(tmp_path), "--mesh", "tp=3"
+    )
+    assert "cannot serve demo with these flags" in err and "3 devices" in err
     big = ("--model", "demo", "--port", "0", "--output_dir", str(tmp_path / "out"), "--device_memory", "1MiB")
     assert "wanjax plan's estimate" in serve_mistake(capsys, *big)
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # the serve extra not installed
     assert "pip install 'wanjax[serve]'" in serve_mistake(capsys, "--model", "demo")
+
+
+def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
+    """An image-to-video server takes the first frame as base64 in the JSON body; without ``size`` the
+    image's aspect decides, as ``wanjax generate --image`` decides it."""
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 255, (150, 260, 3), dtype=np.uint8)).save(tmp_path / "first.png")
+    image = "data:image/png;base64," + base64.b64encode((tmp_path / "first.png").read_bytes()).decode()
+    server = Server(tmp_path / "serve", model="demo-i2v", env={"WANJAX_CACHE": str(demo_env)}).start()
+    try:
+        _, info, _ = server.request("GET", "/v1/server")
+        assert info["inputs"] == {"image": "required", "last_image": "none"}
+        assert info["limits"]["max_body_bytes"] == 16 * 2**20
+        status, error, _ = server.request("POST", "/v1/videos", {"prompt": PROMPT})
+        assert_error(
+            status, error, 400, "demo-i2v is an image-to-video model: give the first frame with image"
+        )
+        job = server.wait(server.submit(prompt=PROMPT, image=image, num_inference_steps=2, seed=3)["id"])
+        assert job["image"] is True and job["last_image"] is False
+        _, sheet, _ = server.request("GET", f"/v1/videos/{job['id']}/content?variant=thumbnail")
+        assert (server.output_dir / "inputs" / f"{job['id']}.image").is_file()
+        assert server.request("DELETE", f"/v1/videos/{job['id']}")[0] == 200
+        assert not list((server.output_dir / "inputs").iterdir())  # its input went with it
+    finally:
+        assert server.stop() == 0, server.stderr
+    args = ["--prompt", PROMPT, "--image", str(tmp_path / "first.png"), "--num_inference_steps", "2"]
+    args += [
+        "--seed",
+        "3",
+        "--output_video",
+        str(tmp_path / "cli.mp4"),
+        "--preview",
+        str(tmp_path / "cli.png"),
+    ]
+    assert main(["generate", "--model", "demo-i2v", *args]) == 0
+    (tmp_path / "job.png").write_bytes(sheet)
+    cli = np.asarray(Image.open(tmp_path / "cli.png"))
+    np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "job.png")), cli)
+    with av.open(str(tmp_path / "cli.mp4")) as container:
+        stream = container.streams.video[0]
+        assert job["size"] == f"{stream.width}x{stream.height}" != "192x128"  # the image's aspect

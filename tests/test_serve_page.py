@@ -80,13 +80,13 @@ def _wait(predicate, timeout: float, what: str, interval: float = 0.05):
     pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def _keep_screenshot(driver, tmp_path: Path) -> Path:
+def _keep_screenshot(driver, tmp_path: Path, name: str = "serve_page.png") -> Path:
     shot = tmp_path / "page.png"
     driver.save_screenshot(str(shot))
     if os.environ.get("WANJAX_ARTEFACTS"):
         target = Path(os.environ["WANJAX_ARTEFACTS"])
         target.mkdir(parents=True, exist_ok=True)
-        shutil.copy(shot, target / "serve_page.png")
+        shutil.copy(shot, target / name)
     return shot
 
 
@@ -176,3 +176,32 @@ def test_page_submits_a_job_shows_its_progress_and_plays_the_video(server, brows
     with pytest.raises(urllib.error.HTTPError) as gone:
         urllib.request.urlopen(f"{server}/v1/videos/{job_id}", timeout=10)
     assert gone.value.code == 404
+
+
+def test_an_image_to_video_page_uploads_the_first_frame(browser, demo_env, tmp_path):
+    """With an image-to-video model the page shows a file field for the first frame (not the last:
+    demo-i2v is not first-last-frame), leaves the size to the image's aspect, and its job runs."""
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+
+    Image.new("RGB", (260, 150), (200, 40, 40)).save(tmp_path / "first.png")
+    server = Server(tmp_path / "serve", model="demo-i2v", env={"WANJAX_CACHE": str(demo_env)}).start()
+    driver = browser
+    try:
+        driver.get(server.url + "/")
+        field = lambda name: driver.find_element(By.ID, name)  # noqa: E731
+        _wait(lambda: field("image_label").is_displayed(), 30, "the first frame's field")
+        assert not field("last_image_label").is_displayed() and field("size").get_attribute("value") == ""
+        field("prompt").send_keys("the red card turns")
+        field("num_inference_steps").clear()
+        field("num_inference_steps").send_keys("2")
+        field("image").send_keys(str(tmp_path / "first.png"))
+        field("submit").click()
+        card = _wait(
+            lambda: driver.find_elements(By.CSS_SELECTOR, ".job.completed"), 90, "the job to complete"
+        )[0]
+        _keep_screenshot(driver, tmp_path, "serve_page_i2v.png")
+        job = server.request("GET", f"/v1/videos/{card.get_attribute('data-id')}")[1]
+        assert job["image"] is True and job["size"] != "192x128" and field("error").text == ""
+    finally:
+        server.stop()

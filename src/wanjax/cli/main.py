@@ -36,8 +36,8 @@ class Subcommand:
 def subcommands() -> dict[str, Subcommand]:
     """Every subcommand by name, in the order ``wanjax --help`` lists them."""
     from wanjax.cli import commands, describe, requests
-    from wanjax.cli.server import serve
     from wanjax.cli import parser as flags
+    from wanjax.cli.server import serve
     from wanjax.tools import bench, tune_attention
 
     return {

@@ -14,7 +14,9 @@ from typing import Any, NoReturn
 
 from wanjax.cli.requests import (
     DEFAULT_MODEL,
+    IMAGE_BODY,
     STAGE_DIR,
+    TEXT_BODY,
     AttentionFlags,
     PlanRequest,
     PromptFlags,
@@ -406,7 +408,11 @@ def serve_flags(parser: argparse.ArgumentParser) -> None:
     flag(group, "max_pixels", type=int, help="width x height at most (default: the model's default size)")
     flag(group, "max_steps", type=int, help=f"denoising steps at most (default {server.max_steps})")
     flag(
-        group, "max_body_bytes", type=int, help=f"request body size at most (default {server.max_body_bytes})"
+        group,
+        "max_body_bytes",
+        type=int,
+        help=f"request body size at most (default {TEXT_BODY // 1024} KiB; {IMAGE_BODY // 2**20} MiB "
+        "for a model taking images)",
     )
     flag(
         group,

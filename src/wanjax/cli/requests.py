@@ -22,6 +22,7 @@ from wanjax.errors import ConfigError, WanjaxError
 
 DEFAULT_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 DEFAULT_DTYPE = "bfloat16"
+TEXT_BODY, IMAGE_BODY = 64 * 1024, 16 * 2**20  # `wanjax serve`'s default request body limits
 STAGE_DIR = "stage_outputs"
 OUTPUT_SUFFIXES = {
     "output_video": ".mp4",
@@ -359,7 +360,7 @@ class ServerFlags:
     max_frames: int | None = None
     max_pixels: int | None = None
     max_steps: int = 100
-    max_body_bytes: int = 65536
+    max_body_bytes: int | None = None
     device_memory: str | None = None
 
 

@@ -9,21 +9,25 @@ and its messages, with flag names given as the API's field names.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from wanjax.cli.requests import GenerateRequest, ModelDefaults, OutputFlags, VideoFlags
+from wanjax.cli.requests import GenerateRequest, ImageFlags, ModelDefaults, OutputFlags, VideoFlags
 from wanjax.cli.server.store import Job
 
 SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+DATA_URL = re.compile(r"^data:image/[\w.+-]+;base64,")
 NUMBER_FIELDS = {"fps", "guidance_scale", "seconds"}
 INT_FIELDS = {"frames", "num_inference_steps", "seed"}
-TEXT_FIELDS = {"prompt", "negative_prompt", "size", "model"}
+IMAGE_FIELDS = ("image", "last_image")  # base64 (a data: URL or bare), saved as the job's input files
+TEXT_FIELDS = {"prompt", "negative_prompt", "size", "model", *IMAGE_FIELDS}
 FIELDS = NUMBER_FIELDS | INT_FIELDS | TEXT_FIELDS
-LATER = {"image", "last_image", "lora", "input_reference"}  # accepted by the CLI; not by the API yet
+LATER = {"lora", "input_reference"}  # the CLI's --lora is a server flag; OpenAI's multipart upload
 
 
 @dataclasses.dataclass
@@ -53,11 +57,13 @@ class Limits:
 
 
 def job_params(
-    body: Any, defaults: ModelDefaults, temporal: int, limits: Limits, model: str
-) -> dict[str, Any]:
-    """A request body's fields checked for type and limits, with the model's defaults for those left
-    out: ``prompt, negative_prompt, width, height, frames, fps, num_inference_steps, guidance_scale,
-    seed``. ``seconds`` becomes the nearest frame count the VAE takes (``temporal * n + 1``)."""
+    body: Any, defaults: ModelDefaults, temporal: int, model: str
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """A request body's fields checked for type, with the model's defaults for those left out:
+    ``prompt, negative_prompt, width, height, frames, fps, num_inference_steps, guidance_scale, seed``,
+    and ``image``/``last_image`` (whether given); and the images' bytes by field. ``seconds`` becomes
+    the nearest frame count the VAE takes (``temporal * n + 1``). Without ``size``, a job with an image
+    leaves ``width``/``height`` None: the image's aspect decides (as ``generate --image``)."""
     if not isinstance(body, dict):
         raise ApiError(400, 'the body must be a JSON object, e.g. {"prompt": "a cat on the grass"}')
     for name in body:
@@ -74,7 +80,8 @@ def job_params(
     prompt = body.get("prompt")
     if prompt is None or not prompt.strip():
         raise ApiError(400, "'prompt' is required: what the video shows", param="prompt")
-    width, height = defaults.width, defaults.height
+    images = {name: decode_image(name, body[name]) for name in IMAGE_FIELDS if name in body}
+    width, height = (None, None) if images else (defaults.width, defaults.height)
     if "size" in body:
         match = SIZE.match(body["size"])
         if not match:
@@ -101,9 +108,22 @@ def job_params(
         "num_inference_steps": body.get("num_inference_steps", defaults.num_inference_steps),
         "guidance_scale": float(body.get("guidance_scale", defaults.guidance_scale)),
         "seed": body.get("seed", defaults.seed),
+        **{name: name in images for name in IMAGE_FIELDS},
     }
-    check_limits(params, limits)
-    return params
+    return params, images
+
+
+def decode_image(name: str, text: str) -> bytes:
+    """An image field's bytes: base64, bare or as a ``data:image/...;base64,`` URL."""
+    try:
+        data = base64.b64decode(DATA_URL.sub("", text, count=1), validate=True)
+    except (binascii.Error, ValueError):
+        data = b""
+    if not data:
+        raise ApiError(
+            400, f"{name} must be an image file in base64 (or a data:image/...;base64, URL)", param=name
+        )
+    return data
 
 
 def _check_type(name: str, value: Any) -> None:
@@ -145,15 +165,16 @@ def check_limits(params: Mapping[str, Any], limits: Limits) -> None:
 
 
 def generate_request(
-    base: GenerateRequest, params: Mapping[str, Any], outputs: OutputFlags
+    base: GenerateRequest, params: Mapping[str, Any], images: ImageFlags, outputs: OutputFlags
 ) -> GenerateRequest:
     """The ``wanjax generate`` request of a job: the server's flags (model, dtype, mesh, ...) with the
-    job's text, video and sampling values and its output files."""
+    job's text, images, video and sampling values and its output files."""
     return dataclasses.replace(
         base,
         text=dataclasses.replace(
             base.text, prompt=(params["prompt"],), prompt_file=None, negative_prompt=params["negative_prompt"]
         ),
+        images=images,
         video=VideoFlags(params["height"], params["width"], params["frames"], params["fps"]),
         sampling=dataclasses.replace(
             base.sampling,
@@ -205,6 +226,7 @@ def video_object(job: Job, model: str) -> dict[str, Any]:
         "num_inference_steps": p["num_inference_steps"],
         "guidance_scale": p["guidance_scale"],
         "seed": p["seed"],
+        **{name: p.get(name, False) for name in IMAGE_FIELDS},
         "error": error,
         "compiled_programs": job.compiled_programs,
         "compile_seconds": job.compile_seconds,

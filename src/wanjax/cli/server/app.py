@@ -98,6 +98,7 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
                     "seed": d.seed,
                     "negative_prompt": "",
                 },
+                "inputs": engine.image_inputs(),
                 "limits": {
                     "max_frames": limits.max_frames,
                     "max_pixels": limits.max_pixels,
@@ -119,10 +120,12 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
             parsed = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ApiError(400, f"the body is not JSON: {e}") from None
-        params = await run_in_threadpool(engine.params, parsed)
+        job_id = uuid.uuid4().hex
+        params = await run_in_threadpool(engine.accept, job_id, parsed)
         try:
-            job = await run_in_threadpool(store.add, uuid.uuid4().hex, params, limits.max_queue)
+            job = await run_in_threadpool(store.add, job_id, params, limits.max_queue)
         except QueueFull:
+            await run_in_threadpool(engine.remove_files, job_id)
             raise ApiError(
                 429,
                 f"the queue is full ({limits.max_queue} jobs waiting); retry when one has started",

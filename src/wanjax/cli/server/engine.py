@@ -12,7 +12,9 @@ they run it with it; only process 0 writes.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import io
 import json
 import logging
 import threading
@@ -21,6 +23,8 @@ import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+from PIL import Image
 
 from wanjax.cli.commands import (
     GenerateWork,
@@ -32,16 +36,26 @@ from wanjax.cli.commands import (
     run_generate,
 )
 from wanjax.cli.parser import one_line
-from wanjax.cli.requests import GenerateRequest, OutputFlags, check_flags
-from wanjax.cli.server.api import ApiError, Limits, api_message, generate_request, job_params
+from wanjax.cli.requests import GenerateRequest, ImageFlags, OutputFlags, check_flags
+from wanjax.cli.server.api import (
+    IMAGE_FIELDS,
+    ApiError,
+    Limits,
+    api_message,
+    check_limits,
+    generate_request,
+    job_params,
+)
 from wanjax.cli.server.store import Job, JobStore
 from wanjax.errors import WanjaxError
+from wanjax.io.atomic import atomic_path
 from wanjax.parallel.mesh import MeshSpec
-from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.pipeline.pipeline import WanPipeline, check_image_input
 from wanjax.runtime.timing import CompileMeter
 
 log = logging.getLogger("wanjax.serve")
 VIDEOS = "videos"
+INPUTS = "inputs"
 FILE_SUFFIXES = {"video": ".mp4", "thumbnail": ".png", "record": ".json"}
 
 
@@ -78,34 +92,66 @@ class Engine:
         self.pipe, self.base, self.mesh, self.limits = pipe, base, mesh, limits
         self.device_memory = device_memory
         self.videos = Path(output_dir) / VIDEOS
+        self.inputs = Path(output_dir) / INPUTS
         self.model = model_label(pipe.source)
         self.defaults = defaults_of(pipe)
 
-    def params(self, body: Any) -> dict[str, Any]:
-        """A request body as a job's parameters, after every check a ``generate`` run of it would
-        pass and the memory check (ApiError 400 with the CLI's message otherwise); reads no weight."""
-        params = job_params(body, self.defaults, self.pipe.geometry.temporal, self.limits, self.model)
-        self.work("check", params)
-        self.check_memory(params)
+    def accept(self, job_id: str, body: Any) -> dict[str, Any]:
+        """A request body as job ``job_id``'s parameters (its images saved as the job's input files),
+        after every check a ``generate`` run of it would pass, the server's limits and the memory
+        check (ApiError 400 with the CLI's message otherwise; nothing kept); reads no weight."""
+        params, images = job_params(body, self.defaults, self.pipe.geometry.temporal, self.model)
+        for name, data in images.items():
+            with atomic_path(self.input_files(job_id)[name]) as tmp:
+                tmp.write_bytes(data)
+        try:
+            video = self.work(job_id, params).video  # the size an image's aspect decides
+            params.update(height=video["height"], width=video["width"])
+            check_limits(params, self.limits)
+            self.check_memory(params)
+        except ApiError:
+            self.remove_files(job_id)
+            raise
         return params
+
+    def image_inputs(self) -> dict[str, str]:
+        """Whether the model's jobs take ``image`` and ``last_image``: ``required``, ``optional`` or
+        ``none``, as :func:`~wanjax.pipeline.pipeline.check_image_input` decides."""
+        cfg, expand = self.pipe.transformer_config, self.pipe.expand_timesteps
+
+        def takes(image: bool, last_image: bool) -> bool:
+            try:
+                check_image_input(cfg, image, last_image, self.model, expand)
+            except WanjaxError:
+                return False
+            return True
+
+        if not takes(False, False):
+            first = "required"
+        else:
+            first = "optional" if takes(True, False) or takes(True, True) else "none"
+        last = "none" if not takes(True, True) else "optional" if takes(True, False) else "required"
+        return {"image": first, "last_image": last}
 
     def check_startup(self) -> None:
         """The server can run its model: a request of the model's defaults passes every check, and
         the largest the limits allow (the default aspect) fits a device (WanjaxError otherwise)."""
-        d, limits, pipe = self.defaults, self.limits, self.pipe
-        if pipe.transformer_config.image_to_video and not pipe.expand_timesteps:
-            raise WanjaxError(
-                f"{self.model} is an image-to-video model; the server does not take images yet "
-                "(use `wanjax generate --image`)"
-            )
+        d, limits = self.defaults, self.limits
         body = {"prompt": "a check of the server's settings", "frames": min(d.frames, limits.max_frames)}
+        body["size"] = f"{d.width}x{d.height}"
+        blank = io.BytesIO()
+        Image.new("RGB", (d.width, d.height), (128, 128, 128)).save(blank, format="PNG")
+        for name, takes in self.image_inputs().items():
+            if takes == "required":
+                body[name] = base64.b64encode(blank.getvalue()).decode()
         try:
-            self.work("check", job_params(body, d, pipe.geometry.temporal, limits, self.model))
+            self.accept("startup-check", body)
         except ApiError as e:
             raise WanjaxError(f"the server cannot serve {self.model} with these flags: {e.message}") from None
         scale = (limits.max_pixels / (d.height * d.width)) ** 0.5
         height, width = (max(16, int(side * scale) // 16 * 16) for side in (d.height, d.width))
         need = self.memory_needed({"height": height, "width": width, "frames": limits.max_frames})
+        self.remove_files("startup-check")
         if need is not None:
             raise WanjaxError(
                 f"the largest request --max_pixels and --max_frames allow ({width}x{height}, "
@@ -153,14 +199,17 @@ class Engine:
 
     def remove_partial_files(self) -> None:
         """Temporary files a killed server left half-written (:func:`~wanjax.io.atomic.atomic_path`)."""
-        for path in self.videos.glob(".*.tmp"):
+        for path in (*self.videos.glob(".*.tmp"), *self.inputs.glob(".*.tmp")):
             path.unlink(missing_ok=True)
 
     def work(self, job_id: str, params: Mapping[str, Any]) -> GenerateWork:
         """The checked ``generate`` run of a job writing its files (ApiError 400 for a bad value)."""
-        files = self.files(job_id)
+        files, inputs = self.files(job_id), self.input_files(job_id)
         outputs = OutputFlags(output_video=str(files["video"]), preview=str(files["thumbnail"]))
-        request = generate_request(self.base, params, outputs)
+        images = ImageFlags(
+            **{name: str(inputs[name]) if params.get(name) else None for name in IMAGE_FIELDS}
+        )
+        request = generate_request(self.base, params, images, outputs)
         try:
             check_flags(request)
             return check_generate(self.pipe, request, self.mesh)
@@ -171,8 +220,13 @@ class Engine:
         """A job's files by kind: ``video`` (mp4), ``thumbnail`` (PNG contact sheet), ``record`` (JSON)."""
         return {kind: self.videos / f"{job_id}{suffix}" for kind, suffix in FILE_SUFFIXES.items()}
 
+    def input_files(self, job_id: str) -> dict[str, Path]:
+        """A job's images (as uploaded), by field."""
+        return {name: self.inputs / f"{job_id}.{name}" for name in IMAGE_FIELDS}
+
     def remove_files(self, job_id: str) -> None:
-        for path in self.files(job_id).values():
+        """A job's outputs and inputs."""
+        for path in (*self.files(job_id).values(), *self.input_files(job_id).values()):
             path.unlink(missing_ok=True)
 
     def run(

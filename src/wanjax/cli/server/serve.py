@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from wanjax.cli.commands import begin, defaults_of, mesh_request, open_generate_pipeline
-from wanjax.cli.requests import ServeRequest
+from wanjax.cli.requests import IMAGE_BODY, TEXT_BODY, ServeRequest
 from wanjax.errors import ConfigError, WanjaxError
 from wanjax.parallel.multihost import is_primary
 
 if TYPE_CHECKING:
     from wanjax.cli.server.engine import Engine
+    from wanjax.pipeline.pipeline import WanPipeline
 
 log = logging.getLogger("wanjax.serve")
 
@@ -76,12 +77,17 @@ def open_engine(request: ServeRequest) -> Engine:
         max_pixels=flags.max_pixels or defaults.height * defaults.width,
         max_steps=flags.max_steps,
         max_queue=flags.max_queue,
-        max_body_bytes=flags.max_body_bytes,
+        max_body_bytes=flags.max_body_bytes or (IMAGE_BODY if takes_images(pipe) else TEXT_BODY),
     )
     engine = Engine(pipe, base, mesh, flags.output_dir, limits, device_memory(flags.device_memory))
     engine.check_startup()
     engine.load()
     return engine
+
+
+def takes_images(pipe: WanPipeline) -> bool:
+    """Whether the model's jobs may carry an image (image to video, Wan 2.2 TI2V)."""
+    return pipe.transformer_config.image_to_video or pipe.expand_timesteps
 
 
 def check_output_dir(directory: str) -> None:
