@@ -382,17 +382,15 @@ class ServeRequest(Request):
     server: ServerFlags = dataclasses.field(default_factory=ServerFlags)
 
     def job_base(self) -> GenerateRequest:
-        """The ``generate`` request every job starts from (its text, video and sampling are the job's)."""
+        """The ``generate`` request every job starts from: this one's flags (its text, images, video
+        and sampling are the job's)."""
+        shared = {field.name for field in dataclasses.fields(GenerateRequest)}
         return GenerateRequest(
-            common=self.common,
-            dtype=self.dtype,
-            precision=self.precision,
-            attention=self.attention,
-            vae=self.vae,
-            adapters=self.adapters,
-            cache=self.cache,
-            memory=self.memory,
-            parallel=self.parallel,
+            **{
+                field.name: getattr(self, field.name)
+                for field in dataclasses.fields(self)
+                if field.name in shared
+            }
         )
 
 
