@@ -103,6 +103,31 @@ def test_progress_streams_as_server_sent_events(server):
     assert [e["stage"] for e in running if e["stage"] == "denoise"]
 
 
+@pytest.mark.filterwarnings(
+    "ignore:The Sora API:DeprecationWarning"
+)  # OpenAI's hosted service, not its API shape
+def test_the_openai_sdk_drives_it(server, tmp_path):
+    """OpenAI's own client (multipart/form-data requests, its paging and its download)."""
+    from openai import NotFoundError, OpenAI
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    video = client.videos.create(
+        prompt=PROMPT, seconds="1", size="192x128", extra_body={"num_inference_steps": 2}
+    )
+    assert video.object == "video" and video.seconds == "1.06" and video.size == "192x128"  # 17 frames
+    done = server.wait(video.id)
+    assert client.videos.retrieve(video.id).status == "completed"
+    data = client.videos.download_content(video.id).read()
+    assert data == server.request("GET", f"/v1/videos/{video.id}/content")[1]
+    sheet = client.videos.download_content(video.id, variant="thumbnail").read()
+    assert sheet.startswith(b"\x89PNG")
+    assert client.videos.list(limit=1).data[0].id == video.id
+    assert done["frames"] == 17 and done["num_inference_steps"] == 2
+    assert client.videos.delete(video.id).deleted
+    with pytest.raises(NotFoundError):
+        client.videos.retrieve(video.id)
+
+
 def test_list_pages_and_delete(server):
     ids = [
         server.wait(server.submit(prompt=f"clip {i}", num_inference_steps=2)["id"])["id"] for i in range(2)
@@ -307,9 +332,10 @@ def test_start_up_mistakes_are_one_line(demo_env, tmp_path, capsys, monkeypatch)
     big = ("--model", "demo", "--port", "0", "--output_dir", str(tmp_path / "out"), "--device_memory", "1MiB")
     assert "wanjax plan's estimate" in serve_mistake(capsys, *big)
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # the serve extra not installed
-    assert "pip install 'wanjax[serve]'" in serve_mistake(capsys, "--model", "demo")
+    assert "(uvicorn missing): pip install 'wanjax[serve]'" in serve_mistake(capsys, "--model", "demo")
 
 
+@pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")
 def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
     """An image-to-video server takes the first frame as base64 in the JSON body; without ``size`` the
     image's aspect decides, as ``wanjax generate --image`` decides it."""
@@ -328,9 +354,21 @@ def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
         job = server.wait(server.submit(prompt=PROMPT, image=image, num_inference_steps=2, seed=3)["id"])
         assert job["image"] is True and job["last_image"] is False
         _, sheet, _ = server.request("GET", f"/v1/videos/{job['id']}/content?variant=thumbnail")
+        from openai import OpenAI  # OpenAI's SDK: the first frame as a multipart upload, input_reference
+
+        client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+        upload = ("first.png", (tmp_path / "first.png").read_bytes(), "image/png")
+        steps = {"num_inference_steps": 2, "seed": 3}
+        uploaded = server.wait(
+            client.videos.create(prompt=PROMPT, input_reference=upload, extra_body=steps).id
+        )
+        assert uploaded["image"] and uploaded["size"] == job["size"]
+        again = server.request("GET", f"/v1/videos/{uploaded['id']}/content?variant=thumbnail")[1]
+        assert again == sheet
         assert (server.output_dir / "inputs" / f"{job['id']}.image").is_file()
-        assert server.request("DELETE", f"/v1/videos/{job['id']}")[0] == 200
-        assert not list((server.output_dir / "inputs").iterdir())  # its input went with it
+        for done in (job, uploaded):
+            assert server.request("DELETE", f"/v1/videos/{done['id']}")[0] == 200
+        assert not list((server.output_dir / "inputs").iterdir())  # the inputs went with them
     finally:
         assert server.stop() == 0, server.stderr
     args = ["--prompt", PROMPT, "--image", str(tmp_path / "first.png"), "--num_inference_steps", "2"]

@@ -14,7 +14,7 @@ import binascii
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from wanjax.cli.requests import GenerateRequest, ImageFlags, ModelDefaults, OutputFlags, VideoFlags
@@ -27,7 +27,8 @@ INT_FIELDS = {"frames", "num_inference_steps", "seed"}
 IMAGE_FIELDS = ("image", "last_image")  # base64 (a data: URL or bare), saved as the job's input files
 TEXT_FIELDS = {"prompt", "negative_prompt", "size", "model", *IMAGE_FIELDS}
 FIELDS = NUMBER_FIELDS | INT_FIELDS | TEXT_FIELDS
-LATER = {"lora", "input_reference"}  # the CLI's --lora is a server flag; OpenAI's multipart upload
+LATER = {"lora"}  # the CLI's --lora is a server flag
+OPENAI_NAMES = {"input_reference": "image", "input_reference[image_url]": "image"}  # the first frame
 
 
 @dataclasses.dataclass
@@ -66,6 +67,8 @@ def job_params(
     leaves ``width``/``height`` None: the image's aspect decides (as ``generate --image``)."""
     if not isinstance(body, dict):
         raise ApiError(400, 'the body must be a JSON object, e.g. {"prompt": "a cat on the grass"}')
+    if isinstance(body.get("seconds"), str):  # OpenAI's type: "4"
+        body = {**body, "seconds": parse_number("seconds", body["seconds"])}
     for name in body:
         if name in LATER:
             raise ApiError(400, f"{name!r} is not supported by this server yet", param=name)
@@ -113,8 +116,38 @@ def job_params(
     return params, images
 
 
-def decode_image(name: str, text: str) -> bytes:
-    """An image field's bytes: base64, bare or as a ``data:image/...;base64,`` URL."""
+def form_body(items: Iterable[tuple[str, str | bytes]]) -> dict[str, Any]:
+    """A ``multipart/form-data`` request (what OpenAI's SDK sends) as the JSON body it stands for: the
+    numbers parsed from their text, a file as an image field's bytes, OpenAI's ``input_reference``
+    (a file, or ``input_reference[image_url]``) as ``image``."""
+    body: dict[str, Any] = {}
+    for name, value in items:
+        name = OPENAI_NAMES.get(name, name)
+        if name in body:
+            raise ApiError(400, f"{name} is given twice", param=name)
+        numeric = name in INT_FIELDS or name in NUMBER_FIELDS
+        body[name] = (
+            parse_number(name, value, name in INT_FIELDS) if numeric and isinstance(value, str) else value
+        )
+    return body
+
+
+def parse_number(name: str, text: str, integer: bool = False) -> int | float:
+    try:
+        return int(text) if integer else float(text)
+    except ValueError:
+        raise ApiError(
+            400, f"{name} must be {'an integer' if integer else 'a number'}, got {text!r}", param=name
+        ) from None
+
+
+def decode_image(name: str, value: str | bytes) -> bytes:
+    """An image field's bytes: an uploaded file's, or base64, bare or as a ``data:image/...;base64,`` URL."""
+    if isinstance(value, bytes):
+        if not value:
+            raise ApiError(400, f"{name} is an empty file", param=name)
+        return value
+    text = value
     try:
         data = base64.b64decode(DATA_URL.sub("", text, count=1), validate=True)
     except (binascii.Error, ValueError):
@@ -130,7 +163,7 @@ def _check_type(name: str, value: Any) -> None:
     kinds = {"a string": TEXT_FIELDS, "an integer": INT_FIELDS, "a number": NUMBER_FIELDS}
     expected = next(kind for kind, fields in kinds.items() if name in fields)
     ok = {
-        "a string": isinstance(value, str),
+        "a string": isinstance(value, str) or (name in IMAGE_FIELDS and isinstance(value, bytes)),
         "an integer": isinstance(value, int) and not isinstance(value, bool),
         "a number": isinstance(value, int | float) and not isinstance(value, bool),
     }[expected]
@@ -228,6 +261,8 @@ def video_object(job: Job, model: str) -> dict[str, Any]:
         "seed": p["seed"],
         **{name: p.get(name, False) for name in IMAGE_FIELDS},
         "error": error,
+        "expires_at": None,
+        "remixed_from_video_id": None,
         "compiled_programs": job.compiled_programs,
         "compile_seconds": job.compile_seconds,
         "run_seconds": job.run_seconds,

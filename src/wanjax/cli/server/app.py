@@ -26,7 +26,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Respon
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from wanjax.cli.server.api import ApiError, Limits, video_object
+from wanjax.cli.server.api import ApiError, Limits, form_body, video_object
 from wanjax.cli.server.engine import Engine, Worker
 from wanjax.cli.server.store import COMPLETED, IN_PROGRESS, QUEUED, Job, JobStore, QueueFull
 
@@ -116,10 +116,13 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
 
     async def create(request: Request) -> Response:
         body = await read_body(request, limits.max_body_bytes)
-        try:
-            parsed = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ApiError(400, f"the body is not JSON: {e}") from None
+        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+            parsed = form_body(await form_items(request, body))
+        else:
+            try:
+                parsed = json.loads(body)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ApiError(400, f"the body is not JSON: {e}") from None
         job_id = uuid.uuid4().hex
         params = await run_in_threadpool(engine.accept, job_id, parsed)
         try:
@@ -254,6 +257,24 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)
     return app
+
+
+async def form_items(request: Request, body: bytes) -> list[tuple[str, str | bytes]]:
+    """The fields of a ``multipart/form-data`` body (files as their bytes)."""
+    from starlette.datastructures import UploadFile
+    from starlette.formparsers import MultiPartException, MultiPartParser
+
+    async def chunks():
+        yield body
+
+    try:
+        form = await MultiPartParser(request.headers, chunks(), max_files=4, max_fields=32).parse()
+    except MultiPartException as e:
+        raise ApiError(400, f"the multipart body cannot be read: {e.message}") from None
+    return [
+        (name, await value.read() if isinstance(value, UploadFile) else value)
+        for name, value in form.multi_items()
+    ]
 
 
 async def read_body(request: Request, limit: int) -> bytes:

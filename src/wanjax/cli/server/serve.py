@@ -9,6 +9,7 @@ a multi-process run serves HTTP; the others run the jobs it sends them (:func:`e
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import signal
@@ -103,13 +104,18 @@ def check_output_dir(directory: str) -> None:
 
 def check_serving_stack() -> None:
     """The optional ``serve`` extra is installed (one line naming the install otherwise)."""
-    try:
-        import starlette  # noqa: F401
-        import uvicorn  # noqa: F401
-    except ImportError as e:
+    missing = [name for name in ("starlette", "uvicorn", "python_multipart") if not importable(name)]
+    if missing:
         raise ConfigError(
-            f"wanjax serve needs the serve extra ({e.name} is missing): pip install 'wanjax[serve]'"
-        ) from None
+            f"wanjax serve needs the serve extra ({', '.join(missing)} missing): pip install 'wanjax[serve]'"
+        )
+
+
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a module set to None (tests) or without a spec
+        return False
 
 
 def bind(host: str, port: int) -> socket.socket:
