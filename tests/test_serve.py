@@ -269,26 +269,41 @@ def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path):
 
 
 def test_two_processes_serve_one_model(demo_env, tmp_path):
-    """Process 0 serves HTTP and sends each job to process 1; they run it on a mesh spanning both
-    (one CPU device each); only process 0 writes. The frames are those of ``wanjax generate`` with
-    the same mesh in one process (to XLA:CPU's rounding across process layouts: see test_multihost)."""
+    """Process 0 serves HTTP and sends each job (its image too) to process 1, as if on another host
+    (its own --output_dir); they run it on a mesh spanning both (one CPU device each); only process 0
+    writes. The frames are those of ``wanjax generate`` with the same mesh in one process (to
+    XLA:CPU's rounding across process layouts: see test_multihost)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    Image.fromarray(np.random.default_rng(1).integers(0, 255, (128, 192, 3), dtype=np.uint8)).save(
+        tmp_path / "a.png"
+    )
+    image = base64.b64encode((tmp_path / "a.png").read_bytes()).decode()
     env = {"WANJAX_CACHE": str(demo_env), "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     flags = ("--mesh", "sp=2", "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2")
-    follower = Server(tmp_path / "serve", *flags, "--process_id", "1", env=env).launch()
-    leader = Server(tmp_path / "serve", *flags, "--process_id", "0", env=env)
+    follower = Server(tmp_path / "host1", *flags, "--process_id", "1", model="demo-i2v", env=env).launch()
+    leader = Server(tmp_path / "host0", *flags, "--process_id", "0", model="demo-i2v", env=env)
     try:
         leader.start()
-        job = leader.wait(leader.submit(prompt=PROMPT, num_inference_steps=2, seed=5)["id"])
+        job = leader.wait(leader.submit(prompt=PROMPT, image=image, num_inference_steps=2, seed=5)["id"])
         _, sheet, _ = leader.request("GET", f"/v1/videos/{job['id']}/content?variant=thumbnail")
     finally:
         assert leader.stop() == 0, leader.stderr
         assert follower.stop(signal_it=False) == 0, follower.stderr  # told to stop by process 0
-    assert sorted(p.name for p in (tmp_path / "serve").iterdir()) == ["jobs.sqlite3", "videos"]
-    args = ["generate", "--model", "demo", "--prompt", PROMPT, "--num_inference_steps", "2", "--seed", "5"]
-    args += ["--mesh", "sp=2", "--output_video", "one.mp4", "--preview", "one.png"]
+    assert not [p for p in (tmp_path / "host1").rglob("*") if p.is_file()]  # process 1 kept no file
+    args = [
+        "generate",
+        "--model",
+        "demo-i2v",
+        "--prompt",
+        PROMPT,
+        "--image",
+        "a.png",
+        "--num_inference_steps",
+        "2",
+    ]
+    args += ["--seed", "5", "--mesh", "sp=2", "--output_video", "one.mp4", "--preview", "one.png"]
     subprocess.run(
         [sys.executable, "-m", "wanjax.cli", *args],
         cwd=tmp_path,

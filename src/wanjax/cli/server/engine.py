@@ -17,6 +17,7 @@ import dataclasses
 import io
 import json
 import logging
+import tempfile
 import threading
 import time
 import traceback
@@ -220,6 +221,17 @@ class Engine:
         """A job's files by kind: ``video`` (mp4), ``thumbnail`` (PNG contact sheet), ``record`` (JSON)."""
         return {kind: self.videos / f"{job_id}{suffix}" for kind, suffix in FILE_SUFFIXES.items()}
 
+    def job_message(self, job_id: str, params: Mapping[str, Any]) -> dict[str, Any]:
+        """What the other processes of a multi-process server need to run a job (they may be on
+        other hosts): its parameters and its images (base64)."""
+        files = self.input_files(job_id)
+        images = {
+            name: base64.b64encode(files[name].read_bytes()).decode()
+            for name in IMAGE_FIELDS
+            if params.get(name)
+        }
+        return {"id": job_id, "params": dict(params), "images": images}
+
     def input_files(self, job_id: str) -> dict[str, Path]:
         """A job's images (as uploaded), by field."""
         return {name: self.inputs / f"{job_id}.{name}" for name in IMAGE_FIELDS}
@@ -278,12 +290,21 @@ class JobChannel:
 
 
 def follow(engine: Engine, channel: JobChannel) -> None:
-    """A process other than 0: run each job process 0 sends, until it says stop."""
+    """A process other than 0: run each job process 0 sends (its images in a folder of this process
+    for the run: process 0 owns ``--output_dir``), until it says stop."""
+    engine.inputs = Path(tempfile.mkdtemp(prefix="wanjax-serve-inputs-"))
     while (message := channel.receive()) is not None:
+        job_id = message["id"]
         try:
-            engine.run(message["id"], message["params"], lambda stage, done: None)
+            for name, data in message["images"].items():
+                with atomic_path(engine.input_files(job_id)[name]) as tmp:
+                    tmp.write_bytes(base64.b64decode(data))
+            engine.run(job_id, message["params"], lambda stage, done: None)
         except Exception:  # process 0 records the failure; keep following
-            log.error("job %s failed here:\n%s", message["id"], traceback.format_exc())
+            log.error("job %s failed here:\n%s", job_id, traceback.format_exc())
+        finally:
+            for path in engine.input_files(job_id).values():
+                path.unlink(missing_ok=True)
 
 
 class Worker:
@@ -328,7 +349,11 @@ class Worker:
                 self._wake.wait(1.0)
                 self._wake.clear()
                 continue
-            self._run(job)
+            try:
+                self._run(job)
+            except Exception:  # the store itself failed (a full disk, ...): log, go on serving
+                log.error("the worker could not run job %s:\n%s", job.id, traceback.format_exc())
+                self._stopping.wait(1.0)
 
     def _run(self, job: Job) -> None:
         if not self.store.start(job.id):
@@ -355,7 +380,7 @@ class Worker:
             self.store.progress(job.id, stage, done, percent)
 
         if self.channel is not None:
-            self.channel.send({"id": job.id, "params": job.params})
+            self.channel.send(self.engine.job_message(job.id, job.params))
         try:
             result = self.engine.run(job.id, job.params, on_progress)
         except Cancelled:
