@@ -224,9 +224,10 @@ def test_refusals_are_json_with_their_status(server):
     assert server.wait(server.submit(prompt="after the refusals", num_inference_steps=2)["id"])
 
 
-def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path):
+def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path, tmp_path_factory):
     env = {"WANJAX_CACHE": str(demo_env)}
-    first = Server(tmp_path, env=env).start()
+    flags = ("--jax_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))  # starts empty
+    first = Server(tmp_path, *flags, env=env).start()
     try:
         finished = first.wait(first.submit(prompt="finished before the kill", num_inference_steps=2)["id"])
         _, video, _ = first.request("GET", f"/v1/videos/{finished['id']}/content")
@@ -239,7 +240,7 @@ def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path):
     finally:
         first.kill()
 
-    second = Server(tmp_path, env=env).start()
+    second = Server(tmp_path, *flags, env=env).start()
     try:
         _, page, _ = second.request("GET", "/v1/videos?order=asc")
         assert [v["id"] for v in page["data"]] == [finished["id"], running["id"], waiting["id"]]
@@ -256,6 +257,8 @@ def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path):
         rerun = second.wait(running["id"])
         assert second.wait(waiting["id"])["status"] == "completed"
         assert rerun["step"] == 60
+        # the restarted server's programs come from the persistent compilation cache
+        assert rerun["compiled_programs"] > 0 and rerun["compile_cache_hits"] == rerun["compiled_programs"]
         stopped = second.submit(prompt="running at a SIGTERM", num_inference_steps=60)
         while second.request("GET", f"/v1/videos/{stopped['id']}")[1]["step"] < 2:
             assert time.monotonic() < deadline + 120

@@ -264,6 +264,7 @@ def video_object(job: Job, model: str) -> dict[str, Any]:
         "expires_at": None,
         "remixed_from_video_id": None,
         "compiled_programs": job.compiled_programs,
+        "compile_cache_hits": job.compile_cache_hits,
         "compile_seconds": job.compile_seconds,
         "run_seconds": job.run_seconds,
     }

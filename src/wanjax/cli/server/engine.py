@@ -62,10 +62,12 @@ FILE_SUFFIXES = {"video": ".mp4", "thumbnail": ".png", "record": ".json"}
 
 @dataclasses.dataclass(frozen=True)
 class RunResult:
-    """How a job ran: XLA programs compiled (or read from the persistent cache) for it, the seconds
-    that took, and the job's wall time."""
+    """How a job ran: XLA programs compiled (or read from the persistent compilation cache) for it,
+    how many of them that cache held (a restarted server's first job of a shape), the seconds that
+    took, and the job's wall time."""
 
     compiled_programs: int
+    compile_cache_hits: int
     compile_seconds: float
     run_seconds: float
 
@@ -250,7 +252,8 @@ class Engine:
         with CompileMeter() as meter:
             frames = run_generate(self.pipe, work, on_progress)
             report = generate_outputs(self.pipe, work, frames)
-        result = RunResult(meter.programs, round(meter.seconds, 3), round(time.perf_counter() - start, 3))
+        wall = round(time.perf_counter() - start, 3)
+        result = RunResult(meter.programs, meter.cache_hits, round(meter.seconds, 3), wall)
         report.extra["server"] = {"job": job_id, **dataclasses.asdict(result)}
         finish(report, work.request, start, self.files(job_id)["record"], show=False)
         return result

@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     error_code TEXT,
     error_message TEXT,
     compiled_programs INTEGER,
+    compile_cache_hits INTEGER,
     compile_seconds REAL,
     run_seconds REAL
 )
@@ -66,6 +67,7 @@ class Job:
     error_code: str | None = None
     error_message: str | None = None
     compiled_programs: int | None = None
+    compile_cache_hits: int | None = None
     compile_seconds: float | None = None
     run_seconds: float | None = None
 
@@ -206,14 +208,27 @@ class JobStore:
             )
 
     def complete(
-        self, job_id: str, compiled_programs: int, compile_seconds: float, run_seconds: float
+        self,
+        job_id: str,
+        compiled_programs: int,
+        compile_cache_hits: int,
+        compile_seconds: float,
+        run_seconds: float,
     ) -> None:
         """The job's files are written: it is done."""
         with self._transaction() as db:
             db.execute(
                 "UPDATE jobs SET status=?, stage=NULL, progress=100, completed_at=?, compiled_programs=?, "
-                "compile_seconds=?, run_seconds=? WHERE id=?",
-                (COMPLETED, time.time(), compiled_programs, compile_seconds, run_seconds, job_id),
+                "compile_cache_hits=?, compile_seconds=?, run_seconds=? WHERE id=?",
+                (
+                    COMPLETED,
+                    time.time(),
+                    compiled_programs,
+                    compile_cache_hits,
+                    compile_seconds,
+                    run_seconds,
+                    job_id,
+                ),
             )
 
     def fail(self, job_id: str, code: str, message: str) -> None:
