@@ -161,6 +161,8 @@ def test_list_pages_and_delete(server):
         ({"prompt": "a", "frames": 21}, "over this server's limit of 17"),
         ({"prompt": "a", "size": "256x256"}, "over this server's limit"),
         ({"prompt": "a", "num_inference_steps": 61}, "limit of 60"),
+        ({"prompt": "a", "num_inference_steps": 10**15}, "limit of 60"),
+        ({"prompt": "a", "seconds": 1e308}, "seconds must be a positive number"),
         ({"prompt": "a", "num_inference_steps": 0}, "at least 1"),
         ({"prompt": "a", "seed": "7"}, "seed must be an integer"),
         ({"prompt": "a", "guidance_scale": -1}, "guidance_scale must be >= 0"),
@@ -176,6 +178,14 @@ def test_bad_requests_get_400_with_the_reason(server, body, words):
     status, error, _ = server.request("POST", "/v1/videos", body)
     assert_error(status, error, 400, words)
     assert "--" not in error["error"]["message"]  # the API's field names, not the CLI's flags
+    if error["error"]["param"] is not None:  # the field at fault, as OpenAI's errors name it
+        assert error["error"]["param"] in {*body, "size", "prompt"}
+
+
+def test_errors_from_the_cli_checks_name_their_field(server):
+    for body, param in (({"frames": 6}, "frames"), ({"size": "100x128"}, "size"), ({"seed": -1}, "seed")):
+        status, error, _ = server.request("POST", "/v1/videos", {"prompt": "a", **body})
+        assert status == 400 and error["error"]["param"] == param, error
 
 
 def test_the_store_retries_an_interrupted_job_once(tmp_path):

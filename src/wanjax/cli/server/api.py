@@ -98,8 +98,10 @@ def job_params(
     frames = body.get("frames", defaults.frames)
     if "seconds" in body:
         seconds = body["seconds"]
-        if not (math.isfinite(seconds) and seconds > 0):
-            raise ApiError(400, f"seconds must be positive, got {seconds}", param="seconds")
+        if not (math.isfinite(seconds * fps) and seconds > 0):
+            raise ApiError(
+                400, f"seconds must be a positive number of reasonable size, got {seconds}", param="seconds"
+            )
         frames = temporal * max(round(seconds * fps / temporal), 0) + 1
     params = {
         "prompt": prompt,
@@ -172,12 +174,10 @@ def _check_type(name: str, value: Any) -> None:
 
 
 def check_limits(params: Mapping[str, Any], limits: Limits) -> None:
-    """The server's limits on frames, pixels per frame and steps (400 naming the limit)."""
-    frames, pixels, steps = (
-        params["frames"],
-        params["width"] * params["height"],
-        params["num_inference_steps"],
-    )
+    """The server's limits on frames, pixels per frame (once the size is known) and steps (400 naming
+    the limit)."""
+    frames, steps = params["frames"], params["num_inference_steps"]
+    pixels = 0 if params["width"] is None else params["width"] * params["height"]
     if frames > limits.max_frames:
         raise ApiError(
             400, f"frames {frames} is over this server's limit of {limits.max_frames}", param="frames"
@@ -232,6 +232,12 @@ def api_message(message: str) -> str:
         return FLAG_FIELDS.get(name, name) if name in api_names else match[0]
 
     return FLAG.sub(rename, message)
+
+
+def message_param(message: str) -> str | None:
+    """The field a message (:func:`api_message`) starts with, if any: its ``param``."""
+    first = message.split(maxsplit=1)[0] if message else ""
+    return "size" if first in ("height", "width") else first if first in FIELDS else None
 
 
 def video_object(job: Job, model: str) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from wanjax.cli.server.api import (
     check_limits,
     generate_request,
     job_params,
+    message_param,
 )
 from wanjax.cli.server.store import Job, JobStore
 from wanjax.errors import WanjaxError
@@ -104,6 +105,7 @@ class Engine:
         after every check a ``generate`` run of it would pass, the server's limits and the memory
         check (ApiError 400 with the CLI's message otherwise; nothing kept); reads no weight."""
         params, images = job_params(body, self.defaults, self.pipe.geometry.temporal, self.model)
+        check_limits(params, self.limits)  # before anything sized by them is built
         for name, data in images.items():
             with atomic_path(self.input_files(job_id)[name]) as tmp:
                 tmp.write_bytes(data)
@@ -217,7 +219,8 @@ class Engine:
             check_flags(request)
             return check_generate(self.pipe, request, self.mesh)
         except WanjaxError as e:
-            raise ApiError(400, api_message(one_line(e))) from None
+            message = api_message(one_line(e))
+            raise ApiError(400, message, param=message_param(message)) from None
 
     def files(self, job_id: str) -> dict[str, Path]:
         """A job's files by kind: ``video`` (mp4), ``thumbnail`` (PNG contact sheet), ``record`` (JSON)."""
