@@ -220,7 +220,7 @@ def generate_request(
 
 
 FLAG = re.compile(r"--(\w+)")
-FLAG_FIELDS = {"height": "size (height)", "width": "size (width)", "prompt": "prompt"}
+FLAG_FIELDS = {"height": "size (height)", "width": "size (width)"}
 
 
 def api_message(message: str) -> str:

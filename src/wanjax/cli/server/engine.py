@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import io
 import json
 import logging
@@ -144,11 +145,11 @@ class Engine:
         d, limits = self.defaults, self.limits
         body = {"prompt": "a check of the server's settings", "frames": min(d.frames, limits.max_frames)}
         body["size"] = f"{d.width}x{d.height}"
-        blank = io.BytesIO()
-        Image.new("RGB", (d.width, d.height), (128, 128, 128)).save(blank, format="PNG")
-        for name, takes in self.image_inputs().items():
-            if takes == "required":
-                body[name] = base64.b64encode(blank.getvalue()).decode()
+        required = [name for name, takes in self.image_inputs().items() if takes == "required"]
+        if required:
+            blank = io.BytesIO()
+            Image.new("RGB", (d.width, d.height), (128, 128, 128)).save(blank, format="PNG")
+            body.update(dict.fromkeys(required, base64.b64encode(blank.getvalue()).decode()))
         try:
             self.accept("startup-check", body)
         except ApiError as e:
@@ -180,7 +181,7 @@ class Engine:
 
         base, mesh = self.base, self.pipe.mesh_spec
         estimate = planning.plan(
-            planning.model_configs(str(self.pipe.path)),
+            self._plan_model,
             mesh if mesh is not None else MeshSpec(),
             height=params["height"],
             width=params["width"],
@@ -198,9 +199,12 @@ class Engine:
             f"has {size_text(self.device_memory)} ({planning.HEADROOM:.0%} of it usable)"
         )
 
-    def load(self) -> None:
-        """Read the model's weights now, so the first job pays no loading."""
-        self.pipe.load()
+    @functools.cached_property
+    def _plan_model(self) -> Any:
+        """The model's configs as ``wanjax plan`` reads them (once, not per request)."""
+        from wanjax.tools import plan as planning
+
+        return planning.model_configs(str(self.pipe.path))
 
     def remove_partial_files(self) -> None:
         """Temporary files a killed server left half-written (:func:`~wanjax.io.atomic.atomic_path`)."""

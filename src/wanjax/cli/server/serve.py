@@ -82,7 +82,7 @@ def open_engine(request: ServeRequest) -> Engine:
     )
     engine = Engine(pipe, base, mesh, flags.output_dir, limits, device_memory(flags.device_memory))
     engine.check_startup()
-    engine.load()
+    pipe.load()  # the weights now: the first job pays no loading
     return engine
 
 
