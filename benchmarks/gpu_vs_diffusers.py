@@ -12,7 +12,10 @@ costs that line only, and every memory peak is that process's own):
   the step program's compile time and memory.
 * ``dit14b``: 14B dimensions, 4 layers, at 1280x720x81 (latents [1,16,21,90,160], 75,600 tokens).
 * ``vae``: the Wan 2.1 VAE decode of latents [1,16,21,60,104] (81 frames, 480x832), float32 and
-  bfloat16: diffusers, wanjax (``--vae_precision`` sets wanjax's float32 conv precision).
+  bfloat16: diffusers, wanjax (``--vae_precision`` sets wanjax's float32 conv precision); on CUDA
+  also wanjax with the convolution layouts XLA's heuristic picks (``wanjax nchw``: the VAE's
+  ``xla_gpu_force_conv_nhwc`` outvoted by ``XLA_FLAGS=--xla_gpu_force_conv_nchw=true``) and with
+  4 video frames per step (``wanjax 4 frames/step``).
 * ``umt5``: the UMT5-XXL encoder (24 layers; the vocabulary cut to 32,128 rows, a gather whose cost
   does not depend on it), 2 x 512 tokens, float32 and bfloat16: transformers, wanjax.
 * ``attention``: attention cores, bf16, at L = 32,768 with 12 heads of 128 and L = 75,600 with 40
@@ -131,7 +134,7 @@ def plan(part: str, sizes: Sizes) -> list[tuple[str, str]]:
     if part == "dit14b":
         return [("batch 1", s) for s in ("diffusers", "diffusers-compiled", "wanjax")]
     if part == "vae":
-        return [(d, s) for d in ("float32", "bfloat16") for s in ("diffusers", "wanjax")]
+        return [(d, s) for d in ("float32", "bfloat16") for s in ("diffusers", *VAE_SIDES)]
     if part == "umt5":
         return [(d, s) for d in ("float32", "bfloat16") for s in ("transformers", "wanjax")]
     if part == "attention":
@@ -141,7 +144,14 @@ def plan(part: str, sizes: Sizes) -> list[tuple[str, str]]:
     raise ValueError(part)
 
 
+VAE_SIDES = ("wanjax", "wanjax nchw", "wanjax 4 frames/step")
+# a side's own environment: XLA checks force_conv_nchw before force_conv_nhwc
+SIDE_ENV = {"wanjax nchw": {"XLA_FLAGS": "--xla_gpu_force_conv_nchw=true"}}
+
+
 def skip_reason(part: str, side: str, cuda: bool) -> str | None:
+    if side == "wanjax nchw" and not cuda:
+        return "no CUDA (a GPU convolution layout)"
     if side == "diffusers-compiled" and not cuda:
         return "no CUDA (torch.compile of the blocks is measured on GPUs only)"
     if side in ("torch cudnn", "torch flash", "wanjax cudnn", "jax.nn cudnn") and not cuda:
@@ -161,7 +171,9 @@ def comparisons(part: str, sizes: Sizes) -> list[tuple[tuple[str, str], tuple[st
         return out
     if part in ("vae", "umt5"):
         ref = "diffusers" if part == "vae" else "transformers"
+        variants = [((d, s), (d, "wanjax")) for d in ("float32", "bfloat16") for s in VAE_SIDES[1:]]
         return [
+            *(variants if part == "vae" else []),
             (("float32", "wanjax"), ("float32", ref)),
             (("bfloat16", "wanjax"), ("bfloat16", ref)),
             (("bfloat16", "wanjax"), ("float32", ref)),
@@ -393,6 +405,8 @@ def child_vae(c: Child) -> None:
         import wanjax
 
         kwargs = {"precision": c.args.vae_precision} if c.args.vae_precision else {}
+        if c.side == "wanjax 4 frames/step":
+            kwargs["frames_per_step"] = 4
         vae = wanjax.load_vae(root, dtype=c.case, **kwargs)
         zj = jnp.asarray(z)
         start = time.perf_counter()
@@ -402,6 +416,7 @@ def child_vae(c: Child) -> None:
         c.save(np.asarray(out.astype(jnp.float32)))
         c.record.update(jax_memory(compiled), device=jax.devices()[0].device_kind)
         c.record["precision"] = str(getattr(vae, "precision", None))
+        c.record["xla_flags"] = os.environ.get("XLA_FLAGS", "")
     c.finish(stats, flops)
 
 
@@ -625,12 +640,12 @@ class Parent:
         else:
             print(describe(r), flush=True)
 
-    def child(self, *extra: str) -> tuple[int | None, list[str]]:
+    def child(self, *extra: str, env: dict[str, str] | None = None) -> tuple[int | None, list[str]]:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--workdir", str(self.work)]
         cmd += ["--repeats", str(self.args.repeats)] + (["--small"] if self.args.small else [])
         if self.args.vae_precision:
             cmd += ["--vae_precision", self.args.vae_precision]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # so the allocator's peak means something
         echo = (
             (lambda line: print("    | " + line, file=sys.stderr, flush=True)) if self.args.verbose else None
@@ -672,7 +687,7 @@ class Parent:
             if reason:
                 self.record({"part": part, "case": case, "side": side, "skipped": reason})
                 continue
-            status, tail = self.child(part, case, side)
+            status, tail = self.child(part, case, side, env=SIDE_ENV.get(side))
             if status != 0:
                 self.record({"part": part, "case": case, "side": side, "error": failure(status, tail)})
             else:

@@ -29,6 +29,7 @@ from test_vae import CONFIGS, LATENT_HW, assert_not_saturated, randn, relative_e
 import wanjax
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import random_params
+from wanjax.kernels.common import Platform
 from wanjax.kernels.precision import (
     PRECISIONS,
     default_precision,
@@ -40,6 +41,7 @@ from wanjax.kernels.xla import xla_attention
 from wanjax.models import dit, umt5
 from wanjax.models.config import transformer_preset
 from wanjax.models.vae import VAEConfig, WanVAE, checkpoint_spec, decode_uint8, load_vae
+from wanjax.models.vae import programs as vae_programs
 from wanjax.models.vae.ops import f32_conv_output
 from wanjax.pipeline.pipeline import WanPipeline
 
@@ -91,6 +93,33 @@ def test_lax_precision_only_for_float32():
 def test_f32_conv_output_per_platform():
     assert f32_conv_output("cpu") and f32_conv_output("tpu")
     assert not f32_conv_output("gpu") and not f32_conv_output("cuda")
+
+
+@pytest.mark.parametrize(
+    ("platform", "channel_last"),
+    [
+        (Platform("cpu"), False),
+        (Platform("gpu", (9, 0)), True),
+        (Platform("gpu", (8, 0)), True),
+        (Platform("gpu", None), False),  # ROCm: MIOpen's own layout rules
+        (Platform("tpu"), False),
+    ],
+)
+def test_vae_conv_layout_option_per_platform(platform, channel_last):
+    """On CUDA the VAE's programs make XLA give every convolution channel-last layouts (its
+    heuristic gives 3-D and float32 convolutions NCHW); the options are ones this XLA knows."""
+    options = vae_programs.compiler_options(platform)
+    assert (options or {}).get("xla_gpu_force_conv_nhwc", False) is channel_last
+    if platform.name == "cpu":
+        assert options["xla_cpu_scheduler_type"] == "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
+    x, k = jnp.ones((1, 3, 4, 4, 2)), jnp.ones((3, 3, 3, 2, 2))
+    dims = ("NDHWC", "DHWIO", "NDHWC")
+    conv = jax.jit(
+        lambda x, k: jax.lax.conv_general_dilated(x, k, (1,) * 3, "SAME", dimension_numbers=dims),
+        compiler_options=options,
+    )
+    assert conv.lower(x, k).compile()(x, k).shape == x.shape  # an unknown option name fails to compile
+    assert vae_programs.compiler_options() == vae_programs.compiler_options(Platform.detect())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 
 import jax
 
+from wanjax.kernels.common import Platform
 from wanjax.models.layers import Params
 from wanjax.models.vae.functional import decode, decode_uint8, encode
 from wanjax.runtime.programs import ProgramCache, Signature, abstract_tree
@@ -27,15 +28,28 @@ InputSignature = tuple[tuple[int, ...], Any, Any]  # the input's (shape, dtype, 
 _PROGRAMS = ProgramCache(maxsize=64)
 
 
-def compiler_options() -> dict[str, Any] | None:
-    """Per-program XLA options: on CPU, the memory-minimising scheduler (XLA's default orders
-    independent full-frame convolutions for concurrency and keeps several frames' worth of outputs
-    alive at once; this one lowers the chunk's peak by hundreds of MiB at 480p)."""
-    if jax.default_backend() == "cpu":
+def compiler_options(platform: Platform | None = None) -> dict[str, Any] | None:
+    """Per-program XLA options on ``platform`` (default: this process's).
+
+    * CPU: the memory-minimising scheduler (XLA's default orders independent full-frame
+      convolutions for concurrency and keeps several frames' worth of outputs alive at once; this one
+      lowers the chunk's peak by hundreds of MiB at 480p), and region analysis in copy insertion.
+    * CUDA: channel-last convolutions (``xla_gpu_force_conv_nhwc``). XLA's GPU layout assignment
+      (``HeuristicLayoutAssignment``) gives a convolution NHWC only when its input is 16-bit and it
+      is 2-D; every 3-D convolution (the causal convs) and every float32 one gets NCHW / NCDHW. The
+      VAE's activations are channel-last, so each such convolution then had its operands transposed
+      for it, and cuDNN, whose tensor-core kernels are NHWC, transposed them back
+      (``nchwToNhwcKernel``/``nhwcToNchwKernel``: a quarter of a bf16 decode on an H100). With the
+      option every convolution takes the arrays in the layout they already have.
+    """
+    platform = platform or Platform.detect()
+    if platform.name == "cpu":
         return {
             "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
             "xla_cpu_copy_insertion_use_region_analysis": True,  # fewer loop-carry copies of the cache
         }
+    if platform.cuda is not None:
+        return {"xla_gpu_force_conv_nhwc": True}
     return None
 
 
