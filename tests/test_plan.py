@@ -74,6 +74,22 @@ def test_vae_decode_activations_include_the_causal_cache():
     assert eight.stages["decode"].activations > vae_cache_bytes(model.vae, 720, 1280) / 8
 
 
+def test_vae_strips_are_the_pipelines():
+    """The decode (and an image model's encode) splits over as many strips as the pipeline's
+    ``spatial_sharding`` cuts: 480x848 (latents 60x106) on dp=2,sp=2,tp=2 is 4 strips along H
+    (106 columns split 2 ways at most, 60 rows 4 ways), not all 8 devices."""
+    from wanjax.parallel.layouts import strip_count
+
+    mesh = parse_mesh("dp=2,sp=2,tp=2")
+    assert strip_count(mesh.sizes, (60, 106)) == 4 and strip_count(mesh.sizes, (60, 104)) == 8
+    assert strip_count(mesh.sizes, (1, 3)) == 1  # strips of at least 2 pixels: none here
+    kwargs = dict(height=480, width=848, frames=81, device_memory=32 * GiB)
+    for name in ("1.3B", "I2V-14B"):
+        model = model_configs(name)
+        one, eight = plan(model, parse_mesh(ONE), **kwargs), plan(model, mesh, **kwargs)
+        assert one.stages["decode"].activations // 4 == eight.stages["decode"].activations
+
+
 # ----------------------------------------------------------------------------------------------
 # --offload none|model|blocks, --weights_dtype bf16|int8|fp8
 

@@ -102,29 +102,39 @@ MIN_STRIP = 2  # latent pixels across a VAE strip at the least (see spatial_shar
 
 
 def spatial_sharding(mesh: Mesh, shape: Sequence[int]) -> NamedSharding:
-    """VAE activations ``(B, C, T, H, W)`` split into strips along one spatial axis, W or H, whichever
-    the mesh axes that divide it split the more (W on a tie), each strip at least :data:`MIN_STRIP`
-    latent pixels across; the batch stays whole: each device decodes a strip of every video. XLA's
-    partitioner decoded small frames split into one-pixel strips, or over both axes, wrongly (frames
-    off by up to 236 levels; tests/test_sharding.py); strips of real videos are tens of pixels."""
-    sizes = _mesh_sizes(mesh)
+    """VAE activations ``(B, C, T, H, W)`` split into strips along one spatial axis (see
+    :func:`strip_axes`); the batch stays whole: each device decodes a strip of every video."""
+    height, width = strip_axes(_mesh_sizes(mesh), shape)
+    entry = TokenLayout._entry
+    return NamedSharding(mesh, P(None, None, None, entry(height), entry(width)))
 
-    def axes_dividing(dim: int) -> list[str]:
+
+def strip_axes(sizes: dict[str, int], shape: Sequence[int]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The mesh axes (``sizes``: name -> size, in mesh order) splitting ``(..., H, W)`` VAE frames
+    into strips, as ``(height axes, width axes)``, one of them empty: along W or H, whichever the
+    mesh axes that divide it split the more (W on a tie), each strip at least :data:`MIN_STRIP`
+    pixels across. XLA's partitioner decoded small frames split into one-pixel strips, or over both
+    axes, wrongly (frames off by up to 236 levels; tests/test_sharding.py); strips of real videos are
+    tens of pixels."""
+
+    def axes_dividing(dim: int) -> tuple[str, ...]:
         chosen: list[str] = []
-        for a in (a for a in mesh.axis_names if sizes[a] > 1):
+        for a in (a for a in sizes if sizes[a] > 1):
             parts = math.prod(sizes[c] for c in chosen) * sizes[a]
             if dim % parts == 0 and dim // parts >= MIN_STRIP:
                 chosen.append(a)
-        return chosen
+        return tuple(chosen)
 
     width, height = axes_dividing(shape[-1]), axes_dividing(shape[-2])
     split = lambda axes: math.prod(sizes[a] for a in axes)  # noqa: E731
-    if split(height) > split(width):
-        width = []
-    else:
-        height = []
-    entry = TokenLayout._entry
-    return NamedSharding(mesh, P(None, None, None, entry(tuple(height)), entry(tuple(width))))
+    return (height, ()) if split(height) > split(width) else ((), width)
+
+
+def strip_count(sizes: dict[str, int], shape: Sequence[int]) -> int:
+    """How many strips :func:`spatial_sharding` cuts ``(..., H, W)`` frames into on a mesh of these
+    ``sizes`` (1: the frames stay whole on every device)."""
+    height, width = strip_axes(sizes, shape)
+    return math.prod(sizes[a] for a in height + width)
 
 
 def _mesh_sizes(mesh: Mesh) -> dict[str, int]:

@@ -55,7 +55,7 @@ from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import Numerics
 from wanjax.models.vae.scan import decoder_chunk, encoder_chunk
 from wanjax.parallel.attention import sequence_mode
-from wanjax.parallel.layouts import TokenLayout, token_layout
+from wanjax.parallel.layouts import TokenLayout, strip_count, token_layout
 from wanjax.parallel.mesh import MeshSpec, auto_mesh
 from wanjax.parallel.rules import leaf_spec, num_shards, per_device_param_bytes
 from wanjax.pipeline.model_index import read_model_index
@@ -369,11 +369,12 @@ def plan(
     te_act = te_rows * s * (te.d_model * (act + 4) * 2 + te_heads * s * 4 * 2 + 2 * te_ff * (act + 4))
     te_act += e_bytes.dequantized_layer
 
-    # VAE decoder, split spatially over all devices: full-resolution layers on one chunk (4 frames:
-    # in, out, residual, conv temps), the causal conv's 3-frame input window and its padded copy, and
-    # the causal cache carried between chunks (the dominant term: ~1 GiB per device at 720p on 8).
+    # VAE decoder, split into strips as the pipeline splits its latents: full-resolution layers on
+    # one chunk (4 frames: in, out, residual, conv temps), the causal conv's 3-frame input window and
+    # its padded copy, and the causal cache carried between chunks (the dominant term: ~1 GiB per
+    # device at 720p on 8).
     c0 = (v.decoder_base_dim or v.base_dim) * v.dim_mult[0]
-    spatial = mesh.num_devices if (height * width) % mesh.num_devices == 0 else 1
+    spatial = strip_count(mesh.sizes, (height // v.spatial_factor, width // v.spatial_factor))
     pixels = (height // v.patch) * (width // v.patch)  # the decoder's output: 2x2 patches in Wan 2.2
     working = (4 * 4 + 2 * 3) * pixels * c0 * vae_act * batch
     vae_act = (working + batch * vae_cache_bytes(v, height, width, vae_dtype)) // spatial
@@ -428,7 +429,7 @@ def add_image_stage(
     encoder_weights, _ = per_device_param_bytes(v_spec, parse_dtype(vae_dtype), sizes)
     v = model.vae
     item = np.dtype(parse_dtype(vae_dtype)).itemsize
-    spatial = mesh.num_devices if (height * width) % mesh.num_devices == 0 else 1
+    spatial = strip_count(mesh.sizes, (height, width))  # the conditioning video's strips
     video = frames * height * width * 3 * 4  # the float32 conditioning video
     working = (4 * 4 + 2 * 3) * (height // v.patch) * (width // v.patch) * v.encoder_dims[0] * item
     encode_act = (video + working + vae_encoder_cache_bytes(v, height, width, vae_dtype)) // spatial
