@@ -14,8 +14,9 @@ costs that line only, and every memory peak is that process's own):
 * ``vae``: the Wan 2.1 VAE decode of latents [1,16,21,60,104] (81 frames, 480x832), float32 and
   bfloat16: diffusers, wanjax (``--vae_precision`` sets wanjax's float32 conv precision); on CUDA
   also wanjax with the convolution layouts XLA's heuristic picks (``wanjax nchw``: the VAE's
-  ``xla_gpu_force_conv_nhwc`` outvoted by ``XLA_FLAGS=--xla_gpu_force_conv_nchw=true``) and with
-  4 video frames per step (``wanjax 4 frames/step``).
+  ``xla_gpu_force_conv_nhwc`` outvoted by ``XLA_FLAGS=--xla_gpu_force_conv_nchw=true``), with
+  4 video frames per step (``wanjax 4 frames/step``) and with the CPU's formulation (``wanjax taps``:
+  2-D convolutions per temporal tap, owed-sum caches; less program memory).
 * ``umt5``: the UMT5-XXL encoder (24 layers; the vocabulary cut to 32,128 rows, a gather whose cost
   does not depend on it), 2 x 512 tokens, float32 and bfloat16: transformers, wanjax.
 * ``attention``: attention cores, bf16, at L = 32,768 with 12 heads of 128 and L = 75,600 with 40
@@ -144,7 +145,7 @@ def plan(part: str, sizes: Sizes) -> list[tuple[str, str]]:
     raise ValueError(part)
 
 
-VAE_SIDES = ("wanjax", "wanjax nchw", "wanjax 4 frames/step")
+VAE_SIDES = ("wanjax", "wanjax nchw", "wanjax 4 frames/step", "wanjax taps")
 # a side's own environment: XLA checks force_conv_nchw before force_conv_nhwc
 SIDE_ENV = {"wanjax nchw": {"XLA_FLAGS": "--xla_gpu_force_conv_nchw=true"}}
 
@@ -407,6 +408,8 @@ def child_vae(c: Child) -> None:
         kwargs = {"precision": c.args.vae_precision} if c.args.vae_precision else {}
         if c.side == "wanjax 4 frames/step":
             kwargs["frames_per_step"] = 4
+        if c.side == "wanjax taps":
+            kwargs["conv"] = "taps"
         vae = wanjax.load_vae(root, dtype=c.case, **kwargs)
         zj = jnp.asarray(z)
         start = time.perf_counter()
