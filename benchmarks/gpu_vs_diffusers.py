@@ -12,11 +12,13 @@ costs that line only, and every memory peak is that process's own):
   the step program's compile time and memory.
 * ``dit14b``: 14B dimensions, 4 layers, at 1280x720x81 (latents [1,16,21,90,160], 75,600 tokens).
 * ``vae``: the Wan 2.1 VAE decode of latents [1,16,21,60,104] (81 frames, 480x832), float32 and
-  bfloat16: diffusers, wanjax (``--vae_precision`` sets wanjax's float32 conv precision); on CUDA
-  also wanjax with the convolution layouts XLA's heuristic picks (``wanjax nchw``: the VAE's
-  ``xla_gpu_force_conv_nhwc`` outvoted by ``XLA_FLAGS=--xla_gpu_force_conv_nchw=true``), with
-  4 video frames per step (``wanjax 4 frames/step``) and with the CPU's formulation (``wanjax taps``:
-  2-D convolutions per temporal tap, owed-sum caches; less program memory).
+  bfloat16: diffusers, wanjax (``--vae_precision`` sets wanjax's float32 conv precision), and
+  wanjax variants (``--vae-sides``, default all; see ``VAE_VARIANTS``): on CUDA the convolution
+  layouts XLA's heuristic picks (``wanjax nchw``: the VAE's ``xla_gpu_force_conv_nhwc`` outvoted by
+  ``XLA_FLAGS=--xla_gpu_force_conv_nchw=true``), the compile split over the CPU's threads
+  (``wanjax llvm parallel``) and without autotuning (``wanjax autotune 0``: how much of the compile
+  it is); everywhere 4 video frames per step (``wanjax 4 frames/step``) and the CPU's formulation
+  (``wanjax taps``: 2-D convolutions per temporal tap, owed-sum caches; less program memory).
 * ``umt5``: the UMT5-XXL encoder (24 layers; the vocabulary cut to 32,128 rows, a gather whose cost
   does not depend on it), 2 x 512 tokens, float32 and bfloat16: transformers, wanjax.
 * ``attention``: attention cores, bf16, at L = 32,768 with 12 heads of 128 and L = 75,600 with 40
@@ -135,7 +137,7 @@ def plan(part: str, sizes: Sizes) -> list[tuple[str, str]]:
     if part == "dit14b":
         return [("batch 1", s) for s in ("diffusers", "diffusers-compiled", "wanjax")]
     if part == "vae":
-        return [(d, s) for d in ("float32", "bfloat16") for s in ("diffusers", *VAE_SIDES)]
+        return [(d, s) for d in ("float32", "bfloat16") for s in ("diffusers", "wanjax", *VAE_VARIANTS)]
     if part == "umt5":
         return [(d, s) for d in ("float32", "bfloat16") for s in ("transformers", "wanjax")]
     if part == "attention":
@@ -145,14 +147,33 @@ def plan(part: str, sizes: Sizes) -> list[tuple[str, str]]:
     raise ValueError(part)
 
 
-VAE_SIDES = ("wanjax", "wanjax nchw", "wanjax 4 frames/step", "wanjax taps")
-# a side's own environment: XLA checks force_conv_nchw before force_conv_nhwc
-SIDE_ENV = {"wanjax nchw": {"XLA_FLAGS": "--xla_gpu_force_conv_nchw=true"}}
+@dataclasses.dataclass(frozen=True)
+class VaeVariant:
+    """A wanjax VAE decode beside the default one: ``load_vae`` arguments, ``XLA_FLAGS`` of its
+    process, and whether it means anything off CUDA."""
+
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    xla_flags: str = ""
+    cuda_only: bool = False
 
 
-def skip_reason(part: str, side: str, cuda: bool) -> str | None:
-    if side == "wanjax nchw" and not cuda:
-        return "no CUDA (a GPU convolution layout)"
+VAE_VARIANTS = {
+    # XLA's layout assignment checks force_conv_nchw before force_conv_nhwc
+    "wanjax nchw": VaeVariant(xla_flags="--xla_gpu_force_conv_nchw=true", cuda_only=True),
+    "wanjax llvm parallel": VaeVariant(
+        xla_flags="--xla_gpu_enable_llvm_module_compilation_parallelism=true", cuda_only=True
+    ),
+    "wanjax autotune 0": VaeVariant(xla_flags="--xla_gpu_autotune_level=0", cuda_only=True),
+    "wanjax 4 frames/step": VaeVariant({"frames_per_step": 4}),
+    "wanjax taps": VaeVariant({"conv": "taps"}),
+}
+
+
+def skip_reason(part: str, side: str, cuda: bool, vae_sides: list[str] | None = None) -> str | None:
+    if side in VAE_VARIANTS and vae_sides is not None and side not in vae_sides:
+        return "not in --vae-sides"
+    if side in VAE_VARIANTS and VAE_VARIANTS[side].cuda_only and not cuda:
+        return "no CUDA (a GPU compiler setting)"
     if side == "diffusers-compiled" and not cuda:
         return "no CUDA (torch.compile of the blocks is measured on GPUs only)"
     if side in ("torch cudnn", "torch flash", "wanjax cudnn", "jax.nn cudnn") and not cuda:
@@ -172,7 +193,7 @@ def comparisons(part: str, sizes: Sizes) -> list[tuple[tuple[str, str], tuple[st
         return out
     if part in ("vae", "umt5"):
         ref = "diffusers" if part == "vae" else "transformers"
-        variants = [((d, s), (d, "wanjax")) for d in ("float32", "bfloat16") for s in VAE_SIDES[1:]]
+        variants = [((d, s), (d, "wanjax")) for d in ("float32", "bfloat16") for s in VAE_VARIANTS]
         return [
             *(variants if part == "vae" else []),
             (("float32", "wanjax"), ("float32", ref)),
@@ -406,10 +427,7 @@ def child_vae(c: Child) -> None:
         import wanjax
 
         kwargs = {"precision": c.args.vae_precision} if c.args.vae_precision else {}
-        if c.side == "wanjax 4 frames/step":
-            kwargs["frames_per_step"] = 4
-        if c.side == "wanjax taps":
-            kwargs["conv"] = "taps"
+        kwargs.update(VAE_VARIANTS[c.side].kwargs if c.side in VAE_VARIANTS else {})
         vae = wanjax.load_vae(root, dtype=c.case, **kwargs)
         zj = jnp.asarray(z)
         start = time.perf_counter()
@@ -686,11 +704,15 @@ class Parent:
         done = set()
         for case, side in plan(part, self.sizes):
             output_path(self.work, part, case, side).unlink(missing_ok=True)
-            reason = skip_reason(part, side, self.cuda)
+            reason = skip_reason(part, side, self.cuda, self.args.vae_sides)
             if reason:
                 self.record({"part": part, "case": case, "side": side, "skipped": reason})
                 continue
-            status, tail = self.child(part, case, side, env=SIDE_ENV.get(side))
+            variant = VAE_VARIANTS.get(side) if part == "vae" else None
+            env = None
+            if variant and variant.xla_flags:
+                env = {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {variant.xla_flags}".strip()}
+            status, tail = self.child(part, case, side, env=env)
             if status != 0:
                 self.record({"part": part, "case": case, "side": side, "error": failure(status, tail)})
             else:
@@ -729,6 +751,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fresh", action="store_true", help="draw and save the weights again")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per measurement (default 1800)")
     parser.add_argument("--vae_precision", help="wanjax VAE float32 precision: highest, high or default")
+    parser.add_argument(
+        "--vae-sides",
+        nargs="*",
+        choices=list(VAE_VARIANTS),
+        help="which wanjax VAE variants run beside the default decode (default: all)",
+    )
     parser.add_argument("--verbose", action="store_true", help="pass the children's output through (stderr)")
     parser.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
