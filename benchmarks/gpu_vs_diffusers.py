@@ -7,7 +7,8 @@ costs that line only, and every memory peak is that process's own):
 * ``dit``: the DiT with 1.3B dimensions (30 layers) forward, bf16, batch 1 and 2, at 480x832x81
   (latents [B,16,21,60,104], 32,760 tokens) with 512 text tokens: diffusers eager, diffusers with
   ``compile_repeated_blocks(fullgraph=True)`` (CUDA only), wanjax; wanjax again with
-  ``attention_backend="xla"`` (batch 1).
+  ``attention_backend="xla"`` (batch 1), and with its GEMMs returning bf16 (``wanjax bf16 gemm``,
+  batch 1: an experiment, see :func:`gemm_in_activation_dtype`).
 * ``sampler``: wanjax's sampler step with CFG (UniPC, the pair batched: batch 2) on those weights;
   the step program's compile time and memory.
 * ``dit14b``: 14B dimensions, 4 layers, at 1280x720x81 (latents [1,16,21,90,160], 75,600 tokens).
@@ -131,7 +132,7 @@ def plan(part: str, sizes: Sizes) -> list[tuple[str, str]]:
         return [("bf16", "torch"), ("bf16", "jax")]
     if part == "dit":
         out = [(f"batch {b}", s) for b in (1, 2) for s in ("diffusers", "diffusers-compiled", "wanjax")]
-        return [*out, ("batch 1, attention xla", "wanjax")]
+        return [*out, ("batch 1", "wanjax bf16 gemm"), ("batch 1, attention xla", "wanjax")]
     if part == "sampler":
         return [("CFG step, batch 2", "wanjax")]
     if part == "dit14b":
@@ -189,6 +190,7 @@ def comparisons(part: str, sizes: Sizes) -> list[tuple[tuple[str, str], tuple[st
         cases = [c for c, s in plan(part, sizes) if s == "diffusers"]
         out = [((c, s), (c, "diffusers")) for c in cases for s in ("diffusers-compiled", "wanjax")]
         if part == "dit":
+            out.append((("batch 1", "wanjax bf16 gemm"), ("batch 1", "diffusers")))
             out.append((("batch 1, attention xla", "wanjax"), ("batch 1", "diffusers")))
         return out
     if part in ("vae", "umt5"):
@@ -351,6 +353,8 @@ def child_dit(c: Child) -> None:
         import wanjax
 
         backend = "xla" if "attention xla" in c.case else "auto"
+        if c.side == "wanjax bf16 gemm":
+            gemm_in_activation_dtype()
         model = wanjax.load_transformer(root, dtype="bfloat16", attention_backend=backend)
         args = (model.params, jnp.asarray(latents), jnp.asarray(timestep, jnp.int32), jnp.asarray(text))
         start = time.perf_counter()
@@ -360,6 +364,31 @@ def child_dit(c: Child) -> None:
         c.save(np.asarray(out.astype(jnp.float32)))
         c.record.update(jax_memory(compiled), device=jax.devices()[0].device_kind, attention_backend=backend)
     c.finish(stats, lambda: dit_flops(root, latents.shape, c.sizes.text_tokens))
+
+
+def gemm_in_activation_dtype() -> None:
+    """The experiment of the ``wanjax bf16 gemm`` side: every DiT linear's GEMM returns the activation
+    dtype (cuBLAS still accumulates in float32) and the bias is added to that, where wanjax's GEMMs
+    return float32, add the bias and round once, as torch's cuBLASLt bias epilogue does. XLA's GEMM
+    rewriter does not fold a float32 -> bf16 convert into cuBLAS (only FP8 outputs), so wanjax writes
+    and reads every GEMM output (7 of width 1,536 and one of 8,960 per block) in float32: ~2.6 GB per
+    block at 32,760 tokens, ~23 ms of an H100's 3.35 TB/s per forward. This side measures what
+    writing them in bf16 saves, and the error it adds (the bias after a rounding)."""
+    import jax.numpy as jnp
+
+    from wanjax.kernels.precision import lax_precision
+    from wanjax.models import dit
+
+    def linear(x, p, out_dtype=None, precision="highest"):
+        a = x.astype(p["kernel"].dtype)
+        y = jnp.matmul(
+            a, p["kernel"], preferred_element_type=a.dtype, precision=lax_precision(precision, a.dtype)
+        )
+        if "bias" in p:
+            y = y + p["bias"].astype(y.dtype)
+        return y.astype(out_dtype or x.dtype)
+
+    dit.linear = linear
 
 
 def child_sampler(c: Child) -> None:
