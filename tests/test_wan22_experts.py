@@ -8,6 +8,8 @@ taking turns on the device) give the same frames.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from conftest import noise_file, randomize_
@@ -198,3 +200,75 @@ def test_boundary_and_second_guidance_are_two_expert_flags(t2v, tiny_pipeline_di
     assert main([*args, "--cache", "firstblock"]) == 2
     assert "not supported with two experts" in capsys.readouterr().err
     assert not out.exists()
+
+
+def expert_lora(path, seed: int) -> str:
+    """A LoRA (original Wan names, with alphas) of the tiny transformer's block projections."""
+    import torch
+    from safetensors.torch import save_file
+    from test_lora_formats import add_factors
+
+    sd, gen = {}, torch.Generator().manual_seed(seed)
+    for i in range(2):
+        for module, shape in {"self_attn.q": (24, 24), "cross_attn.v": (24, 24), "ffn.0": (32, 24)}.items():
+            add_factors(sd, gen, f"diffusion_model.blocks.{i}.{module}", shape, 4, alpha=2.0)
+    save_file(sd, path)
+    return str(path)
+
+
+def test_loras_per_expert_equal_diffusers_load_into_transformer_2(
+    t2v, tiny_pipeline_dir, noise, capsys, tmp_path
+):
+    """Wan 2.2 LoRAs come as high-noise / low-noise pairs: ``loras`` go into ``transformer``,
+    ``loras_2`` (``--lora_2``) into ``transformer_2``, as diffusers' ``load_lora_weights(...,
+    load_into_transformer_2=True)`` (fused, float32): the same latents and frames; without the
+    low-noise LoRA the latents are far from them; a one-transformer model refuses ``--lora_2``."""
+    from diffusers import WanPipeline as ReferencePipeline
+
+    root, _ = t2v
+    high, low = expert_lora(tmp_path / "high.safetensors", 20), expert_lora(tmp_path / "low.safetensors", 21)
+    weights = (0.8, 1.2)
+    reference = ReferencePipeline.from_pretrained(root)
+    reference.load_lora_weights(high, adapter_name="high")
+    reference.load_lora_weights(low, adapter_name="low", load_into_transformer_2=True)
+    reference.set_adapters(["high", "low"], list(weights))
+    reference.fuse_lora(components=["transformer", "transformer_2"], adapter_names=["high", "low"])
+    latents_ref, frames_ref, experts = diffusers_run(reference, noise[0])
+    assert experts == [0, 0, 1, 1]
+
+    def latents(loras_2) -> np.ndarray:
+        pipe = WanPipeline.from_pretrained(
+            root, dtype="float32", jax_cache_dir=False, loras=[(high, weights[0])], loras_2=loras_2
+        )
+        pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
+        return pipe.denoise(
+            pos,
+            neg,
+            noise[0].numpy(),
+            num_inference_steps=STEPS,
+            guidance_scale=GUIDANCE,
+            guidance_scale_2=GUIDANCE_2,
+            progress=False,
+        )
+
+    assert relative_error(latents([(low, weights[1])]), latents_ref) <= 1e-5
+    assert relative_error(latents([]), latents_ref) > 1e-2  # the low-noise expert's LoRA matters
+
+    lora = ["--lora", f"{high}:{weights[0]}", "--lora_2", f"{low}:{weights[1]}"]
+    video = ["--height", str(HEIGHT), "--width", str(WIDTH), "--frames", str(FRAMES)]
+    sampling = ["--num_inference_steps", str(STEPS), "--guidance_scale", str(GUIDANCE)]
+    sampling += ["--guidance_scale_2", str(GUIDANCE_2), "--init_latents", str(noise[1])]
+    text = ["--prompt", PROMPT, "--negative_prompt", NEGATIVE, "--dtype", "float32", "--jax_cache_dir", "off"]
+    out = ["--output_video", str(tmp_path / "v.mp4"), "--frames_out", str(tmp_path / "v.npy")]
+    assert main(["generate", "--model", str(root), *text, *video, *sampling, *lora, *out]) == 0
+    assert np.abs(np.load(tmp_path / "v.npy").astype(np.int16) - frames_ref).max() <= 2
+    record = json.loads((tmp_path / "v.json").read_text())["arguments"]
+    assert record["lora"] == [lora[1]] and record["lora_2"] == [lora[3]]
+
+    never = ["--output_video", str(tmp_path / "never.mp4")]
+    capsys.readouterr()
+    assert main(["generate", "--model", str(tiny_pipeline_dir), *text, *video, *lora, *never]) == 2
+    err = capsys.readouterr().err
+    assert "has one transformer: LoRAs for transformer_2" in err and len(err.strip().splitlines()) == 1
+    assert main(["generate", "--model", str(root), *text, *video, "--lora_2", f"{low}:inf", *never]) == 2
+    assert "--lora_2 " in capsys.readouterr().err and not (tmp_path / "never.mp4").exists()

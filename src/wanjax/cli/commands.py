@@ -124,6 +124,7 @@ def open_pipeline(
         offload=memory.offload,
         weights_dtype=memory.weights_dtype,
         loras=adapters.loras(),
+        loras_2=adapters.loras_2(),
     )
 
 

@@ -191,6 +191,14 @@ def add_lora(parser: argparse.ArgumentParser) -> None:
         help="merge this LoRA (safetensors: diffusers/PEFT, original Wan / kohya, LightX2V, musubi) into "
         "the transformer with this weight (default 1.0); repeatable",
     )
+    flag(
+        parser,
+        "lora_2",
+        action="append",
+        metavar="PATH[:WEIGHT]",
+        help="as --lora, into the low-noise expert (transformer_2) of a two-expert model (Wan 2.2 A14B, "
+        "whose LoRAs come as high-noise / low-noise pairs: --lora HIGH --lora_2 LOW); repeatable",
+    )
 
 
 def add_cache(parser: argparse.ArgumentParser) -> None:

@@ -173,16 +173,22 @@ class MemoryFlags:
 
 @dataclasses.dataclass(frozen=True)
 class LoraFlags:
-    """LoRA adapters merged into the transformer: ``--lora PATH[:WEIGHT]``, repeatable."""
+    """LoRA adapters merged into the transformer, ``--lora PATH[:WEIGHT]``, and into a two-expert
+    model's low-noise expert, ``--lora_2 PATH[:WEIGHT]``; both repeatable."""
 
     lora: tuple[str, ...] = ()
+    lora_2: tuple[str, ...] = ()
 
     def loras(self) -> list[tuple[str, float]]:
         """``(path, weight)`` of each ``--lora`` (weight 1.0 when not given); ConfigError for a bad weight."""
         return [parse_lora(value) for value in self.lora]
 
+    def loras_2(self) -> list[tuple[str, float]]:
+        """``(path, weight)`` of each ``--lora_2``, as :meth:`loras`."""
+        return [parse_lora(value, "--lora_2") for value in self.lora_2]
 
-def parse_lora(value: str) -> tuple[str, float]:
+
+def parse_lora(value: str, flag: str = "--lora") -> tuple[str, float]:
     """``PATH[:WEIGHT]`` -> ``(PATH, WEIGHT)``: the text after the last ``:`` is the weight when it is a
     number (a path may itself hold colons)."""
     path, sep, tail = value.rpartition(":")
@@ -193,7 +199,7 @@ def parse_lora(value: str) -> tuple[str, float]:
     except ValueError:
         return value, 1.0
     if not math.isfinite(weight):
-        raise ConfigError(f"--lora {value}: the weight must be a finite number")
+        raise ConfigError(f"{flag} {value}: the weight must be a finite number")
     return path, weight
 
 
@@ -468,8 +474,9 @@ def check_flags(request: Request) -> None:
     _check_precisions(flags)
     _check_vae_options(flags)
     _check_cache(request)
-    for value in flags.get("lora", ()):
-        parse_lora(value)
+    for name in ("lora", "lora_2"):
+        for value in flags.get(name, ()):
+            parse_lora(value, f"--{name}")
     if isinstance(request, ServeRequest):
         _check_server(request.server, request.cache)
 

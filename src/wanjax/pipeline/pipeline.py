@@ -206,7 +206,8 @@ class WanPipeline:
     ``weights_dtype``: ``"bf16"`` (the weights in ``dtype``), ``"int8"`` or ``"fp8"``: the
     transformer's and text encoder's matmul kernels stored in 8 bits with a float32 scale per
     output channel (:mod:`wanjax.io.quant`; error bounds in the README). ``loras``: LoRA adapters
-    ``[(file, weight), ...]`` merged into the transformer's weights (:meth:`set_loras`).
+    ``[(file, weight), ...]`` merged into the transformer's weights; ``loras_2``: into a two-expert
+    model's ``transformer_2`` (:meth:`set_loras`).
     """
 
     def __init__(
@@ -227,6 +228,7 @@ class WanPipeline:
         offload: Offload | str = "none",
         weights_dtype: str = UNQUANTIZED,
         loras: Sequence[LoraSpec] = (),
+        loras_2: Sequence[LoraSpec] = (),
     ):
         self.source = source
         self.model_index = read_model_index(source.path)  # an entry wanjax does not act on fails here
@@ -258,7 +260,9 @@ class WanPipeline:
         self._vae: WanVAE | None = None
         self._image_encoder: CLIPVisionEncoder | None = None
         self.loras: list[tuple[LoraFile, float]] = []
+        self.loras_2: list[tuple[LoraFile, float]] = []
         self.set_loras(loras)
+        self.set_loras(loras_2, load_into_transformer_2=True)
 
     @classmethod
     def from_pretrained(
@@ -389,6 +393,10 @@ class WanPipeline:
             if self.offload != "none" and self._transformer is not None:
                 self._transformer.to_host(block=True)  # one expert on the device at a time
             self._transformer_2 = self._load_transformer(TRANSFORMER_2.directory(self.path))
+            if self.loras_2:
+                with self.stage_timing("denoise").loading():
+                    self._transformer_2.set_loras(self.loras_2)
+                    jax.block_until_ready(self._transformer_2.params)
             if self.offload != "none":
                 self._transformer_2.to_host(block=True)
         return self._transformer_2
@@ -401,20 +409,37 @@ class WanPipeline:
         with self.stage_timing("denoise").loading():
             take_turns((self.transformer, self._transformer_2), expert)
 
-    def set_loras(self, loras: Sequence[LoraSpec]) -> None:
+    def set_loras(self, loras: Sequence[LoraSpec], *, load_into_transformer_2: bool = False) -> None:
         """Use these LoRA adapters (``[(file, weight), ...]``, replacing any set before; ``[]``: none):
         read and checked against the transformer's config now, merged into its weights when it is
         loaded, or at once if it is (from the base weights kept in host memory for the leaves a LoRA
-        changes; the checkpoint is not read again). See :meth:`WanTransformer.set_loras`."""
+        changes; the checkpoint is not read again). See :meth:`WanTransformer.set_loras`.
+        ``load_into_transformer_2``: into a two-expert model's low-noise expert instead (as diffusers'
+        ``load_lora_weights(..., load_into_transformer_2=True)``); each expert keeps its own adapters,
+        as Wan 2.2 LoRAs come in high-noise / low-noise pairs. ConfigError for a model with one
+        transformer."""
+        component = TRANSFORMER_2 if load_into_transformer_2 else TRANSFORMER
+        if load_into_transformer_2 and loras and self.boundary_ratio is None:
+            raise WanjaxError(
+                f"{self.path} has one transformer: LoRAs for transformer_2 (the low-noise expert) need a "
+                "two-expert model such as Wan 2.2 A14B; give them as the transformer's LoRAs"
+            )
         files = load_loras(loras)
-        if files:
-            plan_updates(
-                checkpoint_spec(self.transformer_config), files
-            )  # a LoRA for another model fails here
-        if self._transformer is not None:
+        if files:  # a LoRA for another model fails here
+            config = (
+                self.transformer_config
+                if component is TRANSFORMER
+                else component.read_config(component.directory(self.path))
+            )
+            plan_updates(checkpoint_spec(config), files)
+        model = self._transformer_2 if load_into_transformer_2 else self._transformer
+        if model is not None:
             with self.stage_timing("denoise").loading():
-                self._transformer.set_loras(files)
-        self.loras = files
+                model.set_loras(files)
+        if load_into_transformer_2:
+            self.loras_2 = files
+        else:
+            self.loras = files
 
     @property
     def image_encoder(self) -> CLIPVisionEncoder:

@@ -27,7 +27,7 @@ INT_FIELDS = {"frames", "num_inference_steps", "seed"}
 IMAGE_FIELDS = ("image", "last_image")  # base64 (a data: URL or bare), saved as the job's input files
 TEXT_FIELDS = {"prompt", "negative_prompt", "size", "model", *IMAGE_FIELDS}
 FIELDS = NUMBER_FIELDS | INT_FIELDS | TEXT_FIELDS
-LATER = {"lora"}  # the CLI's --lora is a server flag
+LATER = {"lora", "lora_2"}  # the CLI's --lora / --lora_2 are server flags
 OPENAI_NAMES = {"input_reference": "image", "input_reference[image_url]": "image"}  # the first frame
 
 
