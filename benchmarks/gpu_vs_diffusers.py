@@ -143,7 +143,15 @@ def plan(part: str, sizes: Sizes) -> list[tuple[str, str]]:
         return [(d, s) for d in ("float32", "bfloat16") for s in ("transformers", "wanjax")]
     if part == "attention":
         cases = [f"L={n} {h}x{d}" for n, h, d in sizes.attention]
-        sides = ("torch cudnn", "torch flash", "torch default", "wanjax cudnn", "jax.nn cudnn", "wanjax xla")
+        sides = (
+            "torch cudnn",
+            "torch flash",
+            "torch default",
+            "wanjax cudnn",
+            "jax.nn cudnn",
+            "jax mosaic_gpu",
+            "wanjax xla",
+        )
         return [(c, s) for c in cases for s in sides]
     raise ValueError(part)
 
@@ -177,7 +185,7 @@ def skip_reason(part: str, side: str, cuda: bool, vae_sides: list[str] | None = 
         return "no CUDA (a GPU compiler setting)"
     if side == "diffusers-compiled" and not cuda:
         return "no CUDA (torch.compile of the blocks is measured on GPUs only)"
-    if side in ("torch cudnn", "torch flash", "wanjax cudnn", "jax.nn cudnn") and not cuda:
+    if side in ("torch cudnn", "torch flash", "wanjax cudnn", "jax.nn cudnn", "jax mosaic_gpu") and not cuda:
         return "no CUDA"
     if side in ("torch default", "wanjax xla") and cuda:
         return "CUDA: the cuDNN/FLASH kernels are compared instead"
@@ -207,7 +215,10 @@ def comparisons(part: str, sizes: Sizes) -> list[tuple[tuple[str, str], tuple[st
         out = []
         for n, h, d in sizes.attention:
             c = f"L={n} {h}x{d}"
-            out += [((c, s), (c, "torch cudnn")) for s in ("torch flash", "wanjax cudnn", "jax.nn cudnn")]
+            out += [
+                ((c, s), (c, "torch cudnn"))
+                for s in ("torch flash", "wanjax cudnn", "jax.nn cudnn", "jax mosaic_gpu")
+            ]
             out.append(((c, "wanjax xla"), (c, "torch default")))
         return out
     return []
@@ -560,6 +571,10 @@ def child_attention(c: Child) -> None:
         del q, k, v
         if c.side == "jax.nn cudnn":
             f = jax.jit(lambda a, b, d: jax.nn.dot_product_attention(a, b, d, implementation="cudnn"))
+        elif c.side == "jax mosaic_gpu":
+            from jax.experimental.pallas.ops.gpu import attention_mgpu
+
+            f = jax.jit(lambda a, b, d: mosaic_gpu_attention(a, b, d, attention_mgpu.attention))
         else:
             name = c.side.split()[1]
             f = jax.jit(lambda a, b, d: attention(a, b, d, backend=name))
@@ -567,6 +582,43 @@ def child_attention(c: Child) -> None:
         c.save(np.asarray(out[:, :check].astype(jnp.float32)))
         c.record.update(jax_memory(), device=jax.devices()[0].device_kind)
     c.finish(stats, flops)
+
+
+def mosaic_gpu_attention(
+    q: Any, k: Any, v: Any, kernel: Callable[..., Any], block_q: int = 64, block_kv: int = 128
+):
+    """The experiment of the ``jax mosaic_gpu`` side: JAX's Pallas Mosaic-GPU flash attention
+    (``jax.experimental.pallas.ops.gpu.attention_mgpu``, Hopper, bf16) on ``(B, L, H, D)`` inputs of
+    any length, as wanjax would run it: queries scaled by ``1/sqrt(D)`` (the kernel does not scale)
+    and zero-padded to whole tiles; the keys the tiles cover through the kernel (which also returns
+    each query's log2-sum-exp), the last ``L % block_kv`` keys (none at L = 32,768; 48 at 75,600)
+    through a float32 einsum, and the two parts merged by their sum-exps. ``kernel``: the kernel, or
+    ``attention_mgpu.attention_reference`` (the same contract, any platform) to check the merge."""
+    import jax.numpy as jnp
+
+    f32 = jnp.float32
+    lq, d = q.shape[1], q.shape[3]
+    covered = k.shape[1] - k.shape[1] % block_kv
+    qs = (q.astype(f32) * d**-0.5).astype(q.dtype)
+    padded = jnp.pad(qs, ((0, 0), (0, -lq % (2 * block_q)), (0, 0), (0, 0)))
+    if kernel.__name__ == "attention_reference":
+        out, (lse,) = kernel(padded, k[:, :covered], v[:, :covered], save_residuals=True)
+    else:
+        from jax.experimental.pallas.ops.gpu.attention_mgpu import TuningConfig
+
+        config = TuningConfig(block_q=block_q, block_kv=block_kv, max_concurrent_steps=2)
+        out, (lse,) = kernel(padded, k[:, :covered], v[:, :covered], config, save_residuals=True)
+    out, lse = out[:, :lq].astype(f32), lse[:, :, :lq].transpose(0, 2, 1)  # lse: (B, L, H), log2
+    if covered == k.shape[1]:
+        return out.astype(q.dtype)
+    s = jnp.einsum("bqhd,bkhd->bqhk", qs.astype(f32), k[:, covered:].astype(f32)) * 1.4426950408889634
+    m = s.max(-1, keepdims=True)
+    p = jnp.exp2(s - m)
+    rest = jnp.einsum("bqhk,bkhd->bqhd", p, v[:, covered:].astype(f32)) / p.sum(-1, keepdims=True)
+    lse_rest = m[..., 0] + jnp.log2(p.sum(-1))
+    top = jnp.maximum(lse, lse_rest)
+    w, w_rest = jnp.exp2(lse - top)[..., None], jnp.exp2(lse_rest - top)[..., None]
+    return ((out * w + rest * w_rest) / (w + w_rest)).astype(q.dtype)
 
 
 CHILDREN: dict[str, Callable[[Child], None]] = {
