@@ -88,6 +88,21 @@ def diffusers_run(pipe, noise, **kwargs) -> tuple[np.ndarray, np.ndarray, list[i
     return latents, frames, calls[::2]  # two calls (CFG) per step
 
 
+def our_latents(pipe: WanPipeline, noise, conditioning=None) -> np.ndarray:
+    """``pipe``'s final latents for PROMPT / NEGATIVE from ``noise``, with each expert's guidance."""
+    pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
+    return pipe.denoise(
+        pos,
+        neg,
+        noise[0].numpy(),
+        num_inference_steps=STEPS,
+        guidance_scale=GUIDANCE,
+        guidance_scale_2=GUIDANCE_2,
+        progress=False,
+        image=conditioning,
+    )
+
+
 @pytest.mark.parametrize("variant", ["t2v", "i2v"])
 def test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames(
     variant, request, noise, image
@@ -99,21 +114,11 @@ def test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames
 
     pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
     assert pipe.boundary_ratio == BOUNDARY
-    pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
     conditioning = None
     if variant == "i2v":  # no image encoder: the conditioning latents alone
         conditioning = pipe.prepare_image(extra["image"], 1, HEIGHT, WIDTH, FRAMES)
         assert conditioning.image_embeds is None
-    latents = pipe.denoise(
-        pos,
-        neg,
-        noise[0].numpy(),
-        num_inference_steps=STEPS,
-        guidance_scale=GUIDANCE,
-        guidance_scale_2=GUIDANCE_2,
-        progress=False,
-        image=conditioning,
-    )
+    latents = our_latents(pipe, noise, conditioning)
     assert pipe.expert_steps == experts_ref
     assert relative_error(latents, latents_ref) <= 1e-5
     frames = pipe.decode(latents)
@@ -237,18 +242,12 @@ def test_loras_per_expert_equal_diffusers_load_into_transformer_2(
     assert experts == [0, 0, 1, 1]
 
     def latents(loras_2) -> np.ndarray:
-        pipe = WanPipeline.from_pretrained(
-            root, dtype="float32", jax_cache_dir=False, loras=[(high, weights[0])], loras_2=loras_2
-        )
-        pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
-        return pipe.denoise(
-            pos,
-            neg,
-            noise[0].numpy(),
-            num_inference_steps=STEPS,
-            guidance_scale=GUIDANCE,
-            guidance_scale_2=GUIDANCE_2,
-            progress=False,
+        loras = [(high, weights[0])]
+        return our_latents(
+            WanPipeline.from_pretrained(
+                root, dtype="float32", jax_cache_dir=False, loras=loras, loras_2=loras_2
+            ),
+            noise,
         )
 
     assert relative_error(latents([(low, weights[1])]), latents_ref) <= 1e-5
