@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from conftest import noise_file, randomize_
 from PIL import Image
 from safetensors.numpy import load_file
@@ -22,6 +23,7 @@ from test_pipeline_parity import (
     relative_error,
     save_tiny,
     tiny_components,
+    to_uint8,
 )
 
 from wanjax import WanPipeline
@@ -88,7 +90,7 @@ def diffusers_run(pipe, noise, **kwargs) -> tuple[np.ndarray, np.ndarray, list[i
     return latents, frames, calls[::2]  # two calls (CFG) per step
 
 
-def our_latents(pipe: WanPipeline, noise, conditioning=None) -> np.ndarray:
+def our_latents(pipe: WanPipeline, noise, conditioning=None, **denoise) -> np.ndarray:
     """``pipe``'s final latents for PROMPT / NEGATIVE from ``noise``, with each expert's guidance."""
     pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
     return pipe.denoise(
@@ -100,6 +102,7 @@ def our_latents(pipe: WanPipeline, noise, conditioning=None) -> np.ndarray:
         guidance_scale_2=GUIDANCE_2,
         progress=False,
         image=conditioning,
+        **denoise,
     )
 
 
@@ -202,14 +205,13 @@ def test_boundary_and_second_guidance_are_two_expert_flags(t2v, tiny_pipeline_di
     assert main([*args, "--boundary_ratio", "1.5"]) == 2
     assert "--boundary_ratio must be between 0 and 1" in capsys.readouterr().err
     args = ["generate", "--model", str(root), "--prompt", "a cat", *small]
-    assert main([*args, "--cache", "firstblock"]) == 2
-    assert "not supported with two experts" in capsys.readouterr().err
+    assert main([*args, "--cache", "magcache"]) == 2
+    assert "MagCache is not supported with two experts" in capsys.readouterr().err
     assert not out.exists()
 
 
 def expert_lora(path, seed: int) -> str:
     """A LoRA (original Wan names, with alphas) of the tiny transformer's block projections."""
-    import torch
     from safetensors.torch import save_file
     from test_lora_formats import add_factors
 
@@ -271,3 +273,64 @@ def test_loras_per_expert_equal_diffusers_load_into_transformer_2(
     assert "has one transformer: LoRAs for transformer_2" in err and len(err.strip().splitlines()) == 1
     assert main(["generate", "--model", str(root), *text, *video, "--lora_2", f"{low}:inf", *never]) == 2
     assert "--lora_2 " in capsys.readouterr().err and not (tmp_path / "never.mp4").exists()
+
+
+def test_first_block_cache_per_expert_equals_diffusers(t2v, noise, capsys, tmp_path):
+    """First-Block Cache on a two-expert model, as diffusers runs it with the hook on each transformer
+    (``enable_cache`` on both): each expert starts from an empty cache (its first step computes) and
+    decides from its own first-block residuals; the same decisions per branch, latents and frames.
+    MagCache stays refused (a curve per expert is not settled)."""
+    from diffusers import WanPipeline as ReferencePipeline
+    from diffusers.hooks import FirstBlockCacheConfig
+    from test_step_cache import LEADER
+
+    from wanjax.pipeline.step_cache import CacheConfig
+
+    root, _ = t2v
+    threshold = 0.6  # each expert reuses its cache at its second step
+    reference = ReferencePipeline.from_pretrained(root)
+    experts = [0, 0, 1, 1]  # as test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames
+    decisions: list[dict[str, bool]] = []
+    final = []
+
+    def on_step(p, i, t, kwargs):
+        model = p.transformer if experts[i] == 0 else p.transformer_2
+        states = model.blocks[0]._diffusers_hook.get_hook(LEADER["firstblock"]).state_manager._state_cache
+        decisions.append({name: bool(states[name].should_compute) for name in ("cond", "uncond")})
+        final[:] = [kwargs["latents"].clone()]
+        return {}
+
+    for model in (reference.transformer, reference.transformer_2):
+        model.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+    with torch.no_grad():
+        video = reference(
+            prompt=PROMPT,
+            negative_prompt=NEGATIVE,
+            height=HEIGHT,
+            width=WIDTH,
+            num_frames=FRAMES,
+            num_inference_steps=STEPS,
+            guidance_scale=GUIDANCE,
+            guidance_scale_2=GUIDANCE_2,
+            latents=noise[0],
+            output_type="np",
+            callback_on_step_end=on_step,
+        ).frames
+    latents_ref, frames_ref = final[0].numpy(), to_uint8(video)
+    computed_ref = {name: [d[name] for d in decisions] for name in ("cond", "uncond")}
+    assert computed_ref == {"cond": [True, False, True, False], "uncond": [True, False, True, False]}
+
+    pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
+    latents = our_latents(pipe, noise, cache=CacheConfig("firstblock", threshold=threshold))
+    assert pipe.cache_report.computed == computed_ref
+    assert relative_error(latents, latents_ref) <= 1e-5
+    assert np.abs(pipe.decode(latents).astype(np.int16) - frames_ref).max() <= 2
+
+    text = ["--model", str(root), "--prompt", PROMPT, "--jax_cache_dir", "off"]
+    small = ["--height", str(HEIGHT), "--width", str(WIDTH), "--frames", str(FRAMES)]
+    never = ["--output_video", str(tmp_path / "never.mp4")]
+    capsys.readouterr()
+    assert main(["generate", *text, *small, *never, "--cache", "magcache"]) == 2
+    err = capsys.readouterr().err
+    assert "MagCache is not supported with two experts" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "never.mp4").exists()

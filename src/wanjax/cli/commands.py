@@ -781,8 +781,11 @@ def denoise(
 
 def check_cache(cache: CacheFlags, cfg: TransformerConfig, params: Mapping[str, Any], guided: bool) -> None:
     """The step cache resolves for this model and run (a MagCache curve exists for it) before any work."""
-    if "boundary_ratio" in params and (cache.cache != "off" or cache.cache_calibrate):
-        raise ConfigError(f"--cache {cache.cache}: not supported with two experts (Wan 2.2 A14B) yet")
+    if "boundary_ratio" in params and (cache.cache == "magcache" or cache.cache_calibrate):
+        raise ConfigError(
+            f"--cache {cache.cache}: MagCache is not supported with two experts (Wan 2.2 A14B) yet; "
+            "--cache firstblock is"
+        )
     try:
         resolve_cache(cache.config(), cfg, params["num_inference_steps"], guided)
     except ConfigError as e:

@@ -172,17 +172,24 @@ class Sampler:
         return self._programs.get(key, lower)
 
     def _cached_program(
-        self, scheduler: Scheduler, cache: StepCache, args: tuple[Any, ...], cache_sharding: Any
+        self,
+        scheduler: Scheduler,
+        cache: StepCache,
+        args: tuple[Any, ...],
+        cache_sharding: Any,
+        expert: int = 0,
     ) -> jax.stages.Compiled:
         """The step program under a step cache: it also carries the cache state and returns which
         branches computed (and, calibrating, their magnitude ratios)."""
-        model = self.model
+        model = self.experts[expert]
 
-        def step(params, state, index, cond, uncond, guidance, image, cache_state, schedule, threshold):
+        def step(
+            params, state, index, cond, uncond, guidance, image, cache_state, schedule, threshold, first
+        ):
             timestep = scheduler.model_timestep(index)
             inputs = guided_batch(model, state.sample, timestep, cond, uncond, image)
             velocity, cache_state, computed, ratios = cached_forward(
-                model, params, *inputs, cache, cache_state, index, schedule[index], threshold
+                model, params, *inputs, cache, cache_state, index, schedule[index], threshold, first
             )
             velocity = guide(model, velocity, state.sample.shape[0], guidance)
             state = scheduler.step(state, velocity, index)[0]
@@ -197,7 +204,7 @@ class Sampler:
             # inputs stay the arguments (what memory_analysis' readers pair them with)
             return jax.jit(step, out_shardings=out, keep_unused=True).lower(*args)
 
-        key = ("cached", *cache.key, scheduler.kind, scheduler.config, scheduler.num_inference_steps)
+        key = ("cached", expert, *cache.key, scheduler.kind, scheduler.config, scheduler.num_inference_steps)
         return self._programs.get((*key, signature(args)), lower)
 
     def _placement(self, params: Params) -> jax.sharding.Sharding | None:
@@ -315,8 +322,10 @@ class Sampler:
             if cache is None
             else resolve(cache, self.model.cfg, scheduler.num_inference_steps, uncond is not None)
         )
-        if two and step_cache is not None:
-            raise ConfigError("a step cache is not supported with two experts (Wan 2.2 A14B) yet")
+        if two and step_cache is not None and step_cache.policy != "firstblock":
+            raise ConfigError(
+                "MagCache is not supported with two experts (Wan 2.2 A14B) yet; First-Block Cache is"
+            )
         finite: list[jax.Array] = []
         self.finite_flags = finite
         self.expert_steps = experts
@@ -332,9 +341,9 @@ class Sampler:
                 args = (params, state, index0, cond, uncond, guidance[k], image)
                 if step_cache is None:
                     program = self._program(scheduler, args, k)
-                else:
-                    extra, cache_sharding = self._cache_inputs(step_cache, latents, place)
-                    program = self._cached_program(scheduler, step_cache, args + extra, cache_sharding)
+                else:  # each expert starts from an empty cache, as diffusers' hook on each transformer
+                    extra, cache_sharding = self._cache_inputs(step_cache, latents, place, k, i)
+                    program = self._cached_program(scheduler, step_cache, args + extra, cache_sharding, k)
                 times.compile += time.perf_counter() - start
                 current = k
             start = time.perf_counter()
@@ -364,11 +373,17 @@ class Sampler:
         return final, times
 
     def _cache_inputs(
-        self, cache: StepCache, latents: jax.Array, place: Callable[[Any], Any]
+        self,
+        cache: StepCache,
+        latents: jax.Array,
+        place: Callable[[Any], Any],
+        expert: int = 0,
+        first: int = 0,
     ) -> tuple[tuple[Any, ...], Any]:
-        """The cached program's extra inputs (zero cache state, the MagCache schedule, the threshold)
-        and the cache state's sharding: the tokens' layout under a mesh."""
-        model = self.model
+        """The cached program's extra inputs for expert ``expert`` from step ``first`` on (zero cache
+        state, the MagCache schedule, the threshold, ``first``) and the cache state's sharding: the
+        tokens' layout under a mesh."""
+        model = self.experts[expert]
         rows = latents.shape[0] * len(cache.branches)
         shape = (rows, *latents.shape[1:])
         length = math.prod(s // p for s, p in zip(shape[2:], model.cfg.patch_size, strict=True))
@@ -381,7 +396,7 @@ class Sampler:
             for name, s in state_shapes(cache, tokens).items()
         }
         schedule = place(jnp.asarray(cache.schedule))
-        return (zeros, schedule, place(jnp.float32(cache.threshold))), sharding
+        return (zeros, schedule, place(jnp.float32(cache.threshold)), place(jnp.int32(first))), sharding
 
     def check_finite(self) -> None:
         """Raise NumericalError when the last run's latents are not finite, naming the first step that

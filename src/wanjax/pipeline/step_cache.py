@@ -364,10 +364,12 @@ def cached_forward(
     index: jax.Array,
     planned: jax.Array,
     threshold: jax.Array,
+    start_index: jax.Array,
 ) -> tuple[jax.Array, CacheState, jax.Array, jax.Array]:
     """The velocity of the (guided) batch under ``cache``, with the new cache state, which branches
     computed (``bool (branches,)``) and, calibrating, each branch's magnitude ratio (else 1.0).
-    ``planned``: MagCache's ``compute`` row for this step; ``threshold``: First-Block Cache's."""
+    ``planned``: MagCache's ``compute`` row for this step; ``threshold``: First-Block Cache's;
+    ``start_index``: the step ``state`` was new at (0; a second expert's first step), which computes."""
     branches = len(cache.branches)
     tokens, cond = model.embed(params, latents, timestep, prompt_embeds, image_embeds)
     rows = tokens.shape[0]
@@ -376,7 +378,7 @@ def cached_forward(
         base = model.blocks(params, tokens, cond, 0, 1)
         first = base - tokens
         changed = first_block_changed(first, state["reference"], threshold, branches)
-        compute = jnp.logical_or(index == 0, changed)
+        compute = jnp.logical_or(index == start_index, changed)
         out["reference"] = jnp.where(_rows(compute, rows), first, state["reference"])
         start = 1
     else:
@@ -388,7 +390,7 @@ def cached_forward(
     ratios = jnp.ones((branches,), jnp.float32)
     if cache.calibrate:
         measured = magnitude_ratio(out["residual"], state["residual"], branches)
-        ratios = jnp.where(index == 0, ratios, measured)
+        ratios = jnp.where(index == start_index, ratios, measured)
     return model.project(params, hidden, cond), out, compute, ratios
 
 
