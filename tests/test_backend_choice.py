@@ -79,7 +79,9 @@ def shape(**change) -> AttentionShape:
         (V100, DIT_SELF, "xla"),  # cuDNN flash attention needs sm80+
         (ROCM, DIT_SELF, "xla"),
         (TPU, DIT_SELF, "splash"),
-        (TPU, VAE, "splash"),  # the TPU kernels pad the head dim to 128 lanes: 384 is 3 of them
+        (TPU, VAE, "xla"),  # head dim 384 > 256: the TPU kernels' blocks would not fit in VMEM
+        (TPU, shape(head_dim=256), "splash"),
+        (TPU, shape(head_dim=264), "xla"),
         (TPU, shape(dtype="float32"), "splash"),
         (TPU, shape(head_dim=100, window=300), "splash"),
         (CPU, DIT_SELF, "xla"),
@@ -107,7 +109,8 @@ def test_auto_is_the_fastest_backend_that_can_run_the_call(platform):
     for head_dim, dtype, window in itertools.product(head_dims, DTYPES, windows):
         problem = shape(head_dim=head_dim, dtype=dtype, window=window)
         gpu_choice = "cudnn" if cudnn_runs(platform, problem) else "xla"
-        expected = "splash" if platform.name == "tpu" else gpu_choice
+        tpu_choice = "splash" if head_dim <= 256 else "xla"
+        expected = tpu_choice if platform.name == "tpu" else gpu_choice
         chosen = resolve_backend("auto", problem, platform=platform)
         assert chosen == expected, problem
         assert backend_limit(chosen, platform, problem) is None
@@ -190,11 +193,21 @@ def test_a_named_backend_that_cannot_run_the_call_is_a_one_line_config_error(pla
     assert str(err.value) == message
 
 
+@pytest.mark.parametrize("backend", ["splash", "splash_exp2"])
+def test_the_tpu_kernels_refuse_heads_past_256(backend):
+    with pytest.raises(ConfigError) as err:
+        resolve_backend(backend, VAE, platform=TPU)
+    assert str(err.value) == (
+        f"--attention {backend}: head dim 384 > 256 (the TPU kernels' blocks would not fit in VMEM); "
+        "use --attention xla or auto"
+    )
+
+
 def test_a_named_backend_that_can_run_the_call_is_used_as_is():
     assert resolve_backend("cudnn", DIT_SELF, platform=H100) == "cudnn"
     assert resolve_backend("xla", DIT_SELF, platform=H100) == "xla"
-    assert resolve_backend("splash_exp2", VAE, platform=TPU) == "splash_exp2"
-    assert resolve_backend("splash", VAE, platform=H100) == "splash"  # interpret mode, but it runs
+    assert resolve_backend("splash_exp2", DIT_SELF, platform=TPU) == "splash_exp2"
+    assert resolve_backend("splash", DIT_SELF, platform=H100) == "splash"  # interpret mode, but it runs
 
 
 def test_without_a_shape_only_the_platform_is_checked():
@@ -322,7 +335,7 @@ def test_vae_attention_runs_on_a_capable_backend(method, dtype):
             chosen = resolve_backend("auto", call, platform=platform)
             assert backend_limit(chosen, platform, call) is None
     assert {resolve_backend("auto", c, platform=H100) for c in calls} == {"xla"}
-    assert {resolve_backend("auto", c, platform=TPU) for c in calls} == {"splash"}
+    assert {resolve_backend("auto", c, platform=TPU) for c in calls} == {"xla"}
     with pytest.raises(ConfigError, match=r"^--attention cudnn: "):
         check_backend("cudnn", calls, platform=H100)
 

@@ -13,7 +13,7 @@ key) and returns ``(B, Lq, H, D)`` in the query dtype. ``backend`` is a name or 
   kernel, ``--use_custom_attention``);
 * ``auto``: per call, the first backend of the platform's :data:`PREFERENCE` that can run the call's
   :class:`AttentionShape` (GPU: ``cudnn``, else ``xla``, e.g. for the VAE's one 384-dim head or
-  float32; TPU: ``splash``; elsewhere ``xla``).
+  float32; TPU: ``splash`` up to 256-dim heads, else ``xla``; elsewhere ``xla``).
 
 The choice is :func:`resolve_backend`, a pure function of the backend name, the call's shape and the
 :class:`Platform` (this process's unless one is given: tests simulate a GPU on a CPU). A backend asked
@@ -109,12 +109,34 @@ def backend_limit(backend: str, platform: Platform, shape: AttentionShape | None
     without ``shape``, only whether it runs on ``platform`` at all. The rules of every backend:
 
     * ``cudnn``: :func:`wanjax.kernels.cudnn.cudnn_limit` (NVIDIA GPU >= sm80, 16-bit, head dim);
-    * ``splash``/``splash_exp2``: none (lengths padded to blocks, head dim to 128 lanes, any float
-      dtype; off TPU in interpret mode);
+    * ``splash``/``splash_exp2``: :func:`tpu_kernel_limit` (head dim; lengths are padded to blocks,
+      the head dim to 128 lanes, any float dtype; off TPU in interpret mode);
     * ``xla``: none.
     """
     if backend == "cudnn":
         return cudnn_limit(platform, shape)
+    if backend in TPU_KERNELS:
+        return tpu_kernel_limit(shape)
+    return None
+
+
+TPU_MAX_HEAD_DIM = 256
+
+
+def tpu_kernel_limit(shape: AttentionShape | None) -> str | None:
+    """Why the TPU kernels cannot run ``shape``: a head dim above :data:`TPU_MAX_HEAD_DIM`.
+
+    Their VMEM per grid step grows with ``(bq + bkv) * head_dim``, and their blocks are tuned for the
+    DiT's 128-dim bf16 heads (``(3328, 2816)``: ~15 MB of double-buffered q/k/v/output blocks and
+    float32 scratch by their block specs), then fitted to a problem's lengths only. The VAE's one
+    384-dim head over a 480p latent frame (6,240 tokens) keeps those blocks and, in float32, would need
+    ~50 MB, past every TPU's default scoped VMEM (16 MiB v5e, 32 MiB v6e); the seed's TPU port ran
+    the VAE's attention without a flash kernel too. So such heads go to ``xla`` (a small share of a
+    decode: one attention at 1/8 resolution)."""
+    if shape is not None and shape.head_dim > TPU_MAX_HEAD_DIM:
+        return (
+            f"head dim {shape.head_dim} > {TPU_MAX_HEAD_DIM} (the TPU kernels' blocks would not fit in VMEM)"
+        )
     return None
 
 
