@@ -411,8 +411,7 @@ def test_image_to_video_arch_times_the_image_stage_and_joins_the_image_tokens(mo
 
 def test_two_expert_arch_draws_both_experts_and_caches_per_expert(monkeypatch):
     """``--arch A14B`` (shrunk here): two experts' weights, both run (their boundary falls between the
-    two steps); under First-Block Cache each expert's first step computes; MagCache is refused, not
-    ignored."""
+    two steps); under either step cache each expert's first step computes."""
     monkeypatch.setitem(PRESETS, "A14B", PRESETS["tiny"])
     sizes = dict(height=32, width=32, frames=5, max_sequence_length=8, repeats=1, random_weights="numpy")
     cfg = bench.BenchConfig(arch="A14B", stages=("denoise",), **sizes)
@@ -425,8 +424,9 @@ def test_two_expert_arch_draws_both_experts_and_caches_per_expert(monkeypatch):
     assert result["stages"]["denoise"]["expert_steps"] == [0, 1]  # timesteps 999 | 500, boundary 875
     cached = bench.run_bench(dataclasses.replace(cfg, cache="firstblock"))["stages"]["denoise"]["cache"]
     assert cached["policy"] == "firstblock" and cached["branches"]["cond"]["evaluated_steps"] == 2
-    with pytest.raises(WanjaxError, match="not supported with two experts"):
-        bench.run_bench(dataclasses.replace(cfg, cache="magcache"))
+    mag = dataclasses.replace(cfg, cache="magcache", mag_ratios="wan2.2-t2v-a14b", cache_retention=0.0)
+    cached = bench.run_bench(mag)["stages"]["denoise"]["cache"]
+    assert cached["mag_ratios"].startswith("preset wan2.2-t2v-a14b") and cached["dit_evaluations"] == 4
 
 
 def test_ti2v_arch_encodes_the_image_alone_and_denoises_with_it_as_frame_0(monkeypatch):

@@ -204,9 +204,6 @@ def test_boundary_and_second_guidance_are_two_expert_flags(t2v, tiny_pipeline_di
     assert "has one transformer" in capsys.readouterr().err
     assert main([*args, "--boundary_ratio", "1.5"]) == 2
     assert "--boundary_ratio must be between 0 and 1" in capsys.readouterr().err
-    args = ["generate", "--model", str(root), "--prompt", "a cat", *small]
-    assert main([*args, "--cache", "magcache"]) == 2
-    assert "MagCache is not supported with two experts" in capsys.readouterr().err
     assert not out.exists()
 
 
@@ -275,19 +272,15 @@ def test_loras_per_expert_equal_diffusers_load_into_transformer_2(
     assert "--lora_2 " in capsys.readouterr().err and not (tmp_path / "never.mp4").exists()
 
 
-def test_first_block_cache_per_expert_equals_diffusers(t2v, noise, capsys, tmp_path):
-    """First-Block Cache on a two-expert model, as diffusers runs it with the hook on each transformer
-    (``enable_cache`` on both): each expert starts from an empty cache (its first step computes) and
-    decides from its own first-block residuals; the same decisions per branch, latents and frames.
-    MagCache stays refused (a curve per expert is not settled)."""
+def diffusers_cached_run(
+    root, noise, configs, policy: str
+) -> tuple[dict[str, list[bool]], np.ndarray, np.ndarray]:
+    """diffusers' run of the two-expert pipeline at ``root`` with ``configs[k]`` enabled on expert
+    ``k``'s transformer (``enable_cache``): per-branch decisions of each step (from the leader hook of
+    the transformer that ran it), final latents, frames."""
     from diffusers import WanPipeline as ReferencePipeline
-    from diffusers.hooks import FirstBlockCacheConfig
     from test_step_cache import LEADER
 
-    from wanjax.pipeline.step_cache import CacheConfig
-
-    root, _ = t2v
-    threshold = 0.6  # each expert reuses its cache at its second step
     reference = ReferencePipeline.from_pretrained(root)
     experts = [0, 0, 1, 1]  # as test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames
     decisions: list[dict[str, bool]] = []
@@ -295,13 +288,13 @@ def test_first_block_cache_per_expert_equals_diffusers(t2v, noise, capsys, tmp_p
 
     def on_step(p, i, t, kwargs):
         model = p.transformer if experts[i] == 0 else p.transformer_2
-        states = model.blocks[0]._diffusers_hook.get_hook(LEADER["firstblock"]).state_manager._state_cache
+        states = model.blocks[0]._diffusers_hook.get_hook(LEADER[policy]).state_manager._state_cache
         decisions.append({name: bool(states[name].should_compute) for name in ("cond", "uncond")})
         final[:] = [kwargs["latents"].clone()]
         return {}
 
-    for model in (reference.transformer, reference.transformer_2):
-        model.enable_cache(FirstBlockCacheConfig(threshold=threshold))
+    for model, config in zip((reference.transformer, reference.transformer_2), configs, strict=True):
+        model.enable_cache(config)
     with torch.no_grad():
         video = reference(
             prompt=PROMPT,
@@ -316,21 +309,62 @@ def test_first_block_cache_per_expert_equals_diffusers(t2v, noise, capsys, tmp_p
             output_type="np",
             callback_on_step_end=on_step,
         ).frames
-    latents_ref, frames_ref = final[0].numpy(), to_uint8(video)
-    computed_ref = {name: [d[name] for d in decisions] for name in ("cond", "uncond")}
+    computed = {name: [d[name] for d in decisions] for name in ("cond", "uncond")}
+    return computed, final[0].numpy(), to_uint8(video)
+
+
+CURVE = [1.0, 0.99, 1.0, 0.99]  # four steps: each expert computes its first, reuses at its second
+MAG = dict(threshold=0.05, max_skip_steps=2, retention_ratio=0.0)
+
+
+@pytest.mark.parametrize("policy", ["firstblock", "magcache"])
+def test_step_cache_per_expert_equals_diffusers(policy, t2v, noise):
+    """Step caching on a two-expert model, as diffusers runs it with a hook on each transformer
+    (``enable_cache`` on both): each expert starts from an empty cache (its first step computes, even
+    where a shared cache would skip it) and decides from its own state; First-Block Cache from its
+    residuals, MagCache from its slice of one curve over the whole run (MagCacheConfig per expert
+    with that slice); the same decisions per branch, latents and frames."""
+    from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig
+
+    from wanjax.pipeline.step_cache import CacheConfig
+
+    root, _ = t2v
+    if policy == "firstblock":
+        threshold = 0.6  # each expert reuses its cache at its second step
+        configs = [FirstBlockCacheConfig(threshold=threshold)] * 2
+        ours = CacheConfig("firstblock", threshold=threshold)
+    else:
+        configs = [MagCacheConfig(mag_ratios=CURVE[k : k + 2], num_inference_steps=2, **MAG) for k in (0, 2)]
+        ours = CacheConfig("magcache", mag_ratios=CURVE, **MAG)
+    computed_ref, latents_ref, frames_ref = diffusers_cached_run(root, noise, configs, policy)
     assert computed_ref == {"cond": [True, False, True, False], "uncond": [True, False, True, False]}
 
     pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
-    latents = our_latents(pipe, noise, cache=CacheConfig("firstblock", threshold=threshold))
+    latents = our_latents(pipe, noise, cache=ours)
     assert pipe.cache_report.computed == computed_ref
     assert relative_error(latents, latents_ref) <= 1e-5
     assert np.abs(pipe.decode(latents).astype(np.int16) - frames_ref).max() <= 2
 
-    text = ["--model", str(root), "--prompt", PROMPT, "--jax_cache_dir", "off"]
-    small = ["--height", str(HEIGHT), "--width", str(WIDTH), "--frames", str(FRAMES)]
-    never = ["--output_video", str(tmp_path / "never.mp4")]
-    capsys.readouterr()
-    assert main(["generate", *text, *small, *never, "--cache", "magcache"]) == 2
-    err = capsys.readouterr().err
-    assert "MagCache is not supported with two experts" in err and len(err.strip().splitlines()) == 1
-    assert not (tmp_path / "never.mp4").exists()
+
+def test_magcache_with_two_experts_defaults_to_the_wan22_curve():
+    """Without --mag_ratios a two-expert model takes the MagCache authors' Wan 2.2 A14B curve (one over
+    both experts), never the Wan 2.1 14B one its transformer's dimensions would match alone; each
+    expert's steps are scheduled from their slice of it."""
+    from wanjax.models.config import PRESETS
+    from wanjax.pipeline import step_cache
+
+    a14b = PRESETS["A14B"]
+    assert step_cache.preset_for(a14b) == "wan2.1-t2v-14b"
+    assert step_cache.preset_for(a14b, two_experts=True) == "wan2.2-t2v-a14b"
+    assert step_cache.preset_for(PRESETS["I2V-A14B"], two_experts=True) == "wan2.2-i2v-a14b"
+    assert step_cache.preset_for(PRESETS["1.3B"], two_experts=True) is None
+    experts = [0] * 16 + [1] * 24
+    cache = step_cache.resolve(step_cache.CacheConfig("magcache"), a14b, 40, True, experts)
+    assert cache.source.startswith("preset wan2.2-t2v-a14b")
+    curve = cache.curves["cond"]
+    for a, b in step_cache.expert_segments(experts):
+        expected = step_cache.mag_schedule(curve[a:b], b - a, 0.06, 2, 0.4)
+        np.testing.assert_array_equal(cache.schedule[a:b, 0], expected)
+        assert cache.schedule[a, 0]  # each expert's first step computes
+    assert step_cache.expert_segments([0, 0, 1]) == [(0, 2), (2, 3)]
+    assert step_cache.expert_segments([0, 0]) == [(0, 2)]

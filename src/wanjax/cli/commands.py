@@ -781,13 +781,10 @@ def denoise(
 
 def check_cache(cache: CacheFlags, cfg: TransformerConfig, params: Mapping[str, Any], guided: bool) -> None:
     """The step cache resolves for this model and run (a MagCache curve exists for it) before any work."""
-    if "boundary_ratio" in params and (cache.cache == "magcache" or cache.cache_calibrate):
-        raise ConfigError(
-            f"--cache {cache.cache}: MagCache is not supported with two experts (Wan 2.2 A14B) yet; "
-            "--cache firstblock is"
-        )
+    steps = params["num_inference_steps"]
+    experts = [0] * steps if "boundary_ratio" in params else None  # the curve is what is checked here
     try:
-        resolve_cache(cache.config(), cfg, params["num_inference_steps"], guided)
+        resolve_cache(cache.config(), cfg, steps, guided, experts)
     except ConfigError as e:
         raise ConfigError(f"--cache {cache.cache}: {e}") from None
 

@@ -320,12 +320,14 @@ class Sampler:
         step_cache = (
             None
             if cache is None
-            else resolve(cache, self.model.cfg, scheduler.num_inference_steps, uncond is not None)
-        )
-        if two and step_cache is not None and step_cache.policy != "firstblock":
-            raise ConfigError(
-                "MagCache is not supported with two experts (Wan 2.2 A14B) yet; First-Block Cache is"
+            else resolve(
+                cache,
+                self.model.cfg,
+                scheduler.num_inference_steps,
+                uncond is not None,
+                experts if two else None,
             )
+        )
         finite: list[jax.Array] = []
         self.finite_flags = finite
         self.expert_steps = experts

@@ -117,9 +117,14 @@ def presets() -> dict[str, dict[str, Any]]:
     return {name: entry for name, entry in json.loads(text).items() if not name.startswith("_")}
 
 
-def preset_for(cfg: TransformerConfig) -> str | None:
+def preset_for(cfg: TransformerConfig, two_experts: bool = False) -> str | None:
     """The preset published for this transformer's architecture (Wan 2.1 text-to-video 1.3B and
-    14B), or None."""
+    14B; with ``two_experts``, Wan 2.2 T2V-A14B and I2V-A14B, whose one curve spans both experts),
+    or None."""
+    if two_experts:
+        if (cfg.inner_dim, cfg.num_layers) != (5120, 40) or cfg.image_tokens:
+            return None
+        return {16: "wan2.2-t2v-a14b", 36: "wan2.2-i2v-a14b"}.get(cfg.in_channels)
     if cfg.in_channels != 16 or cfg.image_to_video:
         return None
     return {(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"}.get((cfg.inner_dim, cfg.num_layers))
@@ -161,11 +166,14 @@ class MagCurves:
     retention_ratio: float | None = None
 
 
-def read_mag_ratios(value: str | Path | Curve | None, cfg: TransformerConfig | None = None) -> MagCurves:
-    """``value`` (see :class:`CacheConfig`'s ``mag_ratios``) as per-branch curves; ConfigError for an
-    unknown name, an unreadable file or a malformed list."""
+def read_mag_ratios(
+    value: str | Path | Curve | None, cfg: TransformerConfig | None = None, two_experts: bool = False
+) -> MagCurves:
+    """``value`` (see :class:`CacheConfig`'s ``mag_ratios``) as per-branch curves (None: ``cfg``'s
+    preset, see :func:`preset_for`); ConfigError for an unknown name, an unreadable file or a
+    malformed list."""
     if value is None:
-        name = None if cfg is None else preset_for(cfg)
+        name = None if cfg is None else preset_for(cfg, two_experts)
         if name is None:
             raise ConfigError(
                 "magcache needs a ratio curve: no published curve matches this model; pass --mag_ratios "
@@ -275,8 +283,19 @@ class StepCache:
         return out
 
 
-def resolve(config: CacheConfig, cfg: TransformerConfig, num_steps: int, guided: bool) -> StepCache | None:
-    """``config`` for a run of ``num_steps`` steps, guided (two branches) or not; None when off."""
+def resolve(
+    config: CacheConfig,
+    cfg: TransformerConfig,
+    num_steps: int,
+    guided: bool,
+    experts: Sequence[int] | None = None,
+) -> StepCache | None:
+    """``config`` for a run of ``num_steps`` steps, guided (two branches) or not; None when off.
+
+    ``experts``: a two-expert model's expert of each step (None: one transformer). MagCache then runs
+    per expert, as diffusers with a ``MagCacheConfig`` on each transformer: the curve (one spanning
+    the whole run, as the MagCache authors publish Wan 2.2 A14B's) resampled to the steps, then each
+    expert's steps scheduled from its slice alone, with its own retention and from an empty cache."""
     if not config.enabled:
         return None
     branches = BRANCHES if guided else BRANCHES[:1]
@@ -287,7 +306,7 @@ def resolve(config: CacheConfig, cfg: TransformerConfig, num_steps: int, guided:
     if config.calibrate:  # every step computes
         schedule = np.ones((num_steps, len(branches)), bool)
         return StepCache("magcache", branches, 0.0, schedule, calibrate=True, source="calibration")
-    mag = read_mag_ratios(config.mag_ratios, cfg)
+    mag = read_mag_ratios(config.mag_ratios, cfg, two_experts=experts is not None)
 
     def pick(name: str) -> Any:
         given = getattr(config, name)
@@ -295,9 +314,16 @@ def resolve(config: CacheConfig, cfg: TransformerConfig, num_steps: int, guided:
         return given if given is not None else published if published is not None else MAG_DEFAULTS[name]
 
     threshold, max_skip, retention = pick("threshold"), pick("max_skip_steps"), pick("retention_ratio")
-    schedule = np.stack(
-        [mag_schedule(mag.curves[b], num_steps, threshold, max_skip, retention) for b in branches], axis=1
-    )
+
+    def branch_schedule(curve: Sequence[float]) -> np.ndarray:
+        if experts is None:
+            return mag_schedule(curve, num_steps, threshold, max_skip, retention)
+        resampled, bounds = nearest_interp(curve, num_steps), expert_segments(experts)
+        return np.concatenate(
+            [mag_schedule(resampled[a:b], b - a, threshold, max_skip, retention) for a, b in bounds]
+        )
+
+    schedule = np.stack([branch_schedule(mag.curves[b]) for b in branches], axis=1)
     return StepCache(
         "magcache",
         branches,
@@ -308,6 +334,12 @@ def resolve(config: CacheConfig, cfg: TransformerConfig, num_steps: int, guided:
         source=mag.source,
         curves={b: mag.curves[b] for b in branches},
     )
+
+
+def expert_segments(experts: Sequence[int]) -> list[tuple[int, int]]:
+    """The ``[start, stop)`` step ranges of each expert's turn in a schedule like ``[0, 0, 1, 1]``."""
+    starts = [i for i in range(len(experts)) if i == 0 or experts[i] != experts[i - 1]]
+    return list(zip(starts, [*starts[1:], len(experts)], strict=True))
 
 
 # ----------------------------------------------------------------------------------------------

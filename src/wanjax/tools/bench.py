@@ -515,8 +515,6 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
         raise WanjaxError(f"unknown --arch {cfg.arch!r}; choose one of {', '.join(ARCHES)}")
     if cfg.num_inference_steps < 1 or cfg.repeats < 1:
         raise WanjaxError("--num_inference_steps and --repeats must be at least 1")
-    if cfg.arch in TWO_EXPERTS and cfg.cache == "magcache":
-        raise WanjaxError(f"--cache magcache: not supported with two experts ({cfg.arch}) yet; firstblock is")
     with_image = takes_image(cfg.arch)
     wanted = [name for name in cfg.stages if name != "image" or with_image]  # image: I2V archs only
     unknown = sorted(set(wanted) - set(STAGES))
