@@ -23,6 +23,10 @@ takes its cached output then too (its result is exactly the skip's, the compute 
 away); when no branch computes, the blocks do not run. Under a mesh the decision is one global value
 (the means span every device's rows), so all devices take the same branch.
 
+A two-expert model (Wan 2.2 A14B) keeps a cache per expert, as diffusers with a hook on each
+transformer: each expert's turn starts from an empty cache (its first step computes); MagCache
+schedules each turn from its slice of one curve over the run (:func:`resolve`).
+
 The patch embedding, the condition embedders and the output norm and projection run at every step,
 as in diffusers, whose hooks wrap only the block list. Calibration (``calibrate=True``, MagCache)
 never skips and measures, per branch and step, the mean over tokens of ``||r_t|| / (||r_{t-1}|| +
