@@ -3,7 +3,8 @@
 image to video (``WanImageToVideoPipeline`` without a CLIP encoder). The experts switch at the step
 diffusers switches (read from which of its transformers ran), each with its guidance scale; the
 latents and frames are diffusers'; ``generate``, the three stages and model offload (the experts
-taking turns on the device) give the same frames.
+taking turns on the device) give the same frames; LoRAs and step caches go per expert as diffusers'
+``load_into_transformer_2`` and a cache hook on each transformer.
 """
 
 from __future__ import annotations
