@@ -9,6 +9,7 @@ frames of the three stages. Every expected value comes from diffusers, never fro
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +39,26 @@ def to_uint8(video: np.ndarray) -> np.ndarray:
 
 
 def reference_run(
-    pipe: Any, height: int, width: int, frames: int, steps: int, latents: Any, **kwargs: Any
+    pipe: Any,
+    height: int,
+    width: int,
+    frames: int,
+    steps: int,
+    latents: Any,
+    on_step: Callable[..., Any] | None = None,
+    **kwargs: Any,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A diffusers pipeline's run of PROMPT / NEGATIVE from ``latents`` (guidance 5.0 unless given):
-    its last step's latents (as the step callback sees them) and its uint8 frames."""
+    its last step's latents (as the step callback sees them) and its uint8 frames. ``on_step(pipe,
+    i, t, callback_kwargs)`` is called at the end of each step too."""
     final = []
+
+    def callback(p: Any, i: int, t: Any, kw: dict[str, Any]) -> dict[str, Any]:
+        final.append(kw["latents"].clone())
+        if on_step is not None:
+            on_step(p, i, t, kw)
+        return {}
+
     with torch.no_grad():
         video = pipe(
             prompt=PROMPT,
@@ -53,7 +69,7 @@ def reference_run(
             num_inference_steps=steps,
             latents=latents,
             output_type="np",
-            callback_on_step_end=lambda p, i, t, kw: final.append(kw["latents"].clone()) or {},
+            callback_on_step_end=callback,
             **{"guidance_scale": 5.0, **kwargs},
         ).frames
     return final[-1].numpy(), to_uint8(video)

@@ -24,7 +24,6 @@ from test_pipeline_parity import (
     relative_error,
     save_tiny,
     tiny_components,
-    to_uint8,
 )
 
 from wanjax import WanPipeline
@@ -285,33 +284,17 @@ def diffusers_cached_run(
     reference = ReferencePipeline.from_pretrained(root)
     experts = [0, 0, 1, 1]  # as test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames
     decisions: list[dict[str, bool]] = []
-    final = []
 
     def on_step(p, i, t, kwargs):
         model = p.transformer if experts[i] == 0 else p.transformer_2
         states = model.blocks[0]._diffusers_hook.get_hook(LEADER[policy]).state_manager._state_cache
         decisions.append({name: bool(states[name].should_compute) for name in ("cond", "uncond")})
-        final[:] = [kwargs["latents"].clone()]
-        return {}
 
     for model, config in zip((reference.transformer, reference.transformer_2), configs, strict=True):
         model.enable_cache(config)
-    with torch.no_grad():
-        video = reference(
-            prompt=PROMPT,
-            negative_prompt=NEGATIVE,
-            height=HEIGHT,
-            width=WIDTH,
-            num_frames=FRAMES,
-            num_inference_steps=STEPS,
-            guidance_scale=GUIDANCE,
-            guidance_scale_2=GUIDANCE_2,
-            latents=noise[0],
-            output_type="np",
-            callback_on_step_end=on_step,
-        ).frames
-    computed = {name: [d[name] for d in decisions] for name in ("cond", "uncond")}
-    return computed, final[0].numpy(), to_uint8(video)
+    latents, frames, ran = diffusers_run(reference, noise[0], on_step=on_step)
+    assert ran == experts
+    return {name: [d[name] for d in decisions] for name in ("cond", "uncond")}, latents, frames
 
 
 CURVE = [1.0, 0.99, 1.0, 0.99]  # four steps: each expert computes its first, reuses at its second
