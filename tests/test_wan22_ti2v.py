@@ -138,3 +138,76 @@ def test_generate_and_three_stages_with_an_image(ti2v, noise, image, tmp_path):
     pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
     with pytest.raises(WanjaxError, match="takes a first frame only"):
         pipe.prepare_image(image, 1, HEIGHT, WIDTH, FRAMES, last_image=image)
+
+
+@pytest.mark.parametrize("policy", ["firstblock", "magcache"])
+def test_step_cache_with_the_image_as_first_frame_equals_diffusers(ti2v, noise, image, policy):
+    """Step caching on TI2V with an image (its tokens at timestep 0 in every step): diffusers'
+    decisions per branch and its latents, for First-Block Cache and for MagCache on a given curve."""
+    from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig
+    from test_step_cache import LEADER
+
+    from wanjax.pipeline.step_cache import CacheConfig
+
+    root, _, reference_i2v = ti2v
+    picture = Image.open(image).convert("RGB")
+    if policy == "firstblock":
+        config, ours = FirstBlockCacheConfig(threshold=0.3), CacheConfig("firstblock", threshold=0.3)
+        expected = [True, False, True]
+    else:
+        mag = dict(mag_ratios=[1.0, 0.99, 0.99], threshold=0.05, max_skip_steps=2, retention_ratio=0.0)
+        config, ours = MagCacheConfig(num_inference_steps=STEPS, **mag), CacheConfig("magcache", **mag)
+        expected = [True, False, False]
+    decisions = []
+
+    def on_step(p, i, t, kwargs):
+        states = p.transformer.blocks[0]._diffusers_hook.get_hook(LEADER[policy]).state_manager._state_cache
+        decisions.append({name: bool(states[name].should_compute) for name in ("cond", "uncond")})
+        return {}
+
+    reference_i2v.transformer.enable_cache(config)
+    try:
+        with torch.no_grad():
+            latents_ref = reference_i2v(
+                prompt=PROMPT,
+                negative_prompt=NEGATIVE,
+                image=picture,
+                height=HEIGHT,
+                width=WIDTH,
+                num_frames=FRAMES,
+                num_inference_steps=STEPS,
+                guidance_scale=5.0,
+                latents=noise[0],
+                output_type="latent",
+                callback_on_step_end=on_step,
+            ).frames.numpy()
+    finally:
+        reference_i2v.transformer.disable_cache()
+    computed_ref = {name: [d[name] for d in decisions] for name in ("cond", "uncond")}
+    assert computed_ref == {"cond": expected, "uncond": expected}
+
+    pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
+    pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
+    conditioning = pipe.prepare_image(picture, 1, HEIGHT, WIDTH, FRAMES)
+    latents = pipe.denoise(
+        pos, neg, noise[0].numpy(), num_inference_steps=STEPS, progress=False, image=conditioning, cache=ours
+    )
+    assert pipe.cache_report.computed == computed_ref
+    assert relative_error(latents, latents_ref) <= 1e-5
+
+
+def test_magcache_on_ti2v_5b_defaults_to_its_published_curves():
+    """TI2V-5B's MagCache curve follows the run, as the MagCache authors pick it: with an image as the
+    first frame its i2v curve, else its t2v one (each at its published settings)."""
+    from wanjax.models.config import PRESETS
+    from wanjax.pipeline import step_cache
+
+    five = PRESETS["5B"]
+    assert step_cache.preset_for(five) == "wan2.2-ti2v-5b-t2v"
+    assert step_cache.preset_for(five, first_frame=True) == "wan2.2-ti2v-5b-i2v"
+    for first_frame, name in ((False, "wan2.2-ti2v-5b-t2v"), (True, "wan2.2-ti2v-5b-i2v")):
+        cache = step_cache.resolve(
+            step_cache.CacheConfig("magcache"), five, 50, True, first_frame=first_frame
+        )
+        assert cache.source.startswith(f"preset {name}")
+        assert (cache.threshold, cache.max_skip_steps, cache.retention_ratio) == (0.06, 2, 0.2)

@@ -411,7 +411,8 @@ def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec |
     check_devices(mesh, configs["transformer"].num_attention_heads)
     check_attention(pipe, configs["transformer"])
     params = sampling_params(pipe, request.sampling)
-    check_cache(request.cache, configs["transformer"], params, guided=params["guidance_scale"] > 1)
+    first_frame = image is not None and pipe.expand_timesteps
+    check_cache(request.cache, configs["transformer"], params, params["guidance_scale"] > 1, first_frame)
     return GenerateWork(
         request,
         prompts,
@@ -591,7 +592,8 @@ def cmd_denoise(request: DenoiseRequest) -> RunReport:
     check_devices(mesh, cfg.num_attention_heads)
     check_attention(pipe, cfg)
     params = sampling_params(pipe, request.sampling)
-    check_cache(request.cache, cfg, params, guided=params["guidance_scale"] > 1)
+    first_frame = conditioning is not None and pipe.expand_timesteps
+    check_cache(request.cache, cfg, params, params["guidance_scale"] > 1, first_frame)
     latents = (
         init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
     )
@@ -779,12 +781,15 @@ def denoise(
     return out
 
 
-def check_cache(cache: CacheFlags, cfg: TransformerConfig, params: Mapping[str, Any], guided: bool) -> None:
-    """The step cache resolves for this model and run (a MagCache curve exists for it) before any work."""
+def check_cache(
+    cache: CacheFlags, cfg: TransformerConfig, params: Mapping[str, Any], guided: bool, first_frame: bool
+) -> None:
+    """The step cache resolves for this model and run (a MagCache curve exists for it) before any
+    work; ``first_frame``: an image is the run's first latent frame (TI2V)."""
     steps = params["num_inference_steps"]
     experts = [0] * steps if "boundary_ratio" in params else None  # the curve is what is checked here
     try:
-        resolve_cache(cache.config(), cfg, steps, guided, experts)
+        resolve_cache(cache.config(), cfg, steps, guided, experts, first_frame)
     except ConfigError as e:
         raise ConfigError(f"--cache {cache.cache}: {e}") from None
 

@@ -326,6 +326,7 @@ class Sampler:
                 scheduler.num_inference_steps,
                 uncond is not None,
                 experts if two else None,
+                image is not None and image.first_frame,
             )
         )
         finite: list[jax.Array] = []

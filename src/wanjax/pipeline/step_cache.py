@@ -121,10 +121,12 @@ def presets() -> dict[str, dict[str, Any]]:
     return {name: entry for name, entry in json.loads(text).items() if not name.startswith("_")}
 
 
-def preset_for(cfg: TransformerConfig, two_experts: bool = False) -> str | None:
+def preset_for(cfg: TransformerConfig, two_experts: bool = False, first_frame: bool = False) -> str | None:
     """The preset published for this transformer's architecture (Wan 2.1 text-to-video 1.3B and
-    14B; with ``two_experts``, Wan 2.2 T2V-A14B and I2V-A14B, whose one curve spans both experts),
-    or None."""
+    14B; Wan 2.2 TI2V-5B, whose curve depends on whether an image is its ``first_frame``; with
+    ``two_experts``, Wan 2.2 T2V-A14B and I2V-A14B, whose one curve spans both experts), or None."""
+    if (cfg.inner_dim, cfg.num_layers, cfg.in_channels) == (3072, 30, 48) and not two_experts:
+        return "wan2.2-ti2v-5b-i2v" if first_frame else "wan2.2-ti2v-5b-t2v"
     if two_experts:
         if (cfg.inner_dim, cfg.num_layers) != (5120, 40) or cfg.image_tokens:
             return None
@@ -171,13 +173,16 @@ class MagCurves:
 
 
 def read_mag_ratios(
-    value: str | Path | Curve | None, cfg: TransformerConfig | None = None, two_experts: bool = False
+    value: str | Path | Curve | None,
+    cfg: TransformerConfig | None = None,
+    two_experts: bool = False,
+    first_frame: bool = False,
 ) -> MagCurves:
     """``value`` (see :class:`CacheConfig`'s ``mag_ratios``) as per-branch curves (None: ``cfg``'s
     preset, see :func:`preset_for`); ConfigError for an unknown name, an unreadable file or a
     malformed list."""
     if value is None:
-        name = None if cfg is None else preset_for(cfg, two_experts)
+        name = None if cfg is None else preset_for(cfg, two_experts, first_frame)
         if name is None:
             raise ConfigError(
                 "magcache needs a ratio curve: no published curve matches this model; pass --mag_ratios "
@@ -293,8 +298,10 @@ def resolve(
     num_steps: int,
     guided: bool,
     experts: Sequence[int] | None = None,
+    first_frame: bool = False,
 ) -> StepCache | None:
     """``config`` for a run of ``num_steps`` steps, guided (two branches) or not; None when off.
+    ``first_frame``: an image conditions the run as its first latent frame (TI2V; it picks the curve).
 
     ``experts``: a two-expert model's expert of each step (None: one transformer). MagCache then runs
     per expert, as diffusers with a ``MagCacheConfig`` on each transformer: the curve (one spanning
@@ -310,7 +317,7 @@ def resolve(
     if config.calibrate:  # every step computes
         schedule = np.ones((num_steps, len(branches)), bool)
         return StepCache("magcache", branches, 0.0, schedule, calibrate=True, source="calibration")
-    mag = read_mag_ratios(config.mag_ratios, cfg, two_experts=experts is not None)
+    mag = read_mag_ratios(config.mag_ratios, cfg, experts is not None, first_frame)
 
     def pick(name: str) -> Any:
         given = getattr(config, name)
