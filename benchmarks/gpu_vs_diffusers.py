@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -574,7 +575,11 @@ def child_attention(c: Child) -> None:
         elif c.side == "jax mosaic_gpu":
             from jax.experimental.pallas.ops.gpu import attention_mgpu
 
-            f = jax.jit(lambda a, b, d: mosaic_gpu_attention(a, b, d, attention_mgpu.attention))
+            config = attention_mgpu.TuningConfig(block_q=64, block_kv=128, max_concurrent_steps=2)
+            kernel = functools.partial(attention_mgpu.attention, config=config, save_residuals=True)
+            f = jax.jit(
+                lambda a, b, d: mosaic_gpu_attention(a, b, d, kernel, config.block_q, config.block_kv)
+            )
         else:
             name = c.side.split()[1]
             f = jax.jit(lambda a, b, d: attention(a, b, d, backend=name))
@@ -592,8 +597,9 @@ def mosaic_gpu_attention(
     any length, as wanjax would run it: queries scaled by ``1/sqrt(D)`` (the kernel does not scale)
     and zero-padded to whole tiles; the keys the tiles cover through the kernel (which also returns
     each query's log2-sum-exp), the last ``L % block_kv`` keys (none at L = 32,768; 48 at 75,600)
-    through a float32 einsum, and the two parts merged by their sum-exps. ``kernel``: the kernel, or
-    ``attention_mgpu.attention_reference`` (the same contract, any platform) to check the merge."""
+    through a float32 einsum, and the two parts merged by their sum-exps. ``kernel(q, k, v) -> (out,
+    (lse,))``: the kernel with its residuals, or ``attention_mgpu.attention_reference`` with
+    ``save_residuals=True`` (the same contract, any platform) to check the merge."""
     import jax.numpy as jnp
 
     f32 = jnp.float32
@@ -601,13 +607,7 @@ def mosaic_gpu_attention(
     covered = k.shape[1] - k.shape[1] % block_kv
     qs = (q.astype(f32) * d**-0.5).astype(q.dtype)
     padded = jnp.pad(qs, ((0, 0), (0, -lq % (2 * block_q)), (0, 0), (0, 0)))
-    if kernel.__name__ == "attention_reference":
-        out, (lse,) = kernel(padded, k[:, :covered], v[:, :covered], save_residuals=True)
-    else:
-        from jax.experimental.pallas.ops.gpu.attention_mgpu import TuningConfig
-
-        config = TuningConfig(block_q=block_q, block_kv=block_kv, max_concurrent_steps=2)
-        out, (lse,) = kernel(padded, k[:, :covered], v[:, :covered], config, save_residuals=True)
+    out, (lse,) = kernel(padded, k[:, :covered], v[:, :covered])
     out, lse = out[:, :lq].astype(f32), lse[:, :, :lq].transpose(0, 2, 1)  # lse: (B, L, H), log2
     if covered == k.shape[1]:
         return out.astype(q.dtype)

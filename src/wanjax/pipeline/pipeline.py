@@ -349,7 +349,8 @@ class WanPipeline:
                 jax.block_until_ready(self._text_encoder.params)
         return self._text_encoder
 
-    def _load_transformer(self, folder: Path) -> WanTransformer:
+    def _load_transformer(self, folder: Path, loras: list[tuple[LoraFile, float]]) -> WanTransformer:
+        """The transformer in ``folder``, with ``loras`` merged into it."""
         with self.stage_timing("denoise").loading():
             model = load_transformer(
                 folder,
@@ -362,17 +363,16 @@ class WanPipeline:
                 weights_dtype=self.weights_dtype,
             )
             jax.block_until_ready(model.params)
+            if loras:
+                model.set_loras(loras)
+                jax.block_until_ready(model.params)
         return model
 
     @property
     def transformer(self) -> WanTransformer:
         """The transformer (of a two-expert model: the high-noise expert, run first)."""
         if self._transformer is None:
-            self._transformer = self._load_transformer(TRANSFORMER.directory(self.path))
-            if self.loras:
-                with self.stage_timing("denoise").loading():
-                    self._transformer.set_loras(self.loras)
-                    jax.block_until_ready(self._transformer.params)
+            self._transformer = self._load_transformer(TRANSFORMER.directory(self.path), self.loras)
         return self._transformer
 
     @property
@@ -392,11 +392,7 @@ class WanPipeline:
         if self._transformer_2 is None:
             if self.offload != "none" and self._transformer is not None:
                 self._transformer.to_host(block=True)  # one expert on the device at a time
-            self._transformer_2 = self._load_transformer(TRANSFORMER_2.directory(self.path))
-            if self.loras_2:
-                with self.stage_timing("denoise").loading():
-                    self._transformer_2.set_loras(self.loras_2)
-                    jax.block_until_ready(self._transformer_2.params)
+            self._transformer_2 = self._load_transformer(TRANSFORMER_2.directory(self.path), self.loras_2)
             if self.offload != "none":
                 self._transformer_2.to_host(block=True)
         return self._transformer_2
@@ -416,9 +412,13 @@ class WanPipeline:
         changes; the checkpoint is not read again). See :meth:`WanTransformer.set_loras`.
         ``load_into_transformer_2``: into a two-expert model's low-noise expert instead (as diffusers'
         ``load_lora_weights(..., load_into_transformer_2=True)``); each expert keeps its own adapters,
-        as Wan 2.2 LoRAs come in high-noise / low-noise pairs. ConfigError for a model with one
+        as Wan 2.2 LoRAs come in high-noise / low-noise pairs. WanjaxError for a model with one
         transformer."""
-        component = TRANSFORMER_2 if load_into_transformer_2 else TRANSFORMER
+        component, model = (
+            (TRANSFORMER_2, self._transformer_2)
+            if load_into_transformer_2
+            else (TRANSFORMER, self._transformer)
+        )
         if load_into_transformer_2 and loras and self.boundary_ratio is None:
             raise WanjaxError(
                 f"{self.path} has one transformer: LoRAs for transformer_2 (the low-noise expert) need a "
@@ -426,13 +426,7 @@ class WanPipeline:
             )
         files = load_loras(loras)
         if files:  # a LoRA for another model fails here
-            config = (
-                self.transformer_config
-                if component is TRANSFORMER
-                else component.read_config(component.directory(self.path))
-            )
-            plan_updates(checkpoint_spec(config), files)
-        model = self._transformer_2 if load_into_transformer_2 else self._transformer
+            plan_updates(checkpoint_spec(component.read_config(component.directory(self.path))), files)
         if model is not None:
             with self.stage_timing("denoise").loading():
                 model.set_loras(files)
