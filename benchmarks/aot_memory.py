@@ -26,8 +26,8 @@ the ``xla`` backend, blockwise, one head at a time), not by the TPU compiler, wh
 buffers; these are the closest numbers obtainable without a TPU. Two CPU-only differences are shown
 side by side: the DiT step as XLA:CPU runs it (``scan_layers`` bitcasts the stacked bf16 weights to
 uint16 in the program, which materialises a copy of them) and with the weights reaching the layer
-loop uncopied, as on TPU (see :func:`dit_step`); the VAE with 3-D convolutions (the accelerator
-default) and with ``taps`` (the CPU default).
+loop uncopied, as on TPU (see :func:`dit_step`); the VAE with 3-D convolutions over ring caches (the
+accelerator default) and with ``taps`` (the CPU default).
 
     python benchmarks/aot_memory.py                          # 14B, 720p, 81 frames, dp=2,sp=1,tp=4
     python benchmarks/aot_memory.py --layers 4 --json out/aot.json
@@ -61,6 +61,7 @@ from wanjax.models import dit, umt5, vae  # noqa: E402
 from wanjax.models.config import parse_dtype  # noqa: E402
 from wanjax.models.dit import WanTransformer  # noqa: E402
 from wanjax.models.offload import DEVICE, OFFLOAD_MODES, memory_kind, offload_sharding, program_memory  # noqa: E402
+from wanjax.models.vae.ops import ACCELERATOR_CONV  # noqa: E402
 from wanjax.parallel.layouts import spatial_sharding  # noqa: E402
 from wanjax.parallel.mesh import make_mesh, parse_mesh  # noqa: E402
 from wanjax.parallel.rules import param_sharding, replicated  # noqa: E402
@@ -215,7 +216,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--vae_dtype", default="float32")
     parser.add_argument(
-        "--vae_conv", nargs="+", default=["conv3d", "taps"], help="VAE conv formulations (TPU: conv3d)"
+        "--vae_conv",
+        nargs="+",
+        default=[ACCELERATOR_CONV, "taps"],
+        help=f"VAE conv formulations (TPU: {ACCELERATOR_CONV})",
     )
     parser.add_argument(
         "--dit_variant", nargs="+", default=["tpu", "cpu"], choices=["tpu", "cpu"], help="see dit_step"
@@ -318,9 +322,9 @@ def main() -> None:
             f"{HEADROOM:.0%}): {verdict}"
         )
         r["with_other_weights"] = total
-    # The programs a TPU run compiles (bf16 weights uncopied, 3-D convs) and those a CPU run compiles.
+    # The programs a TPU run compiles (bf16 weights uncopied, its VAE formulation) and a CPU run's.
     for platform, picks in (
-        ("TPU-like", ("streamed", "uncopied", "conv3d")),
+        ("TPU-like", ("streamed", "uncopied", f"({ACCELERATOR_CONV})")),
         ("XLA:CPU", ("text", "XLA:CPU", "taps")),
     ):
         chosen = [row for row in rows if any(k in row[0] for k in picks)]

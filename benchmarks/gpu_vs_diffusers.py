@@ -18,8 +18,10 @@ costs that line only, and every memory peak is that process's own):
   layouts XLA's heuristic picks (``wanjax nchw``: the VAE's ``xla_gpu_force_conv_nhwc`` outvoted by
   ``XLA_FLAGS=--xla_gpu_force_conv_nchw=true``), the compile split over the CPU's threads
   (``wanjax llvm parallel``) and without autotuning (``wanjax autotune 0``: how much of the compile
-  it is); everywhere 4 video frames per step (``wanjax 4 frames/step``) and the CPU's formulation
-  (``wanjax taps``: 2-D convolutions per temporal tap, owed-sum caches; less program memory).
+  it is); everywhere the 3-D convolutions over a concatenated window and a shifted two-frame
+  cache instead of the ring written in place (``wanjax concat cache``), 4 video frames per step
+  (``wanjax 4 frames/step``) and the CPU's formulation (``wanjax taps``: 2-D convolutions per
+  temporal tap, owed-sum caches; less program memory).
 * ``umt5``: the UMT5-XXL encoder (24 layers; the vocabulary cut to 32,128 rows, a gather whose cost
   does not depend on it), 2 x 512 tokens, float32 and bfloat16: transformers, wanjax.
 * ``attention``: attention cores, bf16, at L = 32,768 with 12 heads of 128 and L = 75,600 with 40
@@ -174,6 +176,7 @@ VAE_VARIANTS = {
         xla_flags="--xla_gpu_enable_llvm_module_compilation_parallelism=true", cuda_only=True
     ),
     "wanjax autotune 0": VaeVariant(xla_flags="--xla_gpu_autotune_level=0", cuda_only=True),
+    "wanjax concat cache": VaeVariant({"conv": "conv3d"}),
     "wanjax 4 frames/step": VaeVariant({"frames_per_step": 4}),
     "wanjax taps": VaeVariant({"conv": "taps"}),
 }

@@ -50,7 +50,9 @@ def test_weights_per_device_follow_the_rules():
     # sequence parallelism shrinks the DiT activations, spatial sharding the VAE's
     sp = plan(model, parse_mesh("dp=1,sp=8,tp=1"), **kwargs)
     assert sp.stages["denoise"].activations < one.stages["denoise"].activations / 4
-    assert sp.stages["decode"].activations * 8 == one.stages["decode"].activations
+    # (eight strips, each device also holding the one whole frame the partitioner gathers)
+    assert one.stages["decode"].activations / 8 < sp.stages["decode"].activations
+    assert sp.stages["decode"].activations < one.stages["decode"].activations / 6
 
 
 def test_bad_plan_flags_are_one_line_errors(capsys):
@@ -62,12 +64,13 @@ def test_bad_plan_flags_are_one_line_errors(capsys):
 
 
 def test_vae_decode_activations_include_the_causal_cache():
-    """The causal cache (two frames of every causal conv's input) dominates the decoder's live set:
-    ~0.9 GiB at 240x416 (the 830 MiB measured in BENCHMARKS.md, plus conv_out's 96-channel site)."""
+    """The causal cache dominates the decoder's live set: on accelerators a three-frame ring of every
+    causal conv's input, ~1.3 GiB at 240x416 (1.5x the two-frame cache: the 830 MiB measured in
+    BENCHMARKS.md plus conv_out's 96-channel site)."""
     from wanjax.models.vae.config import VAEConfig
     from wanjax.tools.plan import vae_cache_bytes
 
-    assert 0.85 * GiB < vae_cache_bytes(VAEConfig(), 240, 416) < 0.95 * GiB
+    assert 1.25 * GiB < vae_cache_bytes(VAEConfig(), 240, 416) < 1.4 * GiB
     model = model_configs("14B")
     kwargs = dict(height=720, width=1280, frames=81, device_memory=32 * GiB)
     eight = plan(model, parse_mesh("dp=2,sp=1,tp=4"), **kwargs)
@@ -86,8 +89,12 @@ def test_vae_strips_are_the_pipelines():
     kwargs = dict(height=480, width=848, frames=81, device_memory=32 * GiB)
     for name in ("1.3B", "I2V-14B"):
         model = model_configs(name)
-        one, eight = plan(model, parse_mesh(ONE), **kwargs), plan(model, mesh, **kwargs)
-        assert one.stages["decode"].activations // 4 == eight.stages["decode"].activations
+        four, eight = plan(model, parse_mesh("dp=1,sp=4,tp=1"), **kwargs), plan(model, mesh, **kwargs)
+        assert four.stages["decode"].activations == eight.stages["decode"].activations
+        assert (
+            four.stages["decode"].activations
+            < plan(model, parse_mesh(ONE), **kwargs).stages["decode"].activations / 3
+        )
 
 
 # ----------------------------------------------------------------------------------------------

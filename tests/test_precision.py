@@ -42,7 +42,7 @@ from wanjax.models import dit, umt5
 from wanjax.models.config import transformer_preset
 from wanjax.models.vae import VAEConfig, WanVAE, checkpoint_spec, decode_uint8, load_vae
 from wanjax.models.vae import programs as vae_programs
-from wanjax.models.vae.ops import f32_conv_output
+from wanjax.models.vae.ops import CONV_IMPLS, default_conv, f32_conv_output
 from wanjax.pipeline.pipeline import WanPipeline
 
 # ----------------------------------------------------------------------------------------------
@@ -90,9 +90,12 @@ def test_lax_precision_only_for_float32():
     assert lax_precision("highest", jnp.float16) is None
 
 
-def test_f32_conv_output_per_platform():
+def test_vae_numerics_per_platform():
     assert f32_conv_output("cpu") and f32_conv_output("tpu")
     assert not f32_conv_output("gpu") and not f32_conv_output("cuda")
+    assert default_conv("cpu") == "taps"
+    assert {default_conv(p) for p in ("gpu", "cuda", "rocm", "tpu")} == {"ring"}
+    assert WanVAE(TINY_VAE, tiny_vae_params("float32")).numerics.conv == default_conv(jax.default_backend())
 
 
 @pytest.mark.parametrize(
@@ -165,7 +168,7 @@ def tiny_vae_params(dtype: str):
     return random_params(checkpoint_spec(TINY_VAE, "decoder"), jnp.dtype(dtype))
 
 
-@pytest.mark.parametrize("conv", ["conv3d", "taps"])
+@pytest.mark.parametrize("conv", CONV_IMPLS)
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_vae_convs_and_matmuls_follow_the_setting(precision, conv):
     vae = WanVAE(TINY_VAE, tiny_vae_params("float32"), "float32", conv=conv, precision=precision)
@@ -257,7 +260,7 @@ def gpu_style(vae: WanVAE) -> WanVAE:
     return vae
 
 
-@pytest.mark.parametrize("conv", ["conv3d", "taps"])
+@pytest.mark.parametrize("conv", CONV_IMPLS)
 def test_bfloat16_vae_convolutions_take_bfloat16_operands(conv):
     """XLA's GPU compiler widens the operands of a mixed-precision (bf16 x bf16 -> f32) convolution
     to float32 (``ConvBfloat16Support::SupportsMixedPrecisions`` is false for convolutions), which

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -230,6 +231,54 @@ def test_decode_memory_does_not_grow_with_length():
     assert temp_long - temp_short <= 2 * (out_long - out_short)
     whole_video_activation = 65 * 96 * 128 * 8 * 4  # float32, 8 channels at full resolution
     assert temp_long < 2 * whole_video_activation
+
+
+def test_ring_cache_matches_diffusers(case, vae):
+    """The accelerators' formulation (3-D convolutions over three-frame ring caches, the kernel's
+    taps rotated to the slots): decode and encode equal diffusers (one-frame steps write into the
+    ring; the encoder's two-frame steps take its frames in order), and the frames do not depend on
+    the chunk size."""
+    _, model, name = case
+    ring = WanVAE(vae.cfg, vae.params, encoder_params=vae.encoder_params, conv="ring")
+    z = randn((2, CONFIGS[name]["z_dim"], 5, *LATENT_HW), seed=31)
+    video = torch.rand((2, 3, 17, 24, 40), generator=torch.Generator().manual_seed(32)) * 2 - 1
+    with torch.no_grad():
+        ref = model.decode(z).sample.numpy()
+        ref_latents = model.encode(video).latent_dist.mean.numpy()
+    decoded = np.asarray(ring.decode(jnp.asarray(z.numpy())))
+    assert_not_saturated(ref)
+    assert relative_error(decoded, ref) <= 1e-5
+    assert relative_error(ring.encode(jnp.asarray(video.numpy())), ref_latents) <= 1e-5
+    whole = WanVAE(vae.cfg, vae.params, conv="ring", decode_chunk="all")
+    np.testing.assert_array_equal(np.asarray(whole.decode(jnp.asarray(z.numpy()))), decoded)
+
+
+def test_ring_cache_is_written_in_place():
+    """The compiled float32 decode: the concatenated form builds a 3-frame window per causal conv and
+    shifts its cache by copying frames; the ring writes each new frame into its cache in place (a
+    dynamic-update-slice of the loop carry): no window, no output-resolution frame copied, no
+    larger program. The norm and SiLU before each conv are computed inside that write: no
+    output-resolution frame is made by a fusion of its own."""
+    cfg = VAEConfig(
+        base_dim=8, z_dim=4, dim_mult=(1, 2, 2, 2), latents_mean=(0.0,) * 4, latents_std=(1.0,) * 4
+    )
+    params = abstract_params(checkpoint_spec(cfg, "decoder"), jnp.float32)
+    z = jax.ShapeDtypeStruct((1, 4, 3, 12, 16), jnp.float32)
+    compiled = {
+        conv: WanVAE(cfg, params, conv=conv).lower("decode_uint8", z).compile() for conv in ("conv3d", "ring")
+    }
+
+    def ops(conv: str, shape: str, kind: str) -> int:
+        pattern = rf"= f32\[{shape}\]\{{[^}}]*\}} {kind}\("
+        return len(re.findall(pattern, compiled[conv].as_text()))
+
+    window, frame = r"1,3,\d+,\d+,\d+", "1,96,128,8"  # the decoder's output-resolution frames
+    assert ops("conv3d", window, "concatenate") > 0 and ops("conv3d", frame, "copy") > 0
+    assert ops("ring", window, "concatenate") == 0 and ops("ring", frame, "copy") == 0
+    assert ops("conv3d", frame, "fusion") > 0 and ops("ring", frame, "fusion") == 0
+    assert ops("ring", window, "dynamic-update-slice") >= 7  # one per output-resolution conv at least
+    temp = {conv: c.memory_analysis().temp_size_in_bytes for conv, c in compiled.items()}
+    assert temp["ring"] <= temp["conv3d"]
 
 
 def test_tiled_decode_matches_diffusers_tiling(small):

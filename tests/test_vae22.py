@@ -154,6 +154,24 @@ def test_decode_in_larger_steps_matches_diffusers(phases):
     assert relative_error(vae.decode(jnp.asarray(z.numpy())), ref) <= 1e-5
 
 
+def test_ring_cache_matches_diffusers(phases):
+    """The accelerators' ring caches with the Wan 2.2 blocks (the shortcuts' DupUp3D / AvgDown3D
+    phases), decode in one-frame and four-frame steps (the ring's frames taken in order) and encode."""
+    model, base = phases
+    z = randn((2, 8, 3, *LATENT_HW), seed=8)
+    video = random_video(5, seed=9)
+    with torch.no_grad():
+        ref = model.decode(z).sample.numpy()
+        ref_latents = model.encode(video).latent_dist.mode().numpy()
+    assert_not_saturated(ref)
+    for frames in (1, 4):
+        vae = WanVAE(
+            base.cfg, base.params, encoder_params=base.encoder_params, conv="ring", frames_per_step=frames
+        )
+        assert relative_error(vae.decode(jnp.asarray(z.numpy())), ref) <= 1e-5
+    assert relative_error(vae.encode(jnp.asarray(video.numpy())), ref_latents) <= 1e-5
+
+
 def test_tiled_decode_matches_diffusers_tiling(phases):
     """Blended spatial tiles, against diffusers' own tiled decode with the same geometry (64-pixel
     tiles every 48: latent tiles of 4 every 3, blended and cropped in patch pixels, then unpatched).

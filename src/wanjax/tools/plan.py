@@ -52,7 +52,7 @@ from wanjax.models.dit import TRANSFORMER
 from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS, parse_offload, streams_layers
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
 from wanjax.models.vae.config import VAEConfig
-from wanjax.models.vae.ops import Numerics
+from wanjax.models.vae.ops import ACCELERATOR_CONV, Numerics
 from wanjax.models.vae.scan import decoder_chunk, encoder_chunk
 from wanjax.parallel.attention import sequence_mode
 from wanjax.parallel.layouts import TokenLayout, strip_count, token_layout
@@ -369,15 +369,12 @@ def plan(
     te_act = te_rows * s * (te.d_model * (act + 4) * 2 + te_heads * s * 4 * 2 + 2 * te_ff * (act + 4))
     te_act += e_bytes.dequantized_layer
 
-    # VAE decoder, split into strips as the pipeline splits its latents: full-resolution layers on
-    # one chunk (4 frames: in, out, residual, conv temps), the causal conv's 3-frame input window and
-    # its padded copy, and the causal cache carried between chunks (the dominant term: ~1 GiB per
-    # device at 720p on 8).
+    # VAE decoder, split into strips as the pipeline splits its latents.
     c0 = (v.decoder_base_dim or v.base_dim) * v.dim_mult[0]
     spatial = strip_count(mesh.sizes, (height // v.spatial_factor, width // v.spatial_factor))
     pixels = (height // v.patch) * (width // v.patch)  # the decoder's output: 2x2 patches in Wan 2.2
-    working = (4 * 4 + 2 * 3) * pixels * c0 * vae_act * batch
-    vae_act = (working + batch * vae_cache_bytes(v, height, width, vae_dtype)) // spatial
+    cache = batch * vae_cache_bytes(v, height, width, vae_dtype)
+    vae_act = vae_live_bytes(cache, batch * pixels * c0 * vae_act, spatial)
 
     stages = {
         "encode": e_bytes.stage(te_act, streams_layers(offload, per_step=False)),
@@ -431,8 +428,9 @@ def add_image_stage(
     item = np.dtype(parse_dtype(vae_dtype)).itemsize
     spatial = strip_count(mesh.sizes, (height, width))  # the conditioning video's strips
     video = frames * height * width * 3 * 4  # the float32 conditioning video
-    working = (4 * 4 + 2 * 3) * (height // v.patch) * (width // v.patch) * v.encoder_dims[0] * item
-    encode_act = (video + working + vae_encoder_cache_bytes(v, height, width, vae_dtype)) // spatial
+    frame = (height // v.patch) * (width // v.patch) * v.encoder_dims[0] * item
+    cache = vae_encoder_cache_bytes(v, height, width, vae_dtype)
+    encode_act = video // spatial + vae_live_bytes(cache, frame, spatial)
     vae_weights = decoder_weights + encoder_weights
     text = stages["encode"]
     stages["encode"] = StagePlan(
@@ -447,16 +445,27 @@ def add_image_stage(
         stages[name] = StagePlan(s.weights + extra, s.activations, s.stored + extra, s.streamed)
 
 
+def vae_live_bytes(cache: int, frame: int, strips: int) -> int:
+    """Per-device live set of a VAE program split into ``strips`` spatial strips, from its causal
+    cache (the dominant term; on accelerators a three-frame ring of every causal conv's input, ~1.5
+    GiB per device for the 720p decode on 8) and one full-resolution ``frame``: one frame step holds
+    six (input, output, residual, the norm's output, a conv's padded input and float32 result) and,
+    when split, one whole frame the partitioner gathers (the scheduling dependency of the VAE's
+    ``after``). Against XLA:CPU's buffer plans (BENCHMARKS.md) the 480x832 decode on one device:
+    6.09 GiB planned, 6.01 compiled; 720p on 8 devices: 2.09 vs 1.93."""
+    return (6 * frame + cache) // strips + (frame if strips > 1 else 0)
+
+
 @functools.lru_cache(maxsize=16)
 def vae_cache_bytes(cfg: VAEConfig, height: int, width: int, dtype: str = "float32") -> int:
-    """Bytes of the decoder's causal cache for one ``height`` x ``width`` video: the last two input
-    frames of every causal conv (3-D convolutions, the accelerator formulation), from the abstract
-    first chunk (``jax.eval_shape``: no weights, no compute)."""
+    """Bytes of the decoder's causal cache for one ``height`` x ``width`` video in the accelerators'
+    formulation (a three-frame ring of every causal conv's input), from the abstract first chunk
+    (``jax.eval_shape``: no weights, no compute)."""
     dt = parse_dtype(dtype)
     params = abstract_params(vae.checkpoint_spec(cfg, "decoder"), dt)
     f = cfg.spatial_factor
     z = jax.ShapeDtypeStruct((1, 1, height // f, width // f, cfg.z_dim), dt)
-    nm = Numerics(dt, "conv3d")
+    nm = Numerics(dt, ACCELERATOR_CONV)
     _, cache = jax.eval_shape(lambda p, z: decoder_chunk(p, cfg, z, {}, True, nm, 1), params, z)
     return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(cache))
 
@@ -468,7 +477,7 @@ def vae_encoder_cache_bytes(cfg: VAEConfig, height: int, width: int, dtype: str 
     dt = parse_dtype(dtype)
     params = abstract_params(vae.checkpoint_spec(cfg, "encoder"), dt)
     video = jax.ShapeDtypeStruct((1, 1, height, width, cfg.in_channels), dt)
-    nm = Numerics(dt, "conv3d")
+    nm = Numerics(dt, ACCELERATOR_CONV)
     _, cache = jax.eval_shape(lambda p, x: encoder_chunk(p, cfg, x, {}, True, nm, 1), params, video)
     return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(cache))
 

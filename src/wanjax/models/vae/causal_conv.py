@@ -4,6 +4,8 @@ of the 3-D resamplers.
 
 A causal 3x3x3 conv sees its input with the last two frames of everything before it in front (zeros
 at the start) and keeps the last two frames of that concatenation (diffusers ``feat_cache``, exact).
+With the ``ring`` formulation the cache is a three-frame ring buffer instead, the new frame written
+into it in place (see :func:`conv3d_ring`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def conv3d_causal(prev: Frames | None, x: jax.Array, kernel: jax.Array, nm: Nume
     """3x3x3 conv over ``concat(prev, x)`` (two frames in front, ``None``: zeros), valid in time,
     zero-padded by 1 in H and W. Returns float32 ``(B, T, H, W, O)`` without bias."""
     t = x.shape[1]
-    if nm.conv == "conv3d":
+    if nm.conv in ("conv3d", "ring"):
         window = frame_window(prev, x, 0, t + 2, 2)
         dims = ("NDHWC", "DHWIO", "NDHWC")
         return convolution(window, kernel, nm, (1, 1, 1), ((0, 0), (1, 1), (1, 1)), dims)
@@ -60,9 +62,41 @@ def causal_conv3d(
     if caches_owed_sums(*kernel.shape[-2:], nm):
         y, new = _conv3d_output_side(cache, x, kernel, nm, residual)
     else:
-        y, new = conv3d_causal(cache, x, kernel, nm), last_frames(cache, x, 2)
+        if nm.conv == "ring":
+            y, new = conv3d_ring(cache, x, kernel, nm)
+        else:
+            y, new = conv3d_causal(cache, x, kernel, nm), last_frames(cache, x, 2)
         y = y if residual is None else y + residual.astype(jnp.float32)
     return (y + p["bias"].astype(jnp.float32)).astype(x.dtype), new
+
+
+def conv3d_ring(
+    ring: Frames | None, x: jax.Array, kernel: jax.Array, nm: Numerics
+) -> tuple[jax.Array, Frames]:
+    """:func:`conv3d_causal` with the cache as ``(buffer, free)``: a ``(B, 3, H, W, C)`` ring of
+    frames holding the last two at slots ``free + 1`` and ``free + 2`` (mod 3; ``None``: zeros), and
+    the slot the next frame goes into. A one-frame step writes its frame into the free slot in place
+    and convolves the whole ring with the kernel's temporal taps rotated to the slots' order: no
+    window is concatenated and no cached frame moves, where ``conv3d`` copies three frames into a
+    window and shifts its cache by one. A longer step gathers the two frames in order as ``conv3d``
+    does and leaves its last two in slots 0 and 1. Returns float32 ``(B, T, H, W, O)`` without bias."""
+    b, t, h, w, c = x.shape
+    if ring is None:
+        buffer, free = jnp.zeros((b, 3, h, w, c), x.dtype), jnp.zeros((), jnp.int32)
+    else:
+        buffer, free = ring
+    dims = ("NDHWC", "DHWIO", "NDHWC")
+    padding = ((0, 0), (1, 1), (1, 1))
+    if t == 1:
+        buffer = lax.dynamic_update_slice_in_dim(buffer, x, free, axis=1)
+        taps = (jnp.arange(3) - free + 2) % 3  # slot s holds frame t - 2 + taps[s]
+        y = convolution(buffer, jnp.take(kernel, taps, axis=0), nm, (1, 1, 1), padding, dims)
+        return y, (buffer, (free + 1) % 3)
+    prev = jnp.take(buffer, (free + jnp.arange(1, 3)) % 3, axis=1)
+    window = jnp.concatenate([prev, x], axis=1)
+    y = convolution(window, kernel, nm, (1, 1, 1), padding, dims)
+    buffer = lax.dynamic_update_slice_in_dim(buffer, window[:, -2:], 0, axis=1)
+    return y, (buffer, jnp.full((), 2, jnp.int32))
 
 
 def caches_owed_sums(c_in: int, c_out: int, nm: Numerics) -> bool:

@@ -43,7 +43,7 @@ from wanjax.models.layers import Params
 from wanjax.models.vae import programs
 from wanjax.models.vae.config import VAEConfig, encoder_plan
 from wanjax.models.vae.layout import VAE, checkpoint_spec
-from wanjax.models.vae.ops import CONV_IMPLS, UPSAMPLE_IMPLS, Numerics, f32_conv_output
+from wanjax.models.vae.ops import CONV_IMPLS, UPSAMPLE_IMPLS, Numerics, default_conv, f32_conv_output
 from wanjax.models.vae.postprocess import denormalize_latents, normalize_latents
 from wanjax.models.vae.scan import parse_chunk
 from wanjax.models.vae.tiling import Tiling
@@ -119,7 +119,7 @@ class WanVAE:
     ):
         precision = resolve_precision(precision, "vae")
         if conv == "auto":
-            conv = "taps" if jax.default_backend() == "cpu" else "conv3d"
+            conv = default_conv(jax.default_backend())
         if conv not in CONV_IMPLS:
             raise ConfigError(f"unknown conv formulation {conv!r}; use one of auto, {', '.join(CONV_IMPLS)}")
         if upsample not in UPSAMPLE_IMPLS:
