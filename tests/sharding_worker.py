@@ -123,8 +123,9 @@ def demo_parity(root: str, args: list[str]) -> dict:
 
 
 def vae_strips(root: str, cases: list[str]) -> dict:
-    """The demo VAE's decode of small latents ``HxW`` split over mesh ``M`` (``HxW@M`` cases) vs one
-    device: the largest uint8 difference and the split used."""
+    """The demo VAE's decode of small latents ``HxW`` split over mesh ``M`` (``HxW@M`` cases, or
+    ``HxW@M@CONV`` with a convolution formulation) vs one device: the largest uint8 difference and
+    the split used."""
     from wanjax.models.vae import load_vae
     from wanjax.parallel.layouts import spatial_sharding, to_global, to_host
     from wanjax.parallel.mesh import make_mesh, parse_mesh
@@ -132,10 +133,11 @@ def vae_strips(root: str, cases: list[str]) -> dict:
     from wanjax.pipeline.demo import write_demo_model
 
     write_demo_model(root)
-    base = load_vae(root, "float32")
     out = {}
     for case in cases:
-        size, text = case.split("@")
+        size, text, *conv = case.split("@")
+        conv = {"conv": conv[0]} if conv else {}
+        base = load_vae(root, "float32", **conv)
         z = (
             np.random.default_rng(0)
             .standard_normal((1, 16, 2, *map(int, size.split("x"))))
@@ -143,7 +145,7 @@ def vae_strips(root: str, cases: list[str]) -> dict:
         )
         spec = parse_mesh(text)
         mesh = make_mesh(spec, jax.devices()[: spec.num_devices])
-        vae = load_vae(root, "float32", sharding=lambda source, mesh=mesh: replicated(mesh))
+        vae = load_vae(root, "float32", sharding=lambda source, mesh=mesh: replicated(mesh), **conv)
         x = to_global(z, spatial_sharding(mesh, z.shape))
         frames = to_host(vae.decode_uint8(x))
         ref = np.asarray(base.decode_uint8(z))
