@@ -207,8 +207,8 @@ def test_small_frames_split_into_strips_decode_as_on_one_device(tmp_path):
     report = run_worker("vae_strips", str(tmp_path / "demo"), *cases)
     for case, r in report.items():
         assert r["max"] <= 1, (case, r)
-    for conv in ("", "@ring"):
-        assert report[f"4x8@dp=1,sp=2,tp=4{conv}"]["spec"] == "P(None, None, None, None, 'sp')"  # 4 columns a strip
+    for conv in ("", "@ring"):  # 4 columns a strip
+        assert report[f"4x8@dp=1,sp=2,tp=4{conv}"]["spec"] == "P(None, None, None, None, 'sp')"
     assert report["2x2@dp=2,sp=1,tp=2"]["spec"] == "P(None, None, None, None, None)"  # too small to split
 
 
