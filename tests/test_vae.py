@@ -160,7 +160,7 @@ def test_decode_chunk_sizes_give_identical_frames(small):
     _, _, base = small
     z = jnp.asarray(randn((2, 4, 5, *LATENT_HW), seed=21).numpy())  # 4 latent frames after the first
     frames, videos = [], []
-    for chunk in (1, 2, 3, "all"):
+    for chunk in (1, 3, "all"):  # 3: a padded last chunk
         vae = WanVAE(base.cfg, base.params, decode_chunk=chunk)
         frames.append(np.asarray(vae.decode_uint8(z)))
         videos.append(np.asarray(vae.decode(z)))
