@@ -317,7 +317,7 @@ def plan(
             f"unknown --weights_dtype {weights_dtype!r}; use one of {', '.join(WEIGHTS_DTYPES)}"
         )
     sizes = mesh.sizes
-    act, vae_act = np.dtype(parse_dtype(dtype)).itemsize, np.dtype(parse_dtype(vae_dtype)).itemsize
+    act, vae_item = np.dtype(parse_dtype(dtype)).itemsize, np.dtype(parse_dtype(vae_dtype)).itemsize
     t = model.transformer
     d_bytes = weight_bytes(dit.checkpoint_spec(t), parse_dtype(dtype), sizes, mesh.fsdp, weights_dtype)
     e_spec = umt5.checkpoint_spec(model.text_encoder)
@@ -374,7 +374,7 @@ def plan(
     spatial = strip_count(mesh.sizes, (height // v.spatial_factor, width // v.spatial_factor))
     pixels = (height // v.patch) * (width // v.patch)  # the decoder's output: 2x2 patches in Wan 2.2
     cache = batch * vae_cache_bytes(v, height, width, vae_dtype)
-    vae_act = vae_live_bytes(cache, batch * pixels * c0 * vae_act, spatial)
+    vae_act = vae_live_bytes(cache, batch * pixels * c0 * vae_item, spatial)
 
     stages = {
         "encode": e_bytes.stage(te_act, streams_layers(offload, per_step=False)),
