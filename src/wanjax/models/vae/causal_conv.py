@@ -35,9 +35,7 @@ def conv3d_causal(prev: Frames | None, x: jax.Array, kernel: jax.Array, nm: Nume
     zero-padded by 1 in H and W. Returns float32 ``(B, T, H, W, O)`` without bias."""
     t = x.shape[1]
     if nm.conv in ("conv3d", "ring"):
-        window = frame_window(prev, x, 0, t + 2, 2)
-        dims = ("NDHWC", "DHWIO", "NDHWC")
-        return convolution(window, kernel, nm, (1, 1, 1), ((0, 0), (1, 1), (1, 1)), dims)
+        return _conv3d_valid_in_time(frame_window(prev, x, 0, t + 2, 2), kernel, nm)
     out = None
     for kt in (2, 1, 0):  # one 2-D conv per temporal tap, frames folded into the batch
         window = frame_window(prev, x, kt, t, 2)
@@ -85,18 +83,20 @@ def conv3d_ring(
         buffer, free = jnp.zeros((b, 3, h, w, c), x.dtype), jnp.zeros((), jnp.int32)
     else:
         buffer, free = ring
-    dims = ("NDHWC", "DHWIO", "NDHWC")
-    padding = ((0, 0), (1, 1), (1, 1))
     if t == 1:
         buffer = lax.dynamic_update_slice_in_dim(buffer, x, free, axis=1)
         taps = (jnp.arange(3) - free + 2) % 3  # slot s holds frame t - 2 + taps[s]
-        y = convolution(buffer, jnp.take(kernel, taps, axis=0), nm, (1, 1, 1), padding, dims)
-        return y, (buffer, (free + 1) % 3)
-    prev = jnp.take(buffer, (free + jnp.arange(1, 3)) % 3, axis=1)
-    window = jnp.concatenate([prev, x], axis=1)
-    y = convolution(window, kernel, nm, (1, 1, 1), padding, dims)
-    buffer = lax.dynamic_update_slice_in_dim(buffer, window[:, -2:], 0, axis=1)
-    return y, (buffer, jnp.full((), 2, jnp.int32))
+        return _conv3d_valid_in_time(buffer, jnp.take(kernel, taps, axis=0), nm), (buffer, (free + 1) % 3)
+    prev = tuple(lax.dynamic_index_in_dim(buffer, (free + k) % 3, 1, keepdims=False) for k in (1, 2))
+    last = jnp.stack(last_frames(prev, x, 2), axis=1)
+    buffer = lax.dynamic_update_slice_in_dim(buffer, last, 0, axis=1)
+    return conv3d_causal(prev, x, kernel, nm), (buffer, jnp.full((), 2, jnp.int32))
+
+
+def _conv3d_valid_in_time(window: jax.Array, kernel: jax.Array, nm: Numerics) -> jax.Array:
+    """The 3x3x3 conv of a ``(B, T + 2, H, W, C)`` window: valid in time, zero-padded by 1 in H and W."""
+    dims = ("NDHWC", "DHWIO", "NDHWC")
+    return convolution(window, kernel, nm, (1, 1, 1), ((0, 0), (1, 1), (1, 1)), dims)
 
 
 def caches_owed_sums(c_in: int, c_out: int, nm: Numerics) -> bool:
