@@ -21,7 +21,6 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse
-import dataclasses
 import importlib.util
 import subprocess
 import sys
@@ -37,8 +36,8 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from wanjax.io import checkpoint
-from wanjax.models.config import PRESETS
 from wanjax.models.dit import checkpoint_spec
+from wanjax.models.registry import transformer_preset
 from wanjax.parallel.rules import param_sharding
 
 BASELINE = "225fa1f"  # the last commit with the hand-written reader
@@ -100,7 +99,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline", default=BASELINE, help="commit whose reader to compare against")
     args = parser.parse_args()
-    cfg = dataclasses.replace(PRESETS["1.3B"], num_layers=args.layers)
+    cfg = transformer_preset("1.3B", num_layers=args.layers)
     spec = checkpoint_spec(cfg)
     mesh = jax.make_mesh((2, 4), ("dp", "tp"))
     cases = [

@@ -168,16 +168,16 @@ def add_random_dit_flags(parser: Any) -> None:
 def random_dit_run(args: Any) -> tuple[Any, tuple[int, ...], Any, Any, Any]:
     """``(model, latent shape, noise, text, negative text)``: a WanTransformer with the 1.3B's
     dimensions and ``args.layers`` layers of random weights, and random inputs (512 text tokens)."""
-    import dataclasses
 
     import jax
     import jax.numpy as jnp
 
     from wanjax.io.checkpoint import random_params
     from wanjax.models import dit
-    from wanjax.models.config import PRESETS, parse_dtype
+    from wanjax.models.config import parse_dtype
+    from wanjax.models.registry import transformer_preset
 
-    cfg = dataclasses.replace(PRESETS["1.3B"], num_layers=args.layers)
+    cfg = transformer_preset("1.3B", num_layers=args.layers)
     dtype = parse_dtype(args.dtype)
     model = dit.WanTransformer(cfg, random_params(dit.checkpoint_spec(cfg), dtype, seed=0), dtype)
     shape = (1, 16, (args.frames - 1) // 4 + 1, args.height // 8, args.width // 8)

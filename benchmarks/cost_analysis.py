@@ -45,8 +45,9 @@ import numpy as np
 import wanjax.models.dit as dit_module
 from wanjax.io.checkpoint import abstract_params, random_params
 from wanjax.kernels.attention import attention
-from wanjax.models.config import parse_dtype, transformer_preset
+from wanjax.models.config import parse_dtype
 from wanjax.models.dit import WanTransformer, checkpoint_spec
+from wanjax.models.registry import transformer_preset
 from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.tools.flops import Flops, dit_step_flops

@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from wanjax.io.checkpoint import abstract_params
-from wanjax.models.config import transformer_preset
 from wanjax.models.dit import checkpoint_spec, forward
+from wanjax.models.registry import transformer_preset
 
 
 def compile_seconds(num_layers: int, dtype: jnp.dtype) -> float:

@@ -20,6 +20,7 @@ import torch
 from diffusers import WanTransformer3DModel
 
 import wanjax
+from wanjax.models.registry import transformer_preset
 from wanjax.tools.bench import timed
 
 
@@ -36,9 +37,7 @@ def main() -> None:
     torch.set_num_threads(torch.get_num_threads())
 
     torch.manual_seed(0)
-    ref = WanTransformer3DModel(
-        num_attention_heads=12, attention_head_dim=128, ffn_dim=8960, num_layers=args.layers
-    ).eval()
+    ref = WanTransformer3DModel(**transformer_preset("1.3B", num_layers=args.layers).to_dict()).eval()
     with torch.no_grad():
         for p in ref.parameters():
             p.normal_(0, 0.02)

@@ -42,7 +42,7 @@ from wanjax.io.checkpoint import random_params
 from wanjax.io.quant import leaf_builder
 from wanjax.kernels.common import Platform
 from wanjax.models import dit, umt5
-from wanjax.models.config import transformer_preset
+from wanjax.models.registry import UMT5_XXL, transformer_preset
 
 VARIANTS = ("float32", "bf16", "int8", "fp8", "fp8 native")
 
@@ -135,9 +135,7 @@ def dims_1_3b(num_layers: int) -> None:
 
 
 def umt5_xxl(num_layers: int) -> None:
-    cfg = umt5.UMT5Config(
-        vocab_size=1000, d_model=4096, d_kv=64, d_ff=10240, num_layers=num_layers, num_heads=64
-    )
+    cfg = dataclasses.replace(UMT5_XXL, vocab_size=1000, num_layers=num_layers)
     spec = umt5.checkpoint_spec(cfg)
     ids = jnp.asarray(np.random.default_rng(0).integers(0, 1000, (1, 64)), jnp.int32)
     mask = jnp.ones((1, 64), jnp.int32)

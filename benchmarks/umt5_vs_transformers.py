@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from transformers import UMT5Config, UMT5EncoderModel
 
+from wanjax.models.registry import UMT5_XXL
 from wanjax.models.umt5 import UMT5Encoder, load_encoder_params
 from wanjax.tools.bench import timed
 
@@ -40,8 +41,14 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
+    xxl = UMT5_XXL
     config = UMT5Config(
-        vocab_size=args.vocab, d_model=4096, d_kv=64, num_heads=64, d_ff=10240, num_layers=args.layers
+        vocab_size=args.vocab,
+        d_model=xxl.d_model,
+        d_kv=xxl.d_kv,
+        num_heads=xxl.num_heads,
+        d_ff=xxl.d_ff,
+        num_layers=args.layers,
     )
     ref = UMT5EncoderModel(config).eval()  # transformers' own (T5) initialisation
     rng = np.random.default_rng(0)

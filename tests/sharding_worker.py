@@ -20,7 +20,8 @@ def write_model(root: Path, heads: int = 12) -> Path:
 
     from wanjax.io.checkpoint import random_checkpoint
     from wanjax.models import dit
-    from wanjax.pipeline.demo import DEMO_TRANSFORMER, write_demo_model
+    from wanjax.models.registry import DEMO_TRANSFORMER
+    from wanjax.pipeline.demo import write_demo_model
 
     write_demo_model(root)
     cfg = dataclasses.replace(

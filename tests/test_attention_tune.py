@@ -9,21 +9,21 @@ import pytest
 from wanjax.errors import ConfigError
 from wanjax.kernels import tuning
 from wanjax.kernels.attention import AttentionSpec
-from wanjax.models.config import PRESETS
+from wanjax.models.registry import transformer_preset
 from wanjax.tools.tune_attention import candidates, main, model_problems
 
 pytestmark = pytest.mark.filterwarnings("ignore::wanjax.kernels.attention.InterpretModeWarning")
 
 
 def test_model_problems_are_the_dit_shapes():
-    self_attn, cross = model_problems(PRESETS["1.3B"], 480, 832, 81)
+    self_attn, cross = model_problems(transformer_preset("1.3B"), 480, 832, 81)
     assert (self_attn.q_len, self_attn.k_len, self_attn.heads, self_attn.head_dim) == (32760, 32760, 12, 128)
     assert (cross.q_len, cross.k_len) == (32760, 512)
-    assert model_problems(PRESETS["14B"], 720, 1280, 81)[0].q_len == 75600
+    assert model_problems(transformer_preset("14B"), 720, 1280, 81)[0].q_len == 75600
 
 
 def test_candidates_nest_and_fit_the_problem():
-    _, cross = model_problems(PRESETS["1.3B"], 480, 832, 81)
+    _, cross = model_problems(transformer_preset("1.3B"), 480, 832, 81)
     found = candidates(cross)
     assert len(found) == len(set(found)) > 4
     for bq, bkv, compute, inner in found:

@@ -29,7 +29,7 @@ from wanjax.kernels.attention import (
     resolve_backend,
 )
 from wanjax.models import dit, umt5
-from wanjax.models.config import PRESETS
+from wanjax.models.registry import UMT5_XXL, transformer_preset
 from wanjax.models.vae import functional
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.layout import checkpoint_spec as vae_checkpoint_spec
@@ -226,7 +226,7 @@ def test_without_a_shape_only_the_platform_is_checked():
 def test_check_backend_is_the_pre_flight():
     """The transformer's calls, from its config and dtype: an explicit backend that cannot run one of
     them fails before any weight is read; ``auto`` never does."""
-    cfg = PRESETS["14B"]
+    cfg = transformer_preset("14B")
 
     def dit_shapes(dtype, window=None):
         self_attn = AttentionShape(
@@ -289,7 +289,7 @@ def test_attention_records_its_shape_and_backend():
 
 
 def dit_calls(dtype) -> set[AttentionShape]:
-    cfg = PRESETS["1.3B"]
+    cfg = transformer_preset("1.3B")
     params = abstract_params(dit.checkpoint_spec(cfg), dtype)
     latents = jax.ShapeDtypeStruct((2, 16, 3, 16, 16), jnp.float32)
     timestep = jax.ShapeDtypeStruct((2,), jnp.float32)
@@ -343,7 +343,7 @@ def test_vae_attention_runs_on_a_capable_backend(method, dtype):
 def test_umt5_makes_no_attention_call():
     """UMT5 runs its own attention (relative position bias and a key mask, which ``attention()`` does
     not take) as plain XLA matmuls, whatever the platform."""
-    cfg = umt5.UMT5_XXL
+    cfg = UMT5_XXL
     params = abstract_params(umt5.checkpoint_spec(cfg), jnp.bfloat16)
     ids = jax.ShapeDtypeStruct((2, 16), jnp.int32)
     assert attention_calls(lambda p, i, m: umt5.forward(p, cfg, i, m), params, ids, ids) == set()

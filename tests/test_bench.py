@@ -28,8 +28,8 @@ from wanjax.io.checkpoint import (
     random_tensor,
     stacked,
 )
-from wanjax.models import dit, umt5
-from wanjax.models.config import PRESETS
+from wanjax.models import dit, registry, umt5
+from wanjax.models.registry import CLIP_VIT_H_14, DEMO_VAE22, UMT5_XXL, transformer_preset
 from wanjax.models.vae.config import VAEConfig
 from wanjax.pipeline import step_cache
 from wanjax.tools import bench
@@ -65,7 +65,7 @@ def test_denoise_bench_reports_steps_and_flops(tmp_path, capsys):
     result = bench.run(args)
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     denoise = result["stages"]["denoise"]
-    cfg = dataclasses.replace(PRESETS["1.3B"], num_layers=1)
+    cfg = dataclasses.replace(transformer_preset("1.3B"), num_layers=1)
     assert denoise["tflop"] * 1e12 == pytest.approx(dit_step_flops(cfg, (1, 16, 1, 4, 4), 16).total)
     assert 0 < denoise["s_per_step_median"] <= denoise["steady_median_s"]
     assert 0 < denoise["fraction_of_peak"] < 1.5 and math.isfinite(result["peak_tflops"])
@@ -98,6 +98,12 @@ def check_memory_report(result, written, table, stage):
     assert "program GiB" in table and "memory_analysis" in table and "peak_bytes_in_use" in table
 
 
+def shrink_variant(monkeypatch: pytest.MonkeyPatch, name: str, **components) -> None:
+    """Registry variant ``name`` with smaller components, for this test."""
+    variants = tuple(dataclasses.replace(v, **components) if v.name == name else v for v in registry.VARIANTS)
+    monkeypatch.setattr(registry, "VARIANTS", variants)
+
+
 # The smallest decoder with every kind of layer (conv_in, mid block with attention, a temporal
 # upsampler, conv_out): the real VAE's program takes ~20 s to compile on a busy 2-core CPU.
 TINY_VAE = VAEConfig(
@@ -113,7 +119,7 @@ TINY_VAE = VAEConfig(
 def test_decode_bench_reports_vae_flops(capsys, monkeypatch):
     """Latents [1,16,2,4,4] through the decode stage: the reference count and the (smaller) count
     of what wanjax's formulation executes."""
-    monkeypatch.setattr(bench, "preset_vae", lambda arch: TINY_VAE)
+    shrink_variant(monkeypatch, "1.3B", vae=TINY_VAE)
     monkeypatch.setattr(bench, "device_peak", lambda dtype="bfloat16": (1e12, f"test {dtype}"))
     cfg = bench.BenchConfig(height=8, width=8, frames=5, stages=("decode",), repeats=1)  # 2 px a latent
     result = bench.run_bench(cfg)
@@ -206,7 +212,7 @@ def test_denoise_bench_offload_and_weights_dtype(tmp_path, capsys, offload, weig
     else:
         assert program[bench.HOST_ARGUMENT] == 0 and placed["host"] == 0
     assert program["argument_bytes"] >= placed["device"]
-    spec = dit.checkpoint_spec(dataclasses.replace(PRESETS["1.3B"], num_layers=2))
+    spec = dit.checkpoint_spec(dataclasses.replace(transformer_preset("1.3B"), num_layers=2))
     if weights == "int8":  # the matmul kernels in 1 byte: under 60% of the bf16 weights' bytes
         assert denoise["random_weights"].startswith("numpy, int8")
         bf16_bytes = sum(math.prod(x.shape) * 2 for x in jax.tree.leaves(abstract_params(spec, jnp.bfloat16)))
@@ -230,7 +236,10 @@ def test_denoise_bench_with_a_step_cache(tmp_path, capsys):
     )
     denoise = json.loads(out.read_text())["stages"]["denoise"]
     expected = step_cache.resolve(
-        step_cache.CacheConfig("magcache", mag_ratios="wan2.1-t2v-1.3b"), PRESETS["1.3B"], 10, guided=True
+        step_cache.CacheConfig("magcache", mag_ratios="wan2.1-t2v-1.3b"),
+        transformer_preset("1.3B"),
+        10,
+        guided=True,
     )
     assert denoise["cache"]["dit_evaluations"] == 2 * int(expected.schedule[:, 0].sum()) < 20
     assert denoise["s_per_step_effective"] > 0 and "achieved_tflops" not in denoise
@@ -256,9 +265,9 @@ def test_encode_bench_reports_program_memory_with_device_weights(capsys):
         layers=1, stages=("encode",), max_sequence_length=8, repeats=1, random_weights="device"
     )
     # UMT5-XXL dims with 1 layer: ~330 M weights; a smaller model keeps this test quick
-    small = dataclasses.replace(umt5.UMT5_XXL, d_model=64, d_kv=16, num_heads=4, d_ff=128)
+    small = dataclasses.replace(UMT5_XXL, d_model=64, d_kv=16, num_heads=4, d_ff=128)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(bench.umt5, "UMT5_XXL", small)
+        shrink_variant(mp, "1.3B", text_encoder=small)
         mp.setattr(bench, "BENCH_VOCAB", 128)
         mp.setattr(bench, "device_peak", lambda dtype="bfloat16": (1e12, f"test {dtype}"))
         result = bench.run_bench(cfg)
@@ -302,14 +311,14 @@ def _same_layout(host, device):
 
 
 SMALL_UMT5 = dataclasses.replace(
-    umt5.UMT5_XXL, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, vocab_size=64
+    UMT5_XXL, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2, vocab_size=64
 )
 
 
 @pytest.mark.parametrize(
     ("spec", "dtype"),
     [
-        (dit.checkpoint_spec(PRESETS["tiny"]), jnp.bfloat16),  # keep_fp32 leaves stay float32
+        (dit.checkpoint_spec(transformer_preset("tiny")), jnp.bfloat16),  # keep_fp32 leaves stay float32
         (umt5.checkpoint_spec(SMALL_UMT5), jnp.float32),
     ],
     ids=["dit", "umt5"],
@@ -390,12 +399,10 @@ def test_device_random_params_on_an_8_device_mesh():
 def test_image_to_video_arch_times_the_image_stage_and_joins_the_image_tokens(monkeypatch):
     """``--arch I2V-14B`` (its transformer shrunk here): the image stage (CLIP, the VAE encode) runs,
     and the denoise FLOPs count the CLIP ViT-H/14 tokens; a text-to-video arch skips the image stage."""
-    from wanjax.models.clip_vision import CLIP_VIT_H_14
-
     small = dataclasses.replace(
-        PRESETS["tiny"], in_channels=36, image_dim=CLIP_VIT_H_14.hidden_size, added_kv_proj_dim=24
+        transformer_preset("tiny"), in_channels=36, image_dim=CLIP_VIT_H_14.hidden_size, added_kv_proj_dim=24
     )
-    monkeypatch.setitem(PRESETS, "I2V-14B", small)
+    shrink_variant(monkeypatch, "I2V-14B", transformer=small)
     sizes = dict(height=32, width=32, frames=5, max_sequence_length=8, repeats=1, random_weights="numpy")
     cfg = bench.BenchConfig(arch="I2V-14B", layers=2, stages=("image", "denoise"), **sizes)
     result = bench.run_bench(cfg)
@@ -412,11 +419,11 @@ def test_image_to_video_arch_times_the_image_stage_and_joins_the_image_tokens(mo
 def test_two_expert_arch_draws_both_experts_and_caches_per_expert(monkeypatch):
     """``--arch A14B`` (shrunk here): two experts' weights, both run (their boundary falls between the
     two steps); under either step cache each expert's first step computes."""
-    monkeypatch.setitem(PRESETS, "A14B", PRESETS["tiny"])
+    shrink_variant(monkeypatch, "A14B", transformer=transformer_preset("tiny"))
     sizes = dict(height=32, width=32, frames=5, max_sequence_length=8, repeats=1, random_weights="numpy")
     cfg = bench.BenchConfig(arch="A14B", stages=("denoise",), **sizes)
     result = bench.run_bench(cfg)
-    single = dit.checkpoint_spec(PRESETS["tiny"])
+    single = dit.checkpoint_spec(transformer_preset("tiny"))
     expected = 2 * sum(
         a.size * a.dtype.itemsize for a in jax.tree.leaves(abstract_params(single, "bfloat16"))
     )
@@ -432,11 +439,10 @@ def test_two_expert_arch_draws_both_experts_and_caches_per_expert(monkeypatch):
 def test_ti2v_arch_encodes_the_image_alone_and_denoises_with_it_as_frame_0(monkeypatch):
     """``--arch 5B`` (shrunk here, with a narrow Wan 2.2 VAE): the image stage VAE-encodes one frame,
     the denoise stage runs with the image's latents as frame 0 (timesteps per latent frame)."""
-    from wanjax.pipeline.demo import DEMO_VAE22
-
-    small = dataclasses.replace(PRESETS["tiny"], in_channels=DEMO_VAE22.z_dim, out_channels=DEMO_VAE22.z_dim)
-    monkeypatch.setitem(PRESETS, "5B", small)
-    monkeypatch.setattr(bench, "preset_vae", lambda arch: DEMO_VAE22)
+    small = dataclasses.replace(
+        transformer_preset("tiny"), in_channels=DEMO_VAE22.z_dim, out_channels=DEMO_VAE22.z_dim
+    )
+    shrink_variant(monkeypatch, "5B", transformer=small, vae=DEMO_VAE22)
     sizes = dict(height=32, width=64, frames=5, max_sequence_length=8, repeats=1, random_weights="numpy")
     result = bench.run_bench(bench.BenchConfig(arch="5B", stages=("image", "denoise"), **sizes))
     assert list(result["stages"]) == ["image", "denoise"]

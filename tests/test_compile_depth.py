@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from wanjax.io.checkpoint import abstract_params
-from wanjax.models.config import transformer_preset
 from wanjax.models.dit import checkpoint_spec, forward
+from wanjax.models.registry import transformer_preset
 
 
 def lowered_ops(num_layers: int) -> list[str]:

@@ -16,8 +16,9 @@ import pytest
 
 from wanjax import WanPipeline
 from wanjax.errors import ConfigError
+from wanjax.models.registry import DEMO_DEFAULTS
 from wanjax.models.vae import Tiling
-from wanjax.pipeline.demo import DEMO_DEFAULTS, demo_model_dir, is_demo_model
+from wanjax.pipeline.demo import demo_model_dir, is_demo_model
 
 
 def test_demo_model_is_deterministic_and_complete(tmp_path):
@@ -88,13 +89,13 @@ def test_generate_demo_video_then_a_second_run_compiles_nothing(tmp_path):
     first, out = generate(tmp_path, "first", "--output_video", "first.mp4", "--preview", "first.png")
     assert "smoke model" in out and "compile s" in out and "first.mp4" in out
     assert first["smoke_model"] and first["model"] == "demo"
-    assert first["denoise"]["steps"] == DEMO_DEFAULTS["num_inference_steps"]
+    assert first["denoise"]["steps"] == DEMO_DEFAULTS.num_inference_steps
     with av.open(str(tmp_path / "first.mp4")) as container:
         stream = container.streams.video[0]
         assert (stream.codec_context.name, stream.codec_context.pix_fmt) == ("h264", "yuv420p")
         frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
-    assert len(frames) == DEMO_DEFAULTS["frames"]
-    assert frames[0].shape == (DEMO_DEFAULTS["height"], DEMO_DEFAULTS["width"], 3)
+    assert len(frames) == DEMO_DEFAULTS.frames
+    assert frames[0].shape == (DEMO_DEFAULTS.height, DEMO_DEFAULTS.width, 3)
     assert (tmp_path / "first.png").stat().st_size > 0
 
     second, _ = generate(tmp_path, "second")  # default output name: YYYYMMDD_HHMMSS.mp4
@@ -124,7 +125,7 @@ def test_image_to_video_demo_runs_from_an_image_at_its_aspect(demo_env, tmp_path
         == 0
     )
     record = json.loads(video.with_suffix(".json").read_text())
-    area = DEMO_DEFAULTS["height"] * DEMO_DEFAULTS["width"]
+    area = DEMO_DEFAULTS.height * DEMO_DEFAULTS.width
     assert (record["video"]["height"], record["video"]["width"]) == (192, 128)  # 3:2 portrait, area 128*192
     assert record["video"]["height"] * record["video"]["width"] == area and record["model"] == "demo-i2v"
     folder = demo_model_dir(cache_root(), "demo-i2v")

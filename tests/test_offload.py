@@ -23,7 +23,6 @@ from wanjax import WanPipeline
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import abstract_params, random_params
 from wanjax.models import dit, umt5
-from wanjax.models.config import transformer_preset
 from wanjax.models.offload import (
     HOST,
     OFFLOAD_MODES,
@@ -36,6 +35,7 @@ from wanjax.models.offload import (
     streams_layers,
 )
 from wanjax.models.offload import streamed as streamed_leaf
+from wanjax.models.registry import transformer_preset
 from wanjax.parallel.rules import per_device_param_bytes
 from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler

@@ -9,7 +9,7 @@ import jax
 from wanjax.cli.main import main
 from wanjax.io.checkpoint import abstract_params
 from wanjax.models import dit, umt5
-from wanjax.models.config import transformer_preset
+from wanjax.models.registry import CLIP_VIT_H_14, transformer_preset
 from wanjax.parallel.mesh import parse_mesh
 from wanjax.tools.plan import GiB, model_configs, plan
 
@@ -121,7 +121,7 @@ def test_quantizable_leaves_are_the_matmul_kernels():
     from wanjax.io.checkpoint import LeafSource
     from wanjax.io.quantizable import is_quantizable, scale_shape
     from wanjax.models import umt5
-    from wanjax.tools.plan import UMT5_XXL
+    from wanjax.models.registry import UMT5_XXL
 
     def quantizable(spec):
         flat = jax.tree_util.tree_flatten_with_path(spec, is_leaf=lambda x: isinstance(x, LeafSource))[0]
@@ -331,7 +331,7 @@ def test_image_to_video_14b_adds_clip_the_vae_and_the_image_layers(capsys):
     from wanjax.models import clip_vision
     from wanjax.models.vae import checkpoint_spec as vae_spec
 
-    clip_cfg = clip_vision.CLIP_VIT_H_14
+    clip_cfg = CLIP_VIT_H_14
     fields = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "image_size")
     with torch.device("meta"):
         clip = CLIPVisionModel(

@@ -39,7 +39,7 @@ from wanjax.kernels.precision import (
 )
 from wanjax.kernels.xla import xla_attention
 from wanjax.models import dit, umt5
-from wanjax.models.config import transformer_preset
+from wanjax.models.registry import transformer_preset
 from wanjax.models.vae import VAEConfig, WanVAE, checkpoint_spec, decode_uint8, load_vae
 from wanjax.models.vae import programs as vae_programs
 from wanjax.models.vae.ops import CONV_IMPLS, default_conv, f32_conv_output

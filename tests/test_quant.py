@@ -40,8 +40,8 @@ from wanjax.io.quant import (
 )
 from wanjax.kernels.common import Platform
 from wanjax.models import dit, umt5
-from wanjax.models.config import transformer_preset
 from wanjax.models.layers import linear, native_fp8, quantized_matmul
+from wanjax.models.registry import transformer_preset
 
 MATMUL_BOUND = {"int8": 1e-2, "fp8": 4e-2}
 VELOCITY_BOUND = {"int8": 2e-2, "fp8": 5e-2}

@@ -18,7 +18,7 @@ from sharding_worker import write_model
 
 from wanjax.errors import WanjaxError
 from wanjax.models import dit, umt5
-from wanjax.models.config import transformer_preset
+from wanjax.models.registry import transformer_preset
 from wanjax.parallel.attention import sequence_mode
 from wanjax.parallel.layouts import token_layout
 from wanjax.parallel.mesh import auto_mesh, mesh_spec_from_flags, parse_mesh

@@ -21,7 +21,7 @@ from test_pipeline_parity import NEGATIVE, PROMPT, relative_error, to_uint8
 
 from wanjax import WanPipeline
 from wanjax.errors import ConfigError
-from wanjax.models.config import transformer_preset
+from wanjax.models.registry import transformer_preset
 from wanjax.pipeline import step_cache
 from wanjax.pipeline.step_cache import CacheConfig, mag_schedule, nearest_interp, read_mag_ratios
 

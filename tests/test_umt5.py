@@ -22,6 +22,7 @@ from transformers.models.umt5.modeling_umt5 import UMT5Attention
 
 import wanjax.models.umt5 as umt5
 from wanjax.errors import CheckpointError, ConfigError
+from wanjax.models.registry import UMT5_XXL
 from wanjax.models.umt5 import UMT5Config, load_text_encoder, relative_position_buckets
 
 # (name, transformers config, (batch lengths), padded length)
@@ -173,7 +174,7 @@ WAN_STYLE_CONFIG = {
 
 def test_config_reads_wan_style_config():
     cfg = UMT5Config.from_dict(WAN_STYLE_CONFIG)
-    assert dataclasses.replace(cfg, metadata={}) == umt5.UMT5_XXL
+    assert dataclasses.replace(cfg, metadata={}) == UMT5_XXL
     assert cfg.metadata == {"_name_or_path": "google/umt5-xxl"}
 
 

@@ -334,14 +334,14 @@ def test_magcache_with_two_experts_defaults_to_the_wan22_curve():
     """Without --mag_ratios a two-expert model takes the MagCache authors' Wan 2.2 A14B curve (one over
     both experts), never the Wan 2.1 14B one its transformer's dimensions would match alone; each
     expert's steps are scheduled from their slice of it."""
-    from wanjax.models.config import PRESETS
+    from wanjax.models.registry import transformer_preset
     from wanjax.pipeline import step_cache
 
-    a14b = PRESETS["A14B"]
+    a14b = transformer_preset("A14B")
     assert step_cache.preset_for(a14b) == "wan2.1-t2v-14b"
     assert step_cache.preset_for(a14b, two_experts=True) == "wan2.2-t2v-a14b"
-    assert step_cache.preset_for(PRESETS["I2V-A14B"], two_experts=True) == "wan2.2-i2v-a14b"
-    assert step_cache.preset_for(PRESETS["1.3B"], two_experts=True) is None
+    assert step_cache.preset_for(transformer_preset("I2V-A14B"), two_experts=True) == "wan2.2-i2v-a14b"
+    assert step_cache.preset_for(transformer_preset("1.3B"), two_experts=True) is None
     experts = [0] * 16 + [1] * 24
     cache = step_cache.resolve(step_cache.CacheConfig("magcache"), a14b, 40, True, experts)
     assert cache.source.startswith("preset wan2.2-t2v-a14b")

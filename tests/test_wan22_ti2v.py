@@ -187,10 +187,10 @@ def test_step_cache_with_the_image_as_first_frame_equals_diffusers(ti2v, noise, 
 def test_magcache_on_ti2v_5b_defaults_to_its_published_curves():
     """TI2V-5B's MagCache curve follows the run, as the MagCache authors pick it: with an image as the
     first frame its i2v curve, else its t2v one (each at its published settings)."""
-    from wanjax.models.config import PRESETS
+    from wanjax.models.registry import transformer_preset
     from wanjax.pipeline import step_cache
 
-    five = PRESETS["5B"]
+    five = transformer_preset("5B")
     assert step_cache.preset_for(five) == "wan2.2-ti2v-5b-t2v"
     assert step_cache.preset_for(five, first_frame=True) == "wan2.2-ti2v-5b-i2v"
     for first_frame, name in ((False, "wan2.2-ti2v-5b-t2v"), (True, "wan2.2-ti2v-5b-i2v")):

@@ -40,20 +40,20 @@ from wanjax.cli.requests import (
     Request,
     SamplingFlags,
     VaeFlags,
-    model_defaults,
 )
 from wanjax.errors import ConfigError, WanjaxError
 from wanjax.io.atomic import write_text
 from wanjax.kernels.attention import AttentionSpec, resolve_backend
 from wanjax.kernels.common import check_block
 from wanjax.models.config import TransformerConfig
+from wanjax.models.registry import Defaults
 from wanjax.parallel.layouts import to_host
 from wanjax.parallel.mesh import MeshSpec, mesh_spec_from_flags, parse_mesh
 from wanjax.parallel.multihost import initialize, is_primary
 from wanjax.pipeline import stages
 from wanjax.pipeline.components import IMAGE_COMPONENTS
 from wanjax.pipeline.conditioning import check_image_size, open_image
-from wanjax.pipeline.demo import DEMO_VARIANTS
+from wanjax.pipeline.demo import demo_variants
 from wanjax.pipeline.hub import ModelSource
 from wanjax.pipeline.pipeline import WanPipeline, check_conditioning, check_image_input
 from wanjax.pipeline.prompts import negative_prompt, read_prompt_file
@@ -83,7 +83,7 @@ def begin(parallel: ParallelFlags) -> float:
 
 def model_label(source: ModelSource) -> str:
     """How a model is recorded in stage configs: ``demo``, a hub id, or an absolute path."""
-    if source.is_demo and source.name in DEMO_VARIANTS:
+    if source.is_demo and source.name in demo_variants():
         return source.name
     return source.name if not Path(source.name).exists() else str(Path(source.name).resolve())
 
@@ -234,9 +234,9 @@ def resolve_video(
     return video
 
 
-def defaults_of(pipe: WanPipeline) -> Any:
-    """The video and sampling defaults of the pipeline's model (:func:`model_defaults`)."""
-    return model_defaults(pipe.source.is_demo, pipe.source.name, pipe.expand_timesteps)
+def defaults_of(pipe: WanPipeline) -> Defaults:
+    """The video and sampling defaults of the pipeline's model (the registry's, as the Python API's)."""
+    return pipe.defaults
 
 
 def open_images(

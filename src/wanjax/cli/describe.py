@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wanjax.cli.requests import InfoRequest, PlanRequest
 from wanjax.errors import WanjaxError
+from wanjax.models.registry import Defaults, Variant, released
 
 if TYPE_CHECKING:
     from wanjax.io.component import Component
+    from wanjax.pipeline.hub import ModelSource
 
 
 def cmd_info(request: InfoRequest) -> None:
@@ -18,6 +21,10 @@ def cmd_info(request: InfoRequest) -> None:
 
     if request.model.endswith(".safetensors"):
         _lora_info(request.model)
+        return
+    presets = released()
+    if request.model in presets and not Path(request.model).exists():
+        _variant_info(presets[request.model])
         return
     source = resolve_model(request.model, revision=request.revision, download=request.download)
     root = source.path
@@ -33,6 +40,7 @@ def cmd_info(request: InfoRequest) -> None:
         if options:  # pipeline options: Wan 2.2's boundary_ratio (two experts), expand_timesteps (TI2V)
             print("  " + ", ".join(f"{k}={json.dumps(v)}" for k, v in options.items()))
         components = [k for k in components if any(v is not None for v in index[k])]  # [null, null]: absent
+        _print_registry_match(source)
     elif (root / marker).is_file():
         components, root = [root.name], root.parent
     else:
@@ -55,6 +63,49 @@ def cmd_info(request: InfoRequest) -> None:
         else:
             files = sorted(p for p in folder.iterdir() if p.is_file())
             print("  files: " + ", ".join(f"{p.name} ({p.stat().st_size / 1024:.0f} KiB)" for p in files))
+
+
+def _defaults_line(d: Defaults) -> str:
+    return (
+        f"defaults: {d.height}x{d.width}, {d.frames} frames at {d.fps:g} fps, {d.num_inference_steps} steps, "
+        f"guidance {d.guidance_scale:g}, seed {d.seed}"
+    )
+
+
+def _variant_info(v: Variant) -> None:
+    """A registry variant: what it is, its checkpoint, experts, defaults and component shapes."""
+    t = v.transformer
+    print(f"{v.name}: {v.title} (model registry)")
+    if v.repo:
+        print(f"  checkpoint: {v.repo}")
+    if v.boundary_ratio is not None:
+        print(f"  two experts, boundary_ratio={v.boundary_ratio}")
+    print(f"  {_defaults_line(v.defaults)}")
+    print(
+        f"  transformer: {t.num_layers} layers, {t.num_attention_heads}x{t.attention_head_dim} heads, "
+        f"ffn {t.ffn_dim}, {t.in_channels} -> {t.out_channels} channels"
+    )
+    if v.image_encoder is not None:
+        print(
+            f"  image encoder: CLIP, {v.image_encoder.num_hidden_layers} layers of {v.image_encoder.hidden_size}"
+        )
+    print(f"  vae: z_dim {v.vae.z_dim}, {v.vae.spatial_factor}x spatial, {v.vae.temporal_factor}x temporal")
+    curves = [c for c in (v.mag_ratios, v.mag_ratios_image) if c]
+    if curves:
+        print(f"  MagCache curves: {', '.join(curves)}")
+
+
+def _print_registry_match(source: ModelSource) -> None:
+    """The registry variant a model directory is recognised as, and the defaults its runs get."""
+    from wanjax.pipeline.pipeline import WanPipeline
+
+    try:
+        pipe = WanPipeline(source)
+        found, defaults = pipe.variant, pipe.defaults
+    except WanjaxError:  # a directory a run would refuse: its parts are still listed
+        return
+    print(f"  variant: {found.name} ({found.title})" if found else "  variant: none in the registry")
+    print(f"  {_defaults_line(defaults)}")
 
 
 def _lora_info(path: str) -> None:

@@ -22,9 +22,9 @@ from wanjax.cli.requests import (
     PromptFlags,
     ServerFlags,
     VaeFlags,
-    model_defaults,
 )
 from wanjax.kernels.precision import PRECISIONS
+from wanjax.models.registry import DEMO_DEFAULTS, Defaults, released
 from wanjax.pipeline.prompts import NAMED_NEGATIVE_PROMPTS
 
 _INVALID_CHOICE = re.compile(r"invalid choice: (?P<value>.*) \(choose from (?P<choices>.*)\)")
@@ -304,7 +304,7 @@ def add_prompt(parser: argparse.ArgumentParser) -> None:
 
 
 def add_video(parser: argparse.ArgumentParser) -> None:
-    ref, demo = model_defaults(False), model_defaults(True)
+    ref, demo = Defaults(), DEMO_DEFAULTS
     flag(
         parser, "height", type=int, help=f"pixels, multiple of 16 (default {ref.height}; demo {demo.height})"
     )
@@ -325,7 +325,7 @@ def add_images(parser: argparse.ArgumentParser) -> None:
 
 
 def add_sampling(parser: argparse.ArgumentParser) -> None:
-    ref, demo = model_defaults(False), model_defaults(True)
+    ref, demo = Defaults(), DEMO_DEFAULTS
     steps = f"default {ref.num_inference_steps}; demo {demo.num_inference_steps}"
     flag(parser, "num_inference_steps", type=int, help=f"denoising steps ({steps})")
     guidance = f"default {ref.guidance_scale}; <= 1: off"
@@ -459,7 +459,12 @@ def decode_flags(parser: argparse.ArgumentParser) -> None:
 
 def plan_flags(parser: argparse.ArgumentParser) -> None:
     d = PlanRequest
-    flag(parser, "model", help=f"1.3B, 14B (presets) or a diffusers model directory (default {d.model})")
+    presets = ", ".join(released())
+    flag(
+        parser,
+        "model",
+        help=f"a registry variant ({presets}) or a diffusers model directory (default {d.model})",
+    )
     flag(parser, "mesh", help="dp=2,sp=1,tp=4 (default: every mesh of --num_devices, best one named)")
     flag(parser, "num_devices", type=int, help="devices (default: the mesh's size, else those visible)")
     flag(parser, "device_memory", help=f"memory per device (default {d.device_memory}, a TPU v6e chip)")

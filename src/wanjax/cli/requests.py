@@ -4,7 +4,7 @@ Every default of the command line lives here. A request field is named as its fl
 (``--num_inference_steps`` -> ``num_inference_steps``); flags a command shares sit in groups
 (:class:`VideoFlags`, :class:`SamplingFlags`, ...). ``None`` means "not given": the value then comes
 from an earlier stage, the ``--init_latents`` shape, the checkpoint, or the model's defaults
-(:func:`model_defaults`: the reference's, smaller ones for the demo model). Building a request
+(``WanPipeline.defaults``: the model registry's, :mod:`wanjax.models.registry`). Building a request
 checks the flag values (:func:`check_flags`), so a command never sees a bad one.
 """
 
@@ -32,34 +32,6 @@ OUTPUT_SUFFIXES = {
 }
 
 R = TypeVar("R", bound="Request")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelDefaults:
-    """Video and sampling values for flags left out (when no earlier stage or input fixed them)."""
-
-    height: int = 480
-    width: int = 832
-    frames: int = 81
-    fps: float = 16
-    num_inference_steps: int = 50
-    guidance_scale: float = 5.0
-    seed: int = 42
-
-
-def model_defaults(is_demo: bool, name: str = "", expand_timesteps: bool = False) -> ModelDefaults:
-    """The reference's defaults (720x1280 for a model named for 720p, e.g. Wan2.1-I2V-14B-720P;
-    704x1280, 121 frames at 24 fps for Wan 2.2 TI2V-5B, ``expand_timesteps``, as its diffusers
-    example), or the demo model's smaller ones."""
-    if is_demo:
-        from wanjax.pipeline.demo import DEMO_DEFAULTS
-
-        return ModelDefaults(**DEMO_DEFAULTS)
-    if expand_timesteps:
-        return ModelDefaults(height=704, width=1280, frames=121, fps=24)
-    if "720p" in name.lower():
-        return ModelDefaults(height=720, width=1280)
-    return ModelDefaults()
 
 
 # ----------------------------------------------------------------------------------------------

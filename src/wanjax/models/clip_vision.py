@@ -45,8 +45,8 @@ ACTIVATIONS = ("gelu", "quick_gelu")
 class CLIPVisionConfig(ComponentConfig):
     """``image_encoder/config.json`` of a transformers ``CLIPVisionModel``.
 
-    Defaults are transformers' ``CLIPVisionConfig`` defaults (ViT-B/32); :data:`CLIP_VIT_H_14` is the
-    encoder Wan 2.1 image-to-video uses.
+    Defaults are transformers' ``CLIPVisionConfig`` defaults (ViT-B/32); :data:`wanjax.models.registry.CLIP_VIT_H_14`
+    is the encoder Wan 2.1 image-to-video uses.
     """
 
     hidden_size: int = 768
@@ -123,17 +123,6 @@ class CLIPVisionConfig(ComponentConfig):
             raise ConfigError(
                 f"{source}: image_size {self.image_size} is smaller than patch_size {self.patch_size}"
             )
-
-
-CLIP_VIT_H_14 = CLIPVisionConfig(
-    hidden_size=1280,
-    intermediate_size=5120,
-    num_hidden_layers=32,
-    num_attention_heads=16,
-    image_size=224,
-    patch_size=14,
-    hidden_act="gelu",
-)
 
 
 # ----------------------------------------------------------------------------------------------

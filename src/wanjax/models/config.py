@@ -1,7 +1,7 @@
 """Model configurations, parsed from a checkpoint's ``config.json``.
 
-Every dimension comes from the checkpoint directory; the named presets at the bottom exist only so
-tests and benchmarks can build random models of the real shapes.
+Every dimension comes from the checkpoint directory; the released variants' configs are in
+:mod:`wanjax.models.registry`.
 """
 
 from __future__ import annotations
@@ -184,46 +184,3 @@ def parse_dtype(dtype: str | jnp.dtype) -> jnp.dtype:
     if name not in DTYPES:
         raise ConfigError(f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)}")
     return jnp.dtype(DTYPES[name])
-
-
-# Named presets: for tests and benchmarks only. Real runs always read the checkpoint's config.json.
-PRESETS: dict[str, TransformerConfig] = {
-    "1.3B": TransformerConfig(num_attention_heads=12, ffn_dim=8960, num_layers=30),
-    "14B": TransformerConfig(num_attention_heads=40, ffn_dim=13824, num_layers=40),
-    # Wan2.1-I2V-14B-480P / -720P: the 14B with 36 input channels and CLIP ViT-H/14 image tokens
-    "I2V-14B": TransformerConfig(
-        num_attention_heads=40,
-        ffn_dim=13824,
-        num_layers=40,
-        in_channels=36,
-        image_dim=1280,
-        added_kv_proj_dim=5120,
-    ),
-    # Wan 2.2 A14B (T2V): two experts of the 14B architecture
-    "A14B": TransformerConfig(num_attention_heads=40, ffn_dim=13824, num_layers=40),
-    # Wan 2.2 I2V-A14B: two experts of the 14B with 36 input channels, no image tokens
-    "I2V-A14B": TransformerConfig(num_attention_heads=40, ffn_dim=13824, num_layers=40, in_channels=36),
-    # Wan 2.2 TI2V-5B: 48 latent channels (the Wan 2.2 VAE), text and image to video
-    "5B": TransformerConfig(
-        num_attention_heads=24, ffn_dim=14336, num_layers=30, in_channels=48, out_channels=48
-    ),
-    "tiny": TransformerConfig(
-        num_attention_heads=2, attention_head_dim=12, text_dim=32, freq_dim=16, ffn_dim=32, num_layers=2
-    ),
-}
-
-
-# The presets of two-expert models (Wan 2.2 A14B), with their model_index.json's boundary_ratio.
-TWO_EXPERTS: dict[str, float] = {"A14B": 0.875, "I2V-A14B": 0.9}
-# The presets run with expand_timesteps (Wan 2.2 TI2V-5B: the Wan 2.2 VAE, an optional first frame).
-EXPAND_TIMESTEPS = frozenset({"5B"})
-
-
-def transformer_preset(name: str, **overrides: Any) -> TransformerConfig:
-    """A named architecture (``1.3B``, ``14B``, ``I2V-14B``, ``A14B``, ``I2V-A14B`` (one expert of
-    :data:`TWO_EXPERTS`), ``tiny``) with optional field overrides."""
-    try:
-        base = PRESETS[name]
-    except KeyError:
-        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
-    return dataclasses.replace(base, **overrides)

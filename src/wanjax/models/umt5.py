@@ -53,7 +53,7 @@ class UMT5Config(ComponentConfig):
     """``text_encoder/config.json`` of a transformers ``UMT5EncoderModel``.
 
     Defaults are transformers' ``UMT5Config`` defaults (what it assumes for a missing field);
-    :data:`UMT5_XXL` is the encoder Wan 2.1 uses.
+    :data:`wanjax.models.registry.UMT5_XXL` is the encoder Wan uses.
     """
 
     vocab_size: int = 250112
@@ -125,9 +125,6 @@ class UMT5Config(ComponentConfig):
                 f"{source}: relative_attention_num_buckets={buckets} must be >= 4 and "
                 f"relative_attention_max_distance={distance} greater than num_buckets // 4"
             )
-
-
-UMT5_XXL = UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64)
 
 
 # ----------------------------------------------------------------------------------------------

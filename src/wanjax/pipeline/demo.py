@@ -1,6 +1,6 @@
 """The built-in smoke models: tiny Wan pipelines with random weights, in the diffusers layout.
 
-:data:`DEMO_VARIANTS` names them: ``demo`` (Wan 2.1 text-to-video), ``demo-i2v`` (Wan 2.1
+The registry's demo entries (:mod:`wanjax.models.registry`) describe them: ``demo`` (Wan 2.1 text-to-video), ``demo-i2v`` (Wan 2.1
 image-to-video: a CLIP image encoder and its processor, a transformer taking the image) and
 ``demo-a14b`` and ``demo-i2v-a14b`` (Wan 2.2 A14B-style: two experts, ``transformer_2`` after the
 boundary; the image-to-video one conditions on the image's latents without CLIP) and
@@ -21,7 +21,6 @@ Its output is structured noise: it exercises the whole engine quickly, it is not
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -38,13 +37,12 @@ from tokenizers.models import Unigram
 from wanjax.io.checkpoint import random_checkpoint
 from wanjax.io.component import Component
 from wanjax.io.paths import scratch_dir, writable_dir
-from wanjax.models.clip_vision import IMAGE_ENCODER, CLIPVisionConfig
-from wanjax.models.config import TWO_EXPERTS, TransformerConfig
+from wanjax.models.clip_vision import IMAGE_ENCODER
 from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2
 from wanjax.models.image_processor import IMAGE_PROCESSOR, ImageProcessorConfig
+from wanjax.models.registry import DEMO_IMAGE_ENCODER, DEMO_TRANSFORMER, Variant, registry
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
 from wanjax.models.vae import VAE
-from wanjax.models.vae.config import VAEConfig
 
 DEMO_NAME = "demo"
 SMOKE_NOTE = "wanjax built-in demo: tiny random weights, a smoke model (its videos are noise)"
@@ -66,50 +64,9 @@ _WORD_LIST = (
 )
 WORDS = tuple(_WORD_LIST.split())
 
-DEMO_TRANSFORMER = TransformerConfig(
-    num_attention_heads=4,
-    attention_head_dim=32,
-    text_dim=64,
-    freq_dim=64,
-    ffn_dim=256,
-    num_layers=4,
-    rope_max_seq_len=1024,
-    metadata={"_class_name": "WanTransformer3DModel"},
-)
-DEMO_IMAGE_ENCODER = CLIPVisionConfig(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    image_size=28,
-    patch_size=14,
-    hidden_act="gelu",
-)
 DEMO_IMAGE_PROCESSOR = ImageProcessorConfig(
     size={"shortest_edge": DEMO_IMAGE_ENCODER.image_size},
     crop_size={"height": DEMO_IMAGE_ENCODER.image_size, "width": DEMO_IMAGE_ENCODER.image_size},
-)
-DEMO_VAE = VAEConfig(
-    base_dim=8,
-    z_dim=16,
-    dim_mult=(1, 2, 4, 4),
-    num_res_blocks=1,
-    temperal_downsample=(False, True, True),
-    metadata={"_class_name": "AutoencoderKLWan"},
-)
-DEMO_VAE22 = VAEConfig(  # the Wan 2.2 VAE's layout (residual blocks, 2x2 patches), narrow
-    base_dim=8,
-    decoder_base_dim=12,
-    z_dim=16,
-    dim_mult=(1, 2, 4, 4),
-    num_res_blocks=1,
-    temperal_downsample=(False, True, True),
-    is_residual=True,
-    patch_size=2,
-    in_channels=12,
-    out_channels=12,
-    scale_factor_spatial=16,
-    metadata={"_class_name": "AutoencoderKLWan"},
 )
 DEMO_SCHEDULER: dict[str, Any] = {
     "_class_name": "UniPCMultistepScheduler",
@@ -124,45 +81,20 @@ DEMO_SCHEDULER: dict[str, Any] = {
 }
 
 
-@dataclasses.dataclass(frozen=True)
-class DemoVariant:
-    """One built-in smoke model: its pipeline class, transformer and (image-to-video) image encoder."""
-
-    pipeline_class: str
-    transformer: TransformerConfig
-    image_encoder: CLIPVisionConfig | None = None
-    boundary_ratio: float | None = None  # two experts (Wan 2.2 A14B): transformer_2 and the switch
-    vae: VAEConfig = DEMO_VAE
-    expand_timesteps: bool = False  # Wan 2.2 TI2V: an optional first frame, the Wan 2.2 VAE
-
-
-DEMO_VARIANTS: dict[str, DemoVariant] = {
-    DEMO_NAME: DemoVariant("WanPipeline", DEMO_TRANSFORMER),
-    f"{DEMO_NAME}-i2v": DemoVariant(
-        "WanImageToVideoPipeline",
-        dataclasses.replace(
-            DEMO_TRANSFORMER,
-            in_channels=DEMO_TRANSFORMER.out_channels + 4 + DEMO_VAE.z_dim,  # noise, mask, image latents
-            image_dim=DEMO_IMAGE_ENCODER.hidden_size,
-            added_kv_proj_dim=DEMO_TRANSFORMER.inner_dim,
-        ),
-        DEMO_IMAGE_ENCODER,
-    ),
-    f"{DEMO_NAME}-a14b": DemoVariant("WanPipeline", DEMO_TRANSFORMER, boundary_ratio=TWO_EXPERTS["A14B"]),
-    f"{DEMO_NAME}-i2v-a14b": DemoVariant(
-        "WanImageToVideoPipeline",
-        dataclasses.replace(DEMO_TRANSFORMER, in_channels=DEMO_TRANSFORMER.out_channels + 4 + DEMO_VAE.z_dim),
-        boundary_ratio=TWO_EXPERTS["I2V-A14B"],
-    ),
-    f"{DEMO_NAME}-ti2v": DemoVariant("WanPipeline", DEMO_TRANSFORMER, vae=DEMO_VAE22, expand_timesteps=True),
-}
 # What happens when the cache folder cannot be written, as the warning says it.
 UNCACHED = (
     "the demo model is generated in a temporary folder for this run: "
     "set $WANJAX_CACHE to a writable folder to keep it"
 )
-# What a demo run uses unless told otherwise: small enough to finish in seconds on a CPU.
-DEMO_DEFAULTS = {"height": 128, "width": 192, "frames": 17, "num_inference_steps": 10}
+
+
+def demo_variants() -> dict[str, Variant]:
+    """The demo models of the registry, by name."""
+    return {name: v for name, v in registry().items() if v.demo}
+
+
+def demo_variant(name: str) -> Variant:
+    return demo_variants()[name]
 
 
 def demo_vocabulary() -> list[tuple[str, float]]:
@@ -205,7 +137,7 @@ def _tokenizer_files() -> dict[str, str]:
     return {"tokenizer.json": tok.to_str(pretty=True), "tokenizer_config.json": json.dumps(config, indent=2)}
 
 
-def _components(variant: DemoVariant) -> dict[Component, tuple[Any, dict[str, Any], tuple[str, str]]]:
+def _components(variant: Variant) -> dict[Component, tuple[Any, dict[str, Any], tuple[str, str]]]:
     """component -> (config, config file contents, model_index entry)."""
     te = demo_text_encoder_config()
     te_config = {**te.to_dict(), "architectures": ["UMT5EncoderModel"], "dtype": "float32"}
@@ -228,7 +160,7 @@ def _components(variant: DemoVariant) -> dict[Component, tuple[Any, dict[str, An
 
 def demo_fingerprint(name: str = DEMO_NAME) -> str:
     """Short hash of everything the generated files of demo model ``name`` depend on."""
-    variant = DEMO_VARIANTS[name]
+    variant = demo_variant(name)
     described = {
         "generator": GENERATOR_VERSION,
         "seed": SEED,
@@ -248,7 +180,7 @@ def _folder(item: tuple[Component, Any]) -> str:
 
 def write_demo_model(directory: str | Path, name: str = DEMO_NAME) -> Path:
     """Write demo model ``name`` into ``directory`` (created; existing files are overwritten)."""
-    variant = DEMO_VARIANTS[name]
+    variant = demo_variant(name)
     root = Path(directory)
     index: dict[str, Any] = {
         "_class_name": variant.pipeline_class,

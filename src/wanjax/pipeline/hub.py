@@ -97,11 +97,11 @@ def resolve_model(model: str | Path, *, revision: str | None = None, download: b
     downloaded first with ``download=True``. Raises WanjaxError naming the fix otherwise."""
     name = str(model)
     path = Path(name).expanduser()
-    from wanjax.pipeline.demo import DEMO_VARIANTS
+    from wanjax.pipeline.demo import demo_variants
 
-    if revision is not None and (name in DEMO_VARIANTS or path.exists()):
+    if revision is not None and (name in demo_variants() or path.exists()):
         raise WanjaxError(f"{name}: a revision applies only to hub repo ids; drop it for a local model")
-    if name in DEMO_VARIANTS:
+    if name in demo_variants():
         from wanjax.pipeline.demo import demo_model_dir
 
         return ModelSource(name, demo_model_dir(cache_root(), name), is_demo=True)

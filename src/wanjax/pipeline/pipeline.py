@@ -45,6 +45,7 @@ from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2, WanTransformer, checkp
 from wanjax.models.image_processor import ImageInput
 from wanjax.models.lora import LoraSpec, load_loras, plan_updates
 from wanjax.models.offload import Offload, parse_offload, take_turns
+from wanjax.models.registry import Defaults, Variant, defaults_for, match
 from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
 from wanjax.models.vae import VAE, Tiling, WanVAE, load_vae, parse_chunk
 from wanjax.parallel.layouts import spatial_sharding, to_global, to_host
@@ -66,7 +67,6 @@ from wanjax.runtime.jax_cache import enable_compilation_cache
 from wanjax.runtime.timing import StageTiming, StepTimes
 
 Prompt = str | Sequence[str]
-DEFAULT_HEIGHT, DEFAULT_WIDTH = 480, 832  # diffusers' WanPipeline defaults
 
 
 def check_image_input(
@@ -311,6 +311,29 @@ class WanPipeline:
         """The transformer's config (read from its ``config.json``, no weights)."""
         return TRANSFORMER.read_config(TRANSFORMER.directory(self.path))
 
+    @functools.cached_property
+    def variant(self) -> Variant | None:
+        """This checkpoint's entry in the model registry (:func:`wanjax.models.registry.match`), or None."""
+        return match(
+            self.transformer_config,
+            self.experts,
+            self.source.name,
+            expand_timesteps=self.expand_timesteps,
+            demo=self.source.is_demo,
+        )
+
+    @functools.cached_property
+    def defaults(self) -> Defaults:
+        """The video and sampling values a run leaves out: the registry's for this checkpoint
+        (:func:`wanjax.models.registry.defaults_for`), the same for every entry point."""
+        return defaults_for(
+            self.transformer_config,
+            self.experts,
+            self.expand_timesteps,
+            self.source.name,
+            demo=self.source.is_demo,
+        )
+
     @property
     def expand_timesteps(self) -> bool:
         """Wan 2.2 TI2V (``model_index.json``'s ``expand_timesteps``): text to video, or with an image
@@ -381,6 +404,11 @@ class WanPipeline:
         runs the steps whose timestep is at least ``boundary_ratio * num_train_timesteps``,
         ``transformer_2`` the rest. None: one transformer."""
         return None if self.model_index is None else self.model_index.boundary_ratio
+
+    @property
+    def experts(self) -> int:
+        """Transformers that take turns: 2 for a two-expert model (Wan 2.2 A14B), else 1."""
+        return 1 if self.boundary_ratio is None else 2
 
     @property
     def transformer_2(self) -> WanTransformer | None:
@@ -672,14 +700,17 @@ class WanPipeline:
         image: ImageInput | None = None,
         height: int | None = None,
         width: int | None = None,
-        max_area: int = DEFAULT_HEIGHT * DEFAULT_WIDTH,
+        max_area: int | None = None,
     ) -> tuple[int, int]:
-        """``(height, width)`` of a video: given values kept; without an image, 480x832 for those left
-        out; with one, the size of area about ``max_area`` with the image's aspect, in multiples of the
-        model's latent patch (:func:`~wanjax.pipeline.conditioning.size_for_image`, as diffusers'
-        image-to-video examples size it). WanjaxError for an image smaller than a patch."""
+        """``(height, width)`` of a video: given values kept; without an image, the model's defaults
+        (:attr:`defaults`) for those left out; with one, the size of area about ``max_area`` (default:
+        the defaults' area) with the image's aspect, in multiples of the model's latent patch
+        (:func:`~wanjax.pipeline.conditioning.size_for_image`, as diffusers' image-to-video examples
+        size it). WanjaxError for an image smaller than a patch."""
+        d = self.defaults
         if image is None:
-            return height or DEFAULT_HEIGHT, width or DEFAULT_WIDTH
+            return height or d.height, width or d.width
+        max_area = max_area or d.height * d.width
         image = open_image(image)
         step = self.geometry.pixel_steps[0]  # diffusers' examples round both sides to this one
         check_image_size(image, step)
@@ -702,11 +733,11 @@ class WanPipeline:
         negative_prompt: Prompt | None = None,
         height: int | None = None,
         width: int | None = None,
-        num_frames: int = 81,
-        num_inference_steps: int = 50,
-        guidance_scale: float = 5.0,
+        num_frames: int | None = None,
+        num_inference_steps: int | None = None,
+        guidance_scale: float | None = None,
         flow_shift: float | None = None,
-        seed: int = 42,
+        seed: int | None = None,
         latents: jax.Array | np.ndarray | None = None,
         max_sequence_length: int = 512,
         progress: bool = True,
@@ -722,10 +753,17 @@ class WanPipeline:
         ``cache``: a step-cache policy, e.g. ``CacheConfig("magcache")`` (see :meth:`denoise`).
         ``image`` (and ``last_image``): the first (and last) frame for an image-to-video model (a PIL
         image, a path or uint8 pixels), resized to ``width x height`` (:meth:`prepare_image`).
-        ``height``/``width`` left out: 480x832, or with an image the size of that area with the
-        image's aspect (:meth:`video_size`). ``guidance_scale_2``: a two-expert model's low-noise
-        expert's guidance (default ``guidance_scale``).
+        ``height``/``width`` left out: the model's (:attr:`defaults`, as ``wanjax generate`` and the
+        server use), or with an image the size of that area with the image's aspect
+        (:meth:`video_size`); ``num_frames``, ``num_inference_steps``, ``guidance_scale`` and ``seed``
+        left out: the model's too. ``guidance_scale_2``: a two-expert model's low-noise expert's
+        guidance (default ``guidance_scale``).
         """
+        d = self.defaults
+        num_frames = d.frames if num_frames is None else num_frames
+        num_inference_steps = d.num_inference_steps if num_inference_steps is None else num_inference_steps
+        guidance_scale = d.guidance_scale if guidance_scale is None else guidance_scale
+        seed = d.seed if seed is None else seed
         self.reset_timings()
         if image is not None:
             image = open_image(image)

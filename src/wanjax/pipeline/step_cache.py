@@ -51,6 +51,7 @@ from wanjax.errors import ConfigError
 from wanjax.models.config import TransformerConfig
 from wanjax.models.dit import WanTransformer
 from wanjax.models.layers import Params
+from wanjax.models.registry import match
 
 POLICIES: tuple[str, ...] = ("off", "magcache", "firstblock")
 BRANCHES: tuple[str, ...] = ("cond", "uncond")  # the rows of a guided batch: [cond; uncond]
@@ -122,18 +123,11 @@ def presets() -> dict[str, dict[str, Any]]:
 
 
 def preset_for(cfg: TransformerConfig, two_experts: bool = False, first_frame: bool = False) -> str | None:
-    """The preset published for this transformer's architecture (Wan 2.1 text-to-video 1.3B and
-    14B; Wan 2.2 TI2V-5B, whose curve depends on whether an image is its ``first_frame``; with
-    ``two_experts``, Wan 2.2 T2V-A14B and I2V-A14B, whose one curve spans both experts), or None."""
-    if (cfg.inner_dim, cfg.num_layers, cfg.in_channels) == (3072, 30, 48) and not two_experts:
-        return "wan2.2-ti2v-5b-i2v" if first_frame else "wan2.2-ti2v-5b-t2v"
-    if two_experts:
-        if (cfg.inner_dim, cfg.num_layers) != (5120, 40) or cfg.image_tokens:
-            return None
-        return {16: "wan2.2-t2v-a14b", 36: "wan2.2-i2v-a14b"}.get(cfg.in_channels)
-    if cfg.in_channels != 16 or cfg.image_to_video:
-        return None
-    return {(1536, 30): "wan2.1-t2v-1.3b", (5120, 40): "wan2.1-t2v-14b"}.get((cfg.inner_dim, cfg.num_layers))
+    """The curve published for this transformer's registry variant (:func:`wanjax.models.registry.match`;
+    TI2V's depends on whether an image is its ``first_frame``; a two-expert model's one curve spans
+    both experts), or None."""
+    found = match(cfg, 2 if two_experts else 1)
+    return None if found is None else found.mag_curve(first_frame)
 
 
 def _branch_curves(ratios: Any, where: str) -> dict[str, list[float]]:

@@ -1,6 +1,6 @@
 """``wanjax bench``: warm-up and steady time per stage, seconds per denoising step, memory, FLOP/s.
 
-A built-in architecture (``--arch 1.3B|14B|I2V-14B|A14B|I2V-A14B``) runs with random weights,
+A released variant of the model registry (``--arch 1.3B|14B|I2V-14B|...|5B``) runs with random weights,
 optionally shortened to ``--layers N`` DiT (and UMT5, CLIP) layers, so no checkpoint is needed; the
 Wan 2.2 A14B architectures draw two experts and switch at their boundary (taking turns on the device
 under ``--offload model``/``blocks``). The stages are the
@@ -60,10 +60,10 @@ from wanjax.io.checkpoint import ShardingFn, abstract_params, random_params, ran
 from wanjax.io.quant import leaf_builder
 from wanjax.io.quantizable import UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
 from wanjax.models import clip_vision, dit, umt5
-from wanjax.models.clip_vision import CLIP_VIT_H_14
-from wanjax.models.config import EXPAND_TIMESTEPS, PRESETS, TWO_EXPERTS, parse_dtype
+from wanjax.models.config import parse_dtype
 from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload, take_turns
 from wanjax.models.offload import program_memory as split_program_memory
+from wanjax.models.registry import Variant, released
 from wanjax.models.vae import WanVAE
 from wanjax.models.vae import checkpoint_spec as vae_spec
 from wanjax.models.vae.config import VAEConfig
@@ -78,7 +78,6 @@ from wanjax.tools.flops import (
     umt5_flops,
     vae_decode_flops,
 )
-from wanjax.tools.plan import preset_vae
 
 # Dense bf16 peak, TFLOP/s per chip, matched against ``device.device_kind`` (first match wins).
 PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
@@ -92,7 +91,6 @@ PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
     ("A100", 312.0),
 )
 BENCH_VOCAB = 32_128
-ARCHES = tuple(name for name in PRESETS if name != "tiny")
 RANDOM_WEIGHTS = ("auto", "numpy", "device")
 CPU_DEVICE_DRAW_MIN_PARAMS = 300_000_000  # --random_weights auto on a CPU: jax.random from this size
 
@@ -133,9 +131,14 @@ class BenchConfig:
         )
 
     @property
+    def variant(self) -> Variant:
+        """The architecture's registry entry (:func:`wanjax.models.registry.released`)."""
+        return released()[self.arch]
+
+    @property
     def vae(self) -> VAEConfig:
         """The architecture's VAE (the Wan 2.2 VAE's shapes for TI2V-5B)."""
-        return preset_vae(self.arch)
+        return self.variant.vae
 
     def latent_shape(self) -> tuple[int, int, int, int, int]:
         f = self.vae.spatial_factor
@@ -337,8 +340,9 @@ def _repeat(fn: Callable[[], Any], repeats: int) -> StageResult:
 
 
 def bench_encode(cfg: BenchConfig) -> StageResult:
-    layers = min(cfg.layers or umt5.UMT5_XXL.num_layers, umt5.UMT5_XXL.num_layers)
-    ucfg = dataclasses.replace(umt5.UMT5_XXL, num_layers=layers, vocab_size=BENCH_VOCAB)
+    text = cfg.variant.text_encoder
+    layers = min(cfg.layers or text.num_layers, text.num_layers)
+    ucfg = dataclasses.replace(text, num_layers=layers, vocab_size=BENCH_VOCAB)
     params, weights = bench_params(
         cfg, umt5.checkpoint_spec(ucfg), parse_dtype(cfg.dtype), weights=cfg.weights_dtype
     )
@@ -358,7 +362,7 @@ def bench_encode(cfg: BenchConfig) -> StageResult:
 
 def takes_image(arch: str) -> bool:
     """Whether the architecture's pipeline encodes an image (image to video, or TI2V)."""
-    return PRESETS[arch].image_to_video or arch in EXPAND_TIMESTEPS
+    return released()[arch].image
 
 
 def bench_image(cfg: BenchConfig) -> StageResult:
@@ -368,16 +372,17 @@ def bench_image(cfg: BenchConfig) -> StageResult:
     vcfg = cfg.vae
     vae_params, weights = bench_params(cfg, vae_spec(vcfg, "encoder"), parse_dtype(cfg.vae_dtype))
     vae = WanVAE(vcfg, None, parse_dtype(cfg.vae_dtype), encoder_params=vae_params)
-    frames = 1 if cfg.arch in EXPAND_TIMESTEPS else cfg.frames  # TI2V encodes the image alone
+    frames = 1 if cfg.variant.expand_timesteps else cfg.frames  # TI2V encodes the image alone
     video = jnp.zeros((1, 3, frames, cfg.height, cfg.width), jnp.float32).at[:, :, 0].set(1.0)
-    clip, params, tflop = None, None, 0.0
-    if PRESETS[cfg.arch].image_tokens:
-        layers = min(cfg.layers or CLIP_VIT_H_14.num_hidden_layers, CLIP_VIT_H_14.num_hidden_layers)
-        ccfg = dataclasses.replace(CLIP_VIT_H_14, num_hidden_layers=layers)
+    clip, params, tflop, pixels = None, None, 0.0, None
+    clip_cfg = cfg.variant.image_encoder  # None: conditioned on the image's latents alone
+    if clip_cfg is not None:
+        layers = min(cfg.layers or clip_cfg.num_hidden_layers, clip_cfg.num_hidden_layers)
+        ccfg = dataclasses.replace(clip_cfg, num_hidden_layers=layers)
         params, weights = bench_params(cfg, clip_vision.checkpoint_spec(ccfg), jnp.float32)
         clip = clip_vision.CLIPVisionEncoder(ccfg, params)
         tflop = clip_vision_flops(ccfg, 1).total / 1e12
-    pixels = jax.random.normal(jax.random.key(5), (1, 3, CLIP_VIT_H_14.image_size, CLIP_VIT_H_14.image_size))
+        pixels = jax.random.normal(jax.random.key(5), (1, 3, clip_cfg.image_size, clip_cfg.image_size))
 
     def run() -> Any:
         return jax.block_until_ready((None if clip is None else clip.encode(pixels), vae.encode(video)))
@@ -390,14 +395,14 @@ def bench_image(cfg: BenchConfig) -> StageResult:
 
 
 def bench_denoise(cfg: BenchConfig) -> StageResult:
-    base = PRESETS[cfg.arch]
+    base = cfg.variant.transformer
     tcfg = dataclasses.replace(base, num_layers=cfg.layers or base.num_layers)
     dtype = parse_dtype(cfg.dtype)
     offload = parse_offload(cfg.offload)
     sharding = dit.transformer_sharding(offload=offload)  # blocks: the stacked layers in pinned host
     params, weights = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.weights_dtype)
     model = dit.WanTransformer(tcfg, params, dtype, offload=offload)
-    boundary = TWO_EXPERTS.get(cfg.arch)
+    boundary = cfg.variant.boundary_ratio
     second = None
     if boundary is not None:  # Wan 2.2 A14B: a second expert of the same architecture
         params_2, _ = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.weights_dtype)
@@ -421,7 +426,7 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     guided = cfg.guidance_scale > 1
     cache = cfg.cache_config()
     image, image_len = None, 0
-    if cfg.arch in EXPAND_TIMESTEPS:  # TI2V with an image: its latents as frame 0, at timestep 0
+    if cfg.variant.expand_timesteps:  # TI2V with an image: its latents as frame 0, at timestep 0
         first = jax.random.normal(jax.random.key(6), (1, *shape[1:2], 1, *shape[3:]), jnp.float32)
         image = ImageConditioning(first, None, first_frame=True)
     elif tcfg.image_to_video:  # the mask and image latents (and CLIP ViT-H/14's states of the images)
@@ -429,8 +434,9 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
         states = None
         if tcfg.image_tokens:
             images = 2 if tcfg.first_last_frame else 1
-            image_len = images * CLIP_VIT_H_14.num_positions
-            states_shape = (images, CLIP_VIT_H_14.num_positions, tcfg.image_dim)
+            tokens = cfg.variant.image_encoder.num_positions
+            image_len = images * tokens
+            states_shape = (images, tokens, tcfg.image_dim)
             states = jax.random.normal(jax.random.key(7), states_shape)
         image = ImageConditioning(jax.random.normal(jax.random.key(6), condition, jnp.float32), states)
 
@@ -511,8 +517,8 @@ STAGES: dict[str, Callable[[BenchConfig], StageResult]] = {
 
 def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     """Run the stages of ``cfg``; a JSON-ready dict of the measurements."""
-    if cfg.arch not in ARCHES:
-        raise WanjaxError(f"unknown --arch {cfg.arch!r}; choose one of {', '.join(ARCHES)}")
+    if cfg.arch not in released():
+        raise WanjaxError(f"unknown --arch {cfg.arch!r}; choose one of {', '.join(released())}")
     if cfg.num_inference_steps < 1 or cfg.repeats < 1:
         raise WanjaxError("--num_inference_steps and --repeats must be at least 1")
     with_image = takes_image(cfg.arch)
@@ -711,7 +717,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``wanjax bench`` flags (seed names, hyphenated spellings accepted)."""
     d = BenchConfig()
     parser.add_argument(
-        "--arch", default=d.arch, choices=ARCHES, help=f"built-in architecture (default {d.arch})"
+        "--arch", default=d.arch, choices=tuple(released()), help=f"a registry variant (default {d.arch})"
     )
     parser.add_argument("--layers", type=int, default=None, help="DiT/UMT5/CLIP layers (default: all)")
     parser.add_argument(

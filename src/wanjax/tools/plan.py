@@ -46,10 +46,11 @@ from wanjax.io.quantizable import (
     weights_dtype,
 )
 from wanjax.models import clip_vision, dit, umt5, vae
-from wanjax.models.clip_vision import CLIP_VIT_H_14, IMAGE_ENCODER, CLIPVisionConfig
-from wanjax.models.config import EXPAND_TIMESTEPS, PRESETS, TWO_EXPERTS, TransformerConfig, parse_dtype
+from wanjax.models.clip_vision import IMAGE_ENCODER, CLIPVisionConfig
+from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.dit import TRANSFORMER
 from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS, parse_offload, streams_layers
+from wanjax.models.registry import CLIP_VIT_H_14, UMT5_XXL, WAN21_VAE, released
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import ACCELERATOR_CONV, Numerics
@@ -62,19 +63,6 @@ from wanjax.pipeline.model_index import read_model_index
 
 HEADROOM = 0.9
 GiB = 1 << 30
-UMT5_XXL = UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64)
-WAN22_VAE = VAEConfig(
-    base_dim=160,
-    decoder_base_dim=256,
-    z_dim=48,
-    is_residual=True,
-    patch_size=2,
-    in_channels=12,
-    out_channels=12,
-    scale_factor_spatial=16,
-    latents_mean=(0.0,) * 48,
-    latents_std=(1.0,) * 48,
-)
 ATTENTION_BLOCK = (512, 1024)  # the xla backend's query/key blocks
 
 
@@ -89,20 +77,16 @@ class Model:
 
 
 def model_configs(model: str) -> Model:
-    """A preset name (``1.3B``, ``14B``, ``I2V-14B``, ``A14B``, ``I2V-A14B``: with UMT5-XXL, the Wan
-    2.1 VAE and, image to video, CLIP ViT-H/14 when the transformer takes its tokens) or a diffusers
-    directory."""
-    if model in PRESETS:
-        t = PRESETS[model]
-        clip = CLIP_VIT_H_14 if t.image_tokens else None
-        experts = 2 if model in TWO_EXPERTS else 1
-        return Model(
-            t, UMT5_XXL, preset_vae(model), clip, experts, t.image_to_video or model in EXPAND_TIMESTEPS
-        )
+    """A released variant of the registry (:func:`wanjax.models.registry.released`) or a diffusers
+    directory (its configs; a component without one: the released checkpoints')."""
+    presets = released()
+    if model in presets:
+        v = presets[model]
+        return Model(v.transformer, v.text_encoder, v.vae, v.image_encoder, v.experts, v.image)
     root = Path(model)
     if not (root / TRANSFORMER.folder / TRANSFORMER.config_file).is_file():
         raise WanjaxError(
-            f"--model {model!r} is neither a preset ({', '.join(PRESETS)}) nor a diffusers model directory "
+            f"--model {model!r} is neither a preset ({', '.join(presets)}) nor a diffusers model directory "
             "with transformer/config.json"
         )
 
@@ -115,17 +99,11 @@ def model_configs(model: str) -> Model:
     return Model(
         transformer,
         read(TEXT_ENCODER, UMT5_XXL),
-        read(vae.VAE, VAEConfig()),
+        read(vae.VAE, WAN21_VAE),
         read(IMAGE_ENCODER, CLIP_VIT_H_14) if transformer.image_tokens else None,
         2 if index is not None and index.boundary_ratio is not None else 1,
         transformer.image_to_video or (index is not None and index.expand_timesteps),
     )
-
-
-def preset_vae(model: str) -> VAEConfig:
-    """The VAE of a preset: the Wan 2.2 VAE's shapes for TI2V-5B (its latent statistics, which do
-    not change memory, left neutral), Wan 2.1's otherwise."""
-    return WAN22_VAE if model in EXPAND_TIMESTEPS else VAEConfig()
 
 
 @dataclasses.dataclass

@@ -27,7 +27,8 @@ from wanjax.errors import ConfigError
 from wanjax.kernels import tuning
 from wanjax.kernels.attention import AttentionSpec, InterpretModeWarning, attention
 from wanjax.kernels.common import fit_blocks
-from wanjax.models.config import PRESETS, TransformerConfig, parse_dtype
+from wanjax.models.config import TransformerConfig, parse_dtype
+from wanjax.models.registry import released
 
 TEXT_TOKENS = 512
 
@@ -122,15 +123,16 @@ def tune(
 
 
 def load_config(model: str) -> TransformerConfig:
-    """A preset name (``1.3B``, ``14B``, ...) or a diffusers-layout model directory."""
-    if model in PRESETS:
-        return PRESETS[model]
+    """A registry variant (``1.3B``, ``14B``, ...) or a diffusers-layout model directory."""
+    presets = released()
+    if model in presets:
+        return presets[model].transformer
     directory = Path(model).expanduser()
     config = directory / "transformer" / "config.json"
     if not config.is_file():
         config = directory / "config.json"
     if not config.is_file():
-        raise ConfigError(f"--model {model!r}: not a preset ({', '.join(PRESETS)}) nor a model directory")
+        raise ConfigError(f"--model {model!r}: not a preset ({', '.join(presets)}) nor a model directory")
     return TransformerConfig.from_file(config)
 
 

@@ -17,8 +17,9 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from wanjax.cli.requests import GenerateRequest, ImageFlags, ModelDefaults, OutputFlags, VideoFlags
+from wanjax.cli.requests import GenerateRequest, ImageFlags, OutputFlags, VideoFlags
 from wanjax.cli.server.store import Job
+from wanjax.models.registry import Defaults
 
 SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 DATA_URL = re.compile(r"^data:image/[\w.+-]+;base64,")
@@ -58,7 +59,7 @@ class Limits:
 
 
 def job_params(
-    body: Any, defaults: ModelDefaults, temporal: int, model: str
+    body: Any, defaults: Defaults, temporal: int, model: str
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """A request body's fields checked for type, with the model's defaults for those left out:
     ``prompt, negative_prompt, width, height, frames, fps, num_inference_steps, guidance_scale, seed``,
