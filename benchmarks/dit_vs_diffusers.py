@@ -21,7 +21,7 @@ from diffusers import WanTransformer3DModel
 
 import wanjax
 from wanjax.models.registry import transformer_preset
-from wanjax.tools.bench import timed
+from wanjax.tools.measure import timed
 
 
 def main() -> None:

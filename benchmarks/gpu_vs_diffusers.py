@@ -287,7 +287,7 @@ def torch_memory(torch: Any) -> dict[str, Any]:
 
 
 def jax_memory(compiled: Any = None) -> dict[str, Any]:
-    from wanjax.tools.bench import allocator_peak_bytes, program_memory
+    from wanjax.tools.measure import allocator_peak_bytes, program_memory
 
     peak = allocator_peak_bytes()
     out = {
@@ -413,7 +413,7 @@ def child_sampler(c: Child) -> None:
     import wanjax
     from wanjax.pipeline.sampler import Sampler
     from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
-    from wanjax.tools.bench import program_memory
+    from wanjax.tools.measure import program_memory
 
     root = c.work / "weights" / "dit"
     model = wanjax.load_transformer(root, dtype="bfloat16")

@@ -25,7 +25,7 @@ from transformers import UMT5Config, UMT5EncoderModel
 
 from wanjax.models.registry import UMT5_XXL
 from wanjax.models.umt5 import UMT5Encoder, load_encoder_params
-from wanjax.tools.bench import timed
+from wanjax.tools.measure import timed
 
 
 def main() -> None:

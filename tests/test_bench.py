@@ -32,7 +32,7 @@ from wanjax.models import dit, registry, umt5
 from wanjax.models.registry import CLIP_VIT_H_14, DEMO_VAE22, UMT5_XXL, transformer_preset
 from wanjax.models.vae.config import VAEConfig
 from wanjax.pipeline import step_cache
-from wanjax.tools import bench
+from wanjax.tools import bench, measure
 from wanjax.tools.flops import Flops, dit_step_flops, vae_decode_flops
 
 
@@ -83,7 +83,7 @@ def check_memory_report(result, written, table, stage):
     program = result["stages"][stage]["program_memory"]
     assert program["argument_bytes"] > 0 and program["temp_bytes"] > 0 and program["output_bytes"] > 0
     assert program["total_bytes"] >= program["argument_bytes"] + program["temp_bytes"]
-    assert set(program) == {*bench.MEMORY_FIELDS, bench.HOST_ARGUMENT, "total_bytes"}
+    assert set(program) == {*measure.MEMORY_FIELDS, measure.HOST_ARGUMENT, "total_bytes"}
     allocator = result["memory"]["allocator_peak_bytes"]
     stats = jax.devices()[0].memory_stats()
     if stats is None or "peak_bytes_in_use" not in stats:  # CPU: no allocator statistics
@@ -207,10 +207,10 @@ def test_denoise_bench_offload_and_weights_dtype(tmp_path, capsys, offload, weig
         + program["temp_bytes"] + program["generated_code_bytes"]
     )  # fmt: skip
     if offload == "blocks":  # the stacked layers are host arguments, not counted in the device total
-        assert program[bench.HOST_ARGUMENT] > 0 and placed["host"] > 0
-        assert program[bench.HOST_ARGUMENT] == placed["host"]
+        assert program[measure.HOST_ARGUMENT] > 0 and placed["host"] > 0
+        assert program[measure.HOST_ARGUMENT] == placed["host"]
     else:
-        assert program[bench.HOST_ARGUMENT] == 0 and placed["host"] == 0
+        assert program[measure.HOST_ARGUMENT] == 0 and placed["host"] == 0
     assert program["argument_bytes"] >= placed["device"]
     spec = dit.checkpoint_spec(dataclasses.replace(transformer_preset("1.3B"), num_layers=2))
     if weights == "int8":  # the matmul kernels in 1 byte: under 60% of the bf16 weights' bytes

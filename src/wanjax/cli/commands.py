@@ -55,7 +55,8 @@ from wanjax.pipeline.components import IMAGE_COMPONENTS
 from wanjax.pipeline.conditioning import check_image_size, open_image
 from wanjax.pipeline.demo import demo_variants
 from wanjax.pipeline.hub import ModelSource
-from wanjax.pipeline.pipeline import WanPipeline, check_conditioning, check_image_input
+from wanjax.pipeline.inputs import check_conditioning, check_image_input
+from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.pipeline.prompts import negative_prompt, read_prompt_file
 from wanjax.pipeline.step_cache import resolve as resolve_cache
 from wanjax.runtime.environment import environment

@@ -44,7 +44,7 @@ from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2, WanTransformer, checkpoint_spec, load_transformer
 from wanjax.models.image_processor import ImageInput
 from wanjax.models.lora import LoraSpec, load_loras, plan_updates
-from wanjax.models.offload import Offload, parse_offload, take_turns
+from wanjax.models.offload import Offload, parse_offload
 from wanjax.models.registry import Defaults, Variant, defaults_for, match
 from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
 from wanjax.models.vae import VAE, Tiling, WanVAE, load_vae, parse_chunk
@@ -59,7 +59,9 @@ from wanjax.pipeline.conditioning import (
     size_for_image,
 )
 from wanjax.pipeline.hub import ModelSource, resolve_model
+from wanjax.pipeline.inputs import VideoGeometry, check_image_input
 from wanjax.pipeline.model_index import read_model_index
+from wanjax.pipeline.residency import Loaded, Residency
 from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import make_scheduler
 from wanjax.pipeline.step_cache import CacheConfig, CacheReport
@@ -69,122 +71,9 @@ from wanjax.runtime.timing import StageTiming, StepTimes
 Prompt = str | Sequence[str]
 
 
-def check_image_input(
-    cfg: TransformerConfig, image: bool, last_image: bool, source: str, expand_timesteps: bool = False
-) -> None:
-    """WanjaxError unless the images given (a first frame ``image``, a ``last_image``) are the ones the
-    transformer takes: a first frame for an image-to-video model, and a last one too for a
-    first-last-frame model; none for text-to-video; a first frame or none for a text-and-image model
-    (``expand_timesteps``, Wan 2.2 TI2V)."""
-    if last_image and not image:
-        raise WanjaxError("a last image needs a first one: give --image too")
-    if expand_timesteps:
-        if last_image:
-            raise WanjaxError(f"{source} (Wan 2.2 TI2V) takes a first frame only; leave --last_image out")
-        return
-    if cfg.image_to_video and not image:
-        raise WanjaxError(
-            f"{source} is an image-to-video model: give the first frame with --image FILE "
-            "(Python: pipe(prompt, image=...))"
-        )
-    if image and not cfg.image_to_video:
-        raise WanjaxError(
-            f"{source} is a text-to-video model: it takes no image; leave --image out or use an "
-            "image-to-video model (e.g. Wan-AI/Wan2.1-I2V-14B-480P-Diffusers)"
-        )
-    if cfg.first_last_frame and image and not last_image:
-        raise WanjaxError(
-            f"{source} is a first-last-frame model: give the last frame too with --last_image FILE "
-            "(Python: last_image=...)"
-        )
-    if last_image and cfg.image_tokens and not cfg.first_last_frame:  # its image tokens are one image's
-        raise WanjaxError(
-            f"{source} takes a first frame only (not a first-last-frame model, e.g. "
-            "Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers); leave --last_image out"
-        )
-
-
-def check_conditioning(
-    cfg: TransformerConfig, conditioning: ImageConditioning, latent_shape: Sequence[int], where: str
-) -> None:
-    """WanjaxError unless ``conditioning`` (of one video, e.g. read from a stage file) fits this
-    transformer and a video of latents ``latent_shape``: its latents on the same grid with the channels
-    the transformer adds to the noisy ones, one image state per given frame, ``image_dim`` wide."""
-    latents, states = conditioning.latents, conditioning.image_embeds
-    if conditioning.first_frame:  # expand_timesteps: the image's own latents, one frame
-        expected = (1, latent_shape[1], 1, *latent_shape[3:])
-    else:
-        expected = (1, cfg.in_channels - latent_shape[1], *latent_shape[2:])
-    if tuple(latents.shape) != expected:
-        raise WanjaxError(
-            f"{where}: condition_latents {list(latents.shape)} but this model and video need {list(expected)}; "
-            "re-run `wanjax encode --image ...` with this model and video size"
-        )
-    if not cfg.image_tokens:
-        if states is not None:
-            raise WanjaxError(
-                f"{where}: image_embeds given but this model takes no image-encoder states; they come "
-                "from another model (re-run `wanjax encode --image ...` with it)"
-            )
-        return
-    images = 2 if cfg.first_last_frame else 1
-    if states is None or states.shape[0] != images or states.shape[-1] != cfg.image_dim:
-        shape = None if states is None else list(states.shape)
-        raise WanjaxError(
-            f"{where}: image_embeds {shape} but this model takes {images} image(s) of width "
-            f"{cfg.image_dim}; they come from another model (re-run `wanjax encode --image ...` with it)"
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class VideoGeometry:
-    """How video sizes map to latent sizes for one model (from its VAE and transformer configs)."""
-
-    z_dim: int = 16
-    spatial: int = 8  # pixels per latent along H and W
-    temporal: int = 4  # frames per latent frame after the first
-    patch: tuple[int, int] = (2, 2)  # transformer patch along the latent H and W
-
-    @property
-    def pixel_steps(self) -> tuple[int, int]:
-        """Pixels per transformer token along H and W: what video sizes must be multiples of."""
-        return self.spatial * self.patch[0], self.spatial * self.patch[1]
-
-    def check(self, height: int, width: int, num_frames: int) -> None:
-        """Raise WanjaxError (naming valid values) unless the sizes can be generated."""
-        for name, value, step in zip(("height", "width"), (height, width), self.pixel_steps, strict=True):
-            if value < step or value % step:
-                near = max(step, round(value / step) * step)
-                raise WanjaxError(f"{name} {value} must be a positive multiple of {step} (e.g. {near})")
-        if num_frames < 1 or (num_frames - 1) % self.temporal:
-            low = max(1, (num_frames - 1) // self.temporal * self.temporal + 1)
-            raise WanjaxError(
-                f"frames {num_frames} must be {self.temporal}n+1 (e.g. {low} or {low + self.temporal})"
-            )
-
-    def latent_shape(self, batch: int, height: int, width: int, num_frames: int) -> tuple[int, ...]:
-        self.check(height, width, num_frames)
-        return (
-            batch,
-            self.z_dim,
-            (num_frames - 1) // self.temporal + 1,
-            height // self.spatial,
-            width // self.spatial,
-        )
-
-    def video_size(self, latent_shape: Sequence[int]) -> dict[str, int]:
-        """``{"batch", "frames", "height", "width"}`` of the video a latent shape decodes to."""
-        b, _, t, h, w = latent_shape
-        return {
-            "batch": b,
-            "frames": 1 + self.temporal * (t - 1),
-            "height": h * self.spatial,
-            "width": w * self.spatial,
-        }
-
-
 class WanPipeline:
-    """Wan 2.1 text-to-video. Build it with :meth:`from_pretrained`; see the module docstring.
+    """Wan text or image to video (any variant of :mod:`wanjax.models.registry`). Build it with
+    :meth:`from_pretrained`; see the module docstring.
 
     ``dtype``: transformer (and, unless ``text_encoder_dtype`` says otherwise, text encoder)
     weights and activations; ``vae_dtype``: the VAE's activations, ``vae_weights_dtype`` its
@@ -207,7 +96,10 @@ class WanPipeline:
     transformer's and text encoder's matmul kernels stored in 8 bits with a float32 scale per
     output channel (:mod:`wanjax.io.quant`; error bounds in the README). ``loras``: LoRA adapters
     ``[(file, weight), ...]`` merged into the transformer's weights; ``loras_2``: into a two-expert
-    model's ``transformer_2`` (:meth:`set_loras`).
+    model's ``transformer_2`` (:meth:`set_loras`). ``text_encoder``, ``image_encoder``,
+    ``transformer``, ``transformer_2``, ``vae``: components already built (as diffusers' pipelines
+    take them), used instead of reading the checkpoint's; the dtype, mesh and offload options apply to
+    the components the pipeline loads itself.
     """
 
     def __init__(
@@ -229,10 +121,16 @@ class WanPipeline:
         weights_dtype: str = UNQUANTIZED,
         loras: Sequence[LoraSpec] = (),
         loras_2: Sequence[LoraSpec] = (),
+        text_encoder: UMT5Encoder | None = None,
+        image_encoder: CLIPVisionEncoder | None = None,
+        transformer: WanTransformer | None = None,
+        transformer_2: WanTransformer | None = None,
+        vae: WanVAE | None = None,
     ):
         self.source = source
         self.model_index = read_model_index(source.path)  # an entry wanjax does not act on fails here
         self.offload = parse_offload(offload)
+        self.residency = Residency(self.offload)
         weights_storage(weights_dtype)  # a bad name fails now, before any weight is read
         self.weights_dtype = weights_dtype
         self._mesh_request = mesh
@@ -253,12 +151,13 @@ class WanPipeline:
         self.mesh_usage: str | None = None  # how the last denoise used each mesh axis
         self.cache_report: CacheReport | None = None  # what the last denoise's step cache did
         self.expert_steps: list[int] = []  # which expert ran each step of the last denoise
-        self._text_encoder: UMT5Encoder | None = None
-        self._transformer: WanTransformer | None = None
-        self._transformer_2: WanTransformer | None = None
+        # components built by the caller are used as they are; the others are read when first needed
+        self._text_encoder = text_encoder
+        self._transformer = transformer
+        self._transformer_2 = transformer_2
         self._sampler: Sampler | None = None
-        self._vae: WanVAE | None = None
-        self._image_encoder: CLIPVisionEncoder | None = None
+        self._vae = vae
+        self._image_encoder = image_encoder
         self.loras: list[tuple[LoraFile, float]] = []
         self.loras_2: list[tuple[LoraFile, float]] = []
         self.set_loras(loras)
@@ -418,20 +317,18 @@ class WanPipeline:
         if self.boundary_ratio is None:
             return None
         if self._transformer_2 is None:
-            if self.offload != "none" and self._transformer is not None:
-                self._transformer.to_host(block=True)  # one expert on the device at a time
+            if self._transformer is not None:
+                self.residency.park(self._transformer)  # one expert on the device at a time
             self._transformer_2 = self._load_transformer(TRANSFORMER_2.directory(self.path), self.loras_2)
-            if self.offload != "none":
-                self._transformer_2.to_host(block=True)
+            self.residency.park(self._transformer_2)
         return self._transformer_2
 
     def _switch_expert(self, expert: int) -> None:
-        """Before expert ``expert``'s first step: under ``offload`` other than ``"none"``, the other
-        expert to host memory (waiting until its device copy is free), this one to the device."""
-        if self.offload == "none" or self._transformer_2 is None:
+        """Before expert ``expert``'s first step: the experts take turns on the device (:attr:`residency`)."""
+        if not self.residency.moves or self._transformer_2 is None:
             return
         with self.stage_timing("denoise").loading():
-            take_turns((self.transformer, self._transformer_2), expert)
+            self.residency.switch_expert((self.transformer, self._transformer_2), expert)
 
     def set_loras(self, loras: Sequence[LoraSpec], *, load_into_transformer_2: bool = False) -> None:
         """Use these LoRA adapters (``[(file, weight), ...]``, replacing any set before; ``[]``: none):
@@ -524,29 +421,13 @@ class WanPipeline:
     # Residency (offload "model" and "blocks")
 
     def _enter(self, stage: str) -> None:
-        """Before ``stage`` (``encode``, ``denoise``, ``decode``) runs, under ``offload`` other than
-        ``"none"``: the other stages' components to pinned host memory, waiting until their device
-        copies are free (so the device never holds two of them), then this stage's component back
-        to the device if it waited on the host. That move is asynchronous: it overlaps what runs
-        before the first program that reads the weights (the step program's compile, the prompt's
-        tokenisation); a component not loaded yet is read straight into its device placement.
-        The transfers count as the stage's load time."""
-        if self.offload == "none":
+        """Before ``stage`` runs, the weights where :attr:`residency` puts them (the transfers count as
+        the stage's load time; a component not loaded yet is read straight into its placement)."""
+        if not self.residency.moves:
             return
         encoders = [e for e in (self._text_encoder, self._image_encoder) if e is not None]
-        transformer, second = self._transformer, self._transformer_2
         with self.stage_timing(stage).loading():
-            if stage != "encode":
-                for encoder in encoders:
-                    encoder.to_host(block=True)
-            for model in (transformer, second):
-                if model is not None and (stage != "denoise" or model is second):
-                    model.to_host(block=True)  # a second expert waits for its first step
-            if stage == "encode":
-                for encoder in encoders:
-                    encoder.to_device()
-            if stage == "denoise" and transformer is not None:
-                transformer.to_device()
+            self.residency.enter(stage, Loaded(encoders, self._transformer, self._transformer_2))
 
     # ------------------------------------------------------------------------------------------
     # The three stages

@@ -45,7 +45,6 @@ import argparse
 import dataclasses
 import json
 import math
-import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -61,15 +60,16 @@ from wanjax.io.quant import leaf_builder
 from wanjax.io.quantizable import UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
 from wanjax.models import clip_vision, dit, umt5
 from wanjax.models.config import parse_dtype
-from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload, take_turns
-from wanjax.models.offload import program_memory as split_program_memory
+from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload
 from wanjax.models.registry import Variant, released
 from wanjax.models.vae import WanVAE
 from wanjax.models.vae import checkpoint_spec as vae_spec
 from wanjax.models.vae.config import VAEConfig
+from wanjax.pipeline.residency import Residency
 from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.pipeline.step_cache import POLICIES, CacheConfig, presets
+from wanjax.tools.bench_report import MEMORY_LEGEND, format_table
 from wanjax.tools.flops import (
     Flops,
     achieved,
@@ -78,18 +78,15 @@ from wanjax.tools.flops import (
     umt5_flops,
     vae_decode_flops,
 )
-
-# Dense bf16 peak, TFLOP/s per chip, matched against ``device.device_kind`` (first match wins).
-PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("TPU v6", 918.0),  # v6e ("TPU v6 lite")
-    ("TPU v5 lite", 197.0),  # v5e
-    ("TPU v5e", 197.0),
-    ("TPU v5", 459.0),  # v5p
-    ("TPU v4", 275.0),
-    ("H200", 989.0),
-    ("H100", 989.0),
-    ("A100", 312.0),
+from wanjax.tools.measure import (
+    allocator_peak_bytes,
+    device_peak,
+    host_peak_rss_bytes,
+    peak_memory_bytes,
+    program_memory,
+    timed,
 )
+
 BENCH_VOCAB = 32_128
 RANDOM_WEIGHTS = ("auto", "numpy", "device")
 CPU_DEVICE_DRAW_MIN_PARAMS = 300_000_000  # --random_weights auto on a CPU: jax.random from this size
@@ -208,87 +205,6 @@ class StageResult:
         return out
 
 
-def timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    return time.perf_counter() - start
-
-
-def measure_cpu_matmul_peak(n: int = 2048, repeats: int = 5, dtype: Any = jnp.bfloat16) -> float:
-    """Best FLOP/s of an ``n``-cube ``dtype`` matmul with float32 accumulation on the default device."""
-    a = jnp.ones((n, n), dtype)
-    f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
-    jax.block_until_ready(f(a, a))
-    return 2 * n**3 / min(timed(lambda: f(a, a)) for _ in range(repeats))
-
-
-def device_peak(dtype: str = "bfloat16") -> tuple[float, str]:
-    """Peak FLOP/s of one default device for ``dtype`` work and where the figure comes from.
-
-    Accelerators: the datasheet's dense bf16 peak (whatever ``dtype``). CPU: a matmul in ``dtype``
-    measured here, since CPUs differ by far more than a table could say (an AMX Xeon runs bf16 ~3x
-    faster than float32, an AVX2-only EPYC ~2x slower)."""
-    device = jax.devices()[0]
-    kind = device.device_kind
-    for name, tflops in PEAK_TFLOPS:
-        if name in kind:
-            return tflops * 1e12, f"{kind}: datasheet dense bf16"
-    if device.platform == "cpu":
-        name = jnp.dtype(parse_dtype(dtype)).name
-        peak = measure_cpu_matmul_peak(dtype=parse_dtype(dtype))
-        return peak, f"cpu: measured {name} matmul (2048^3, f32 accumulation)"
-    return float("nan"), f"{kind}: unknown peak"
-
-
-def allocator_peak_bytes() -> int | None:
-    """The default device allocator's peak (``memory_stats()["peak_bytes_in_use"]``) since the process
-    started: every buffer alive at once, the compiler's and autotuner's scratch included. None where
-    the device keeps no statistics (CPU)."""
-    stats = jax.devices()[0].memory_stats() or {}
-    peak = stats.get("peak_bytes_in_use")
-    return None if peak is None else int(peak)
-
-
-def host_peak_rss_bytes() -> int:
-    """The process's peak resident memory (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-def peak_memory_bytes() -> tuple[int, str]:
-    """Peak memory: the device's allocator where it reports one, else the process's RSS."""
-    peak = allocator_peak_bytes()
-    if peak is not None:
-        return peak, "device peak"
-    return host_peak_rss_bytes(), "host peak RSS"
-
-
-MEMORY_FIELDS = {  # program_memory key -> wanjax.models.offload.program_memory's
-    "argument_bytes": "argument",
-    "output_bytes": "output",
-    "temp_bytes": "temp",
-    "generated_code_bytes": "generated_code",
-    "alias_bytes": "alias",
-}
-HOST_ARGUMENT = "host_argument_bytes"  # program_memory key: arguments in a host memory kind
-
-
-def program_memory(compiled: jax.stages.Compiled) -> dict[str, int] | None:
-    """What XLA's ``memory_analysis()`` says a compiled program needs, in bytes
-    (:func:`wanjax.models.offload.program_memory`): its arguments in device memory
-    (``argument_bytes``) and in a host memory kind (``host_argument_bytes``: offload ``blocks``'
-    streamed layers), outputs, temporaries and generated code, the outputs that alias (donated)
-    arguments, and the device ``total_bytes`` = arguments + outputs - aliased + temporaries + code.
-    None where the backend gives no analysis."""
-    try:
-        split = split_program_memory(compiled)
-    except (NotImplementedError, RuntimeError):
-        return None
-    out = {key: split[field] for key, field in MEMORY_FIELDS.items()}
-    out[HOST_ARGUMENT] = split["host_argument"]
-    out["total_bytes"] = split["total"] + out["generated_code_bytes"]
-    return out
-
-
 def random_weights_path(choice: str, num_params: int = 0) -> str:
     """``numpy`` or ``device`` for ``--random_weights`` ``choice`` and a model of ``num_params``
     weights. ``auto``: on the device, except on a CPU for models under
@@ -403,10 +319,13 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     params, weights = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.weights_dtype)
     model = dit.WanTransformer(tcfg, params, dtype, offload=offload)
     boundary = cfg.variant.boundary_ratio
+    residency = Residency(offload)  # as WanPipeline moves the weights
     second = None
     if boundary is not None:  # Wan 2.2 A14B: a second expert of the same architecture
         params_2, _ = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.weights_dtype)
         second = dit.WanTransformer(tcfg, params_2, dtype, offload=offload)
+        residency.park(second)  # it waits on the host until its first step
+    experts = (model,) if second is None else (model, second)
     to_device_s = None
     if offload != "none":  # as WanPipeline enters the stage: from pinned host memory back to the device
         model.to_host(block=True)
@@ -419,9 +338,8 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     scheduler = make_scheduler(SchedulerConfig(), cfg.num_inference_steps)
     sampler = Sampler(model, second)
 
-    def swap(expert: int) -> None:  # as WanPipeline: under offload, one expert on the device at a time
-        if second is not None and offload != "none":
-            take_turns((model, second), expert, block=True)
+    def swap(expert: int) -> None:  # under offload, one expert on the device at a time
+        residency.switch_expert(experts, expert, block=True)
 
     guided = cfg.guidance_scale > 1
     cache = cfg.cache_config()
@@ -572,19 +490,6 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     }
 
 
-MEMORY_LEGEND = {
-    "program_memory": "per stage: XLA's memory_analysis() of the compiled program, in bytes (arguments, "
-    "outputs, temporaries, generated code; total = arguments + outputs - aliased + temporaries + code): "
-    "what the program itself needs in device memory; host_argument_bytes: its arguments in a host "
-    "memory kind (offload blocks: the streamed layers), not in the total",
-    "weights_bytes": "per stage: the weights' bytes in device memory and in host memory kinds",
-    "allocator_peak_bytes": "the device allocator's peak_bytes_in_use since the process started (per "
-    "stage: right after it), everything allocated at once, XLA's autotuning scratch included; null "
-    "where the device keeps no statistics (CPU)",
-    "host_peak_rss_bytes": "the process's peak resident memory (on a CPU: weights, activations, runtime)",
-}
-
-
 def pipeline_summary(cfg: BenchConfig, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One generation from the stages run: an encode (and the image stage, for an image-to-video
     architecture), ``num_inference_steps`` steps and a decode at their steady medians (steps at the
@@ -608,109 +513,6 @@ def pipeline_summary(cfg: BenchConfig, stages: dict[str, dict[str, Any]]) -> dic
         **rate,
         "seconds_share": {name: t / seconds for name, t in seconds_of.items()},
     }
-
-
-def format_table(result: dict[str, Any]) -> str:
-    """The measurements as a text table."""
-    cfg = result["config"]
-    head = (
-        f"wanjax bench: {cfg['arch']} ({cfg['layers'] or 'all'} layers), {cfg['height']}x{cfg['width']}x"
-        f"{cfg['frames']}, {cfg['num_inference_steps']} steps, {cfg['dtype']}, guidance "
-        f"{cfg['guidance_scale']}, offload {cfg.get('offload', 'none')}, weights "
-        f"{cfg.get('weights_dtype', UNQUANTIZED)}; {result['devices']} x {result['device']}, peak "
-        + "; ".join(f"{p['tflops']:.3g} TFLOP/s ({p['source']})" for p in result["peaks"].values())
-    )
-    lines = [
-        head,
-        f"{'stage':8} {'warm-up s':>10} {'steady s':>18} {'s/step':>18} {'TFLOP':>9} "
-        f"{'TFLOP/s':>8} {'of peak':>13}",
-    ]
-
-    def of_peak(s: dict[str, Any]) -> str:
-        return f"{100 * s['fraction_of_peak']:.0f}% {s['peak_dtype']}" if "fraction_of_peak" in s else "-"
-
-    for name, s in result["stages"].items():
-        steady = f"{s['steady_median_s']:.3f} ({s['steady_min_s']:.3f}-{s['steady_max_s']:.3f})"
-        step = "-"
-        if "s_per_step_median" in s:
-            lo, hi = s["s_per_step_spread"]
-            step = f"{s['s_per_step_median']:.3f} ({lo:.3f}-{hi:.3f})"
-        tflop = f"{s['tflop']:.3f}" if "tflop" in s else "-"
-        rate = f"{s['achieved_tflops']:.3f}" if "achieved_tflops" in s else "-"
-        lines.append(
-            f"{name:8} {s['warmup_s']:>10.2f} {steady:>18} {step:>18} {tflop:>9} {rate:>8} {of_peak(s):>13}"
-        )
-    p = result.get("pipeline") or {}
-    if p:
-        share = ", ".join(f"{k} {100 * v:.0f}%" for k, v in p["seconds_share"].items())
-        lines.append(
-            f"{'pipeline':8} {'':>10} {p['steady_s']:>18.3f} {'':>18} {p['tflop']:>9.3f} "
-            f"{p.get('achieved_tflops', float('nan')):>8.3f} {of_peak(p):>13}  (time: {share})"
-        )
-    denoise = result["stages"].get("denoise", {})
-    if "cache" in denoise:
-        c = denoise["cache"]
-        steps = cfg["num_inference_steps"]
-        evaluated = ", ".join(f"{name} {b['evaluated_steps']}/{steps}" for name, b in c["branches"].items())
-        lines.append(
-            f"cache {c['policy']} (threshold {c['threshold']:g}): steps evaluated {evaluated}; "
-            f"{c['dit_evaluations']} DiT evaluations per video (uncached {steps * len(c['branches'])}); "
-            f"effective {denoise['s_per_step_effective']:.3f} s/step"
-        )
-    decode = result["stages"].get("decode", {})
-    if "tflop_executed" in decode:
-        lines.append(
-            f"decode FLOPs are the reference architecture's; wanjax's formulation executes "
-            f"{decode['tflop_executed']:.3f} TFLOP ({decode['achieved_tflops_executed']:.3f} TFLOP/s)"
-        )
-    lines += memory_lines(result)
-    return "\n".join(lines)
-
-
-def _gib(n: int | None) -> str:
-    return "n/a" if n is None else f"{n / 2**30:.3f}"
-
-
-def memory_lines(result: dict[str, Any]) -> list[str]:
-    """The memory table: per stage the program's own memory (XLA's ``memory_analysis``) beside the
-    allocator's peak, then the process-wide figures and where the random weights came from."""
-    lines = [
-        "memory: 'program' = what the compiled program needs (XLA memory_analysis: arguments + outputs "
-        "+ temporaries + code, in device memory; 'host args' = arguments in host memory, not in it); "
-        "'allocator peak' = the device allocator's peak_bytes_in_use so far "
-        "(everything allocated at once, autotuning scratch included; n/a: the device keeps no statistics)",
-        f"{'stage':8} {'program GiB':>12} {'args GiB':>9} {'host args GiB':>14} {'out GiB':>9} "
-        f"{'temp GiB':>9} {'code MiB':>9} {'allocator peak GiB':>19} {'weights dev/host GiB':>21}",
-    ]
-    for name, s in result["stages"].items():
-        m = s.get("program_memory")
-        cols = (
-            [_gib(m["total_bytes"]), _gib(m["argument_bytes"]), _gib(m.get(HOST_ARGUMENT, 0)),
-             _gib(m["output_bytes"]), _gib(m["temp_bytes"]), f"{m['generated_code_bytes'] / 2**20:.1f}"]
-            if m else ["n/a"] * 6
-        )  # fmt: skip
-        w = s.get("weights_bytes")
-        placed = f"{_gib(w['device'])}/{_gib(w['host'])}" if w else "-"
-        lines.append(
-            f"{name:8} {cols[0]:>12} {cols[1]:>9} {cols[2]:>14} {cols[3]:>9} {cols[4]:>9} {cols[5]:>9} "
-            f"{_gib(s.get('allocator_peak_bytes')):>19} {placed:>21}"
-        )
-    memory = result.get("memory") or {}
-    lines.append(
-        f"allocator peak {_gib(memory.get('allocator_peak_bytes'))} GiB, host peak RSS "
-        f"{_gib(memory.get('host_peak_rss_bytes'))} GiB; peak memory {result['peak_memory_gib']:.2f} GiB "
-        f"({result['memory_source']})"
-    )
-    drawn = [
-        f"{n} {s['random_weights_s']:.1f} s ({s['random_weights']})"
-        for n, s in result["stages"].items()
-        if "random_weights" in s
-    ]
-    if drawn:
-        lines.append(
-            f"random weights drawn (numpy: on the host; device: jax.random in place): {', '.join(drawn)}"
-        )
-    return lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

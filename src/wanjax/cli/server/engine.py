@@ -53,7 +53,8 @@ from wanjax.cli.server.store import Job, JobStore
 from wanjax.errors import WanjaxError
 from wanjax.io.atomic import atomic_path
 from wanjax.parallel.mesh import MeshSpec
-from wanjax.pipeline.pipeline import WanPipeline, check_image_input
+from wanjax.pipeline.inputs import check_image_input
+from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.runtime.timing import CompileMeter
 
 log = logging.getLogger("wanjax.serve")
@@ -122,7 +123,7 @@ class Engine:
 
     def image_inputs(self) -> dict[str, str]:
         """Whether the model's jobs take ``image`` and ``last_image``: ``required``, ``optional`` or
-        ``none``, as :func:`~wanjax.pipeline.pipeline.check_image_input` decides."""
+        ``none``, as :func:`~wanjax.pipeline.inputs.check_image_input` decides."""
         cfg, expand = self.pipe.transformer_config, self.pipe.expand_timesteps
 
         def takes(image: bool, last_image: bool) -> bool:
