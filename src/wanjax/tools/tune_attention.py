@@ -28,7 +28,7 @@ from wanjax.kernels import tuning
 from wanjax.kernels.attention import AttentionSpec, InterpretModeWarning, attention
 from wanjax.kernels.common import fit_blocks
 from wanjax.models.config import TransformerConfig, parse_dtype
-from wanjax.models.registry import released
+from wanjax.models.registry import released, transformer_preset
 
 TEXT_TOKENS = 512
 
@@ -123,10 +123,10 @@ def tune(
 
 
 def load_config(model: str) -> TransformerConfig:
-    """A registry variant (``1.3B``, ``14B``, ...) or a diffusers-layout model directory."""
-    presets = released()
+    """A registry variant (``1.3B``, ``14B``, ...), ``tiny``, or a diffusers-layout model directory."""
+    presets = [*released(), "tiny"]
     if model in presets:
-        return presets[model].transformer
+        return transformer_preset(model)
     directory = Path(model).expanduser()
     config = directory / "transformer" / "config.json"
     if not config.is_file():
