@@ -15,6 +15,7 @@ import jax
 import pytest
 
 from wanjax import WanPipeline
+from wanjax.runtime import child_compile
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "wanjax"
@@ -59,13 +60,19 @@ assert dict(os.environ) == env, "os.environ changed"
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-def test_from_pretrained_and_a_run_leave_jax_config_and_the_environment_alone(demo_env, jax_config):
+def test_from_pretrained_and_a_run_leave_jax_config_and_the_environment_alone(
+    demo_env, jax_config, monkeypatch
+):
     env = dict(os.environ)
     pipe = WanPipeline.from_pretrained("demo")
     assert changed(jax_config, dict(jax.config.values)) == {}
     pipe.vae.compile_in_child = True  # the compile child too (on the CPU; at any size)
+    built, compile_in_child = [], child_compile.compile_in_child
+    monkeypatch.setattr(
+        child_compile, "compile_in_child", lambda *a: built.append(a[0]) or compile_in_child(*a)
+    )
     video = pipe("a cat", num_inference_steps=2, height=32, width=48, num_frames=5, progress=False)
-    assert video.shape == (1, 5, 32, 48, 3)
+    assert video.shape == (1, 5, 32, 48, 3) and built
     assert changed(jax_config, dict(jax.config.values)) == {}
     assert dict(os.environ) == env
 
