@@ -95,6 +95,21 @@ def test_tune_cache_supplies_missing_blocks(tmp_path):
     assert AttentionSpec("splash_exp2", tune_file=str(path)).blocks(key + "x") == tuning.DEFAULT_BLOCKS
 
 
+def test_a_tune_file_is_read_once_per_path(tmp_path, monkeypatch):
+    """Lookups keep each file's table; a store refreshes it; another path is read on its own."""
+    reads = []
+    monkeypatch.setattr(tuning, "read_cache", lambda path=None: reads.append(path) or {})
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    for _ in range(3):
+        assert tuning.lookup("key", "kind", first) == tuning.DEFAULT_BLOCKS
+    assert reads == [first]
+    tuning.lookup("key", "kind", second)
+    assert reads == [first, second]
+    tuning.store("key", "kind", (1, 2, 3, 4), first)  # reads the file to merge, then refreshes
+    tuning.lookup("key", "kind", first)
+    assert reads == [first, second, first, first]
+
+
 def test_dit_forward_with_splash_exp2_equals_xla(tiny_transformer_dir):
     """A whole tiny DiT (150 tokens: two query blocks of 128, the second padded) agrees across backends."""
     root, _ = tiny_transformer_dir

@@ -117,6 +117,7 @@ def open_pipeline(
         vae_decode_chunk=vae.vae_decode_chunk,
         vae_tiling=Tiling.parse(vae.vae_tiling) if vae.vae_tiling else None,
         attention_backend=attention_spec(attention),
+        # the CLI opts in to the compilation cache (the library leaves jax.config alone unless asked)
         jax_cache_dir=common.jax_cache_dir if common.jax_cache_dir is not None else True,
         mesh=mesh,
         fsdp=fsdp,

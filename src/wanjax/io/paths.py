@@ -3,7 +3,8 @@
 The folder (:func:`cache_root`) holds the built-in demo model, the JAX compilation cache and the
 attention tune cache. A cache that cannot be written is reported as a :class:`CacheWarning` naming
 the folder and the fix (:func:`writable_dir`, :func:`warn_unwritable`), and the run goes on without
-it, or with a temporary folder removed at exit (:func:`scratch_dir`).
+it, or with a temporary folder removed at exit (:func:`scratch_dir`). Every cache and environment
+variable wanjax uses is listed in ``docs/environment.md``.
 """
 
 from __future__ import annotations

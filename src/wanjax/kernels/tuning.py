@@ -1,15 +1,18 @@
 """Block sizes of the TPU kernels: defaults and the tune cache written by ``wanjax tune-attention``.
 
-The cache is a small JSON file, ``{device_kind: {shape_key: [bq, bkv, bkv_compute, bkv_compute_in]}}``,
-read on each lookup (no process-wide state): ``$WANJAX_ATTENTION_TUNE_FILE``, else
-``<wanjax cache>/attention_tuning.json``. An absent or unreadable file is an empty cache; one that
+The cache is a small JSON file, ``{device_kind: {shape_key: [bq, bkv, bkv_compute, bkv_compute_in]}}``:
+``$WANJAX_ATTENTION_TUNE_FILE``, else ``<wanjax cache>/attention_tuning.json``. :func:`lookup` reads
+each path once per process and keeps its table (:func:`store` refreshes it; a file another process
+rewrites is seen by the next process). An absent or unreadable file is an empty cache; one that
 cannot be written is reported (a :class:`~wanjax.io.paths.CacheWarning`), never an error.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import jax
@@ -49,9 +52,15 @@ def read_cache(path: Path | None = None) -> dict[str, dict[str, list[int]]]:
     return data if isinstance(data, dict) else {}
 
 
+@functools.cache
+def _table(path: Path) -> Mapping[str, dict[str, list[int]]]:
+    """The cache at ``path``, read once (a memo keyed by path; :func:`store` clears it)."""
+    return read_cache(path)
+
+
 def lookup(key: str, kind: str, path: Path | None = None) -> Blocks:
     """Tuned blocks for ``key`` on device ``kind``, else ``DEFAULT_BLOCKS``."""
-    found = read_cache(path).get(kind, {}).get(key)
+    found = _table((tune_file() if path is None else path).expanduser()).get(kind, {}).get(key)
     if isinstance(found, list) and len(found) == 4 and all(isinstance(x, int) for x in found):
         return tuple(found)  # type: ignore[return-value]
     return DEFAULT_BLOCKS
@@ -65,6 +74,7 @@ def store(key: str, kind: str, blocks: Blocks, path: Path | None = None) -> Path
     data.setdefault(kind, {})[key] = list(blocks)
     try:
         write_text(path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+        _table.cache_clear()
     except OSError as err:
         kept = (
             "the tuned blocks are not kept: give --tune_file or $WANJAX_ATTENTION_TUNE_FILE a writable path"

@@ -169,18 +169,20 @@ class WanPipeline:
         model: str | Path,
         dtype: Any = "bfloat16",
         *,
-        jax_cache_dir: str | Path | bool = True,
+        jax_cache_dir: str | Path | bool | None = None,
         revision: str | None = None,
         download: bool = False,
         **options: Any,
     ) -> WanPipeline:
         """A pipeline for ``model``: a diffusers-layout directory, a hub repo id in the local Hugging
         Face cache (at ``revision``: a branch, tag or commit; fetched first with ``download=True``), or
-        ``"demo"`` (the built-in smoke model). ``jax_cache_dir``: the persistent compilation cache --
-        ``True`` for the default directory, a path, ``"off"``, or ``False`` to leave JAX's
-        configuration alone. ``dtype`` and ``options``: :class:`WanPipeline`'s own arguments.
+        ``"demo"`` (the built-in smoke model). ``jax_cache_dir``: JAX's persistent compilation cache,
+        which is process-wide ``jax.config`` -- ``None`` or ``False`` (default): JAX's configuration
+        is left as it is; a path or URL: turned on there; ``True``: turned on in the default directory
+        (as the CLI does, see ``docs/environment.md``); ``"off"``: turned off. ``dtype`` and
+        ``options``: :class:`WanPipeline`'s own arguments.
         """
-        if jax_cache_dir is not False:
+        if jax_cache_dir is not None and jax_cache_dir is not False:
             enable_compilation_cache(None if jax_cache_dir is True else jax_cache_dir)
         return cls(resolve_model(model, revision=revision, download=download), dtype, **options)
 

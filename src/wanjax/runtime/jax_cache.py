@@ -1,4 +1,11 @@
-"""The persistent JAX compilation cache: on by default, so a second run of a shape compiles nothing.
+"""The persistent JAX compilation cache, so a second run of a shape compiles nothing.
+
+It is JAX's process-wide configuration, so it is turned on only when asked: by the CLI (every
+command, unless ``--jax_cache_dir off``) or ``WanPipeline.from_pretrained(jax_cache_dir=...)``;
+:func:`enable_compilation_cache` then sets ``jax_enable_compilation_cache``,
+``jax_compilation_cache_dir``, ``jax_persistent_cache_min_entry_size_bytes`` (-1) and
+``jax_persistent_cache_min_compile_time_secs`` (0). Nothing else in wanjax changes this process's
+``jax.config`` (a compile child sets its own, see :mod:`wanjax.runtime.child_compile`).
 
 The directory is, in order: the value passed in (the ``--jax_cache_dir`` flag), ``$WANJAX_JAX_CACHE_DIR``,
 a directory already configured for JAX (``$JAX_COMPILATION_CACHE_DIR`` or ``jax.config``), else
@@ -38,7 +45,7 @@ def is_remote(directory: str | Path) -> bool:
 def resolve_cache_dir(directory: str | Path | None = None) -> tuple[Path | str | None, str]:
     """The cache directory to use (``None``: disabled; a remote URL stays a string, since a ``Path``
     would fold its ``//``) and the setting it came from (``--jax_cache_dir`` for ``directory``, else a
-    variable's ``$NAME`` or ``jax.config``)."""
+    variable's name with its ``$`` or ``jax.config``)."""
     source = "--jax_cache_dir"
     if directory is None:
         directory, source = os.environ.get(ENV_VAR), f"${ENV_VAR}"

@@ -18,8 +18,8 @@ Compilation: each input shape gets one program (the scan's trip count is static)
 compile time (~4-5 s on CPU for the real VAE) and memory do not depend on the number of frames.
 On the CPU, programs for frames of 256x256 pixels and more are compiled in a short-lived child
 process and loaded from their serialized executables (:mod:`wanjax.runtime.child_compile`), which keeps
-the ~100 MiB the compiler leaves behind out of this process; the executables are kept beside the
-persistent compilation cache, so the next run compiles nothing. Programs are kept per signature
+the ~100 MiB the compiler leaves behind out of this process; while the persistent compilation
+cache is on, the executables are kept beside it, so the next run compiles nothing. Programs are kept per signature
 (:mod:`wanjax.models.vae.programs`), and a part's weights are read only after its first program is
 compiled (:class:`_Weights`).
 """
