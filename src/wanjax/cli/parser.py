@@ -2,7 +2,7 @@
 pipeline subcommands.
 
 Flags use the reference scripts' names (``--num_inference_steps``) and accept hyphenated spellings
-(``--num-inference-steps``). Their defaults are the requests' (:mod:`wanjax.cli.requests`): a flag
+(``--num-inference-steps``). Their defaults are the requests' (:mod:`wanjax.jobs.requests`): a flag
 left out parses to ``None`` and the request fills it in.
 """
 
@@ -12,20 +12,19 @@ import argparse
 import re
 from typing import Any, NoReturn
 
-from wanjax.cli.requests import (
+from wanjax.cli.requests import PlanRequest
+from wanjax.errors import one_line
+from wanjax.jobs.requests import (
     DEFAULT_MODEL,
-    IMAGE_BODY,
     STAGE_DIR,
-    TEXT_BODY,
     AttentionFlags,
-    PlanRequest,
     PromptFlags,
-    ServerFlags,
     VaeFlags,
     model_defaults,
 )
 from wanjax.kernels.precision import PRECISIONS
 from wanjax.pipeline.prompts import NAMED_NEGATIVE_PROMPTS
+from wanjax.server.request import IMAGE_BODY, TEXT_BODY, ServerFlags
 
 _INVALID_CHOICE = re.compile(r"invalid choice: (?P<value>.*) \(choose from (?P<choices>.*)\)")
 
@@ -63,11 +62,6 @@ class CliParser(argparse.ArgumentParser):
         if self._subcommands is None:
             return self
         return self._subcommands.choices.get(getattr(namespace, self._subcommands.dest, None), self)
-
-
-def one_line(message: object) -> str:
-    """The message on one line (multi-line messages are joined)."""
-    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
 
 
 def _plain_choices(message: str) -> str:
