@@ -37,7 +37,8 @@ def subcommands() -> dict[str, Subcommand]:
     """Every subcommand by name, in the order ``wanjax --help`` lists them."""
     from wanjax.cli import commands, describe
     from wanjax.cli import parser as flags
-    from wanjax.cli.requests import InfoRequest, PlanRequest, from_flags
+    from wanjax.cli.describe import InfoRequest, PlanRequest
+    from wanjax.cli.parser import from_flags
     from wanjax.jobs.requests import DecodeRequest, DenoiseRequest, EncodeRequest, GenerateRequest
     from wanjax.server.request import ServeRequest
     from wanjax.server.serve import serve
