@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from wanjax.cli import requests
 from wanjax.cli.main import build_parser, main, subcommands
+from wanjax.jobs import requests
 from wanjax.pipeline import stages
 
 

@@ -1,7 +1,9 @@
 """The package's import structure: layers in a fixed order, no cycles.
 
 Every import counts, function-local ones included: a module may import only from its own layer or a
-lower one, and the module graph has no cycle. The layers, bottom to top, are the README's Design tree.
+lower one, and the module graph has no cycle. The layers, bottom to top, are the README's Design tree:
+the jobs (check, run, write, record) sit below the two front ends, the server and the command line,
+and the server imports nothing of the command line.
 """
 
 from __future__ import annotations
@@ -12,7 +14,21 @@ from pathlib import Path
 import wanjax
 
 ROOT = Path(wanjax.__file__).parent
-LAYERS = ("base", "io", "runtime", "kernels", "parallel", "models", "pipeline", "tools", "cli", "api")
+LAYERS = (
+    "base",
+    "io",
+    "runtime",
+    "kernels",
+    "parallel",
+    "models",
+    "pipeline",
+    "jobs",
+    "tools",
+    "server",
+    "cli",
+    "api",
+)
+APART = {"server": "cli"}  # a layer that must not import another one, whatever the order says
 BASE = {"wanjax.errors", "wanjax.version"}
 
 
@@ -66,6 +82,18 @@ def test_no_import_goes_up_the_layers():
     assert not upward, "imports against the layer order:\n" + "\n".join(upward)
 
 
+def imports_across(graph: dict[str, set[str]], apart: dict[str, str]) -> list[str]:
+    """Each import of a module of a layer in ``apart`` from the layer it must stay apart from."""
+    return sorted(
+        f"{m} imports {d}" for m, deps in graph.items() for d in deps if apart.get(layer(m)) == layer(d)
+    )
+
+
+def test_the_server_imports_nothing_of_the_cli():
+    across = imports_across(GRAPH, APART)
+    assert not across, "the server imports the command line:\n" + "\n".join(across)
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of ``graph`` as a list of modules (first == last), or None."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -99,4 +127,8 @@ def test_the_checks_catch_what_they_should():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     assert layer("wanjax.models.vae.model") == "models" and layer("wanjax.errors") == "base"
     assert "wanjax.io.checkpoint" in GRAPH["wanjax.models.dit"]
-    assert "wanjax.pipeline.components" in GRAPH["wanjax.cli.preflight"]  # a function-local import
+    assert "wanjax.pipeline.components" in GRAPH["wanjax.jobs.preflight"]  # a function-local import
+    assert "wanjax.jobs.generate" in GRAPH["wanjax.server.engine"]
+    server_to_cli = {"wanjax.server.serve": {"wanjax.cli.parser"}, "wanjax.cli.parser": set()}
+    assert imports_across(server_to_cli, APART) == ["wanjax.server.serve imports wanjax.cli.parser"]
+    assert imports_across(GRAPH, {"cli": "jobs"})  # the command line does import the jobs

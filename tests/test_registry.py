@@ -12,15 +12,17 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from wanjax.cli import commands
 from wanjax.cli.main import main
-from wanjax.cli.requests import SamplingFlags
-from wanjax.cli.server.api import job_params
+from wanjax.jobs.checks import resolve_video
+from wanjax.jobs.opening import defaults_of
+from wanjax.jobs.requests import SamplingFlags
+from wanjax.jobs.sampling import sampling_params
 from wanjax.models import registry
 from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2
 from wanjax.models.registry import Defaults, Variant
 from wanjax.pipeline.demo import DEMO_SCHEDULER
 from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.server.api import job_params
 
 
 def config_only_checkpoint(parent, v: Variant):
@@ -85,17 +87,17 @@ def test_every_entry_point_uses_the_registry_defaults(name, tmp_path):
     python = python_call_values(pipe, image)
     assert python == {**expected, "steps": d.num_inference_steps, "guidance": d.guidance_scale}
 
-    video = commands.resolve_video(pipe, {}, {}, None, 1, None, image)
-    sampling = commands.sampling_params(pipe, SamplingFlags())
+    video = resolve_video(pipe, {}, {}, None, 1, None, image)
+    sampling = sampling_params(pipe, SamplingFlags())
     cli = {**video, "seed": sampling["seed"]}
     assert cli == expected
     assert (sampling["num_inference_steps"], sampling["guidance_scale"]) == (
         python["steps"],
         python["guidance"],
     )
-    assert commands.defaults_of(pipe).fps == d.fps
+    assert defaults_of(pipe).fps == d.fps
 
-    params, _ = job_params({"prompt": "a cat"}, commands.defaults_of(pipe), pipe.geometry.temporal, name)
+    params, _ = job_params({"prompt": "a cat"}, defaults_of(pipe), pipe.geometry.temporal, name)
     server = {k: params[k] for k in ("height", "width", "frames", "seed")}
     assert server == expected
     assert (params["num_inference_steps"], params["guidance_scale"], params["fps"]) == (

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from wanjax.cli import preflight as validation
 from wanjax.cli.main import main
 from wanjax.errors import NumericalError, WanjaxError
 from wanjax.io.checkpoint import open_safetensors
 from wanjax.io.component import read_config_file
+from wanjax.jobs import preflight as validation
 from wanjax.models.config import TransformerConfig
 from wanjax.pipeline import stages
 from wanjax.pipeline.hub import resolve_model
@@ -602,7 +602,7 @@ def test_fuzzed_stage_files_and_configs_give_clean_errors(demo_dir, tmp_path):
 
 def test_runtime_failures_exit_1_and_user_mistakes_exit_2(demo_env, tmp_path, capsys, monkeypatch):
     """An OSError while working (disk full) is one line with exit 1; --debug re-raises it."""
-    from wanjax.cli import requests
+    from wanjax.jobs import requests
 
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")

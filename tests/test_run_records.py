@@ -16,8 +16,8 @@ from pathlib import Path
 import av
 import pytest
 
-from wanjax.cli import outputs
 from wanjax.cli.main import main
+from wanjax.jobs import outputs
 from wanjax.pipeline import stages
 from wanjax.pipeline.prompts import OFFICIAL_NEGATIVE_PROMPT, negative_prompt, read_prompt_file
 from wanjax.version import __version__
@@ -41,7 +41,7 @@ def one_line_error(capsys, args, needle: str) -> str:
 
 
 class FrozenClock:
-    """Stands for the ``datetime`` module in :mod:`wanjax.cli.outputs`: every run starts in the same second."""
+    """Stands for the ``datetime`` module in :mod:`wanjax.jobs.outputs`: every run starts in the same second."""
 
     class datetime(datetime.datetime):  # named as the class it stands for
         @classmethod

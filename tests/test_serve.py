@@ -24,7 +24,7 @@ from PIL import Image
 from serve_process import Server
 
 from wanjax.cli.main import main
-from wanjax.cli.server.store import JobStore, QueueFull
+from wanjax.server.store import JobStore, QueueFull
 
 KEY = "test-key-123"
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"

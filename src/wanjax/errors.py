@@ -41,3 +41,8 @@ def parse_json_object(text: str | bytes, where: str, error: type[WanjaxError] = 
     if not isinstance(value, dict):
         raise error(f"{where}: not a JSON object")
     return value
+
+
+def one_line(message: object) -> str:
+    """The message on one line (multi-line messages are joined)."""
+    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())

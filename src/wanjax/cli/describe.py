@@ -2,17 +2,47 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from wanjax.cli.requests import InfoRequest, PlanRequest
 from wanjax.errors import WanjaxError
+from wanjax.jobs.requests import DEFAULT_DTYPE, Request
 from wanjax.models.registry import Defaults, Variant, released
 
 if TYPE_CHECKING:
     from wanjax.io.component import Component
     from wanjax.pipeline.hub import ModelSource
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanRequest(Request):
+    """``wanjax plan``: per-device memory of a run on a mesh."""
+
+    command: ClassVar[str] = "plan"
+    model: str = "14B"
+    mesh: str | None = None
+    num_devices: int | None = None
+    device_memory: str = "32GiB"
+    height: int = 720
+    width: int = 1280
+    frames: int = 81
+    dtype: str = DEFAULT_DTYPE
+    vae_dtype: str = "float32"
+    use_fsdp: bool = False
+    offload: str = "none"
+    weights_dtype: str = "bf16"
+
+
+@dataclasses.dataclass(frozen=True)
+class InfoRequest(Request):
+    """``wanjax info``: what a model directory holds."""
+
+    command: ClassVar[str] = "info"
+    model: str
+    revision: str | None = None
+    download: bool = False
 
 
 def cmd_info(request: InfoRequest) -> None:

@@ -18,8 +18,8 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from wanjax.cli.parser import CliParser, UsageError, one_line
-from wanjax.errors import WanjaxError
+from wanjax.cli.parser import CliParser, UsageError
+from wanjax.errors import WanjaxError, one_line
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,46 +35,50 @@ class Subcommand:
 
 def subcommands() -> dict[str, Subcommand]:
     """Every subcommand by name, in the order ``wanjax --help`` lists them."""
-    from wanjax.cli import commands, describe, requests
+    from wanjax.cli import commands, describe
     from wanjax.cli import parser as flags
-    from wanjax.cli.server import serve
+    from wanjax.cli.describe import InfoRequest, PlanRequest
+    from wanjax.cli.parser import from_flags
+    from wanjax.jobs.requests import DecodeRequest, DenoiseRequest, EncodeRequest, GenerateRequest
+    from wanjax.server.request import ServeRequest
+    from wanjax.server.serve import serve
     from wanjax.tools import bench, tune_attention
 
     return {
         "generate": Subcommand(
             "prompt to mp4 in one run",
             flags.generate_flags,
-            requests.GenerateRequest.from_flags,
+            from_flags(GenerateRequest),
             commands.cmd_generate,
         ),
         "encode": Subcommand(
             "stage 1: prompt -> stage1_embeddings.safetensors",
             flags.encode_flags,
-            requests.EncodeRequest.from_flags,
+            from_flags(EncodeRequest),
             commands.cmd_encode,
         ),
         "denoise": Subcommand(
             "stage 2: embeddings -> stage2_latents.safetensors",
             flags.denoise_flags,
-            requests.DenoiseRequest.from_flags,
+            from_flags(DenoiseRequest),
             commands.cmd_denoise,
         ),
         "decode": Subcommand(
             "stage 3: stage2_latents.safetensors -> mp4",
             flags.decode_flags,
-            requests.DecodeRequest.from_flags,
+            from_flags(DecodeRequest),
             commands.cmd_decode,
         ),
         "serve": Subcommand(
             "an HTTP server generating videos (OpenAI-style API, a web page); needs wanjax[serve]",
             flags.serve_flags,
-            requests.ServeRequest.from_flags,
-            serve.cmd_serve,
+            from_flags(ServeRequest),
+            serve,
         ),
         "plan": Subcommand(
             "per-device memory of a run on a mesh (no weights needed)",
             flags.plan_flags,
-            requests.PlanRequest.from_flags,
+            from_flags(PlanRequest),
             describe.cmd_plan,
         ),
         "bench": Subcommand(
@@ -92,7 +96,7 @@ def subcommands() -> dict[str, Subcommand]:
         "info": Subcommand(
             "what a diffusers-layout model directory holds",
             flags.info_flags,
-            requests.InfoRequest.from_flags,
+            from_flags(InfoRequest),
             describe.cmd_info,
         ),
     }

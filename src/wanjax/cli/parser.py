@@ -1,33 +1,51 @@
-"""The ``wanjax`` flags: an argparse parser whose mistakes are one line, and the flag groups of the
-pipeline subcommands.
+"""The ``wanjax`` flags: an argparse parser whose mistakes are one line, the flag groups of the
+pipeline subcommands, and the requests built from the parsed flags (:func:`from_flags`).
 
 Flags use the reference scripts' names (``--num_inference_steps``) and accept hyphenated spellings
-(``--num-inference-steps``). Their defaults are the requests' (:mod:`wanjax.cli.requests`): a flag
+(``--num-inference-steps``). Their defaults are the requests' (:mod:`wanjax.jobs.requests`): a flag
 left out parses to ``None`` and the request fills it in.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
-from typing import Any, NoReturn
+import typing
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeVar
 
-from wanjax.cli.requests import (
+from wanjax.cli.describe import PlanRequest
+from wanjax.errors import one_line
+from wanjax.jobs.requests import (
     DEFAULT_MODEL,
-    IMAGE_BODY,
     STAGE_DIR,
-    TEXT_BODY,
     AttentionFlags,
-    PlanRequest,
     PromptFlags,
-    ServerFlags,
+    Request,
     VaeFlags,
 )
 from wanjax.kernels.precision import PRECISIONS
 from wanjax.models.registry import DEMO_DEFAULTS, Defaults, released
 from wanjax.pipeline.prompts import NAMED_NEGATIVE_PROMPTS
+from wanjax.server.request import IMAGE_BODY, TEXT_BODY, ServerFlags
 
 _INVALID_CHOICE = re.compile(r"invalid choice: (?P<value>.*) \(choose from (?P<choices>.*)\)")
+
+
+R = TypeVar("R", bound=Request)
+
+
+def from_flags(cls: type[R]) -> Callable[[argparse.Namespace], R]:
+    """The builder of ``cls`` requests from parsed flags, their values checked (WanjaxError naming
+    the flag)."""
+
+    def build(args: argparse.Namespace) -> R:
+        request = _from_namespace(cls, args)
+        request.check()
+        return request
+
+    return build
 
 
 class UsageError(Exception):
@@ -63,11 +81,6 @@ class CliParser(argparse.ArgumentParser):
         if self._subcommands is None:
             return self
         return self._subcommands.choices.get(getattr(namespace, self._subcommands.dest, None), self)
-
-
-def one_line(message: object) -> str:
-    """The message on one line (multi-line messages are joined)."""
-    return " ".join(line.strip() for line in str(message).splitlines() if line.strip())
 
 
 def _plain_choices(message: str) -> str:
@@ -482,3 +495,16 @@ def info_flags(parser: argparse.ArgumentParser) -> None:
         "model", help="model directory (or one component folder), hub id in the HF cache, or demo"
     )
     add_hub(parser)
+
+
+def _from_namespace(cls: type[Any], args: argparse.Namespace) -> Any:
+    """``cls`` with each field from the flag of its name (groups recursively); a flag left out
+    (``None``) keeps the field's default. Lists (``nargs``) become tuples."""
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[field.name]):
+            values[field.name] = _from_namespace(hints[field.name], args)
+        elif (value := getattr(args, field.name, None)) is not None:  # a flag the command lacks: default
+            values[field.name] = tuple(value) if isinstance(value, list) else value
+    return cls(**values)

@@ -49,7 +49,7 @@ from wanjax.models.vae.scan import parse_chunk
 from wanjax.models.vae.tiling import Tiling
 from wanjax.runtime.programs import Signature, child_can_compile, release_free_heap, signature, unplaced
 
-# Tiling and parse_chunk stay importable from here (``wanjax.cli`` does)
+# Tiling and parse_chunk stay importable from here (``wanjax.jobs`` and ``wanjax.cli`` do)
 __all__ = ["CHILD_COMPILE_MIN_PIXELS", "Tiling", "WanVAE", "load_vae", "parse_chunk"]
 
 # Frames this large (pixels) have their programs compiled in a child process by default: there the

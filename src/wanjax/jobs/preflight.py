@@ -4,7 +4,7 @@ Each raises :class:`~wanjax.errors.WanjaxError` with one line naming the problem
 output paths that cannot be written, a model directory whose components, shard indexes,
 safetensors headers or tensor shapes are wrong (only the headers are read), video sizes beyond the
 transformer's RoPE table, and meshes that do not fit the devices or the attention heads. (Flag
-values are checked when a request is built: :func:`wanjax.cli.requests.check_flags`.)
+values are checked when a request is built: :func:`wanjax.jobs.requests.check_flags`.)
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Respon
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from wanjax.cli.server.api import ApiError, Limits, form_body, video_object
-from wanjax.cli.server.engine import Engine, Worker
-from wanjax.cli.server.store import COMPLETED, IN_PROGRESS, QUEUED, Job, JobStore, QueueFull
+from wanjax.server.api import ApiError, Limits, form_body, video_object
+from wanjax.server.engine import Engine, Worker
+from wanjax.server.store import COMPLETED, IN_PROGRESS, QUEUED, Job, JobStore, QueueFull
 
 log = logging.getLogger("wanjax.serve")
 EVENT_POLL_SECONDS = 0.25
@@ -67,7 +67,7 @@ class BearerAuth:
 def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | None = None) -> Starlette:
     """The server's ASGI app."""
     limits: Limits = engine.limits
-    page = resources.files("wanjax.cli.server").joinpath("page.html").read_text()
+    page = resources.files("wanjax.server").joinpath("page.html").read_text()
 
     def find(job_id: str) -> Job:
         job = store.get(job_id)

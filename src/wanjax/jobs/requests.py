@@ -1,28 +1,26 @@
-"""What each ``wanjax`` subcommand is asked to do: typed requests, built once from the parsed flags.
+"""What a job is asked to do: typed requests (``generate``, ``encode``, ``denoise``, ``decode``).
 
-Every default of the command line lives here. A request field is named as its flag
-(``--num_inference_steps`` -> ``num_inference_steps``); flags a command shares sit in groups
+Every default of a job lives here. A request field is named as its flag
+(``--num_inference_steps`` -> ``num_inference_steps``); flags jobs share sit in groups
 (:class:`VideoFlags`, :class:`SamplingFlags`, ...). ``None`` means "not given": the value then comes
 from an earlier stage, the ``--init_latents`` shape, the checkpoint, or the model's defaults
-(``WanPipeline.defaults``: the model registry's, :mod:`wanjax.models.registry`). Building a request
-checks the flag values (:func:`check_flags`), so a command never sees a bad one.
+(``WanPipeline.defaults``: the model registry's, :mod:`wanjax.models.registry`). Whoever builds a
+request (the command line from its flags, the server from a request body) checks its values
+(:meth:`Request.check`), so a job never sees a bad one.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import math
-import typing
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 from wanjax.errors import ConfigError, WanjaxError
 
 DEFAULT_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 DEFAULT_DTYPE = "bfloat16"
-TEXT_BODY, IMAGE_BODY = 64 * 1024, 16 * 2**20  # `wanjax serve`'s default request body limits
 STAGE_DIR = "stage_outputs"
 OUTPUT_SUFFIXES = {
     "output_video": ".mp4",
@@ -30,8 +28,6 @@ OUTPUT_SUFFIXES = {
     "preview": ".png",
     "cache_calibrate": ".json",
 }
-
-R = TypeVar("R", bound="Request")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -232,16 +228,13 @@ class OutputFlags:
 
 
 class Request:
-    """Base of the subcommand requests: built from parsed flags, recorded as flags."""
+    """Base of the requests: fields named as flags, checked once, recorded as flags."""
 
     command: ClassVar[str]
 
-    @classmethod
-    def from_flags(cls: type[R], args: argparse.Namespace) -> R:
-        """The request of these parsed flags, its values checked (WanjaxError naming the flag)."""
-        request = _from_namespace(cls, args)
-        check_flags(request)
-        return request
+    def check(self) -> None:
+        """The values are valid (WanjaxError naming the flag otherwise): :func:`check_flags`."""
+        check_flags(self)
 
     def flags(self) -> dict[str, Any]:
         """Every flag value by flag name (the groups' fields merged)."""
@@ -325,95 +318,6 @@ class DecodeRequest(Request):
 PipelineRequest = GenerateRequest | EncodeRequest | DenoiseRequest | DecodeRequest
 
 
-@dataclasses.dataclass(frozen=True)
-class ServerFlags:
-    """Where ``wanjax serve`` listens and keeps its jobs, its key, and the largest request it takes
-    (``None``: the model's default frames / pixels a frame)."""
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    output_dir: str = "serve_outputs"
-    api_key: str | None = None
-    max_queue: int = 64
-    max_frames: int | None = None
-    max_pixels: int | None = None
-    max_steps: int = 100
-    max_body_bytes: int | None = None
-    device_memory: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class ServeRequest(Request):
-    """``wanjax serve``: one process (per host) holding the model, generating the videos HTTP clients
-    ask for; every flag but the server's applies to each job as to ``wanjax generate``."""
-
-    command: ClassVar[str] = "serve"
-    common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
-    dtype: str | None = None
-    precision: str | None = None
-    attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
-    vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
-    adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)
-    cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
-    memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
-    parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
-    server: ServerFlags = dataclasses.field(default_factory=ServerFlags)
-
-    def job_base(self) -> GenerateRequest:
-        """The ``generate`` request every job starts from: this one's flags (its text, images, video
-        and sampling are the job's)."""
-        shared = {field.name for field in dataclasses.fields(GenerateRequest)}
-        return GenerateRequest(
-            **{
-                field.name: getattr(self, field.name)
-                for field in dataclasses.fields(self)
-                if field.name in shared
-            }
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class PlanRequest(Request):
-    """``wanjax plan``: per-device memory of a run on a mesh."""
-
-    command: ClassVar[str] = "plan"
-    model: str = "14B"
-    mesh: str | None = None
-    num_devices: int | None = None
-    device_memory: str = "32GiB"
-    height: int = 720
-    width: int = 1280
-    frames: int = 81
-    dtype: str = DEFAULT_DTYPE
-    vae_dtype: str = "float32"
-    use_fsdp: bool = False
-    offload: str = "none"
-    weights_dtype: str = "bf16"
-
-
-@dataclasses.dataclass(frozen=True)
-class InfoRequest(Request):
-    """``wanjax info``: what a model directory holds."""
-
-    command: ClassVar[str] = "info"
-    model: str
-    revision: str | None = None
-    download: bool = False
-
-
-def _from_namespace(cls: type[Any], args: argparse.Namespace) -> Any:
-    """``cls`` with each field from the flag of its name (groups recursively); a flag left out
-    (``None``) keeps the field's default. Lists (``nargs``) become tuples."""
-    hints = typing.get_type_hints(cls)
-    values: dict[str, Any] = {}
-    for field in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(hints[field.name]):
-            values[field.name] = _from_namespace(hints[field.name], args)
-        elif (value := getattr(args, field.name, None)) is not None:  # a flag the command lacks: default
-            values[field.name] = tuple(value) if isinstance(value, list) else value
-    return cls(**values)
-
-
 def _flags(group: Any) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for field in dataclasses.fields(group):
@@ -449,22 +353,6 @@ def check_flags(request: Request) -> None:
     for name in ("lora", "lora_2"):
         for value in flags.get(name, ()):
             parse_lora(value, f"--{name}")
-    if isinstance(request, ServeRequest):
-        _check_server(request.server, request.cache)
-
-
-def _check_server(server: ServerFlags, cache: CacheFlags) -> None:
-    """``wanjax serve``'s own flags."""
-    if not 0 <= server.port <= 65535:
-        raise WanjaxError(f"--port must be between 0 (any free port) and 65535, got {server.port}")
-    for name in ("max_queue", "max_frames", "max_pixels", "max_steps", "max_body_bytes"):
-        value = getattr(server, name)
-        if value is not None and value < 1:
-            raise WanjaxError(f"--{name} must be at least 1, got {value}")
-    if server.api_key is not None and not server.api_key.strip():
-        raise WanjaxError("--api_key is empty; give a secret, or leave the flag out for no key")
-    if cache.cache_calibrate:
-        raise WanjaxError("--cache_calibrate is for one `wanjax generate` run, not for a server")
 
 
 def _check_cache(request: Request) -> None:

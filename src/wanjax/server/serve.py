@@ -19,24 +19,25 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from wanjax.cli.commands import begin, defaults_of, mesh_request, open_generate_pipeline
-from wanjax.cli.requests import IMAGE_BODY, TEXT_BODY, ServeRequest
 from wanjax.errors import ConfigError, WanjaxError
+from wanjax.jobs.generate import open_generate_pipeline
+from wanjax.jobs.opening import begin, defaults_of, mesh_request
 from wanjax.parallel.multihost import is_primary
+from wanjax.server.request import IMAGE_BODY, TEXT_BODY, ServeRequest
 
 if TYPE_CHECKING:
-    from wanjax.cli.server.engine import Engine
     from wanjax.pipeline.pipeline import WanPipeline
+    from wanjax.server.engine import Engine
 
 log = logging.getLogger("wanjax.serve")
 
 
-def cmd_serve(request: ServeRequest) -> int:
+def serve(request: ServeRequest) -> int:
     """Run the server until SIGINT/SIGTERM; the running job goes back to the queue."""
     import jax
 
-    from wanjax.cli.server.engine import JobChannel, Worker, follow
-    from wanjax.cli.server.store import JobStore
+    from wanjax.server.engine import JobChannel, Worker, follow
+    from wanjax.server.store import JobStore
 
     check_serving_stack()
     begin(request.parallel)
@@ -65,8 +66,8 @@ def cmd_serve(request: ServeRequest) -> int:
 def open_engine(request: ServeRequest) -> Engine:
     """The pipeline of the server's flags, checked (a request of the model's defaults must pass, the
     largest the limits allow must fit a device where its memory is known), its weights loaded."""
-    from wanjax.cli.server.api import Limits
-    from wanjax.cli.server.engine import Engine
+    from wanjax.server.api import Limits
+    from wanjax.server.engine import Engine
 
     flags = request.server
     mesh, fsdp = mesh_request(request.parallel)
@@ -160,7 +161,7 @@ def serve_http(
     """Run uvicorn on ``sock`` with the app; announce the URL once it accepts requests."""
     import uvicorn
 
-    from wanjax.cli.server.app import create_app
+    from wanjax.server.app import create_app
 
     app = create_app(engine, store, worker, api_key)
 

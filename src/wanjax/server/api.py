@@ -3,7 +3,7 @@ object, and errors as JSON.
 
 A body's fields are checked for type here, then turned into the :class:`GenerateRequest` the command
 line would build for the same values (:func:`generate_request`), so the server runs the CLI's own
-checks (:func:`~wanjax.cli.requests.check_flags`, :func:`~wanjax.cli.commands.check_generate`)
+checks (:func:`~wanjax.jobs.requests.check_flags`, :func:`~wanjax.jobs.generate.check_generate`)
 and its messages, with flag names given as the API's field names.
 """
 
@@ -17,9 +17,9 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from wanjax.cli.requests import GenerateRequest, ImageFlags, OutputFlags, VideoFlags
-from wanjax.cli.server.store import Job
+from wanjax.jobs.requests import GenerateRequest, ImageFlags, OutputFlags, VideoFlags
 from wanjax.models.registry import Defaults
+from wanjax.server.store import Job
 
 SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
 DATA_URL = re.compile(r"^data:image/[\w.+-]+;base64,")

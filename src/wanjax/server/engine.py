@@ -1,8 +1,8 @@
 """The server's generation side: one pipeline, opened once, running one job at a time.
 
 :class:`Engine` checks a request body the way ``wanjax generate`` checks its flags and runs a job
-through the same functions (:func:`~wanjax.cli.commands.check_generate`,
-:func:`~wanjax.cli.commands.run_generate`), so a job's video is the one ``wanjax generate`` writes
+through the same job (:func:`~wanjax.jobs.generate.check_generate`,
+:func:`~wanjax.jobs.generate.run_generate`), so a job's video is the one ``wanjax generate`` writes
 for the same values. The pipeline keeps its weights and compiled programs between jobs: a job of a
 shape seen before compiles nothing (:class:`RunResult` counts the programs). :class:`Worker` is the
 thread that takes the oldest queued job from the store, runs it, and records how it ended. With
@@ -28,18 +28,16 @@ from typing import Any
 
 from PIL import Image
 
-from wanjax.cli.commands import (
-    GenerateWork,
-    check_generate,
-    defaults_of,
-    finish,
-    generate_outputs,
-    model_label,
-    run_generate,
-)
-from wanjax.cli.parser import one_line
-from wanjax.cli.requests import GenerateRequest, ImageFlags, OutputFlags, check_flags
-from wanjax.cli.server.api import (
+from wanjax.errors import WanjaxError, one_line
+from wanjax.io.atomic import atomic_path
+from wanjax.jobs.generate import GenerateWork, check_generate, generate_outputs, run_generate
+from wanjax.jobs.opening import defaults_of, model_label
+from wanjax.jobs.record import finish
+from wanjax.jobs.requests import GenerateRequest, ImageFlags, OutputFlags
+from wanjax.parallel.mesh import MeshSpec
+from wanjax.pipeline.pipeline import WanPipeline, check_image_input
+from wanjax.runtime.timing import CompileMeter
+from wanjax.server.api import (
     IMAGE_FIELDS,
     ApiError,
     Limits,
@@ -49,13 +47,7 @@ from wanjax.cli.server.api import (
     job_params,
     message_param,
 )
-from wanjax.cli.server.store import Job, JobStore
-from wanjax.errors import WanjaxError
-from wanjax.io.atomic import atomic_path
-from wanjax.parallel.mesh import MeshSpec
-from wanjax.pipeline.inputs import check_image_input
-from wanjax.pipeline.pipeline import WanPipeline
-from wanjax.runtime.timing import CompileMeter
+from wanjax.server.store import Job, JobStore
 
 log = logging.getLogger("wanjax.serve")
 VIDEOS = "videos"
@@ -221,7 +213,7 @@ class Engine:
         )
         request = generate_request(self.base, params, images, outputs)
         try:
-            check_flags(request)
+            request.check()
             return check_generate(self.pipe, request, self.mesh)
         except WanjaxError as e:
             message = api_message(one_line(e))
@@ -263,7 +255,7 @@ class Engine:
         wall = round(time.perf_counter() - start, 3)
         result = RunResult(meter.programs, meter.cache_hits, round(meter.seconds, 3), wall)
         report.extra["server"] = {"job": job_id, **dataclasses.asdict(result)}
-        finish(report, work.request, start, self.files(job_id)["record"], show=False)
+        finish(report, work.request, start, self.files(job_id)["record"])
         return result
 
 

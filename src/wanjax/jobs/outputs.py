@@ -13,15 +13,16 @@ import datetime
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from wanjax.cli.requests import OutputFlags
 from wanjax.io.atomic import atomic_path
+from wanjax.jobs.requests import DecodeRequest, GenerateRequest, OutputFlags
 from wanjax.parallel.multihost import is_primary
 
 RECORD_SUFFIX = ".json"
+Writing = TypeVar("Writing", GenerateRequest, DecodeRequest)  # the jobs that write videos
 DESCRIBED = (  # the run's parameters an mp4's metadata carries, beside its prompt
     "model",
     "negative_prompt",
@@ -118,3 +119,14 @@ def write_outputs(
     if previews:
         written["preview"] = [str(p) for p in previews]
     return written
+
+
+def video_record(request: Writing) -> Path:
+    """The JSON record a video-writing run leaves (``--output_video`` must be resolved)."""
+    return record_file(request.outputs.output_video, request.common.metrics_json)
+
+
+def with_output_video(request: Writing, default: str) -> Writing:
+    """``request`` with ``--output_video`` resolved (``default`` when left out)."""
+    outputs = dataclasses.replace(request.outputs, output_video=request.outputs.output_video or default)
+    return dataclasses.replace(request, outputs=outputs)

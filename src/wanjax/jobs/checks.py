@@ -1,0 +1,145 @@
+"""A request checked against its pipeline's model before any work: outputs, devices, attention,
+VAE tiling, the video's size, its images and prompts, the step cache (one-line WanjaxError each)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from wanjax.errors import ConfigError, WanjaxError
+from wanjax.jobs import preflight as validation
+from wanjax.jobs.opening import defaults_of, model_label
+from wanjax.jobs.requests import OUTPUT_SUFFIXES, CacheFlags, ImageFlags, PromptFlags, Request
+from wanjax.kernels.attention import AttentionSpec
+from wanjax.models.config import TransformerConfig
+from wanjax.parallel.mesh import MeshSpec
+from wanjax.pipeline.components import IMAGE_COMPONENTS
+from wanjax.pipeline.conditioning import check_image_size, open_image
+from wanjax.pipeline.inputs import check_image_input
+from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.pipeline.prompts import read_prompt_file
+from wanjax.pipeline.step_cache import resolve as resolve_cache
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+
+def check_devices(mesh: MeshSpec | str | None, heads: int | None) -> None:
+    """The requested mesh fits the visible devices (and splits the heads), before any weight is read."""
+    import jax
+
+    validation.check_mesh(mesh, jax.device_count(), heads)
+
+
+def check_attention(pipe: WanPipeline, cfg: TransformerConfig) -> None:
+    """The attention backend can run the transformer's attention in this dtype, before any work."""
+    from wanjax.kernels.attention import check_backend
+    from wanjax.models.dit import attention_shapes
+
+    spec = pipe.attention_backend
+    window = spec.window_size if isinstance(spec, AttentionSpec) else None
+    check_backend(spec, attention_shapes(cfg, pipe.dtype, window))
+
+
+def check_output_paths(request: Request, **more: str | Path | None) -> None:
+    """Every file the command will write can be written (checked before any work)."""
+    flags = request.flags()
+    outputs = {f"--{key}": flags.get(key) for key in (*OUTPUT_SUFFIXES, "metrics_json")}
+    validation.check_outputs({**outputs, **more})
+    validation.check_distinct({**outputs, **more})
+
+
+def check_vae_tiling(pipe: WanPipeline) -> None:
+    """``--vae_tiling`` against the VAE's config (read without weights), before any work."""
+    if pipe.vae_tiling is not None:
+        try:
+            pipe.vae_tiling.check_stride(pipe.geometry.spatial)
+        except ConfigError as e:
+            raise ConfigError(f"--vae_tiling {e}") from None
+
+
+def resolve_video(
+    pipe: WanPipeline,
+    given: Mapping[str, Any],
+    earlier: Mapping[str, Any],
+    init: np.ndarray | None,
+    batch: int,
+    init_name: str | None,
+    image: Image.Image | None = None,
+) -> dict[str, int]:
+    """Height, width and frames: flag > earlier stage > ``--init_latents`` shape > (height and width)
+    the ``--image``'s aspect at the model's default area > model default; checked against the init
+    latents' shape when there are some."""
+    from_init = pipe.geometry.video_size(init.shape) if init is not None else {}
+    defaults = defaults_of(pipe)
+    video: dict[str, int] = {}
+    for key in ("height", "width", "frames"):
+        for source in (given, earlier, from_init):
+            if source.get(key) is not None:
+                video[key] = int(source[key])
+                break
+    if image is not None and not {"height", "width"} <= video.keys():
+        area = defaults.height * defaults.width
+        video["height"], video["width"] = pipe.video_size(
+            image, video.get("height"), video.get("width"), area
+        )
+    video = {key: video.get(key, getattr(defaults, key)) for key in ("height", "width", "frames")}
+    expected = pipe.geometry.latent_shape(batch, video["height"], video["width"], video["frames"])
+    if init is not None and tuple(init.shape) != expected:
+        raise WanjaxError(
+            f"--init_latents {init_name} has shape {list(init.shape)} but {batch} prompt(s) at "
+            f"{video['width']}x{video['height']}, {video['frames']} frames need {list(expected)}"
+        )
+    return video
+
+
+def open_images(
+    pipe: WanPipeline, flags: ImageFlags, cfg: TransformerConfig
+) -> tuple[Image.Image | None, Image.Image | None]:
+    """``--image`` and ``--last_image`` opened, after checking that the model takes them (and, when it
+    does, that its image components are sound); one-line errors for unreadable or too small images."""
+    given = (flags.image is not None, flags.last_image is not None)
+    check_image_input(cfg, *given, model_label(pipe.source), pipe.expand_timesteps)
+    if flags.image is None:
+        return None, None
+    validation.check_model(pipe.path, (*IMAGE_COMPONENTS, "vae") if cfg.image_tokens else ("vae",))
+    step = pipe.geometry.pixel_steps[0]
+    opened = []
+    for name in ("image", "last_image"):
+        path = getattr(flags, name)
+        if path is None:
+            opened.append(None)
+            continue
+        try:
+            image = open_image(path)
+        except WanjaxError as e:
+            raise WanjaxError(f"--{name} {e}") from None
+        check_image_size(image, step, f"--{name} {path}")
+        opened.append(image)
+    return opened[0], opened[1]
+
+
+def prompt_list(text: PromptFlags) -> list[str]:
+    """The prompts of this run: ``--prompt_file``'s (see :func:`read_prompt_file`) or the ``--prompt`` values."""
+    if not text.prompt_file:
+        return list(text.prompt)
+    try:
+        return read_prompt_file(text.prompt_file)
+    except WanjaxError as e:
+        raise WanjaxError(f"--prompt_file {e}") from None
+
+
+def check_cache(
+    cache: CacheFlags, cfg: TransformerConfig, params: Mapping[str, Any], guided: bool, first_frame: bool
+) -> None:
+    """The step cache resolves for this model and run (a MagCache curve exists for it) before any
+    work; ``first_frame``: an image is the run's first latent frame (TI2V)."""
+    steps = params["num_inference_steps"]
+    experts = [0] * steps if "boundary_ratio" in params else None  # the curve is what is checked here
+    try:
+        resolve_cache(cache.config(), cfg, steps, guided, experts, first_frame)
+    except ConfigError as e:
+        raise ConfigError(f"--cache {cache.cache}: {e}") from None

@@ -1,0 +1,74 @@
+"""The ``decode`` job, stage 3: a stage directory's latents -> mp4 (and raw frames, previews), the
+video's record beside it."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from wanjax.errors import WanjaxError
+from wanjax.jobs import preflight as validation
+from wanjax.jobs.checks import check_devices, check_output_paths, check_vae_tiling
+from wanjax.jobs.opening import begin, defaults_of, mesh_request, model_label, open_pipeline
+from wanjax.jobs.outputs import clip_infos, video_record, with_output_video, write_outputs
+from wanjax.jobs.record import finish, make_report, recorded
+from wanjax.jobs.requests import DecodeRequest
+from wanjax.parallel.multihost import is_primary
+from wanjax.pipeline import stages
+from wanjax.runtime.timing import RunReport
+
+
+def decode(request: DecodeRequest) -> RunReport:
+    """Stage 3: ``stage2_latents.safetensors`` -> mp4 (and raw frames / preview)."""
+    start = begin(request.parallel)
+    directory = Path(request.input_dir)
+    config = stages.read_config(directory)
+    latents_path = directory / stages.LATENTS_FILE
+    latents = stages.load_latents(latents_path)
+    request = with_output_video(request, str(directory / "output_video.mp4"))
+    record = video_record(request)
+    check_output_paths(request, **{"--input_dir": directory / stages.CONFIG_FILE, "--metrics_json": record})
+    stages.check_video_flags(config, "decode", {"fps": request.video.fps}, directory)
+    earlier = {k: v for k, (v, _) in stages.upstream(config, "decode").items()}
+    mesh, fsdp = mesh_request(request.parallel)
+    model = request.common.model or earlier.get("model")
+    revision = None if request.common.model else earlier.get("revision")
+    pipe = open_pipeline(request.common, model, None, mesh, fsdp, revision=revision, vae=request.vae)
+    vae_cfg = validation.check_model(pipe.path, ("vae",))["vae"]
+    check_vae_tiling(pipe)
+    if latents.shape[1] != vae_cfg.z_dim:
+        raise WanjaxError(
+            f"{latents_path}: latents have {latents.shape[1]} channels but the VAE of "
+            f"{model_label(pipe.source)} decodes {vae_cfg.z_dim}; they come from another model"
+        )
+    check_devices(mesh, None)
+    size = pipe.geometry.video_size(latents.shape)
+    given = dataclasses.asdict(request.video)
+    for key in ("height", "width", "frames"):
+        if given[key] is not None and given[key] != size[key]:
+            raise WanjaxError(
+                f"--{key} {given[key]} contradicts {latents_path} (latents {list(latents.shape)} decode to "
+                f"{size['frames']} frames of {size['width']}x{size['height']}); leave --{key} out"
+            )
+    frames = pipe.decode(latents)
+    fps = request.video.fps or earlier.get("fps") or defaults_of(pipe).fps
+    batch = latents.shape[0]
+    described = {**earlier, **size, "fps": fps}
+    outputs = write_outputs(frames, request.outputs, fps, clip_infos(batch, earlier.get("prompt"), described))
+    entry = {
+        "model": model_label(pipe.source),
+        "revision": revision or request.common.revision,
+        "vae_dtype": pipe.vae_dtype.name,
+        "vae_weights_dtype": pipe.vae_weights_dtype.name,
+        "fps": fps,
+        "output_video": request.outputs.output_video,
+        "frames_out": request.outputs.frames_out,
+        "preview": request.outputs.preview,
+        "written": outputs,
+        **recorded(request),
+    }
+    if is_primary():
+        stages.write_config(directory, stages.record_stage(config, "decode", entry))
+    return finish(
+        make_report("decode", pipe, {"batch": batch, **size, "fps": fps}, outputs), request, start, record
+    )

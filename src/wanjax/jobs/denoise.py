@@ -1,0 +1,122 @@
+"""The ``denoise`` job, stage 2: a stage directory's embeddings (and image conditioning) + noise or
+given latents -> ``stage2_latents.safetensors``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from wanjax.errors import WanjaxError
+from wanjax.jobs import preflight as validation
+from wanjax.jobs.checks import check_attention, check_cache, check_devices, check_output_paths, resolve_video
+from wanjax.jobs.opening import begin, mesh_request, model_label, open_pipeline
+from wanjax.jobs.record import finish, make_report, recorded
+from wanjax.jobs.requests import DenoiseRequest
+from wanjax.jobs.sampling import cache_outputs, denoise_latents, sampling_params, video_args
+from wanjax.models.config import TransformerConfig
+from wanjax.parallel.layouts import to_host
+from wanjax.parallel.multihost import is_primary
+from wanjax.pipeline import stages
+from wanjax.pipeline.inputs import check_conditioning
+from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.runtime.timing import RunReport
+
+if TYPE_CHECKING:
+    from wanjax.pipeline.sampler import ImageConditioning
+
+
+def denoise(request: DenoiseRequest) -> RunReport:
+    """Stage 2: embeddings (+ noise) -> ``stage2_latents.safetensors``."""
+    start = begin(request.parallel)
+    directory = Path(request.input_dir)
+    config = stages.read_config(directory)
+    pos, neg = stages.load_embeddings(directory)
+    check_output_paths(request, **{"--input_dir": directory / stages.LATENTS_FILE})
+    given = dataclasses.asdict(request.video)
+    stages.check_video_flags(config, "denoise", given, directory)
+    earlier = {k: v for k, (v, _) in stages.upstream(config, "denoise").items()}
+    mesh, fsdp = mesh_request(request.parallel)
+    model, dtype = request.common.model or earlier.get("model"), request.dtype or earlier.get("dtype")
+    revision = None if request.common.model else earlier.get("revision")
+    pipe = open_pipeline(
+        request.common,
+        model,
+        dtype,
+        mesh,
+        fsdp,
+        precision=request.precision,
+        revision=revision,
+        memory=request.memory,
+        attention=request.attention,
+        adapters=request.adapters,
+    )
+    cfg = validation.check_model(pipe.path, ("transformer",))["transformer"]
+    if pos.shape[2] != cfg.text_dim:
+        raise WanjaxError(
+            f"{directory / stages.EMBEDDINGS_FILE}: embeddings of width {pos.shape[2]} but the transformer of "
+            f"{model_label(pipe.source)} takes {cfg.text_dim}; they come from another model (re-run "
+            "`wanjax encode` with this model)"
+        )
+    init_name = request.sampling.init_latents
+    init = stages.load_latents(init_name) if init_name else None
+    batch = pos.shape[0]
+    video = resolve_video(pipe, given, earlier, init, batch, init_name)
+    conditioning = stage_image(pipe, cfg, directory, pipe.geometry.latent_shape(batch, **video_args(video)))
+    validation.check_rope(cfg, pipe.geometry, video)
+    check_devices(mesh, cfg.num_attention_heads)
+    check_attention(pipe, cfg)
+    params = sampling_params(pipe, request.sampling)
+    first_frame = conditioning is not None and pipe.expand_timesteps
+    check_cache(request.cache, cfg, params, params["guidance_scale"] > 1, first_frame)
+    latents = (
+        init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
+    )
+    if conditioning is not None:
+        conditioning = conditioning.repeat(batch)
+    final = to_host(denoise_latents(pipe, pos, neg, latents, params, request.cache, conditioning))
+    path = directory / stages.LATENTS_FILE
+    if is_primary():
+        stages.save_latents(path, final)
+    fps = request.video.fps
+    entry = {
+        "model": model_label(pipe.source),
+        "revision": revision or request.common.revision,
+        "dtype": pipe.dtype.name,
+        **video,
+        **({"fps": fps} if fps else {}),
+        **params,
+        **recorded(request),
+    }
+    if is_primary():
+        stages.write_config(directory, stages.record_stage(config, "denoise", entry))
+    report = make_report("denoise", pipe, {"batch": batch, **video}, {"latents": str(path)})
+    report.extra["sampling"] = params
+    cache_outputs(report, pipe, request.cache)
+    return finish(report, request, start)
+
+
+def stage_image(
+    pipe: WanPipeline, cfg: TransformerConfig, directory: Path, latent_shape: tuple[int, ...]
+) -> ImageConditioning | None:
+    """The stage directory's image conditioning (one video) when the model takes an image, checked
+    against the model and the video; None for a text-to-video model (whose directory must hold none)."""
+    path = directory / stages.IMAGE_FILE
+    expand = pipe.expand_timesteps  # Wan 2.2 TI2V: an image is optional
+    if not cfg.image_to_video and not expand:
+        if path.exists():
+            raise WanjaxError(
+                f"{path}: the stage directory holds an image's conditioning but {model_label(pipe.source)} "
+                "is a text-to-video model; denoise with the image-to-video model that encoded it (--model)"
+            )
+        return None
+    if not path.exists():
+        if expand:
+            return None
+        raise WanjaxError(
+            f"{directory}: no {stages.IMAGE_FILE}, and {model_label(pipe.source)} is an image-to-video model; "
+            f"run `wanjax encode --image IMAGE --output_dir {directory}` first"
+        )
+    conditioning = dataclasses.replace(stages.load_image_conditioning(directory), first_frame=expand)
+    check_conditioning(cfg, conditioning, latent_shape, str(path))
+    return conditioning

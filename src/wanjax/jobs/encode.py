@@ -1,0 +1,84 @@
+"""The ``encode`` job, stage 1: prompts -> ``stage1_embeddings.safetensors`` (and, with an image, its
+conditioning -> ``stage1_image.safetensors``) in a stage directory (:mod:`wanjax.pipeline.stages`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from wanjax.jobs import preflight as validation
+from wanjax.jobs.checks import check_devices, check_output_paths, open_images, prompt_list, resolve_video
+from wanjax.jobs.opening import begin, defaults_of, mesh_request, model_label, open_pipeline
+from wanjax.jobs.record import finish, image_record, make_report, recorded
+from wanjax.jobs.requests import EncodeRequest
+from wanjax.jobs.sampling import video_args
+from wanjax.parallel.layouts import to_host
+from wanjax.parallel.multihost import is_primary
+from wanjax.pipeline import stages
+from wanjax.pipeline.prompts import negative_prompt
+from wanjax.runtime.timing import RunReport
+
+
+def encode(request: EncodeRequest) -> RunReport:
+    """Stage 1: prompts -> ``stage1_embeddings.safetensors``; with ``--image``, also the image
+    conditioning -> ``stage1_image.safetensors`` (the video's size is then fixed here)."""
+    start = begin(request.parallel)
+    out = Path(request.output_dir)
+    image_file = out / stages.IMAGE_FILE if request.images.image else None
+    check_output_paths(request, **{"--output_dir": out / stages.EMBEDDINGS_FILE, "--image": image_file})
+    mesh, fsdp = mesh_request(request.parallel)
+    pipe = open_pipeline(
+        request.common,
+        request.common.model,
+        request.dtype,
+        mesh,
+        fsdp,
+        precision=request.precision,
+        memory=request.memory,
+        vae=request.vae,
+    )
+    validation.check_model(pipe.path, ("tokenizer", "text_encoder"))
+    image, last_image = open_images(pipe, request.images, pipe.transformer_config)
+    check_devices(mesh, None)
+    given = {k: v for k, v in dataclasses.asdict(request.video).items() if v is not None}
+    prompts = prompt_list(request.text)
+    if image is not None:  # the conditioning latents fix the video's size
+        given = {**given, **resolve_video(pipe, given, {}, None, len(prompts), None, image)}
+    elif {"height", "width", "frames"} & given.keys():
+        defaults = dataclasses.asdict(defaults_of(pipe))
+        pipe.geometry.check(*(given.get(k, defaults[k]) for k in ("height", "width", "frames")))
+    negative = negative_prompt(request.text.negative_prompt)
+    length = request.text.max_sequence_length
+    pos, neg = (to_host(e) for e in pipe.encode_prompt(prompts, [negative] * len(prompts), length))
+    conditioning = None
+    if image is not None:
+        conditioning = pipe.prepare_image(image, 1, **video_args(given), last_image=last_image)
+        conditioning = jax_tree_to_host(conditioning)
+    path = out / stages.EMBEDDINGS_FILE
+    if is_primary():
+        stages.save_embeddings(out, pos, neg)
+        stages.save_image_conditioning(out, conditioning)
+    params = {
+        "model": model_label(pipe.source),
+        "revision": request.common.revision,
+        "dtype": pipe.text_encoder_dtype.name,
+        "prompt": prompts[0] if len(prompts) == 1 else prompts,
+        "negative_prompt": negative,
+        "max_sequence_length": length,
+        **(image_record(request.images) if image is not None else {}),
+        **given,
+        **recorded(request),
+    }
+    if is_primary():
+        stages.write_config(out, stages.record_stage({}, "encode", params))
+    shape = {"batch": int(pos.shape[0]), "tokens": int(pos.shape[1]), "text_dim": int(pos.shape[2])}
+    outputs = {"embeddings": str(path), **({"image": str(image_file)} if image_file else {})}
+    return finish(make_report("encode", pipe, shape, outputs), request, start)
+
+
+def jax_tree_to_host(tree: Any) -> Any:
+    """Every array of ``tree`` as a NumPy array on this host (gathered from a mesh)."""
+    import jax
+
+    return jax.tree.map(to_host, tree)

@@ -1,0 +1,180 @@
+"""The ``generate`` job: prompt to mp4 in one process, the three stages in memory.
+
+:func:`check_generate` decides every value of a run before any work; :func:`run_generate` runs it and
+:func:`generate_outputs` writes its files. ``wanjax generate`` (:func:`generate`) and ``wanjax serve``
+both run these, so a server's job makes the video the command line makes for the same values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from wanjax.errors import WanjaxError
+from wanjax.jobs import preflight as validation
+from wanjax.jobs.checks import (
+    check_attention,
+    check_cache,
+    check_devices,
+    check_output_paths,
+    check_vae_tiling,
+    open_images,
+    prompt_list,
+    resolve_video,
+)
+from wanjax.jobs.opening import begin, defaults_of, mesh_request, model_label, open_pipeline
+from wanjax.jobs.outputs import clip_infos, fresh_video_name, video_record, with_output_video, write_outputs
+from wanjax.jobs.record import finish, image_record, make_report
+from wanjax.jobs.requests import GenerateRequest
+from wanjax.jobs.sampling import cache_outputs, denoise_latents, sampling_params, video_args
+from wanjax.parallel.mesh import MeshSpec
+from wanjax.pipeline import stages
+from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.pipeline.prompts import negative_prompt
+from wanjax.runtime.timing import RunReport
+
+if TYPE_CHECKING:
+    from PIL import Image
+
+
+def generate(request: GenerateRequest) -> RunReport:
+    """Prompt to mp4 in one process."""
+    start = begin(request.parallel)
+    request = with_output_video(request, fresh_video_name())
+    record = video_record(request)
+    check_output_paths(request, **{"--metrics_json": record})
+    mesh, fsdp = mesh_request(request.parallel)
+    pipe = open_generate_pipeline(request, mesh, fsdp)
+    work = check_generate(pipe, request, mesh)
+    frames = run_generate(pipe, work)
+    return finish(generate_outputs(pipe, work, frames), request, start, record)
+
+
+def open_generate_pipeline(request: GenerateRequest, mesh: MeshSpec | str | None, fsdp: bool) -> WanPipeline:
+    """The pipeline a ``generate`` request runs on (no weight is read yet)."""
+    return open_pipeline(
+        request.common,
+        request.common.model,
+        request.dtype,
+        mesh,
+        fsdp,
+        precision=request.precision,
+        memory=request.memory,
+        vae=request.vae,
+        attention=request.attention,
+        adapters=request.adapters,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateWork:
+    """A ``generate`` request checked against its model: every value the run uses, decided before
+    any work (``wanjax generate`` and ``wanjax serve`` both run these)."""
+
+    request: GenerateRequest
+    prompts: list[str]
+    negative: str
+    video: dict[str, int]
+    params: dict[str, Any]
+    fps: float
+    image: Image.Image | None = None
+    last_image: Image.Image | None = None
+    init: np.ndarray | None = None
+
+    @property
+    def batch(self) -> int:
+        return len(self.prompts)
+
+    def described(self, pipe: WanPipeline) -> dict[str, Any]:
+        """The run's parameters as its videos' metadata records them."""
+        return {
+            "model": model_label(pipe.source),
+            "negative_prompt": self.negative,
+            **(image_record(self.request.images) if self.image is not None else {}),
+            **self.video,
+            "fps": self.fps,
+            **self.params,
+        }
+
+
+def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec | str | None) -> GenerateWork:
+    """Every check of a ``generate`` request against the pipeline's model (one-line WanjaxError), and
+    the values the run will use; reads no weight."""
+    configs = validation.check_model(pipe.path, ("tokenizer", "text_encoder", "transformer", "vae"))
+    image, last_image = open_images(pipe, request.images, configs["transformer"])
+    check_vae_tiling(pipe)
+    init_name = request.sampling.init_latents
+    init = stages.load_latents(init_name) if init_name else None
+    prompts = batch_prompts(prompt_list(request.text), None if init is None else init.shape[0])
+    video = resolve_video(pipe, dataclasses.asdict(request.video), {}, init, len(prompts), init_name, image)
+    validation.check_rope(configs["transformer"], pipe.geometry, video)
+    check_devices(mesh, configs["transformer"].num_attention_heads)
+    check_attention(pipe, configs["transformer"])
+    params = sampling_params(pipe, request.sampling)
+    first_frame = image is not None and pipe.expand_timesteps
+    check_cache(request.cache, configs["transformer"], params, params["guidance_scale"] > 1, first_frame)
+    return GenerateWork(
+        request,
+        prompts,
+        negative_prompt(request.text.negative_prompt),
+        video,
+        params,
+        request.video.fps or defaults_of(pipe).fps,
+        image,
+        last_image,
+        init,
+    )
+
+
+def run_generate(
+    pipe: WanPipeline, work: GenerateWork, on_progress: Callable[[str, int], None] | None = None
+) -> np.ndarray:
+    """The three stages of a checked request in memory: uint8 frames ``[B, T, H, W, 3]``.
+    ``on_progress(stage, steps_done)`` is called as each stage starts and after each denoising step."""
+    report = on_progress or (lambda stage, done: None)
+    pipe.reset_timings()
+    report("encode", 0)
+    batch = work.batch
+    pos, neg = pipe.encode_prompt(
+        work.prompts, [work.negative] * batch, work.request.text.max_sequence_length
+    )
+    conditioning = None
+    if work.image is not None:
+        conditioning = pipe.prepare_image(
+            work.image, batch, **video_args(work.video), last_image=work.last_image
+        )
+    latents = work.init
+    if latents is None:
+        latents = pipe.prepare_latents(batch, **video_args(work.video), seed=work.params["seed"])
+    report("denoise", 0)
+    on_step = lambda done: report("denoise", done)  # noqa: E731
+    final = denoise_latents(pipe, pos, neg, latents, work.params, work.request.cache, conditioning, on_step)
+    report("decode", work.params["num_inference_steps"])
+    return pipe.decode(final)
+
+
+def generate_outputs(pipe: WanPipeline, work: GenerateWork, frames: np.ndarray) -> RunReport:
+    """Write a generate run's videos (and frames, previews: process 0) and its report (not yet
+    finished: :func:`finish`)."""
+    request, batch = work.request, work.batch
+    clips = clip_infos(batch, work.prompts, work.described(pipe))
+    outputs = write_outputs(frames, request.outputs, work.fps, clips)
+    report = make_report("generate", pipe, {"batch": batch, **work.video, "fps": work.fps}, outputs)
+    report.extra.update(sampling=work.params, prompts=work.prompts, negative_prompt=work.negative)
+    cache_outputs(report, pipe, request.cache)
+    return report
+
+
+def batch_prompts(prompts: list[str], batch: int | None) -> list[str]:
+    """``prompts`` for a batch of ``batch`` latents (``None``: one per prompt); one prompt is repeated."""
+    if batch is None or len(prompts) == batch:
+        return prompts
+    if len(prompts) == 1:
+        return prompts * batch
+    raise WanjaxError(
+        f"--init_latents holds {batch} starting latents but {len(prompts)} prompts were given; "
+        "give one prompt, or one per latent"
+    )

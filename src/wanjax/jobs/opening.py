@@ -1,0 +1,117 @@
+"""Opening the pipeline a request names: the processes joined, the mesh, the attention backend
+checked against this platform, the model's defaults. No weight is read here."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from wanjax.jobs.requests import (
+    DEFAULT_DTYPE,
+    DEFAULT_MODEL,
+    AttentionFlags,
+    CommonFlags,
+    LoraFlags,
+    MemoryFlags,
+    ParallelFlags,
+    VaeFlags,
+)
+from wanjax.kernels.attention import AttentionSpec, resolve_backend
+from wanjax.kernels.common import check_block
+from wanjax.models.registry import Defaults
+from wanjax.parallel.mesh import MeshSpec, mesh_spec_from_flags, parse_mesh
+from wanjax.parallel.multihost import initialize
+from wanjax.pipeline.demo import demo_variants
+from wanjax.pipeline.hub import ModelSource
+from wanjax.pipeline.pipeline import WanPipeline
+
+
+def begin(parallel: ParallelFlags) -> float:
+    """Join the other processes of a multi-process run (before anything touches a device); the
+    start time of the run."""
+    initialize(parallel.coordinator_address, parallel.num_processes, parallel.process_id)
+    return time.perf_counter()
+
+
+def model_label(source: ModelSource) -> str:
+    """How a model is recorded in stage configs: ``demo``, a hub id, or an absolute path."""
+    if source.is_demo and source.name in demo_variants():
+        return source.name
+    return source.name if not Path(source.name).exists() else str(Path(source.name).resolve())
+
+
+def open_pipeline(
+    common: CommonFlags,
+    model: str | None,
+    dtype: str | None,
+    mesh: MeshSpec | str | None,
+    fsdp: bool,
+    *,
+    precision: str | None = None,
+    revision: str | None = None,
+    memory: MemoryFlags = MemoryFlags(),  # noqa: B008 (frozen)
+    vae: VaeFlags = VaeFlags(),  # noqa: B008 (frozen)
+    attention: AttentionFlags = AttentionFlags(),  # noqa: B008 (frozen)
+    adapters: LoraFlags = LoraFlags(),  # noqa: B008 (frozen)
+) -> WanPipeline:
+    """The pipeline of ``model`` (a hub model at ``revision``, else ``--revision``); its LoRAs are read
+    and checked against the transformer's config here, before any weight."""
+    from wanjax.models.vae import Tiling
+
+    return WanPipeline.from_pretrained(
+        model or DEFAULT_MODEL,
+        dtype or DEFAULT_DTYPE,
+        vae_dtype=vae.vae_dtype,
+        vae_weights_dtype=vae.vae_weights_dtype,
+        precision=precision,
+        vae_precision=vae.vae_precision,
+        vae_decode_chunk=vae.vae_decode_chunk,
+        vae_tiling=Tiling.parse(vae.vae_tiling) if vae.vae_tiling else None,
+        attention_backend=attention_spec(attention),
+        jax_cache_dir=common.jax_cache_dir if common.jax_cache_dir is not None else True,
+        mesh=mesh,
+        fsdp=fsdp,
+        revision=revision or common.revision,
+        download=common.download,
+        offload=memory.offload,
+        weights_dtype=memory.weights_dtype,
+        loras=adapters.loras(),
+        loras_2=adapters.loras_2(),
+    )
+
+
+def attention_spec(flags: AttentionFlags) -> AttentionSpec:
+    """The attention backend and options, checked against this platform now (an unavailable
+    backend fails before any weight is read)."""
+    spec = AttentionSpec(
+        flags.backend,
+        block_q=flags.bqsize,
+        block_kv=flags.bkvsize,
+        block_kv_compute=flags.bkvcomputesize,
+        block_kv_compute_in=flags.bkvcomputeinsize,
+        k_smooth=flags.use_k_smooth,
+        window_size=flags.window_size,
+    )
+    resolve_backend(spec.backend)
+    for name, value in flags.blocks().items():
+        check_block(name, value)
+    return spec
+
+
+def mesh_request(parallel: ParallelFlags) -> tuple[MeshSpec | str | None, bool]:
+    """``(mesh, fsdp)`` from ``--mesh`` or the reference's aliases; ``auto`` when more than one device
+    is visible and nothing is said, one device otherwise."""
+    import jax
+
+    mesh, fsdp = parallel.mesh, parallel.use_fsdp
+    if parallel.use_dp or parallel.sp_num:
+        spec = mesh_spec_from_flags(mesh, jax.device_count(), use_dp=parallel.use_dp, sp_num=parallel.sp_num)
+        return spec, fsdp
+    if mesh is None:
+        return ("auto" if jax.device_count() > 1 or fsdp else None), fsdp
+    return (mesh if mesh == "auto" else parse_mesh(mesh)), fsdp  # a bad string fails now, before any work
+
+
+def defaults_of(pipe: WanPipeline) -> Defaults:
+    """The video and sampling defaults of the pipeline's model (the registry's, as the Python API's)."""
+    return pipe.defaults

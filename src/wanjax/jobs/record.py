@@ -1,0 +1,76 @@
+"""What a job records of its run: the stage configs' arguments and environment, and the
+:class:`~wanjax.runtime.timing.RunReport` written as JSON (process 0)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from wanjax.jobs.opening import model_label
+from wanjax.jobs.requests import ImageFlags, PipelineRequest
+from wanjax.parallel.multihost import is_primary
+from wanjax.pipeline import stages
+from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.runtime.environment import environment
+from wanjax.runtime.timing import RunReport
+
+STAGE_COMPONENTS = {"encode": "text_encoder", "denoise": "transformer", "decode": "vae"}
+
+
+def image_record(flags: ImageFlags) -> dict[str, str | None]:
+    """The images of a run as a stage config and a video's metadata record them: absolute paths."""
+    return {
+        name: None if (path := getattr(flags, name)) is None else str(Path(path).resolve())
+        for name in ("image", "last_image")
+    }
+
+
+def recorded(request: PipelineRequest) -> dict[str, Any]:
+    """What every stage config records of its run: the arguments and the environment."""
+    return {"arguments": request.arguments(), "environment": environment()}
+
+
+def finish(
+    report: RunReport, request: PipelineRequest, start: float, record: Path | None = None
+) -> RunReport:
+    """Complete the report and write it as JSON to ``record`` (default ``--metrics_json``; process 0
+    only)."""
+    import jax
+
+    from wanjax.version import __version__
+
+    report.total = time.perf_counter() - start
+    report.extra.update(
+        {
+            "backend": jax.default_backend(),
+            "wanjax_version": __version__,
+            "environment": environment(),
+            "arguments": request.arguments(),
+        }
+    )
+    record = record or (Path(request.common.metrics_json) if request.common.metrics_json else None)
+    if record is not None:
+        report.outputs["record"] = str(record)
+    if record is not None and is_primary():
+        report.write_json(record)
+    return report
+
+
+def make_report(command: str, pipe: WanPipeline, video: dict[str, Any], outputs: dict[str, str]) -> RunReport:
+    order = [s for s in stages.STAGES if s in pipe.timings]
+    return RunReport(
+        command=command,
+        model=model_label(pipe.source),
+        smoke_model=pipe.source.is_demo,
+        stages={s: pipe.timings[s] for s in order},
+        steps=pipe.step_times,
+        video=video,
+        outputs=outputs,
+        extra={
+            "dtype": str(pipe.dtype),
+            "precision": {s: pipe.precisions[c] for s, c in STAGE_COMPONENTS.items() if s in order},
+            **({"mesh": pipe.mesh_usage} if pipe.mesh_usage else {}),
+            **({"expert_steps": pipe.expert_steps} if pipe.boundary_ratio is not None else {}),
+        },
+    )

@@ -1,0 +1,102 @@
+"""Denoising a request's latents: its sampling parameters (flags, else the model's and the
+scheduler's defaults), the pipeline's denoise with them, and the step cache's record."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from wanjax.errors import WanjaxError
+from wanjax.io.atomic import write_text
+from wanjax.jobs.opening import defaults_of, model_label
+from wanjax.jobs.requests import CacheFlags, SamplingFlags
+from wanjax.parallel.multihost import is_primary
+from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.runtime.timing import RunReport
+
+if TYPE_CHECKING:
+    from wanjax.pipeline.sampler import ImageConditioning
+
+
+def sampling_params(pipe: WanPipeline, sampling: SamplingFlags) -> dict[str, Any]:
+    """Steps, guidance, the scheduler and its flow shift (as the scheduler the run builds says: the
+    checkpoint's, or the distill sampler's, unless given), seed (None with init latents); the flags'
+    values were checked when the request was built."""
+    from wanjax.pipeline.scheduler import make_scheduler
+
+    defaults = defaults_of(pipe)
+    init = sampling.init_latents
+    steps = _given_or(sampling.num_inference_steps, defaults.num_inference_steps)
+    kind = sampling.scheduler or "auto"
+    scheduler = make_scheduler(pipe.path, steps, sampling.flow_shift, kind=kind)
+    experts = {}
+    if pipe.boundary_ratio is not None:  # two experts: the switch and the second guidance
+        experts = {
+            "boundary_ratio": _given_or(sampling.boundary_ratio, pipe.boundary_ratio),
+            "guidance_scale_2": sampling.guidance_scale_2,
+        }
+    elif sampling.boundary_ratio is not None or sampling.guidance_scale_2 is not None:
+        raise WanjaxError(
+            f"--boundary_ratio and --guidance_scale_2 are for two-expert models (Wan 2.2 A14B); "
+            f"{model_label(pipe.source)} has one transformer"
+        )
+    return {
+        "num_inference_steps": steps,
+        "guidance_scale": _given_or(sampling.guidance_scale, defaults.guidance_scale),
+        **experts,
+        "scheduler": kind if kind != "auto" else scheduler.kind,
+        "flow_shift": float(scheduler.config.flow_shift),
+        "seed": None if init else _given_or(sampling.seed, defaults.seed),
+        "init_latents": str(Path(init).resolve()) if init else None,
+    }
+
+
+def _given_or(value: Any, default: Any) -> Any:
+    return value if value is not None else default
+
+
+def video_args(video: Mapping[str, int]) -> dict[str, int]:
+    return {"height": video["height"], "width": video["width"], "num_frames": video["frames"]}
+
+
+def denoise_latents(
+    pipe: WanPipeline,
+    pos: Any,
+    neg: Any,
+    latents: Any,
+    params: Mapping[str, Any],
+    cache: CacheFlags,
+    image: ImageConditioning | None = None,
+    on_step: Callable[[int], None] | None = None,
+) -> Any:
+    """The pipeline's denoise with these parameters, step cache and image conditioning; with
+    ``--cache_calibrate`` the measured MagCache ratios are written there (process 0, atomically)."""
+    out = pipe.denoise(
+        pos,
+        neg,
+        latents,
+        num_inference_steps=params["num_inference_steps"],
+        guidance_scale=params["guidance_scale"],
+        flow_shift=params["flow_shift"],
+        scheduler=params["scheduler"],
+        seed=params["seed"] or 0,
+        cache=cache.config(),
+        image=image,
+        guidance_scale_2=params.get("guidance_scale_2"),
+        boundary_ratio=params.get("boundary_ratio"),
+        on_step=on_step,
+    )
+    report = pipe.cache_report
+    if cache.cache_calibrate and report is not None and is_primary():
+        write_text(cache.cache_calibrate, json.dumps(report.ratios, indent=1) + "\n")
+    return out
+
+
+def cache_outputs(report: RunReport, pipe: WanPipeline, cache: CacheFlags) -> None:
+    """The step cache's decisions in the run's record, and the calibration file among its outputs."""
+    if pipe.cache_report is not None:
+        report.extra["cache"] = pipe.cache_report.as_json()
+    if cache.cache_calibrate:
+        report.outputs["mag_ratios"] = cache.cache_calibrate
