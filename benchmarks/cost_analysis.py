@@ -188,8 +188,8 @@ def transfer_check(arch: str, layers: int, dtype: jnp.dtype, latent_shape, text_
         float(jnp.ones(()))  # the counter sees a read
     reads: list[tuple[int, ...]] = []
     with jax.transfer_guard_device_to_host("disallow"), counting_host_reads(reads):
-        out, times = Sampler(model)(scheduler, latents, cond, uncond, guidance_scale=5.0)
-        jax.block_until_ready(out)
+        result = Sampler(model)(scheduler, latents, cond, uncond, guidance_scale=5.0)
+        out, times = jax.block_until_ready(result.latents), result.step_times
     return {
         "steps": steps,
         "device_to_host_reads": len(reads),

@@ -96,7 +96,7 @@ def main() -> None:
     def run(params, scheduler, negative, guidance) -> float:
         model.params = params
         start = time.perf_counter()
-        out, _ = sampler(scheduler, noise, cond, negative, guidance)
+        out = sampler(scheduler, noise, cond, negative, guidance).latents
         jax.block_until_ready(out)
         return time.perf_counter() - start
 

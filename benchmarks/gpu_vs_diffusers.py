@@ -422,8 +422,9 @@ def child_sampler(c: Child) -> None:
     sampler = Sampler(model)
     prompt = jnp.asarray(text, jnp.bfloat16)
     start = time.perf_counter()
-    out, times = sampler(scheduler, jnp.asarray(latents), prompt, prompt, 5.0)
-    jax.block_until_ready(out)
+    result = sampler(scheduler, jnp.asarray(latents), prompt, prompt, 5.0)
+    jax.block_until_ready(result.latents)
+    times = result.step_times
     total = time.perf_counter() - start
     steady = list(times.steady)
     stats = {

@@ -98,7 +98,7 @@ def compare(root: Path, dtype: str, args: argparse.Namespace, noise: torch.Tenso
         return (np.asarray(video) * 255).round().astype(np.uint8)  # as its PIL output does
 
     def run_ours() -> np.ndarray:
-        return ours(PROMPT, NEGATIVE, latents=noise.numpy(), seed=args.seed, progress=False, **common)
+        return ours(PROMPT, NEGATIVE, latents=noise.numpy(), seed=args.seed, progress=False, **common).frames
 
     ref_first, ref_frames = timed(run_reference)
     our_first, our_frames = timed(run_ours)

@@ -150,25 +150,14 @@ def umt5_xxl(num_layers: int) -> None:
 
 def frames() -> None:
     """The demo pipeline, its transformer and text encoder loaded with 8-bit weights."""
-    from wanjax.pipeline.demo import DEMO_DEFAULTS
     from wanjax.pipeline.pipeline import WanPipeline
 
-    size = {k: DEMO_DEFAULTS[k] for k in ("height", "width", "num_inference_steps")}
     videos = {}
     for name in VARIANTS:
         dtype, weights = variant(name)
-        pipe = WanPipeline.from_pretrained("demo", dtype)
-        # the pipeline has no weights_dtype yet: its components, loaded as it would, quantised
-        pipe._transformer = dit.load_transformer(
-            pipe.path, dtype, precision=pipe.precisions["transformer"], weights_dtype=weights
-        )
-        pipe._text_encoder = umt5.load_text_encoder(
-            pipe.path, dtype, precision=pipe.precisions["text_encoder"], weights_dtype=weights
-        )
-        with native_fp8_platform(name == "fp8 native"):
-            videos[name] = np.asarray(
-                pipe("a red fox in the snow", num_frames=DEMO_DEFAULTS["frames"], seed=0, **size)
-            )
+        pipe = WanPipeline.from_pretrained("demo", dtype, weights_dtype=weights)
+        with native_fp8_platform(name == "fp8 native"):  # the demo's default size and steps
+            videos[name] = pipe("a red fox in the snow", seed=0).frames
     print(
         f"{'demo pipeline, frames PSNR (dB)':<34}"
         + "".join(f"{psnr(videos[v], videos['bf16']):>12.1f}" for v in VARIANTS if v != "bf16"),

@@ -52,9 +52,8 @@ def main() -> None:
 
     def run(cache: CacheConfig | None) -> tuple[np.ndarray, float]:
         start = time.perf_counter()
-        out, _ = sampler(scheduler, noise, cond, uncond, 5.0, cache=cache)
-        out = np.asarray(out)
-        return out, time.perf_counter() - start
+        result = sampler(scheduler, noise, cond, uncond, 5.0, cache=cache)
+        return result, time.perf_counter() - start
 
     for cache in POLICIES.values():  # compile every program first
         run(cache)
@@ -62,9 +61,10 @@ def main() -> None:
     results: dict[str, dict] = {}
     for _ in range(args.rounds):
         for name, cache in POLICIES.items():
-            latents, elapsed = run(cache)
+            result, elapsed = run(cache)
+            latents = np.asarray(result.latents)
             seconds[name].append(elapsed)
-            report = sampler.cache_report
+            report = result.cache_report
             results[name] = {
                 "latents": latents,
                 "evaluations": 2 * args.steps if report is None else report.evaluations,

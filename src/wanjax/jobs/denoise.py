@@ -74,7 +74,8 @@ def denoise(request: DenoiseRequest) -> RunReport:
     )
     if conditioning is not None:
         conditioning = conditioning.repeat(batch)
-    final = to_host(denoise_latents(pipe, pos, neg, latents, params, request.cache, conditioning))
+    denoised = denoise_latents(pipe, pos, neg, latents, params, request.cache, conditioning)
+    final = to_host(denoised.latents)
     path = directory / stages.LATENTS_FILE
     if is_primary():
         stages.save_latents(path, final)
@@ -90,9 +91,9 @@ def denoise(request: DenoiseRequest) -> RunReport:
     }
     if is_primary():
         stages.write_config(directory, stages.record_stage(config, "denoise", entry))
-    report = make_report("denoise", pipe, {"batch": batch, **video}, {"latents": str(path)})
+    report = make_report("denoise", pipe, {"batch": batch, **video}, {"latents": str(path)}, denoised)
     report.extra["sampling"] = params
-    cache_outputs(report, pipe, request.cache)
+    cache_outputs(report, denoised, request.cache)
     return finish(report, request, start)
 
 

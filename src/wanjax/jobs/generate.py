@@ -34,6 +34,7 @@ from wanjax.parallel.mesh import MeshSpec
 from wanjax.pipeline import stages
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.pipeline.prompts import negative_prompt
+from wanjax.pipeline.results import Video
 from wanjax.runtime.timing import RunReport
 
 if TYPE_CHECKING:
@@ -49,8 +50,8 @@ def generate(request: GenerateRequest) -> RunReport:
     mesh, fsdp = mesh_request(request.parallel)
     pipe = open_generate_pipeline(request, mesh, fsdp)
     work = check_generate(pipe, request, mesh)
-    frames = run_generate(pipe, work)
-    return finish(generate_outputs(pipe, work, frames), request, start, record)
+    video = run_generate(pipe, work)
+    return finish(generate_outputs(pipe, work, video), request, start, record)
 
 
 def open_generate_pipeline(request: GenerateRequest, mesh: MeshSpec | str | None, fsdp: bool) -> WanPipeline:
@@ -131,8 +132,9 @@ def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec |
 
 def run_generate(
     pipe: WanPipeline, work: GenerateWork, on_progress: Callable[[str, int], None] | None = None
-) -> np.ndarray:
-    """The three stages of a checked request in memory: uint8 frames ``[B, T, H, W, 3]``.
+) -> Video:
+    """The three stages of a checked request in memory: uint8 frames ``[B, T, H, W, 3]``, as
+    ``WanPipeline.__call__`` returns them.
     ``on_progress(stage, steps_done)`` is called as each stage starts and after each denoising step."""
     report = on_progress or (lambda stage, done: None)
     pipe.reset_timings()
@@ -151,20 +153,24 @@ def run_generate(
         latents = pipe.prepare_latents(batch, **video_args(work.video), seed=work.params["seed"])
     report("denoise", 0)
     on_step = lambda done: report("denoise", done)  # noqa: E731
-    final = denoise_latents(pipe, pos, neg, latents, work.params, work.request.cache, conditioning, on_step)
+    denoised = denoise_latents(
+        pipe, pos, neg, latents, work.params, work.request.cache, conditioning, on_step
+    )
     report("decode", work.params["num_inference_steps"])
-    return pipe.decode(final)
+    frames = pipe.decode(denoised.latents)
+    return Video(frames, denoised, dict(pipe.timings))
 
 
-def generate_outputs(pipe: WanPipeline, work: GenerateWork, frames: np.ndarray) -> RunReport:
+def generate_outputs(pipe: WanPipeline, work: GenerateWork, video: Video) -> RunReport:
     """Write a generate run's videos (and frames, previews: process 0) and its report (not yet
     finished: :func:`finish`)."""
     request, batch = work.request, work.batch
     clips = clip_infos(batch, work.prompts, work.described(pipe))
-    outputs = write_outputs(frames, request.outputs, work.fps, clips)
-    report = make_report("generate", pipe, {"batch": batch, **work.video, "fps": work.fps}, outputs)
+    outputs = write_outputs(video.frames, request.outputs, work.fps, clips)
+    size = {"batch": batch, **work.video, "fps": work.fps}
+    report = make_report("generate", pipe, size, outputs, video.denoised)
     report.extra.update(sampling=work.params, prompts=work.prompts, negative_prompt=work.negative)
-    cache_outputs(report, pipe, request.cache)
+    cache_outputs(report, video.denoised, request.cache)
     return report
 
 

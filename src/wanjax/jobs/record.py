@@ -12,6 +12,7 @@ from wanjax.jobs.requests import ImageFlags, PipelineRequest
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline import stages
 from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.pipeline.results import Denoised
 from wanjax.runtime.environment import environment
 from wanjax.runtime.timing import RunReport
 
@@ -57,20 +58,27 @@ def finish(
     return report
 
 
-def make_report(command: str, pipe: WanPipeline, video: dict[str, Any], outputs: dict[str, str]) -> RunReport:
+def make_report(
+    command: str,
+    pipe: WanPipeline,
+    video: dict[str, Any],
+    outputs: dict[str, str],
+    denoised: Denoised | None = None,
+) -> RunReport:
+    """A run's report: the pipeline's stage timings, and what its denoising returned (if it ran)."""
     order = [s for s in stages.STAGES if s in pipe.timings]
     return RunReport(
         command=command,
         model=model_label(pipe.source),
         smoke_model=pipe.source.is_demo,
         stages={s: pipe.timings[s] for s in order},
-        steps=pipe.step_times,
+        steps=None if denoised is None else denoised.step_times,
         video=video,
         outputs=outputs,
         extra={
             "dtype": str(pipe.dtype),
             "precision": {s: pipe.precisions[c] for s, c in STAGE_COMPONENTS.items() if s in order},
-            **({"mesh": pipe.mesh_usage} if pipe.mesh_usage else {}),
-            **({"expert_steps": pipe.expert_steps} if pipe.boundary_ratio is not None else {}),
+            **({"mesh": denoised.mesh_usage} if denoised and denoised.mesh_usage else {}),
+            **({"expert_steps": list(denoised.expert_steps)} if denoised and pipe.boundary_ratio else {}),
         },
     )

@@ -14,6 +14,7 @@ from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.jobs.requests import CacheFlags, SamplingFlags
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.pipeline.results import Denoised
 from wanjax.runtime.timing import RunReport
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def denoise_latents(
     cache: CacheFlags,
     image: ImageConditioning | None = None,
     on_step: Callable[[int], None] | None = None,
-) -> Any:
+) -> Denoised:
     """The pipeline's denoise with these parameters, step cache and image conditioning; with
     ``--cache_calibrate`` the measured MagCache ratios are written there (process 0, atomically)."""
     out = pipe.denoise(
@@ -88,15 +89,15 @@ def denoise_latents(
         boundary_ratio=params.get("boundary_ratio"),
         on_step=on_step,
     )
-    report = pipe.cache_report
+    report = out.cache_report
     if cache.cache_calibrate and report is not None and is_primary():
         write_text(cache.cache_calibrate, json.dumps(report.ratios, indent=1) + "\n")
     return out
 
 
-def cache_outputs(report: RunReport, pipe: WanPipeline, cache: CacheFlags) -> None:
+def cache_outputs(report: RunReport, denoised: Denoised, cache: CacheFlags) -> None:
     """The step cache's decisions in the run's record, and the calibration file among its outputs."""
-    if pipe.cache_report is not None:
-        report.extra["cache"] = pipe.cache_report.as_json()
+    if denoised.cache_report is not None:
+        report.extra["cache"] = denoised.cache_report.as_json()
     if cache.cache_calibrate:
         report.outputs["mag_ratios"] = cache.cache_calibrate

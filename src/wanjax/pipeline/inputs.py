@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from wanjax.errors import WanjaxError
 from wanjax.models.config import TransformerConfig
+from wanjax.models.dit import WanTransformer
 from wanjax.pipeline.sampler import ImageConditioning
 
 
@@ -123,3 +125,31 @@ class VideoGeometry:
             "height": h * self.spatial,
             "width": w * self.spatial,
         }
+
+
+def check_embeddings(
+    model: WanTransformer,
+    prompt_embeds: Any,
+    negative_prompt_embeds: Any,
+    latents: Any,
+    guidance_scale: float,
+) -> None:
+    """WanjaxError unless the text embeddings fit the transformer, the latents' batch and the guidance."""
+    text_dim = model.cfg.text_dim
+    for name, e in (("prompt_embeds", prompt_embeds), ("negative_prompt_embeds", negative_prompt_embeds)):
+        if e is None:
+            continue
+        if len(e.shape) != 3 or e.shape[2] != text_dim:
+            raise WanjaxError(
+                f"{name} {tuple(e.shape)} must be [B, L, {text_dim}] for this transformer (text_dim "
+                f"{text_dim}); were they encoded for another model?"
+            )
+        if e.shape[0] != latents.shape[0]:
+            raise WanjaxError(f"{name} has batch {e.shape[0]} but the latents have {latents.shape[0]}")
+    if negative_prompt_embeds is None and guidance_scale > 1:
+        raise WanjaxError(f"guidance_scale {guidance_scale} > 1 needs negative_prompt_embeds")
+    if negative_prompt_embeds is not None and negative_prompt_embeds.shape != prompt_embeds.shape:
+        raise WanjaxError(
+            f"negative_prompt_embeds {tuple(negative_prompt_embeds.shape)} and prompt_embeds "
+            f"{tuple(prompt_embeds.shape)} differ in shape"
+        )

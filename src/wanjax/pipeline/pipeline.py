@@ -10,8 +10,10 @@ is drawn with JAX's generator, so pass ``latents`` to reproduce a diffusers run)
   ``[B, 16, T', H/8, W/8]`` (diffusers' ``output_type="latent"``);
 * :meth:`WanPipeline.decode`: latents -> ``uint8`` frames.
 
-Components are loaded on first use, so a stage loads only its own weights. ``timings`` holds the
-load / compile / run seconds of each stage and ``step_times`` those of the denoising steps.
+Components are loaded on first use, so a stage loads only its own weights. ``timings`` meters the
+load / compile / run seconds of each stage since :meth:`WanPipeline.reset_timings`; a run's own
+results (the denoising's step times, cache report, experts; a video's frames and timings) are what
+it returns (:mod:`wanjax.pipeline.results`).
 
 ``offload`` (:mod:`wanjax.models.offload`) says which weights stay in device memory: ``"none"``
 (all, once loaded), ``"model"`` (stage-wise: only the running stage's component; the others wait in
@@ -59,14 +61,15 @@ from wanjax.pipeline.conditioning import (
     size_for_image,
 )
 from wanjax.pipeline.hub import ModelSource, resolve_model
-from wanjax.pipeline.inputs import VideoGeometry, check_image_input
+from wanjax.pipeline.inputs import VideoGeometry, check_embeddings, check_image_input
 from wanjax.pipeline.model_index import read_model_index
 from wanjax.pipeline.residency import Loaded, Residency
+from wanjax.pipeline.results import Denoised, Video
 from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import make_scheduler
-from wanjax.pipeline.step_cache import CacheConfig, CacheReport
+from wanjax.pipeline.step_cache import CacheConfig
 from wanjax.runtime.jax_cache import enable_compilation_cache
-from wanjax.runtime.timing import StageTiming, StepTimes
+from wanjax.runtime.timing import StageTiming
 
 Prompt = str | Sequence[str]
 
@@ -147,10 +150,6 @@ class WanPipeline:
         self.precision = None if precision is None else parse_precision(precision)
         self.vae_precision = None if vae_precision is None else parse_precision(vae_precision)
         self.timings: dict[str, StageTiming] = {}
-        self.step_times: StepTimes | None = None
-        self.mesh_usage: str | None = None  # how the last denoise used each mesh axis
-        self.cache_report: CacheReport | None = None  # what the last denoise's step cache did
-        self.expert_steps: list[int] = []  # which expert ran each step of the last denoise
         # components built by the caller are used as they are; the others are read when first needed
         self._text_encoder = text_encoder
         self._transformer = transformer
@@ -190,8 +189,8 @@ class WanPipeline:
     # Components, loaded on first use
 
     def reset_timings(self) -> None:
-        """Forget the stage and step timings of earlier runs (a new run's report starts empty)."""
-        self.timings, self.step_times = {}, None
+        """Forget the stage timings of earlier runs (a new run's report starts empty)."""
+        self.timings = {}
 
     def stage_timing(self, stage: str) -> StageTiming:
         return self.timings.setdefault(stage, StageTiming())
@@ -475,19 +474,20 @@ class WanPipeline:
         guidance_scale_2: float | None = None,
         boundary_ratio: float | None = None,
         on_step: Callable[[int], None] | None = None,
-    ) -> jax.Array:
+    ) -> Denoised:
         """Denoise ``latents`` (float32 noise) with classifier-free guidance (skipped when
-        ``guidance_scale <= 1``); returns the transformer's normalised latents, float32.
+        ``guidance_scale <= 1``): the transformer's normalised latents, float32, and how the run went
+        (:class:`~wanjax.pipeline.results.Denoised`: step times, cache report, experts, mesh usage).
         ``flow_shift=None`` keeps the checkpoint's scheduler config. ``scheduler``: ``auto`` (the
         checkpoint's), ``unipc``, ``euler`` or ``distill`` (the few-step sampler of step-distilled
         models and LoRAs, whose re-noising draws come from ``seed``; see
         :mod:`wanjax.pipeline.scheduler`). ``image``: an image-to-video model's conditioning
         (:meth:`prepare_image`), required by such a model. ``cache``: a step-cache policy
-        (:class:`~wanjax.pipeline.step_cache.CacheConfig`); :attr:`cache_report` then tells what it
-        skipped (None without one). A two-expert model (Wan 2.2 A14B): ``guidance_scale_2`` for the
+        (:class:`~wanjax.pipeline.step_cache.CacheConfig`); the result's ``cache_report`` tells what it
+        skipped. A two-expert model (Wan 2.2 A14B): ``guidance_scale_2`` for the
         low-noise expert (default ``guidance_scale``, as diffusers), ``boundary_ratio`` in place of
-        the checkpoint's (:attr:`boundary_ratio`); :attr:`expert_steps` then tells which expert ran
-        each step. ``on_step(done)`` is called after each step with the number of steps done (an
+        the checkpoint's (:attr:`boundary_ratio`); the result's ``expert_steps`` tell which expert
+        ran each step. ``on_step(done)`` is called after each step with the number of steps done (an
         exception it raises stops the denoising)."""
         from tqdm import tqdm
 
@@ -505,11 +505,11 @@ class WanPipeline:
                 if image is None
                 else "an image was given but this is a text-to-video model"
             )
-        self._check_embeddings(model, prompt_embeds, negative_prompt_embeds, latents, guidance_scale)
+        check_embeddings(model, prompt_embeds, negative_prompt_embeds, latents, guidance_scale)
         cfg_pair = negative_prompt_embeds is not None and guidance_scale > 1  # run as one batch
         rows = latents.shape[0] * (2 if cfg_pair else 1)
         layout = model.token_layout((rows, *latents.shape[1:]))
-        self.mesh_usage = None if layout is None else layout.describe(dict(self.mesh.shape))
+        mesh_usage = None if layout is None else layout.describe(dict(self.mesh.shape))
         if self._sampler is None:
             self._sampler = Sampler(model, second)
         timing = self.stage_timing("denoise")
@@ -524,7 +524,7 @@ class WanPipeline:
             with tqdm(
                 total=num_inference_steps, desc="denoise", unit="step", disable=None if progress else True
             ) as bar:
-                out, times = self._sampler(
+                result = self._sampler(
                     steps,
                     jnp.asarray(latents, jnp.float32),
                     cond,
@@ -538,10 +538,7 @@ class WanPipeline:
                     guidance_scale_2=guidance_scale_2,
                     on_expert=self._switch_expert,
                 )
-        self.step_times = times
-        self.cache_report = self._sampler.cache_report
-        self.expert_steps = self._sampler.expert_steps
-        return out
+        return dataclasses.replace(result, mesh_usage=mesh_usage)
 
     def prepare_image(
         self,
@@ -629,8 +626,9 @@ class WanPipeline:
         image: ImageInput | None = None,
         last_image: ImageInput | None = None,
         guidance_scale_2: float | None = None,
-    ) -> np.ndarray:
-        """Generate videos: ``uint8 [B, num_frames, height, width, 3]``, one per prompt.
+    ) -> Video:
+        """Generate videos: a :class:`~wanjax.pipeline.results.Video` whose ``frames`` are
+        ``uint8 [B, num_frames, height, width, 3]``, one video per prompt.
 
         ``latents``: starting noise ``[B, 16, T', H/8, W/8]`` instead of drawing it from ``seed``.
         ``cache``: a step-cache policy, e.g. ``CacheConfig("magcache")`` (see :meth:`denoise`).
@@ -675,7 +673,7 @@ class WanPipeline:
         conditioning = None
         if image is not None:
             conditioning = self.prepare_image(image, batch, height, width, num_frames, last_image)
-        final = self.denoise(
+        denoised = self.denoise(
             prompt_embeds,
             negative_prompt_embeds,
             latents,
@@ -689,31 +687,5 @@ class WanPipeline:
             image=conditioning,
             guidance_scale_2=guidance_scale_2,
         )
-        return self.decode(final)
-
-    @staticmethod
-    def _check_embeddings(
-        model: WanTransformer,
-        prompt_embeds: Any,
-        negative_prompt_embeds: Any,
-        latents: Any,
-        guidance_scale: float,
-    ) -> None:
-        text_dim = model.cfg.text_dim
-        for name, e in (("prompt_embeds", prompt_embeds), ("negative_prompt_embeds", negative_prompt_embeds)):
-            if e is None:
-                continue
-            if len(e.shape) != 3 or e.shape[2] != text_dim:
-                raise WanjaxError(
-                    f"{name} {tuple(e.shape)} must be [B, L, {text_dim}] for this transformer (text_dim "
-                    f"{text_dim}); were they encoded for another model?"
-                )
-            if e.shape[0] != latents.shape[0]:
-                raise WanjaxError(f"{name} has batch {e.shape[0]} but the latents have {latents.shape[0]}")
-        if negative_prompt_embeds is None and guidance_scale > 1:
-            raise WanjaxError(f"guidance_scale {guidance_scale} > 1 needs negative_prompt_embeds")
-        if negative_prompt_embeds is not None and negative_prompt_embeds.shape != prompt_embeds.shape:
-            raise WanjaxError(
-                f"negative_prompt_embeds {tuple(negative_prompt_embeds.shape)} and prompt_embeds "
-                f"{tuple(prompt_embeds.shape)} differ in shape"
-            )
+        frames = self.decode(denoised.latents)
+        return Video(frames, denoised, dict(self.timings))

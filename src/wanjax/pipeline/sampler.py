@@ -29,11 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 
-from wanjax.errors import ConfigError, NumericalError
+from wanjax.errors import ConfigError
 from wanjax.models.dit import WanTransformer
 from wanjax.models.layers import Params
 from wanjax.parallel.layouts import to_global, to_host
 from wanjax.parallel.rules import replicated
+from wanjax.pipeline.results import Denoised
 from wanjax.pipeline.scheduler import Scheduler
 from wanjax.pipeline.step_cache import (
     CacheConfig,
@@ -148,9 +149,6 @@ class Sampler:
         self.model = model
         self.experts = (model,) if model_2 is None else (model, model_2)
         self._programs = ProgramCache()
-        self.finite_flags: list[jax.Array] = []
-        self.cache_report: CacheReport | None = None
-        self.expert_steps: list[int] = []  # which expert ran each step of the last run
 
     def _program(self, scheduler: Scheduler, args: tuple[Any, ...], expert: int = 0) -> jax.stages.Compiled:
         model = self.experts[expert]
@@ -264,12 +262,13 @@ class Sampler:
         boundary_ratio: float | None = None,
         guidance_scale_2: float | None = None,
         on_expert: Callable[[int], None] | None = None,
-    ) -> tuple[jax.Array, StepTimes]:
-        """Run all scheduler steps from ``latents`` (float32 noise); the final latents and timings.
-        ``image``: an image-to-video model's conditioning (:class:`ImageConditioning`).
+    ) -> Denoised:
+        """Run all scheduler steps from ``latents`` (float32 noise): the final latents, the step
+        timings and what the run decided (:class:`Denoised`). ``image``: an image-to-video model's
+        conditioning (:class:`ImageConditioning`).
 
-        ``cache``: a step-cache policy (:mod:`wanjax.pipeline.step_cache`); what it decided is then in
-        :attr:`cache_report` (None without one).
+        ``cache``: a step-cache policy (:mod:`wanjax.pipeline.step_cache`); what it decided is the
+        result's ``cache_report``.
 
         Two experts (a Sampler built with ``model_2``, Wan 2.2 A14B): each step runs the first expert
         while its timestep is at least ``boundary_ratio * num_train_timesteps``, the second after
@@ -279,8 +278,8 @@ class Sampler:
 
         The unconditional pass runs only when ``negative_prompt_embeds`` is given and
         ``guidance_scale > 1``. ``on_step(i, seconds)`` is called after each step. Each step also
-        computes an on-device flag "the latents are finite" (kept in ``finite_flags``, never read in
-        the loop); with ``check_finite`` (or a later :meth:`check_finite`) NaN/inf in the final
+        computes an on-device flag "the latents are finite" (the result's ``finite_flags``, never read
+        in the loop); with ``check_finite`` (or a later :meth:`Denoised.check_finite`) NaN/inf in the final
         latents raise :class:`~wanjax.errors.NumericalError` naming the first step that produced them.
         """
         joined = image is not None and not image.first_frame
@@ -297,7 +296,6 @@ class Sampler:
         scales = (guidance_scale, guidance_scale if guidance_scale_2 is None else guidance_scale_2)
         # as diffusers' do_classifier_free_guidance: guidance_scale alone decides, for both experts
         uncond = negative_prompt_embeds if guidance_scale > 1.0 else None
-        self.cache_report = None
         # Place every input on the params' device (one device) or replicate it over the mesh (as a
         # global array, also across processes), so the compiled program and the arrays it returns
         # agree on placement from the first step on.
@@ -330,8 +328,6 @@ class Sampler:
             )
         )
         finite: list[jax.Array] = []
-        self.finite_flags = finite
-        self.expert_steps = experts
         decisions: list[tuple[jax.Array, jax.Array]] = []
         program, extra, current = None, (), None
         for i in range(scheduler.num_inference_steps):
@@ -366,14 +362,14 @@ class Sampler:
                 times.steady.append(elapsed)
             if on_step:
                 on_step(i, elapsed)
-        if step_cache is not None:
-            self.cache_report = cache_report(step_cache, decisions, times)
-        if check_finite:
-            self.check_finite()
+        report = None if step_cache is None else cache_report(step_cache, decisions, times)
         final = state.sample
         if image is not None and image.first_frame:
             final = image.impose(final)
-        return final, times
+        result = Denoised(final, times, report, tuple(experts), finite_flags=tuple(finite))
+        if check_finite:
+            result.check_finite(self.model.dtype)
+        return result
 
     def _cache_inputs(
         self,
@@ -400,13 +396,6 @@ class Sampler:
         }
         schedule = place(jnp.asarray(cache.schedule))
         return (zeros, schedule, place(jnp.float32(cache.threshold)), place(jnp.int32(first))), sharding
-
-    def check_finite(self) -> None:
-        """Raise NumericalError when the last run's latents are not finite, naming the first step that
-        made them so: one device-to-host read of the last step's flag, all of them only on failure."""
-        finite = self.finite_flags
-        if finite and not bool(to_host(finite[-1])):
-            check_steps_finite([bool(to_host(f)) for f in finite], self.model.dtype)
 
 
 def expert_schedule(scheduler: Scheduler, boundary_ratio: float | None) -> list[int]:
@@ -442,22 +431,6 @@ def cache_report(
     return CacheReport(cache, per_branch, ratios, saved)
 
 
-def check_steps_finite(finite: list[bool], dtype: Any) -> None:
-    """Raise NumericalError naming the first step whose latents were not finite (if any)."""
-    if all(finite):
-        return
-    first = finite.index(False) + 1
-    hint = (
-        "try --dtype float32"
-        if jnp.dtype(dtype).itemsize < 4
-        else "check the checkpoint's weights and inputs"
-    )
-    raise NumericalError(
-        f"denoising produced NaN/inf latents, first at step {first} of {len(finite)} "
-        f"(transformer dtype {jnp.dtype(dtype).name}); {hint}"
-    )
-
-
 def denoise(
     model: WanTransformer,
     scheduler: Scheduler,
@@ -466,8 +439,8 @@ def denoise(
     negative_prompt_embeds: jax.Array | None = None,
     guidance_scale: float = 5.0,
     on_step: Callable[[int, float], None] | None = None,
-) -> tuple[jax.Array, StepTimes]:
-    """Run all scheduler steps from ``latents`` (float32 noise); returns the final latents and timings.
+) -> Denoised:
+    """Run all scheduler steps from ``latents`` (float32 noise) (:meth:`Sampler.__call__`).
 
     One-off form of :class:`Sampler` (keep a Sampler to reuse compiled programs across calls).
     """

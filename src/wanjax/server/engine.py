@@ -250,8 +250,8 @@ class Engine:
         start = time.perf_counter()
         work = self.work(job_id, params)
         with CompileMeter() as meter:
-            frames = run_generate(self.pipe, work, on_progress)
-            report = generate_outputs(self.pipe, work, frames)
+            video = run_generate(self.pipe, work, on_progress)
+            report = generate_outputs(self.pipe, work, video)
         wall = round(time.perf_counter() - start, 3)
         result = RunResult(meter.programs, meter.cache_hits, round(meter.seconds, 3), wall)
         report.extra["server"] = {"job": job_id, **dataclasses.asdict(result)}

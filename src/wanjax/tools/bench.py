@@ -373,12 +373,13 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
         )
 
     start = time.perf_counter()
-    _, times = run()
+    result = run()
     warmup = time.perf_counter() - start
-    steady, per_step, denoising = [], list(times.steady), []
+    steady, per_step, denoising = [], list(result.step_times.steady), []
     for _ in range(cfg.repeats):
         start = time.perf_counter()
-        _, times = run()
+        result = run()
+        times = result.step_times
         steady.append(time.perf_counter() - start)
         per_step += [times.first, *times.steady]
         denoising.append(times.first + sum(times.steady))
@@ -386,7 +387,7 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     # The step program the sampler ran (the one it used last); Sampler has no public accessor.
     programs = sampler.programs()
     memory = program_memory(programs[-1]) if programs else None
-    report = sampler.cache_report
+    report = result.cache_report
     return StageResult(
         warmup,
         steady,
@@ -398,7 +399,7 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
         to_device_s=to_device_s,
         cache=None if report is None else report.as_json(),
         effective_step_s=statistics.median(denoising) / cfg.num_inference_steps,
-        expert_steps=None if second is None else sampler.expert_steps,
+        expert_steps=None if second is None else list(result.expert_steps),
     )
 
 
