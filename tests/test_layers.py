@@ -94,6 +94,18 @@ def test_the_server_imports_nothing_of_the_cli():
     assert not across, "the server imports the command line:\n" + "\n".join(across)
 
 
+MAX_LINES = 700  # a module longer than this does more than one job
+
+
+def long_modules(lines: dict[str, int], limit: int = MAX_LINES) -> list[str]:
+    return sorted(f"{m}: {n} lines" for m, n in lines.items() if n > limit)
+
+
+def test_no_module_is_over_700_lines():
+    lines = {m: len(p.read_text().splitlines()) for m, p in MODULES.items()}
+    assert not long_modules(lines), "split these modules:\n" + "\n".join(long_modules(lines))
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of ``graph`` as a list of modules (first == last), or None."""
     state: dict[str, int] = {}  # 1: on the current path, 2: done
@@ -132,3 +144,4 @@ def test_the_checks_catch_what_they_should():
     server_to_cli = {"wanjax.server.serve": {"wanjax.cli.parser"}, "wanjax.cli.parser": set()}
     assert imports_across(server_to_cli, APART) == ["wanjax.server.serve imports wanjax.cli.parser"]
     assert imports_across(GRAPH, {"cli": "jobs"})  # the command line does import the jobs
+    assert long_modules({"a": 701, "b": 700}) == ["a: 701 lines"]
