@@ -17,14 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import randomize_
 from diffusers import AutoencoderKLWan
-from test_dit_parity import reference_inputs, run_ours
-from test_dit_parity import relative_error as dit_relative_error
-from test_tokenizer import make_tokenizer_dir
-from test_umt5 import CASES as UMT5_CASES
-from test_umt5 import padded_batch, save_text_encoder
-from test_vae import CONFIGS, LATENT_HW, assert_not_saturated, randn, relative_error
+from helpers.compare import relative_error
+from helpers.compare import relative_error as dit_relative_error
+from helpers.dit import reference_inputs, run_ours
+from helpers.models import randomize_
+from helpers.text_encoder import CASES as UMT5_CASES
+from helpers.text_encoder import padded_batch, save_text_encoder
+from helpers.tokenizer import make_tokenizer_dir
+from helpers.vae import CONFIGS, LATENT_HW, assert_not_saturated, randn
 
 import wanjax
 from wanjax.errors import ConfigError

@@ -20,8 +20,8 @@ import urllib.request
 import av
 import numpy as np
 import pytest
+from helpers.serve_process import Server
 from PIL import Image
-from serve_process import Server
 
 from wanjax.cli.main import main
 from wanjax.cli.server.store import JobStore, QueueFull

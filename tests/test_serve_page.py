@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from serve_process import Server
+from helpers.serve_process import Server
 
 STEPS = 6
 # libx264 with yuv420p writes High profile: a Chromium built without proprietary codecs answers "" here
