@@ -5,15 +5,19 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Eight CPU devices in-process (before jax is imported), so mesh tests need no subprocess.
-os.environ["XLA_FLAGS"] = (
-    f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
-)
+# Eight CPU devices in this process, so mesh tests need no subprocess (read when the backend starts,
+# below); the processes the tests start get the caller's XLA_FLAGS back.
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
 
+import jax
 import pytest
 import torch
 from helpers.models import TINY_DIT, save_transformer
 
+assert jax.device_count() == 8, "jax's backend started before XLA_FLAGS was set"
+os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].removesuffix(" --xla_force_host_platform_device_count=8")
+if not os.environ["XLA_FLAGS"]:
+    del os.environ["XLA_FLAGS"]
 torch.set_num_threads(max(1, os.cpu_count() or 1))
 
 

@@ -51,6 +51,7 @@ def _start(cwd, name: str, devices: int, *extra: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "heads, mesh, usage",
     [

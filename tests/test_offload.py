@@ -267,6 +267,7 @@ def _mesh_runs(mesh: str, fsdp: bool) -> dict[str, dict]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mesh, fsdp", [("dp=2,sp=1,tp=4", True), ("dp=1,sp=2,tp=4", False)])
 def test_offload_on_an_8_device_mesh(demo_env, mesh, fsdp):
     modes = _mesh_runs(mesh, fsdp)

@@ -427,6 +427,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_killed_decode_leaves_no_partial_video(demo_env, tmp_path, sig):
     d = tmp_path / "stages"

@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from helpers.serve_process import Server
 
+pytestmark = pytest.mark.slow  # a server process and a browser
+
 STEPS = 6
 # libx264 with yuv420p writes High profile: a Chromium built without proprietary codecs answers "" here
 H264 = 'video/mp4; codecs="avc1.64001E"'

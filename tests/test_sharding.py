@@ -153,6 +153,7 @@ def _prod(shape: list[int]) -> int:
     return math.prod(shape)
 
 
+@pytest.mark.slow
 def test_five_meshes_match_the_single_device_run(model_dir):
     """encode -> 2 UniPC steps with CFG -> decode on each mesh vs one device, float32."""
     report = mesh_runs.parity(model_dir, MESHES)
@@ -165,6 +166,7 @@ def test_five_meshes_match_the_single_device_run(model_dir):
         assert r["embeds_max"] <= 1e-5, (mesh, r)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["demo-i2v", "demo-a14b", "demo-i2v-a14b", "demo-ti2v"])
 def test_image_to_video_and_wan22_on_meshes_match_the_single_device_run(variant, tmp_path):
     """The I2V demo model (CLIP sharded as UMT5, image tokens beside the text tokens), the two-expert
@@ -244,6 +246,7 @@ def _generate(cwd: Path, model: str, devices: int, name: str, *flags: str) -> tu
     return np.load(cwd / f"{name}.npy"), result.stdout
 
 
+@pytest.mark.slow
 def test_cli_runs_a_tp_that_does_not_divide_the_heads(model_dir, tmp_path):
     """``--mesh dp=1,sp=1,tp=8`` on the 12-head model: tp joins the token split, the frames are the
     one-device frames to float32 rounding."""

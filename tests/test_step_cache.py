@@ -283,6 +283,7 @@ def test_bad_settings_are_one_line_errors(tmp_path):
 # On an 8-device mesh
 
 
+@pytest.mark.slow
 def test_cache_on_an_8_device_mesh_equals_one_device(model_dir, noise):
     caches = {
         "magcache": CacheConfig("magcache", mag_ratios=CURVE_12, threshold=0.06, max_skip_steps=2),

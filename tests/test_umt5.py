@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.compare import relative_error
-from helpers.models import randomize_
+from helpers.models import TINY_DIT, randomize_
 from helpers.text_encoder import CASES, padded_batch, save_text_encoder
 from helpers.tokenizer import LONG
 from safetensors.numpy import load_file, save_file
@@ -208,9 +208,7 @@ def pipeline_dir(request, tmp_path_factory, tokenizer_dir):
         scheduler=UniPCMultistepScheduler(
             prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
         ),
-        transformer=WanTransformer3DModel(
-            num_attention_heads=2, attention_head_dim=12, text_dim=24, freq_dim=16, ffn_dim=32, num_layers=1
-        ),
+        transformer=WanTransformer3DModel(**{**TINY_DIT, "text_dim": 24, "num_layers": 1}),
     )
     pipe.save_pretrained(root)
     if request.param == "wan_repo_tokenizer":
