@@ -146,6 +146,7 @@ def test_info_on_the_demo_model(demo_env, capsys):
     assert "UMT5EncoderModel" in out and "AutoencoderKLWan" in out and "tokenizer.json" in out
 
 
+@pytest.mark.slow
 def test_info_and_generate_accept_transformer_weights_named_model(demo_env, tmp_path, capsys):
     """``transformer/model.safetensors`` loads (a weight stem the transformer's description lists), so
     ``info`` and the pre-flight checks read it too."""
@@ -289,6 +290,7 @@ def test_stage_mistakes(demo_env, tmp_path, capsys):
     assert not list(d.glob("*.mp4")) and not list(d.glob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_attention_flags_reach_the_model(demo_env, tmp_path, capsys):
     """The seed's kernel flags run the demo through our splash_exp2 kernel (interpret mode here);
     the frames equal the xla backend's."""

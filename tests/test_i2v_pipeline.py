@@ -122,6 +122,7 @@ VIDEO = ("--height", HEIGHT, "--width", WIDTH, "--frames", FRAMES)
 SAMPLING = ("--num_inference_steps", STEPS, "--guidance_scale", 5.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["i2v", "flf2v"])
 def test_generate_and_three_stages_equal_diffusers(variant, request, images, noise, tmp_path):
     """``encode --image [--last_image]`` / ``denoise`` / ``decode`` in float32 from diffusers' noise: its

@@ -152,6 +152,7 @@ def test_config_records_every_parameter(staged, model_dir, noise):
     assert list(config["stages"]) == ["encode", "denoise", "decode"] and "wanjax_version" in config
 
 
+@pytest.mark.slow
 def test_three_stages_equal_generate_bfloat16(model_dir, tmp_path):
     """Same arguments, default dtype (bf16 embeddings stored natively), noise from --seed."""
     root, _ = model_dir

@@ -428,6 +428,7 @@ def test_loaders_take_precision(tiny_transformer_dir, small_vae, tmp_path):
     assert wanjax.load_vae(tmp_path / "vae", precision="high").precision == "high"
 
 
+@pytest.mark.slow
 def test_cli_precision_flags_reach_the_run_and_its_record(demo_env, tmp_path, capsys):
     from wanjax.cli.main import main
 

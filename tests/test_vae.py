@@ -32,7 +32,7 @@ from wanjax.runtime.timing import CompileMeter
 from wanjax.tools.flops import vae_decode_flops
 
 
-@pytest.fixture(scope="module", params=list(CONFIGS))
+@pytest.fixture(scope="module", params=["small", pytest.param("wan_like", marks=pytest.mark.slow)])
 def case(request, tmp_path_factory):
     """(model root, diffusers model, config name) for each tiny config."""
     root = tmp_path_factory.mktemp(request.param)

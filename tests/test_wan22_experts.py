@@ -122,6 +122,7 @@ def test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames
     assert frames_ref.std() > 20 and np.abs(frames.astype(np.int16) - frames_ref).max() <= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["t2v", "i2v"])
 def test_generate_three_stages_and_offload_give_the_same_frames(variant, request, noise, image, tmp_path):
     """``generate`` (float32, diffusers' noise) gives diffusers' frames; the three stages and
