@@ -180,6 +180,7 @@ def test_three_stages_equal_generate_bfloat16(model_dir, tmp_path):
     assert (d / "output_video.mp4").is_file() and (tmp_path / "g.mp4").is_file()
 
 
+@pytest.mark.slow
 def test_python_api_without_guidance_matches_diffusers(model_dir, noise):
     """``WanPipeline.__call__`` with guidance 1 (no unconditional pass) and given latents."""
     from wanjax import WanPipeline

@@ -382,6 +382,7 @@ def emulation_case(small_vae):
     return frames, frames("highest")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
 def test_vae_default_precision_within_two_levels_of_exact(emulation_case, platform, monkeypatch):
     """The platform's default VAE precision (GPU: TF32, TPU: 3-pass bf16) gives frames within 2 uint8

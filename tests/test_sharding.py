@@ -187,6 +187,7 @@ def test_image_to_video_and_wan22_on_meshes_match_the_single_device_run(variant,
         assert r["frames_max"] <= 1, (mesh, r)
 
 
+@pytest.mark.slow
 def test_small_frames_split_into_strips_decode_as_on_one_device(tmp_path):
     """Latents whose 2-D or one-pixel splits XLA's partitioner decoded wrongly (up to 236 levels off):
     split into strips at least two latent pixels wide, they decode as on one device; so does the
@@ -201,6 +202,7 @@ def test_small_frames_split_into_strips_decode_as_on_one_device(tmp_path):
     assert report["2x2@dp=2,sp=1,tp=2"]["spec"] == "P(None, None, None, None, None)"  # too small to split
 
 
+@pytest.mark.slow
 def test_vae_decode_memory_per_device_shrinks_with_spatial_sharding(model_dir):
     report = mesh_runs.vae_memory(model_dir, [1, 2, 8])
     temp = {n: r["temp"] for n, r in report.items()}
