@@ -4,7 +4,7 @@ VENV   ?= .venv
 PYTHON ?= python3
 BIN     = $(VENV)/bin
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test test-fast lint bench clean
 
 # Two stamps: `make demo` installs the package and its run-time dependencies only; `make test`
 # adds the test extra (the references: torch, diffusers, transformers).
@@ -33,6 +33,11 @@ demo: $(RUN_STAMP)
 test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
+
+## test-fast: the suite less its `slow` cases (subprocesses, large parity cases, end-to-end runs, serving)
+test-fast: $(TEST_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -m "not slow" tests
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

@@ -37,15 +37,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 # the test suite's helpers, so the model is exactly the parity test's
-from test_pipeline_parity import NEGATIVE, PROMPT
-from test_pipeline_parity import build_tiny_pipeline as build_parity_pipeline
-from test_tokenizer import make_tokenizer_dir
+from helpers.pipelines import NEGATIVE, PROMPT
+from helpers.pipelines import build_tiny_pipeline as build_parity_pipeline
+from helpers.tokenizer import make_tokenizer_dir
 
 import wanjax
 
 
 def build_tiny_pipeline(root: Path) -> None:
-    """``tests/test_pipeline_parity.py``'s tiny random WanPipeline, saved at ``root``."""
+    """``tests/helpers/pipelines.py``'s tiny random WanPipeline, saved at ``root``."""
     build_parity_pipeline(root, make_tokenizer_dir(root.parent / "tok" / "tokenizer"))
 
 

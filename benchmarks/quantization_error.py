@@ -9,7 +9,7 @@ quantised (the same weights: one seed, quantised as they are read); a float32 ru
 rounding alone moves the output. ``fp8 native`` simulates a platform that multiplies e4m3 natively
 (an H100: activations rounded to e4m3 per token too); elsewhere fp8 is weight-only.
 
-* ``tiny``: the parity tests' tiny DiT (``tests/conftest.py``: diffusers ``WanTransformer3DModel``,
+* ``tiny``: the parity tests' tiny DiT (``tests/helpers/models.py``'s ``TINY_DIT``: diffusers ``WanTransformer3DModel``,
   weights ~N(0, 0.3²)), saved with ``save_pretrained`` and read through ``load_transformer``.
 * ``1.3B``: Wan 1.3B dimensions (``--layers`` of its 30 blocks), :func:`random_params` weights,
   latents [1, 16, 5, 30, 52] (1,950 tokens) and 512 text tokens, timestep 500.

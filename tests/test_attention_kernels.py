@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from attention_reference import random_qkv, reference, rel
+from helpers.attention_reference import random_qkv, reference, rel
 
 import wanjax
 from wanjax.errors import ConfigError

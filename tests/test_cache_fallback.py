@@ -153,6 +153,7 @@ def test_an_unwritable_cache_gets_a_temporary_demo_model(blocked):
     assert (found / "model_index.json").stat().st_mtime_ns == written  # generated once per process
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "variables", "expected"),
     [

@@ -73,6 +73,7 @@ def test_parser_mistakes_are_one_line(tmp_path, monkeypatch, capsys, args, line)
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_the_console_command_exits_2_with_one_line():
     result = subprocess.run(
         [sys.executable, "-m", "wanjax.cli", "generate", "--attention", "nope"],
@@ -145,6 +146,7 @@ def test_info_on_the_demo_model(demo_env, capsys):
     assert "UMT5EncoderModel" in out and "AutoencoderKLWan" in out and "tokenizer.json" in out
 
 
+@pytest.mark.slow
 def test_info_and_generate_accept_transformer_weights_named_model(demo_env, tmp_path, capsys):
     """``transformer/model.safetensors`` loads (a weight stem the transformer's description lists), so
     ``info`` and the pre-flight checks read it too."""
@@ -288,6 +290,7 @@ def test_stage_mistakes(demo_env, tmp_path, capsys):
     assert not list(d.glob("*.mp4")) and not list(d.glob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_attention_flags_reach_the_model(demo_env, tmp_path, capsys):
     """The seed's kernel flags run the demo through our splash_exp2 kernel (interpret mode here);
     the frames equal the xla backend's."""
@@ -313,6 +316,7 @@ def test_attention_flags_reach_the_model(demo_env, tmp_path, capsys):
     assert np.abs(frames["xla"] - frames["exp2"]).max() <= 1
 
 
+@pytest.mark.slow
 def test_vae_flags_reach_the_decoder(demo_env, tmp_path, capsys):
     """--vae_decode_chunk all decodes the same frames as one latent frame per step; --vae_tiling
     tiles the demo's 128x192 frames (the seams are blended, so frames change)."""
@@ -346,6 +350,7 @@ def test_tune_attention_off_tpu_is_a_one_line_error(capsys):
     one_line_error(capsys, ("tune-attention", "--model", "1.3B"), "run it on a TPU", "--allow_interpret")
 
 
+@pytest.mark.slow
 def test_several_prompts_make_a_batch_with_one_video_each(demo_env, tmp_path, capsys):
     """Two prompts (flag or file) run as one batch: two mp4s, frames [2, ...]; batch item i is what its
     prompt gives alone with seed + i."""

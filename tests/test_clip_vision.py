@@ -10,7 +10,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import randomize_
+from helpers.compare import relative_error
+from helpers.models import randomize_
 from PIL import Image
 from safetensors.numpy import load_file, save_file
 from transformers import CLIPVisionConfig as HFConfig
@@ -60,12 +61,6 @@ WAN_PROCESSOR = dict(do_resize=True, size={"shortest_edge": 224}, resample=3, do
                      crop_size={"height": 224, "width": 224}, do_rescale=True, rescale_factor=1 / 255,
                      do_normalize=True, image_mean=OPENAI_CLIP_MEAN, image_std=OPENAI_CLIP_STD,
                      do_convert_rgb=True)  # fmt: skip
-
-
-def relative_error(ours, ref) -> float:
-    ours = np.asarray(ours, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    return float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
 
 
 def save_image_encoder(root, seed: int = 0, **config) -> CLIPVisionModel:

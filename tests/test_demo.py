@@ -85,6 +85,7 @@ def generate(tmp_path, name: str, *outputs) -> tuple[dict, str]:
     return json.loads((tmp_path / f"{name}.json").read_text()), result.stdout
 
 
+@pytest.mark.slow
 def test_generate_demo_video_then_a_second_run_compiles_nothing(tmp_path):
     first, out = generate(tmp_path, "first", "--output_video", "first.mp4", "--preview", "first.png")
     assert "smoke model" in out and "compile s" in out and "first.mp4" in out

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_DIT, save_transformer
+from helpers.models import TINY_DIT, save_transformer
 
 from wanjax import load_transformer
 from wanjax.errors import ConfigError

@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_DIT, save_transformer
+from helpers.compare import relative_error
+from helpers.dit import reference_inputs, run_ours
+from helpers.models import TINY_DIT, save_transformer
 
 import wanjax
 
@@ -22,20 +24,6 @@ CASES = [
 ]  # fmt: skip
 
 
-def relative_error(ours, ref) -> float:
-    ours = np.asarray(ours, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    return float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
-
-
-def reference_inputs(shape, text_len, text_dim, seed):
-    gen = torch.Generator().manual_seed(seed)
-    latents = torch.randn(shape, generator=gen)
-    timestep = torch.tensor([999, 417][: shape[0]])
-    text = torch.randn((shape[0], text_len, text_dim), generator=gen)
-    return latents, timestep, text
-
-
 @pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])
 def case(request, tmp_path_factory):
     name, config, shape, text_len = request.param
@@ -45,11 +33,6 @@ def case(request, tmp_path_factory):
     with torch.no_grad():
         ref = model(*inputs).sample.numpy()
     return root, inputs, ref
-
-
-def run_ours(model, inputs):
-    latents, timestep, text = (jnp.asarray(t.numpy()) for t in inputs)
-    return np.asarray(model(latents, timestep, text).astype(jnp.float32))
 
 
 def test_float32_matches_diffusers(case):

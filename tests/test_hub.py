@@ -176,6 +176,7 @@ def test_download_fetches_pipeline_files_only(hf_cache, demo_dir, monkeypatch):
     assert resolve_model(REPO, download=True).path == snapshot and calls == [True, False, True]
 
 
+@pytest.mark.slow
 def test_environment_variables_reach_huggingface_hub(tmp_path, demo_dir):
     """HF_HUB_CACHE and HF_HUB_OFFLINE as a fresh process sees them: found, and refused without waiting."""
     cache = tmp_path / "hf"

@@ -12,17 +12,11 @@ import jax
 import numpy as np
 import pytest
 import torch
-from conftest import noise_file, randomize_
+from helpers.compare import relative_error
+from helpers.models import noise_file, randomize_
+from helpers.pipelines import NEGATIVE, PROMPT, reference_run, save_tiny, tiny_components
 from PIL import Image
 from safetensors.numpy import load_file
-from test_pipeline_parity import (
-    NEGATIVE,
-    PROMPT,
-    reference_run,
-    relative_error,
-    save_tiny,
-    tiny_components,
-)
 
 from wanjax import WanPipeline
 from wanjax.cli.main import main
@@ -128,6 +122,7 @@ VIDEO = ("--height", HEIGHT, "--width", WIDTH, "--frames", FRAMES)
 SAMPLING = ("--num_inference_steps", STEPS, "--guidance_scale", 5.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["i2v", "flf2v"])
 def test_generate_and_three_stages_equal_diffusers(variant, request, images, noise, tmp_path):
     """``encode --image [--last_image]`` / ``denoise`` / ``decode`` in float32 from diffusers' noise: its

@@ -9,7 +9,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_DIT
+from helpers.lora import WAN_BLOCK, WAN_I2V, _Pipe, add_factors, peft_transformer, rand, wan_original
+from helpers.models import TINY_DIT
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -24,34 +25,6 @@ from peft import LoraConfig
 from peft.utils import get_peft_model_state_dict
 
 I2V = dict(TINY_DIT, image_dim=20, added_kv_proj_dim=24)
-
-# Original Wan module -> its (out, in) in the tiny models
-WAN_BLOCK = {
-    **{f"self_attn.{o}": (24, 24) for o in "qkvo"},
-    **{f"cross_attn.{o}": (24, 24) for o in "qkvo"},
-    "ffn.0": (32, 24),
-    "ffn.2": (24, 32),
-}
-WAN_I2V = {"cross_attn.k_img": (24, 24), "cross_attn.v_img": (24, 24)}
-WAN_OTHER = {
-    "time_projection.1": (144, 24),
-    "head.head": (64, 24),
-    "text_embedding.0": (24, 32),
-    "text_embedding.2": (24, 24),
-    "time_embedding.0": (24, 16),
-    "time_embedding.2": (24, 24),
-}
-WAN_IMG = {"img_emb.proj.1": (20, 20), "img_emb.proj.3": (24, 20)}
-
-
-class _Pipe(WanLoraLoaderMixin):
-    """What ``WanPipeline.load_lora_weights`` needs of a pipeline: its transformer."""
-
-    hf_device_map = None
-
-    def __init__(self, transformer):
-        self.transformer = transformer
-        self.components = {"transformer": transformer}
 
 
 def diffusers_deltas(path, config=TINY_DIT, prefix="transformer") -> dict[str, dict[str, np.ndarray]]:
@@ -94,20 +67,6 @@ def assert_matches_diffusers(lora: LoraFile, expected: dict[str, dict[str, np.nd
             np.testing.assert_allclose(got, value, rtol=1e-6, atol=1e-6, err_msg=f"{module}.{kind}")
 
 
-def rand(gen: torch.Generator, *shape: int, dtype=torch.float32) -> torch.Tensor:
-    return (torch.randn(*shape, generator=gen) * 0.5).to(dtype)
-
-
-def add_factors(
-    sd, gen, key, shape, rank, *, alpha=None, names=("lora_down", "lora_up"), dtype=torch.float32
-):
-    out, inp = shape
-    sd[f"{key}.{names[0]}.weight"] = rand(gen, rank, inp, dtype=dtype)
-    sd[f"{key}.{names[1]}.weight"] = rand(gen, out, rank, dtype=dtype)
-    if alpha is not None:
-        sd[f"{key}.alpha"] = torch.tensor(alpha, dtype=dtype)
-
-
 def one_line(excinfo) -> str:
     message = str(excinfo.value)
     assert "\n" not in message
@@ -116,19 +75,6 @@ def one_line(excinfo) -> str:
 
 # ----------------------------------------------------------------------------------------------
 # diffusers / PEFT files
-
-
-def peft_transformer(config: LoraConfig, seed: int = 3, model_config=TINY_DIT) -> WanTransformer3DModel:
-    """A tiny transformer with a PEFT adapter whose weights are all random (lora_B included)."""
-    torch.manual_seed(seed)
-    model = WanTransformer3DModel(**model_config).eval()
-    model.add_adapter(config)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "lora_" in name:
-                p.copy_(rand(gen, *p.shape))
-    return model
 
 
 def test_diffusers_save_lora_adapter(tmp_path):
@@ -221,28 +167,6 @@ def test_dora_refused(tmp_path):
 
 # ----------------------------------------------------------------------------------------------
 # Original Wan names (kohya-style), LightX2V, musubi-tuner
-
-
-def wan_original(gen, *, names=("lora_down", "lora_up"), dtype=torch.float32, i2v=False) -> dict:
-    """diffusion_model.* LoRA over all block projections and the embedders; alpha on the block ones."""
-    sd = {}
-    for i in range(2):
-        for module, shape in {**WAN_BLOCK, **(WAN_I2V if i2v else {})}.items():
-            # alpha / rank: 1/8 (scale split between the factors), 12/8, and none on ffn.2
-            alpha = None if module == "ffn.2" else (1.0 if i == 0 else 12.0)
-            add_factors(
-                sd,
-                gen,
-                f"diffusion_model.blocks.{i}.{module}",
-                shape,
-                8,
-                alpha=alpha,
-                names=names,
-                dtype=dtype,
-            )
-    for module, shape in {**WAN_OTHER, **(WAN_IMG if i2v else {})}.items():
-        add_factors(sd, gen, f"diffusion_model.{module}", shape, 4, names=names, dtype=dtype)
-    return sd
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from sharding_worker import write_model
+from helpers.meshes import write_model
 
 from wanjax.errors import WanjaxError
 from wanjax.parallel.multihost import initialize
@@ -51,6 +51,7 @@ def _start(cwd, name: str, devices: int, *extra: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "heads, mesh, usage",
     [

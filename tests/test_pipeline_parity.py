@@ -8,119 +8,17 @@ frames of the three stages. Every expected value comes from diffusers, never fro
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-
 import numpy as np
 import pytest
 import torch
-from conftest import randomize_
+from helpers.compare import relative_error, to_uint8
+from helpers.pipelines import NEGATIVE, PROMPT, TEXT
 from safetensors.numpy import load_file, save_file
 
 from wanjax.cli.main import main
 from wanjax.pipeline import stages
 
-PROMPT = "A cat &amp; a dog  run over the lazy fox"
-NEGATIVE = "blurry, static"
 HEIGHT, WIDTH, FRAMES, STEPS, GUIDANCE = 48, 64, 9, 4, 5.0
-TEXT = dict(vocab_size=330, d_model=24, d_kv=8, num_heads=3, d_ff=40, num_layers=2)
-
-
-def relative_error(ours, ref) -> float:
-    ours, ref = np.asarray(ours, np.float64), np.asarray(ref, np.float64)
-    return float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
-
-
-def to_uint8(video: np.ndarray) -> np.ndarray:
-    """diffusers' float frames in [0, 1] -> uint8, as its PIL output does."""
-    return (video * 255).round().astype(np.uint8)
-
-
-def reference_run(
-    pipe: Any,
-    height: int,
-    width: int,
-    frames: int,
-    steps: int,
-    latents: Any,
-    on_step: Callable[..., Any] | None = None,
-    **kwargs: Any,
-) -> tuple[np.ndarray, np.ndarray]:
-    """A diffusers pipeline's run of PROMPT / NEGATIVE from ``latents`` (guidance 5.0 unless given):
-    its last step's latents (as the step callback sees them) and its uint8 frames. ``on_step(pipe,
-    i, t, callback_kwargs)`` is called at the end of each step too."""
-    final = []
-
-    def callback(p: Any, i: int, t: Any, kw: dict[str, Any]) -> dict[str, Any]:
-        final.append(kw["latents"].clone())
-        if on_step is not None:
-            on_step(p, i, t, kw)
-        return {}
-
-    with torch.no_grad():
-        video = pipe(
-            prompt=PROMPT,
-            negative_prompt=NEGATIVE,
-            height=height,
-            width=width,
-            num_frames=frames,
-            num_inference_steps=steps,
-            latents=latents,
-            output_type="np",
-            callback_on_step_end=callback,
-            **{"guidance_scale": 5.0, **kwargs},
-        ).frames
-    return final[-1].numpy(), to_uint8(video)
-
-
-def tiny_components(tokenizer_dir: Path, **transformer: Any) -> dict[str, Any]:
-    """The random tiny components of a diffusers Wan pipeline (``transformer``: config overrides, e.g.
-    an image-to-video transformer's)."""
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
-    from transformers import AutoTokenizer, UMT5EncoderModel
-    from transformers import UMT5Config as HFConfig
-
-    dit = dict(
-        num_attention_heads=2, attention_head_dim=12, text_dim=TEXT["d_model"], freq_dim=16, ffn_dim=32
-    )
-    return {
-        "tokenizer": AutoTokenizer.from_pretrained(tokenizer_dir),
-        "text_encoder": randomize_(UMT5EncoderModel(HFConfig(**TEXT)), seed=1).eval(),
-        "transformer": randomize_(
-            WanTransformer3DModel(**dit, num_layers=2, rope_max_seq_len=32, **transformer), seed=2, std=0.2
-        ).eval(),
-        "vae": randomize_(
-            AutoencoderKLWan(
-                base_dim=8,
-                z_dim=16,
-                dim_mult=[1, 2, 2, 2],
-                num_res_blocks=1,
-                temperal_downsample=[False, True, True],
-            ),
-            seed=3,
-            std=0.2,
-        ).eval(),
-        "scheduler": UniPCMultistepScheduler(
-            prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
-        ),
-    }
-
-
-def save_tiny(pipe: Any, root: Path, tokenizer_dir: Path) -> None:
-    """``save_pretrained``, with the Wan repos' tokenizer folder layout (tokenizer.json from T5Converter)."""
-    pipe.save_pretrained(root)
-    shutil.rmtree(root / "tokenizer")
-    shutil.copytree(tokenizer_dir, root / "tokenizer")
-
-
-def build_tiny_pipeline(root: Path, tokenizer_dir: Path) -> None:
-    """A tiny random diffusers WanPipeline saved at ``root`` (also used by
-    ``benchmarks/pipeline_vs_diffusers.py``)."""
-    from diffusers import WanPipeline
-
-    save_tiny(WanPipeline(**tiny_components(tokenizer_dir)), root, tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +152,7 @@ def test_config_records_every_parameter(staged, model_dir, noise):
     assert list(config["stages"]) == ["encode", "denoise", "decode"] and "wanjax_version" in config
 
 
+@pytest.mark.slow
 def test_three_stages_equal_generate_bfloat16(model_dir, tmp_path):
     """Same arguments, default dtype (bf16 embeddings stored natively), noise from --seed."""
     root, _ = model_dir
@@ -281,6 +180,7 @@ def test_three_stages_equal_generate_bfloat16(model_dir, tmp_path):
     assert (d / "output_video.mp4").is_file() and (tmp_path / "g.mp4").is_file()
 
 
+@pytest.mark.slow
 def test_python_api_without_guidance_matches_diffusers(model_dir, noise):
     """``WanPipeline.__call__`` with guidance 1 (no unconditional pass) and given latents."""
     from wanjax import WanPipeline

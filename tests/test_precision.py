@@ -17,14 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import randomize_
 from diffusers import AutoencoderKLWan
-from test_dit_parity import reference_inputs, run_ours
-from test_dit_parity import relative_error as dit_relative_error
-from test_tokenizer import make_tokenizer_dir
-from test_umt5 import CASES as UMT5_CASES
-from test_umt5 import padded_batch, save_text_encoder
-from test_vae import CONFIGS, LATENT_HW, assert_not_saturated, randn, relative_error
+from helpers.compare import relative_error
+from helpers.compare import relative_error as dit_relative_error
+from helpers.dit import reference_inputs, run_ours
+from helpers.models import randomize_
+from helpers.text_encoder import CASES as UMT5_CASES
+from helpers.text_encoder import padded_batch, save_text_encoder
+from helpers.tokenizer import make_tokenizer_dir
+from helpers.vae import CONFIGS, LATENT_HW, assert_not_saturated, randn
 
 import wanjax
 from wanjax.errors import ConfigError
@@ -381,6 +382,7 @@ def emulation_case(small_vae):
     return frames, frames("highest")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("platform", ["gpu", "tpu"])
 def test_vae_default_precision_within_two_levels_of_exact(emulation_case, platform, monkeypatch):
     """The platform's default VAE precision (GPU: TF32, TPU: 3-pass bf16) gives frames within 2 uint8
@@ -427,6 +429,7 @@ def test_loaders_take_precision(tiny_transformer_dir, small_vae, tmp_path):
     assert wanjax.load_vae(tmp_path / "vae", precision="high").precision == "high"
 
 
+@pytest.mark.slow
 def test_cli_precision_flags_reach_the_run_and_its_record(demo_env, tmp_path, capsys):
     from wanjax.cli.main import main
 

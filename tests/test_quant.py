@@ -12,11 +12,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -373,74 +368,62 @@ def test_fp8_checkpoint_stores_f8_e4m3(fp8_checkpoint):
 # ----------------------------------------------------------------------------------------------
 # Sharded loading
 
-SHARDED_QUANT = textwrap.dedent(
-    """
-    import json, sys
-    import jax, numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec as P
-    from safetensors.numpy import save_file
-    from wanjax.io.checkpoint import LeafSource, linear_kernel, load_params, open_component, random_checkpoint, stacked
-    from wanjax.io.quant import leaf_builder, quantize
+
+@pytest.mark.parametrize("name", ["int8", "fp8"])
+def test_sharded_quantised_load_equals_quantising_the_whole_kernel(tmp_path, name):
+    """8 devices, kernels split along both axes: every values/scale shard equals the slice of the
+    whole kernel's quantisation, bit for bit; the scale is split as the kernel's output axis, in
+    the kernel's memory kind."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from safetensors.numpy import save_file as save_numpy
+
+    from wanjax.io.checkpoint import LeafSource, linear_kernel, load_params, random_checkpoint, stacked
 
     spec = {
-        "stacked": stacked("blocks.{i}.w", 4, (24, 16), layout=linear_kernel, axes=("layers", "embed", "heads")),
+        "stacked": stacked(
+            "blocks.{i}.w", 4, (24, 16), layout=linear_kernel, axes=("layers", "embed", "heads")
+        ),
         "kernel": LeafSource(("proj.weight",), (40, 16), linear_kernel, axes=("embed", "mlp")),
         "vector": LeafSource(("proj.bias",), (40,), axes=("mlp",)),
     }
     partition = {  # mesh x=2, y=4: the input axis split too (a scale needs every input row)
         "blocks.0.w": P("x", "y"), "proj.weight": P("x", "y"), "proj.bias": P("y"),
-    }
+    }  # fmt: skip
+    assert len(jax.devices()) == 8
     mesh = jax.make_mesh((2, 4), ("x", "y"))
     tensors = random_checkpoint(spec)
-    save_file(tensors, sys.argv[1] + "/model.safetensors")
-    report = {"devices": len(jax.devices())}
-    for name in ("int8", "fp8"):
-        refs = open_component(sys.argv[1], ["model"])
-        def sharding(s):
-            kind = "pinned_host" if s.stacked else None
-            return NamedSharding(mesh, partition[s.names[0]], memory_kind=kind)
-        params = load_params(refs, spec, np.float32, "test", sharding, build=leaf_builder(name))
-        exact, specs = True, {}
-        for key in ("stacked", "kernel"):
-            source, leaf = spec[key], params[key]
-            full = np.stack([source.layout(tensors[n]) for n in source.names]) if source.stacked else (
-                source.layout(tensors[source.names[0]]))
-            values, scale = quantize(full, leaf.values.dtype)
-            for shard in leaf.values.addressable_shards:
-                exact &= np.asarray(shard.data).tobytes() == values[shard.index].tobytes()
-            for shard in leaf.scale.addressable_shards:
-                exact &= np.asarray(shard.data).tobytes() == scale[shard.index].tobytes()
-            specs[key] = [str(tuple(leaf.values.sharding.spec)), str(tuple(leaf.scale.sharding.spec)),
-                          leaf.values.sharding.memory_kind, leaf.scale.sharding.memory_kind]
-        exact &= np.asarray(params["vector"]).tobytes() == tensors["proj.bias"].tobytes()
-        report[name] = {"exact": bool(exact), "specs": specs}
-    print(json.dumps(report))
-    """
-)
+    save_numpy(tensors, str(tmp_path / "model.safetensors"))
+    refs = open_component(tmp_path, ["model"])
 
+    def sharding(s):
+        kind = "pinned_host" if s.stacked else None
+        return NamedSharding(mesh, partition[s.names[0]], memory_kind=kind)
 
-def test_sharded_quantised_load_equals_quantising_the_whole_kernel(tmp_path):
-    """8 devices, kernels split along both axes: every values/scale shard equals the slice of the
-    whole kernel's quantisation, bit for bit; the scale is split as the kernel's output axis, in
-    the kernel's memory kind."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run(
-        [sys.executable, "-c", SHARDED_QUANT, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-        cwd=Path(__file__).parent,
-    )
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["devices"] == 8
-    for name in ("int8", "fp8"):
-        assert report[name]["exact"], name
-        assert report[name]["specs"] == {
-            "stacked": ["('x', 'y')", "('x', None)", "pinned_host", "pinned_host"],  # layers, in; out whole
-            "kernel": ["('x', 'y')", "('y',)", "device", "device"],
-        }
+    params = load_params(refs, spec, np.float32, "test", sharding, build=leaf_builder(name))
+    specs = {}
+    for key in ("stacked", "kernel"):
+        source, leaf = spec[key], params[key]
+        if source.stacked:
+            full = np.stack([source.layout(tensors[n]) for n in source.names])
+        else:
+            full = source.layout(tensors[source.names[0]])
+        values, scale = quantize(full, leaf.values.dtype)
+        for shard in leaf.values.addressable_shards:
+            assert np.asarray(shard.data).tobytes() == values[shard.index].tobytes(), (key, shard.index)
+        for shard in leaf.scale.addressable_shards:
+            assert np.asarray(shard.data).tobytes() == scale[shard.index].tobytes(), (key, shard.index)
+        specs[key] = [
+            str(tuple(leaf.values.sharding.spec)),
+            str(tuple(leaf.scale.sharding.spec)),
+            leaf.values.sharding.memory_kind,
+            leaf.scale.sharding.memory_kind,
+        ]
+    assert np.asarray(params["vector"]).tobytes() == tensors["proj.bias"].tobytes()
+    assert specs == {
+        "stacked": ["('x', 'y')", "('x', None)", "pinned_host", "pinned_host"],  # layers, in; out whole
+        "kernel": ["('x', 'y')", "('y',)", "device", "device"],
+    }
 
 
 def test_abstract_quantized_params_carry_the_scale_sharding():

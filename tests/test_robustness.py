@@ -335,6 +335,7 @@ def test_first_non_finite_step_is_reported():
 # Reproducibility
 
 
+@pytest.mark.slow
 def test_same_seed_same_frames_and_everything_recorded(demo_env, tmp_path, capsys):
     cache = ("--jax_cache_dir", tmp_path / "jax")
     frames = {}
@@ -427,6 +428,7 @@ sys.exit(main(sys.argv[2:]))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGINT])
 def test_killed_decode_leaves_no_partial_video(demo_env, tmp_path, sig):
     d = tmp_path / "stages"

@@ -162,6 +162,7 @@ def test_version(capsys):
     assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"wanjax {__version__}"
 
 
+@pytest.mark.slow
 def test_a_closed_pipe_is_not_an_error(demo_env):
     """``wanjax info demo | head -0``: the reader is gone before anything is printed."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}

@@ -20,8 +20,8 @@ import urllib.request
 import av
 import numpy as np
 import pytest
+from helpers.serve_process import Server
 from PIL import Image
-from serve_process import Server
 
 from wanjax.cli.main import main
 from wanjax.server.store import JobStore, QueueFull
@@ -55,6 +55,7 @@ def assert_error(status: int, body, expected: int, words: str) -> None:
     assert words in error["message"] and "\n" not in error["message"], error
 
 
+@pytest.mark.slow
 def test_a_job_is_the_generate_run_and_its_second_shape_compiles_nothing(server, tmp_path):
     fields = dict(prompt=PROMPT, negative_prompt="blurry", num_inference_steps=3, seed=7, guidance_scale=4.0)
     job = server.submit(**fields)
@@ -83,6 +84,7 @@ def test_a_job_is_the_generate_run_and_its_second_shape_compiles_nothing(server,
     assert again["compiled_programs"] == 0 and again["compile_seconds"] == 0
 
 
+@pytest.mark.slow
 def test_progress_streams_as_server_sent_events(server):
     job = server.submit(prompt=PROMPT, num_inference_steps=40, seed=1)
     request = urllib.request.Request(
@@ -103,6 +105,7 @@ def test_progress_streams_as_server_sent_events(server):
     assert [e["stage"] for e in running if e["stage"] == "denoise"]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings(
     "ignore:The Sora API:DeprecationWarning"
 )  # OpenAI's hosted service, not its API shape
@@ -128,6 +131,7 @@ def test_the_openai_sdk_drives_it(server, tmp_path):
         client.videos.retrieve(video.id)
 
 
+@pytest.mark.slow
 def test_list_pages_and_delete(server):
     ids = [
         server.wait(server.submit(prompt=f"clip {i}", num_inference_steps=2)["id"])["id"] for i in range(2)
@@ -150,6 +154,7 @@ def test_list_pages_and_delete(server):
     assert_error(*server.request("DELETE", f"/v1/videos/{ids[0]}")[:2], 404, "no video")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("body", "words"),
     [
@@ -182,6 +187,7 @@ def test_bad_requests_get_400_with_the_reason(server, body, words):
         assert error["error"]["param"] in {*body, "size", "prompt"}
 
 
+@pytest.mark.slow
 def test_errors_from_the_cli_checks_name_their_field(server):
     for body, param in (({"frames": 6}, "frames"), ({"size": "100x128"}, "size"), ({"seed": -1}, "seed")):
         status, error, _ = server.request("POST", "/v1/videos", {"prompt": "a", **body})
@@ -204,6 +210,7 @@ def test_the_store_retries_an_interrupted_job_once(tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 def test_refusals_are_json_with_their_status(server):
     assert_error(*server.request("POST", "/v1/videos", raw=b"{not json")[:2], 400, "not JSON")
     assert_error(*server.request("GET", "/v1/videos", key=None)[:2], 401, "API key")
@@ -234,6 +241,7 @@ def test_refusals_are_json_with_their_status(server):
     assert server.wait(server.submit(prompt="after the refusals", num_inference_steps=2)["id"])
 
 
+@pytest.mark.slow
 def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path, tmp_path_factory):
     env = {"WANJAX_CACHE": str(demo_env)}
     flags = ("--jax_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))  # starts empty
@@ -281,6 +289,7 @@ def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path, tmp_path_fact
     store.close()
 
 
+@pytest.mark.slow
 def test_two_processes_serve_one_model(demo_env, tmp_path):
     """Process 0 serves HTTP and sends each job (its image too) to process 1, as if on another host
     (its own --output_dir); they run it on a mesh spanning both (one CPU device each); only process 0
@@ -363,6 +372,7 @@ def test_start_up_mistakes_are_one_line(demo_env, tmp_path, capsys, monkeypatch)
     assert "(uvicorn missing): pip install 'wanjax[serve]'" in serve_mistake(capsys, "--model", "demo")
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning")
 def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
     """An image-to-video server takes the first frame as base64 in the JSON body; without ``size`` the

@@ -17,7 +17,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from serve_process import Server
+from helpers.serve_process import Server
+
+pytestmark = pytest.mark.slow  # a server process and a browser
 
 STEPS = 6
 # libx264 with yuv420p writes High profile: a Chromium built without proprietary codecs answers "" here

@@ -1,10 +1,10 @@
-"""Meshes, sharding rules and sharded runs: parsing and rules in-process; weights and whole pipelines
-on 8 fake CPU devices in subprocesses (the pytest process has already fixed its device count)."""
+"""Meshes, sharding rules and sharded runs: parsing and rules; weights and whole pipelines on the 8 fake
+CPU devices of the test process (tests/conftest.py); the command line on 8 devices and on one in new
+processes."""
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import subprocess
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import meshes as mesh_runs
+from helpers.meshes import write_model
 from jax.sharding import PartitionSpec as P
-from sharding_worker import write_model
 
 from wanjax.errors import WanjaxError
 from wanjax.models import dit, umt5
@@ -24,21 +25,7 @@ from wanjax.parallel.layouts import token_layout
 from wanjax.parallel.mesh import auto_mesh, mesh_spec_from_flags, parse_mesh
 from wanjax.parallel.rules import partition_spec, per_device_param_bytes
 
-WORKER = Path(__file__).with_name("sharding_worker.py")
 MESHES = ["dp=1,sp=1,tp=8", "dp=2,sp=1,tp=4", "dp=2,sp=2,tp=2", "dp=1,sp=8,tp=1", "dp=8,sp=1,tp=1"]
-
-
-def run_worker(*args: str, devices: int = 8) -> dict:
-    env = {
-        **os.environ,
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-        "JAX_PLATFORMS": "cpu",
-    }
-    result = subprocess.run(
-        [sys.executable, str(WORKER), *args], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +133,7 @@ def test_14b_weights_are_sharded_not_replicated():
 
 def test_large_leaves_are_sharded_and_bytes_fall_with_tp(model_dir):
     meshes = ["dp=8,sp=1,tp=1", "dp=4,sp=1,tp=2", "dp=2,sp=1,tp=4", "dp=1,sp=1,tp=8"]
-    report = run_worker("params", model_dir, *meshes)
+    report = mesh_runs.params(model_dir, meshes)
     leaves = report["dp=2,sp=1,tp=4"]["leaves"]
     large = {k: v for k, v in leaves.items() if 4 * _prod(v["shape"]) >= 64 * 1024}
     assert {k.split("/")[0] for k in large} == {"dit", "umt5"} and len(large) >= 12
@@ -166,9 +153,10 @@ def _prod(shape: list[int]) -> int:
     return math.prod(shape)
 
 
+@pytest.mark.slow
 def test_five_meshes_match_the_single_device_run(model_dir):
     """encode -> 2 UniPC steps with CFG -> decode on each mesh vs one device, float32."""
-    report = run_worker("parity", model_dir, *MESHES)
+    report = mesh_runs.parity(model_dir, MESHES)
     modes = {m: r["mode"] for m, r in report.items()}
     assert set(modes.values()) == {"allgather", "ulysses", "local"}, modes
     for mesh, r in report.items():
@@ -178,6 +166,7 @@ def test_five_meshes_match_the_single_device_run(model_dir):
         assert r["embeds_max"] <= 1e-5, (mesh, r)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["demo-i2v", "demo-a14b", "demo-i2v-a14b", "demo-ti2v"])
 def test_image_to_video_and_wan22_on_meshes_match_the_single_device_run(variant, tmp_path):
     """The I2V demo model (CLIP sharded as UMT5, image tokens beside the text tokens), the two-expert
@@ -186,7 +175,7 @@ def test_image_to_video_and_wan22_on_meshes_match_the_single_device_run(variant,
     meshes = ("dp=2,sp=2,tp=2", "dp=1,sp=8,tp=1")  # heads and tokens split; tokens over all 8
     if variant == "demo-i2v":  # the image tokens beside the text under tensor parallelism alone too
         meshes = ("dp=1,sp=1,tp=8", *meshes)
-    report = run_worker("demo_parity", str(tmp_path / variant), variant, *meshes)
+    report = mesh_runs.demo_parity(str(tmp_path / variant), variant, list(meshes))
     for mesh, r in report.items():
         if variant == "demo-i2v":
             assert r["condition_max"] <= 1e-5 and r["states_max"] <= 1e-5, (mesh, r)
@@ -198,13 +187,14 @@ def test_image_to_video_and_wan22_on_meshes_match_the_single_device_run(variant,
         assert r["frames_max"] <= 1, (mesh, r)
 
 
+@pytest.mark.slow
 def test_small_frames_split_into_strips_decode_as_on_one_device(tmp_path):
     """Latents whose 2-D or one-pixel splits XLA's partitioner decoded wrongly (up to 236 levels off):
     split into strips at least two latent pixels wide, they decode as on one device; so does the
     accelerators' formulation (ring caches)."""
     cases = ["2x4@dp=2,sp=2,tp=2", "4x2@dp=2,sp=1,tp=2", "2x2@dp=2,sp=1,tp=2", "4x8@dp=1,sp=2,tp=4"]
     cases += ["4x8@dp=1,sp=2,tp=4@ring"]
-    report = run_worker("vae_strips", str(tmp_path / "demo"), *cases)
+    report = mesh_runs.vae_strips(str(tmp_path / "demo"), cases)
     for case, r in report.items():
         assert r["max"] <= 1, (case, r)
     for conv in ("", "@ring"):  # 4 columns a strip
@@ -212,10 +202,11 @@ def test_small_frames_split_into_strips_decode_as_on_one_device(tmp_path):
     assert report["2x2@dp=2,sp=1,tp=2"]["spec"] == "P(None, None, None, None, None)"  # too small to split
 
 
+@pytest.mark.slow
 def test_vae_decode_memory_per_device_shrinks_with_spatial_sharding(model_dir):
-    report = run_worker("vae", model_dir, "1", "2", "8")
-    temp = {int(n): r["temp"] for n, r in report.items()}
-    assert report["8"]["spec"] == "P(None, None, None, None, 'sp')"  # width 32 over 8 devices
+    report = mesh_runs.vae_memory(model_dir, [1, 2, 8])
+    temp = {n: r["temp"] for n, r in report.items()}
+    assert report[8]["spec"] == "P(None, None, None, None, 'sp')"  # width 32 over 8 devices
     assert temp[2] < 0.6 * temp[1] and temp[8] < 0.25 * temp[1], temp
 
 
@@ -257,6 +248,7 @@ def _generate(cwd: Path, model: str, devices: int, name: str, *flags: str) -> tu
     return np.load(cwd / f"{name}.npy"), result.stdout
 
 
+@pytest.mark.slow
 def test_cli_runs_a_tp_that_does_not_divide_the_heads(model_dir, tmp_path):
     """``--mesh dp=1,sp=1,tp=8`` on the 12-head model: tp joins the token split, the frames are the
     one-device frames to float32 rounding."""

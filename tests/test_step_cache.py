@@ -9,15 +9,12 @@ VAE, the same frames within 1 uint8 level. Every expected value comes from diffu
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 import torch
-from test_pipeline_parity import NEGATIVE, PROMPT, relative_error, to_uint8
+from helpers.compare import relative_error, to_uint8
+from helpers.pipelines import LEADER, NEGATIVE, PROMPT
 
 from wanjax import WanPipeline
 from wanjax.errors import ConfigError
@@ -26,7 +23,6 @@ from wanjax.pipeline import step_cache
 from wanjax.pipeline.step_cache import CacheConfig, mag_schedule, nearest_interp, read_mag_ratios
 
 HEIGHT, WIDTH, FRAMES, STEPS, GUIDANCE = 48, 64, 9, 12, 5.0
-LEADER = {"magcache": "mag_cache_leader_block_hook", "firstblock": "fbc_leader_block_hook"}
 # a decaying magnitude curve of 25 points (resampled to the 12 steps), and one of exactly 12
 CURVE_25 = [1.0, 1.0, *np.round(1.0 - 0.004 * np.arange(1, 24) ** 1.3, 5).tolist()]
 CURVE_12 = [1.0, 1.0, 0.99, 0.985, 0.98, 0.97, 0.95, 0.93, 0.9, 0.86, 0.8, 0.7]
@@ -286,45 +282,28 @@ def test_bad_settings_are_one_line_errors(tmp_path):
 # ----------------------------------------------------------------------------------------------
 # On an 8-device mesh
 
-MESH_SCRIPT = textwrap.dedent(
-    """
-    import json, sys
-    import numpy as np
-    from wanjax import WanPipeline
-    from wanjax.pipeline.step_cache import CacheConfig
 
-    root, latents_file, curve = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-    noise = np.load(latents_file)
+@pytest.mark.slow
+def test_cache_on_an_8_device_mesh_equals_one_device(model_dir, noise):
+    caches = {
+        "magcache": CacheConfig("magcache", mag_ratios=CURVE_12, threshold=0.06, max_skip_steps=2),
+        "firstblock": CacheConfig("firstblock", threshold=0.4361),
+    }
     out = {}
     for mesh in (None, "dp=2,sp=2,tp=2", "dp=1,sp=4,tp=2"):
-        pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False, mesh=mesh)
-        pos, neg = pipe.encode_prompt(sys.argv[4], sys.argv[5])
-        for name, cache in (
-            ("magcache", CacheConfig("magcache", mag_ratios=curve, threshold=0.06, max_skip_steps=2)),
-            ("firstblock", CacheConfig("firstblock", threshold=0.4361)),
-        ):
-            latents = pipe.denoise(pos, neg, noise, num_inference_steps=12, progress=False, cache=cache)
-            report = pipe.cache_report.computed
-            out[f"{mesh}/{name}"] = {"latents": np.asarray(latents).tolist(), "computed": report, "usage": pipe.mesh_usage}
-    print(json.dumps(out))
-    """
-)
-
-
-def test_cache_on_an_8_device_mesh_equals_one_device(model_dir, noise, tmp_path):
-    np.save(tmp_path / "noise.npy", noise.numpy())
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
-    args = [str(model_dir[0]), str(tmp_path / "noise.npy"), json.dumps(CURVE_12), PROMPT, NEGATIVE]
-    result = subprocess.run(
-        [sys.executable, "-c", MESH_SCRIPT, *args], capture_output=True, text=True, env=env, timeout=900
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
-    for policy in ("magcache", "firstblock"):
-        one = out[f"None/{policy}"]
+        pipe = WanPipeline.from_pretrained(model_dir[0], dtype="float32", jax_cache_dir=False, mesh=mesh)
+        pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
+        for name, cache in caches.items():
+            latents = pipe.denoise(
+                pos, neg, noise.numpy(), num_inference_steps=12, progress=False, cache=cache
+            )
+            computed = pipe.cache_report.computed
+            out[mesh, name] = {"latents": np.asarray(latents), "computed": computed, "usage": pipe.mesh_usage}
+    for policy in caches:
+        one = out[None, policy]
         assert sum(not c for c in one["computed"]["uncond"]) >= 3
         for mesh in ("dp=2,sp=2,tp=2", "dp=1,sp=4,tp=2"):
-            sharded = out[f"{mesh}/{policy}"]
+            sharded = out[mesh, policy]
             assert sharded["usage"] and sharded["computed"] == one["computed"], (
                 mesh,
                 policy,

@@ -13,9 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import randomize_
+from helpers.compare import relative_error
+from helpers.models import TINY_DIT, randomize_
+from helpers.text_encoder import CASES, padded_batch, save_text_encoder
+from helpers.tokenizer import LONG
 from safetensors.numpy import load_file, save_file
-from test_tokenizer import LONG
 from transformers import UMT5Config as HFConfig
 from transformers import UMT5EncoderModel
 from transformers.models.umt5.modeling_umt5 import UMT5Attention
@@ -24,36 +26,6 @@ import wanjax.models.umt5 as umt5
 from wanjax.errors import CheckpointError, ConfigError
 from wanjax.models.registry import UMT5_XXL
 from wanjax.models.umt5 import UMT5Config, load_text_encoder, relative_position_buckets
-
-# (name, transformers config, (batch lengths), padded length)
-CASES = [
-    ("buckets8", dict(vocab_size=320, d_model=32, d_kv=8, num_heads=4, d_ff=40, num_layers=2,
-                      relative_attention_num_buckets=8, relative_attention_max_distance=20), (40, 33, 5), 40),
-    ("inner48", dict(vocab_size=330, d_model=24, d_kv=16, num_heads=3, d_ff=56, num_layers=3), (150, 1, 77), 150),
-]  # fmt: skip
-
-
-def relative_error(ours, ref) -> float:
-    ours = np.asarray(ours, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    return float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
-
-
-def save_text_encoder(root, seed: int = 0, **config) -> UMT5EncoderModel:
-    """A random UMT5EncoderModel saved under ``root/text_encoder``; returns the torch model."""
-    model = randomize_(UMT5EncoderModel(HFConfig(**config)), seed).eval()
-    model.save_pretrained(root / "text_encoder")
-    return model
-
-
-def padded_batch(lengths, padded: int, vocab: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    ids = np.zeros((len(lengths), padded), np.int64)
-    mask = np.zeros((len(lengths), padded), np.int64)
-    for row, n in enumerate(lengths):
-        ids[row, :n] = rng.integers(1, vocab, n)
-        mask[row, :n] = 1
-    return ids, mask
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[c[0] for c in CASES])
@@ -237,9 +209,7 @@ def pipeline_dir(request, tmp_path_factory, tokenizer_dir):
         scheduler=UniPCMultistepScheduler(
             prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0
         ),
-        transformer=WanTransformer3DModel(
-            num_attention_heads=2, attention_head_dim=12, text_dim=24, freq_dim=16, ffn_dim=32, num_layers=1
-        ),
+        transformer=WanTransformer3DModel(**{**TINY_DIT, "text_dim": 24, "num_layers": 1}),
     )
     pipe.save_pretrained(root)
     if request.param == "wan_repo_tokenizer":

@@ -15,9 +15,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from conftest import randomize_
 from diffusers import AutoencoderKLWan
-from test_vae import assert_not_saturated, pipeline_frames, randn
+from helpers.models import randomize_
+from helpers.vae import assert_not_saturated, pipeline_frames, randn
 
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import abstract_params

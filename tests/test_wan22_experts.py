@@ -14,17 +14,11 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import noise_file, randomize_
+from helpers.compare import relative_error
+from helpers.models import noise_file, randomize_
+from helpers.pipelines import NEGATIVE, PROMPT, reference_run, save_tiny, tiny_components
 from PIL import Image
 from safetensors.numpy import load_file
-from test_pipeline_parity import (
-    NEGATIVE,
-    PROMPT,
-    reference_run,
-    relative_error,
-    save_tiny,
-    tiny_components,
-)
 
 from wanjax import WanPipeline
 from wanjax.cli.main import main
@@ -128,6 +122,7 @@ def test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames
     assert frames_ref.std() > 20 and np.abs(frames.astype(np.int16) - frames_ref).max() <= 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["t2v", "i2v"])
 def test_generate_three_stages_and_offload_give_the_same_frames(variant, request, noise, image, tmp_path):
     """``generate`` (float32, diffusers' noise) gives diffusers' frames; the three stages and
@@ -209,8 +204,8 @@ def test_boundary_and_second_guidance_are_two_expert_flags(t2v, tiny_pipeline_di
 
 def expert_lora(path, seed: int) -> str:
     """A LoRA (original Wan names, with alphas) of the tiny transformer's block projections."""
+    from helpers.lora import add_factors
     from safetensors.torch import save_file
-    from test_lora_formats import add_factors
 
     sd, gen = {}, torch.Generator().manual_seed(seed)
     for i in range(2):
@@ -279,7 +274,7 @@ def diffusers_cached_run(
     ``k``'s transformer (``enable_cache``): per-branch decisions of each step (from the leader hook of
     the transformer that ran it), final latents, frames."""
     from diffusers import WanPipeline as ReferencePipeline
-    from test_step_cache import LEADER
+    from helpers.pipelines import LEADER
 
     reference = ReferencePipeline.from_pretrained(root)
     experts = [0, 0, 1, 1]  # as test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames

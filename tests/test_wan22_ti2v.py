@@ -11,10 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import noise_file, randomize_
+from helpers.compare import relative_error, to_uint8
+from helpers.models import noise_file, randomize_
+from helpers.pipelines import NEGATIVE, PROMPT, save_tiny, tiny_components
 from PIL import Image
 from safetensors.numpy import load_file
-from test_pipeline_parity import NEGATIVE, PROMPT, relative_error, save_tiny, tiny_components, to_uint8
 
 from wanjax import WanPipeline
 from wanjax.cli.main import main
@@ -145,7 +146,7 @@ def test_step_cache_with_the_image_as_first_frame_equals_diffusers(ti2v, noise, 
     """Step caching on TI2V with an image (its tokens at timestep 0 in every step): diffusers'
     decisions per branch and its latents, for First-Block Cache and for MagCache on a given curve."""
     from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig
-    from test_step_cache import LEADER
+    from helpers.pipelines import LEADER
 
     from wanjax.pipeline.step_cache import CacheConfig
 

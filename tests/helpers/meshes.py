@@ -1,13 +1,9 @@
-"""Run as a script in a subprocess with several (fake) devices; prints one JSON line of results.
-
-``python sharding_worker.py TASK MODEL_DIR [ARGS...]``; XLA_FLAGS must be set by the caller.
-"""
+"""Runs on meshes of the 8 CPU devices (tests/conftest.py) against one device: each returns a report to assert on."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
 import jax
@@ -74,15 +70,14 @@ def parity(root: str, meshes: list[str]) -> dict:
     return out
 
 
-def demo_parity(root: str, args: list[str]) -> dict:
-    """Demo model ``args[0]`` (``demo-i2v``, ``demo-a14b``, ``demo-ti2v``: written into ``root``) on each mesh of
-    ``args[1:]`` vs one device, float32: the image's conditioning (image to video), the final latents
+def demo_parity(root: str, variant: str, meshes: list[str]) -> dict:
+    """Demo model ``variant`` (``demo-i2v``, ``demo-a14b``, ``demo-ti2v``: written into ``root``) on each of
+    ``meshes`` vs one device, float32: the image's conditioning (image to video), the final latents
     (two experts: the steps each ran) and the frames."""
     from wanjax import WanPipeline
     from wanjax.parallel.layouts import to_host
     from wanjax.pipeline.demo import write_demo_model
 
-    variant, *meshes = args
     write_demo_model(root, variant)
     image = np.random.default_rng(0).integers(0, 256, (40, 72, 3), dtype=np.uint8)
 
@@ -181,7 +176,7 @@ def params(root: str, meshes: list[str]) -> dict:
     return out
 
 
-def vae_memory(root: str, counts: list[str]) -> dict:
+def vae_memory(root: str, counts: list[int]) -> dict:
     """Per-device temporary bytes of the decode program with the latents split over n devices."""
     from wanjax.models.vae import load_vae
     from wanjax.parallel.layouts import spatial_sharding, to_global
@@ -190,27 +185,10 @@ def vae_memory(root: str, counts: list[str]) -> dict:
 
     z = np.random.default_rng(0).standard_normal((1, 16, 2, 16, 32)).astype(np.float32)
     out = {}
-    for n in map(int, counts):
+    for n in counts:
         mesh = make_mesh(parse_mesh(f"sp={n}"), jax.devices()[:n])
         vae = load_vae(root, "float32", sharding=lambda source, mesh=mesh: replicated(mesh))
         x = to_global(z, spatial_sharding(mesh, z.shape))
         memory = vae.compile("decode_uint8", x).memory_analysis()
         out[n] = {"temp": memory.temp_size_in_bytes, "spec": str(x.sharding.spec)}
     return out
-
-
-if __name__ == "__main__":
-    task, root, *rest = sys.argv[1:]
-    if task == "write":
-        write_model(Path(root))
-        result = {}
-    else:
-        tasks = {
-            "parity": parity,
-            "demo_parity": demo_parity,
-            "params": params,
-            "vae": vae_memory,
-            "vae_strips": vae_strips,
-        }
-        result = tasks[task](root, rest)
-    print(json.dumps(result))

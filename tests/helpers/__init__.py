@@ -1,0 +1,1 @@
+"""Builders and comparisons shared by the test modules (test files import from here, never from each other)."""
