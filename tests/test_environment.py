@@ -72,7 +72,7 @@ def test_from_pretrained_and_a_run_leave_jax_config_and_the_environment_alone(
         child_compile, "compile_in_child", lambda *a: built.append(a[0]) or compile_in_child(*a)
     )
     video = pipe("a cat", num_inference_steps=2, height=32, width=48, num_frames=5, progress=False)
-    assert video.shape == (1, 5, 32, 48, 3) and built
+    assert video.frames.shape == (1, 5, 32, 48, 3) and built
     assert changed(jax_config, dict(jax.config.values)) == {}
     assert dict(os.environ) == env
 

@@ -91,11 +91,11 @@ def test_image_to_video_equals_diffusers(i2v):
     conditioning = pipe.prepare_image(image, 1, HEIGHT, WIDTH, FRAMES)
     latents = pipe.denoise(
         pos, neg, noise.numpy(), num_inference_steps=STEPS, progress=False, image=conditioning
-    )
+    ).latents
     assert relative_error(latents, latents_ref) <= 1e-5
     frames = pipe(
         PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, latents=noise.numpy(), image=image, progress=False
-    )
+    ).frames
     assert np.abs(frames.astype(np.int16) - frames_ref).max() <= 2
     with pytest.raises(WanjaxError, match="needs an image"):
         pipe.denoise(pos, neg, noise.numpy(), num_inference_steps=STEPS, progress=False)
@@ -164,7 +164,7 @@ def test_first_last_frame_through_python_equals_diffusers(flf2v, images, noise):
     conditioning = pipe.prepare_image(first, 1, HEIGHT, WIDTH, FRAMES, last_image=last)
     latents = pipe.denoise(
         pos, neg, noise[0].numpy(), num_inference_steps=STEPS, progress=False, image=conditioning
-    )
+    ).latents
     assert relative_error(latents, latents_ref) <= 1e-5
     with pytest.raises(WanjaxError, match="first-last-frame model"):
         pipe.prepare_image(first, 1, HEIGHT, WIDTH, FRAMES)

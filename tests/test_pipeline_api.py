@@ -19,5 +19,7 @@ def test_a_transformer_passed_in_is_used_and_denoises_as_the_loaded_one(demo_env
     text = jax.random.normal(jax.random.key(0), (1, 8, given.cfg.text_dim))
     noise = plain.prepare_latents(1, 64, 64, 5, seed=0)
     run = dict(num_inference_steps=2, progress=False)
-    out = pipe.denoise(text, text * 0.5, noise, **run)
-    np.testing.assert_array_equal(np.asarray(out), np.asarray(plain.denoise(text, text * 0.5, noise, **run)))
+    out = pipe.denoise(text, text * 0.5, noise, **run).latents
+    np.testing.assert_array_equal(
+        np.asarray(out), np.asarray(plain.denoise(text, text * 0.5, noise, **run).latents)
+    )

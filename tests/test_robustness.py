@@ -640,6 +640,6 @@ def test_finite_check_reads_one_flag_per_run_not_per_step(monkeypatch):
     monkeypatch.setattr(sampling, "to_host", lambda x: reads.append(1) or np.array(to_host(x)))
     for check, expected in ((False, 0), (True, 1)):
         reads.clear()
-        sampler(make_scheduler(SchedulerConfig(), 3), latents, text, text, 5.0, check_finite=check)
+        result = sampler(make_scheduler(SchedulerConfig(), 3), latents, text, text, 5.0, check_finite=check)
         assert len(reads) == expected, (check, len(reads))
-    assert len(sampler.finite_flags) == 3
+    assert len(result.finite_flags) == 3

@@ -46,7 +46,7 @@ def test_denoise_matches_reference_loop(tmp_path, tiny_transformer_dir, kind, st
 
     ours_model = wanjax.load_transformer(root, dtype="float32")
     scheduler = wanjax.make_scheduler(tmp_path, steps, kind="auto")
-    out, times = denoise(
+    result = denoise(
         ours_model,
         scheduler,
         jnp.asarray(latents.numpy()),
@@ -54,6 +54,6 @@ def test_denoise_matches_reference_loop(tmp_path, tiny_transformer_dir, kind, st
         jnp.asarray(uncond.numpy()),
         guidance,
     )
-    assert len(times.steady) == steps - 1
-    err = np.linalg.norm(np.asarray(out) - ref) / np.linalg.norm(ref)
+    assert len(result.step_times.steady) == steps - 1
+    err = np.linalg.norm(np.asarray(result.latents) - ref) / np.linalg.norm(ref)
     assert err <= 1e-4

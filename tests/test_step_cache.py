@@ -111,7 +111,7 @@ def our_run(ours, noise, cache: CacheConfig, prompts=(PROMPT,)) -> tuple[np.ndar
     pipe, (pos, neg) = ours
     if prompts != (PROMPT,):
         pos, neg = pipe.encode_prompt(list(prompts), [NEGATIVE] * len(prompts))
-    latents = pipe.denoise(
+    run = pipe.denoise(
         pos,
         neg,
         noise.numpy(),
@@ -120,7 +120,7 @@ def our_run(ours, noise, cache: CacheConfig, prompts=(PROMPT,)) -> tuple[np.ndar
         progress=False,
         cache=cache,
     )
-    return np.asarray(latents), pipe.cache_report
+    return np.asarray(run.latents), run.cache_report
 
 
 def check_equal(
@@ -198,21 +198,21 @@ def test_calibration_equals_diffusers(model_dir, noise, ours):
 def test_off_is_the_uncached_program(ours, noise):
     pipe, (pos, neg) = ours
     run = dict(num_inference_steps=3, guidance_scale=GUIDANCE, progress=False)
-    plain = np.asarray(pipe.denoise(pos, neg, noise.numpy(), **run))
+    plain = np.asarray(pipe.denoise(pos, neg, noise.numpy(), **run).latents)
     programs = pipe._sampler.programs()
-    off = np.asarray(pipe.denoise(pos, neg, noise.numpy(), **run, cache=CacheConfig("off")))
-    np.testing.assert_array_equal(off, plain)
-    assert pipe._sampler.programs() == programs and pipe.cache_report is None
+    off = pipe.denoise(pos, neg, noise.numpy(), **run, cache=CacheConfig("off"))
+    np.testing.assert_array_equal(np.asarray(off.latents), plain)
+    assert pipe._sampler.programs() == programs and off.cache_report is None
 
 
 def test_unguided_runs_one_branch(ours, noise):
     pipe, (pos, _) = ours
     cache = CacheConfig("magcache", mag_ratios=CURVE_12, threshold=0.06, max_skip_steps=2)
-    pipe.denoise(
+    report = pipe.denoise(
         pos, None, noise.numpy(), num_inference_steps=STEPS, guidance_scale=1.0, progress=False, cache=cache
-    )
-    assert list(pipe.cache_report.computed) == ["cond"]
-    assert pipe.cache_report.computed["cond"] == mag_schedule(CURVE_12, STEPS, 0.06, 2, 0.2).tolist()
+    ).cache_report
+    assert list(report.computed) == ["cond"]
+    assert report.computed["cond"] == mag_schedule(CURVE_12, STEPS, 0.06, 2, 0.2).tolist()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -294,11 +294,13 @@ def test_cache_on_an_8_device_mesh_equals_one_device(model_dir, noise):
         pipe = WanPipeline.from_pretrained(model_dir[0], dtype="float32", jax_cache_dir=False, mesh=mesh)
         pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
         for name, cache in caches.items():
-            latents = pipe.denoise(
-                pos, neg, noise.numpy(), num_inference_steps=12, progress=False, cache=cache
-            )
-            computed = pipe.cache_report.computed
-            out[mesh, name] = {"latents": np.asarray(latents), "computed": computed, "usage": pipe.mesh_usage}
+            run = pipe.denoise(pos, neg, noise.numpy(), num_inference_steps=12, progress=False, cache=cache)
+            computed = run.cache_report.computed
+            out[mesh, name] = {
+                "latents": np.asarray(run.latents),
+                "computed": computed,
+                "usage": run.mesh_usage,
+            }
     for policy in caches:
         one = out[None, policy]
         assert sum(not c for c in one["computed"]["uncond"]) >= 3

@@ -24,6 +24,7 @@ from wanjax import WanPipeline
 from wanjax.cli.main import main
 from wanjax.errors import WanjaxError
 from wanjax.pipeline import stages
+from wanjax.pipeline.results import Denoised
 
 HEIGHT, WIDTH, FRAMES, STEPS = 48, 64, 9, 4
 BOUNDARY = 0.9  # 4 UniPC steps at shift 3: timesteps 999, 900 | 750, 500 (900 >= 900: the edge case)
@@ -84,8 +85,8 @@ def diffusers_run(pipe, noise, **kwargs) -> tuple[np.ndarray, np.ndarray, list[i
     return latents, frames, calls[::2]  # two calls (CFG) per step
 
 
-def our_latents(pipe: WanPipeline, noise, conditioning=None, **denoise) -> np.ndarray:
-    """``pipe``'s final latents for PROMPT / NEGATIVE from ``noise``, with each expert's guidance."""
+def our_run(pipe: WanPipeline, noise, conditioning=None, **denoise) -> Denoised:
+    """``pipe``'s denoising of PROMPT / NEGATIVE from ``noise``, with each expert's guidance."""
     pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
     return pipe.denoise(
         pos,
@@ -115,8 +116,9 @@ def test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames
     if variant == "i2v":  # no image encoder: the conditioning latents alone
         conditioning = pipe.prepare_image(extra["image"], 1, HEIGHT, WIDTH, FRAMES)
         assert conditioning.image_embeds is None
-    latents = our_latents(pipe, noise, conditioning)
-    assert pipe.expert_steps == experts_ref
+    denoised = our_run(pipe, noise, conditioning)
+    latents = denoised.latents
+    assert list(denoised.expert_steps) == experts_ref
     assert relative_error(latents, latents_ref) <= 1e-5
     frames = pipe.decode(latents)
     assert frames_ref.std() > 20 and np.abs(frames.astype(np.int16) - frames_ref).max() <= 2
@@ -181,10 +183,12 @@ def test_boundary_and_second_guidance_are_two_expert_flags(t2v, tiny_pipeline_di
     root, reference = t2v
     pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
     pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
-    pipe.denoise(pos, neg, noise[0].numpy(), num_inference_steps=STEPS, boundary_ratio=0.6, progress=False)
+    denoised = pipe.denoise(
+        pos, neg, noise[0].numpy(), num_inference_steps=STEPS, boundary_ratio=0.6, progress=False
+    )
     reference.register_to_config(boundary_ratio=0.6)
     try:
-        assert pipe.expert_steps == diffusers_run(reference, noise[0])[2] == [0, 0, 0, 1]
+        assert list(denoised.expert_steps) == diffusers_run(reference, noise[0])[2] == [0, 0, 0, 1]
     finally:
         reference.register_to_config(boundary_ratio=BOUNDARY)
     one = WanPipeline.from_pretrained(tiny_pipeline_dir, dtype="float32", jax_cache_dir=False)
@@ -237,12 +241,12 @@ def test_loras_per_expert_equal_diffusers_load_into_transformer_2(
 
     def latents(loras_2) -> np.ndarray:
         loras = [(high, weights[0])]
-        return our_latents(
+        return our_run(
             WanPipeline.from_pretrained(
                 root, dtype="float32", jax_cache_dir=False, loras=loras, loras_2=loras_2
             ),
             noise,
-        )
+        ).latents
 
     assert relative_error(latents([(low, weights[1])]), latents_ref) <= 1e-5
     assert relative_error(latents([]), latents_ref) > 1e-2  # the low-noise expert's LoRA matters
@@ -319,8 +323,9 @@ def test_step_cache_per_expert_equals_diffusers(policy, t2v, noise):
     assert computed_ref == {"cond": [True, False, True, False], "uncond": [True, False, True, False]}
 
     pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
-    latents = our_latents(pipe, noise, cache=ours)
-    assert pipe.cache_report.computed == computed_ref
+    denoised = our_run(pipe, noise, cache=ours)
+    latents = denoised.latents
+    assert denoised.cache_report.computed == computed_ref
     assert relative_error(latents, latents_ref) <= 1e-5
     assert np.abs(pipe.decode(latents).astype(np.int16) - frames_ref).max() <= 2
 

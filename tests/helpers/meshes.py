@@ -39,7 +39,7 @@ def generate(root: str, mesh: str | None) -> dict[str, np.ndarray]:
     pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False, mesh=mesh)
     pos, neg = pipe.encode_prompt("a red cat walks", None, max_sequence_length=16)
     noise = pipe.prepare_latents(1, **GEN)
-    latents = pipe.denoise(pos, neg, noise, num_inference_steps=2, guidance_scale=5.0, progress=False)
+    latents = pipe.denoise(pos, neg, noise, num_inference_steps=2, guidance_scale=5.0, progress=False).latents
     frames = pipe.decode(latents)
     from wanjax.parallel.layouts import to_host
 
@@ -91,12 +91,12 @@ def demo_parity(root: str, variant: str, meshes: list[str]) -> dict:
             if conditioning.image_embeds is not None:
                 found["states"] = to_host(conditioning.image_embeds)
         noise = pipe.prepare_latents(1, **GEN)
-        latents = pipe.denoise(pos, neg, noise, num_inference_steps=4, progress=False, image=conditioning)
+        denoised = pipe.denoise(pos, neg, noise, num_inference_steps=4, progress=False, image=conditioning)
         return {
             **found,
-            "latents": to_host(latents),
-            "frames": pipe.decode(latents),
-            "experts": pipe.expert_steps,
+            "latents": to_host(denoised.latents),
+            "frames": pipe.decode(denoised.latents),
+            "experts": list(denoised.expert_steps),
         }
 
     ref = run(None)
