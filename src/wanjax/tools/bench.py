@@ -64,6 +64,7 @@ from wanjax.models.clip_vision import CLIP_VIT_H_14
 from wanjax.models.config import EXPAND_TIMESTEPS, PRESETS, TWO_EXPERTS, parse_dtype
 from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload, take_turns
 from wanjax.models.offload import program_memory as split_program_memory
+from wanjax.models.settings import RunSettings
 from wanjax.models.vae import WanVAE
 from wanjax.models.vae import checkpoint_spec as vae_spec
 from wanjax.models.vae.config import VAEConfig
@@ -396,12 +397,12 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     offload = parse_offload(cfg.offload)
     sharding = dit.transformer_sharding(offload=offload)  # blocks: the stacked layers in pinned host
     params, weights = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.weights_dtype)
-    model = dit.WanTransformer(tcfg, params, dtype, offload=offload)
+    model = dit.WanTransformer(tcfg, params, RunSettings(dtype, offload=offload))
     boundary = TWO_EXPERTS.get(cfg.arch)
     second = None
     if boundary is not None:  # Wan 2.2 A14B: a second expert of the same architecture
         params_2, _ = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.weights_dtype)
-        second = dit.WanTransformer(tcfg, params_2, dtype, offload=offload)
+        second = dit.WanTransformer(tcfg, params_2, RunSettings(dtype, offload=offload))
     to_device_s = None
     if offload != "none":  # as WanPipeline enters the stage: from pinned host memory back to the device
         model.to_host(block=True)
