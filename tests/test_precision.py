@@ -417,8 +417,10 @@ def test_pipeline_precisions(tiny_transformer_dir):
 
 def test_loaders_take_precision(tiny_transformer_dir, small_vae, tmp_path):
     root, _ = tiny_transformer_dir
-    assert wanjax.load_transformer(root, precision="high").precision == "high"
-    assert wanjax.load_transformer(root).precision == default_precision(jax.default_backend(), "transformer")
+    assert wanjax.load_transformer(root, precision="high").settings.precision == "high"
+    assert wanjax.load_transformer(root).settings.precision == default_precision(
+        jax.default_backend(), "transformer"
+    )
     with pytest.raises(ConfigError, match="unknown precision"):
         wanjax.load_transformer(root, precision="fast")
     vae_root, _ = small_vae

@@ -554,16 +554,18 @@ def load_transformer(
 
     With ``mesh``, each weight is read straight into its shards (the axes of :func:`checkpoint_spec`;
     ``fsdp`` also splits ``embed`` dimensions over the non-tp axes) and the forward runs on the mesh.
-    ``precision``: of float32 matmuls (None: the platform's default; see :class:`WanTransformer`).
+    ``precision``: of float32 matmuls (None: the platform's default, see
+    :func:`~wanjax.kernels.precision.default_precision`).
     ``offload="blocks"``: the stacked layer weights are read straight into pinned host memory (the
     same sharding, memory kind ``pinned_host``; :func:`transformer_sharding`) and streamed to the
     device per layer; ``"model"`` loads like ``"none"`` (the pipeline moves the weights between
     stages). ``weights_dtype`` (``bf16 | int8 | fp8``): ``int8``/``fp8`` store the matmul kernels in
-    8 bits with per-channel scales, quantised as they are read (:mod:`wanjax.io.quant`).
+    8 bits with per-channel scales, quantised as they are read (:mod:`wanjax.io.quant`). ``dtype``,
+    ``precision``, ``attention_backend``, ``mesh`` and ``offload`` make the model's
+    :class:`~wanjax.models.settings.RunSettings`.
     """
-    settings = RunSettings(
-        dtype, resolve_precision(precision, "transformer"), attention_backend, mesh, offload
-    )
+    precision = resolve_precision(precision, "transformer")
+    settings = RunSettings(dtype, precision, attention=attention_backend, mesh=mesh, offload=offload)
     sharding = transformer_sharding(mesh, fsdp, settings.offload, sharding)
     cfg, params = TRANSFORMER.load(path, settings.dtype, sharding, weights_dtype)
     return WanTransformer(cfg, params, settings)
