@@ -61,6 +61,7 @@ from wanjax.models import dit, umt5, vae  # noqa: E402
 from wanjax.models.config import parse_dtype  # noqa: E402
 from wanjax.models.dit import WanTransformer  # noqa: E402
 from wanjax.models.offload import DEVICE, OFFLOAD_MODES, memory_kind, offload_sharding, program_memory  # noqa: E402
+from wanjax.models.settings import RunSettings  # noqa: E402
 from wanjax.models.vae.ops import ACCELERATOR_CONV  # noqa: E402
 from wanjax.parallel.layouts import spatial_sharding  # noqa: E402
 from wanjax.parallel.mesh import make_mesh, parse_mesh  # noqa: E402
@@ -153,7 +154,7 @@ def dit_step(
             params["blocks"],
         )
         dit.scan_layers = prepacked_scan
-    model = WanTransformer(cfg, params, dt, mesh=mesh)
+    model = WanTransformer(cfg, params, RunSettings(dt, mesh=mesh))
     scheduler = make_scheduler(SchedulerConfig(), 50)
     rep = replicated(mesh)
 

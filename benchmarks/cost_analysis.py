@@ -48,6 +48,7 @@ from wanjax.kernels.attention import attention
 from wanjax.models.config import parse_dtype
 from wanjax.models.dit import WanTransformer, checkpoint_spec
 from wanjax.models.registry import transformer_preset
+from wanjax.models.settings import RunSettings
 from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.tools.flops import Flops, dit_step_flops
@@ -130,7 +131,7 @@ def compile_step(
 ) -> jax.stages.Compiled:
     """The sampler's CFG step program, compiled from abstract shapes (no weights)."""
     cfg = transformer_preset(arch, num_layers=layers)
-    model = WanTransformer(cfg, abstract_params(checkpoint_spec(cfg), dtype), dtype)
+    model = WanTransformer(cfg, abstract_params(checkpoint_spec(cfg), dtype), RunSettings(dtype))
     scheduler = make_scheduler(SchedulerConfig(), 50)
     args = step_args(model, scheduler, latent_shape, text_len, model.params)
     if counted:
@@ -176,7 +177,7 @@ def counting_host_reads(reads: list[tuple[int, ...]]) -> Iterator[None]:
 def transfer_check(arch: str, layers: int, dtype: jnp.dtype, latent_shape, text_len: int, steps: int):
     """Run ``steps`` sampler steps with device-resident inputs; count device->host reads in the loop."""
     cfg = transformer_preset(arch, num_layers=layers)
-    model = WanTransformer(cfg, random_params(checkpoint_spec(cfg), dtype), dtype)
+    model = WanTransformer(cfg, random_params(checkpoint_spec(cfg), dtype), RunSettings(dtype))
     scheduler = make_scheduler(SchedulerConfig(), steps)
     rng = np.random.default_rng(0)
     latents = jax.device_put(rng.standard_normal(latent_shape, np.float32))

@@ -43,6 +43,7 @@ from wanjax.io.quant import leaf_builder
 from wanjax.kernels.common import Platform
 from wanjax.models import dit, umt5
 from wanjax.models.registry import UMT5_XXL, transformer_preset
+from wanjax.models.settings import RunSettings
 
 VARIANTS = ("float32", "bf16", "int8", "fp8", "fp8 native")
 
@@ -128,7 +129,7 @@ def dims_1_3b(num_layers: int) -> None:
     def run(name: str) -> jax.Array:
         dtype, weights = variant(name)
         params = random_params(spec, dtype, build=leaf_builder(weights))
-        out = dit.WanTransformer(cfg, params, dtype)(*inputs)
+        out = dit.WanTransformer(cfg, params, RunSettings(dtype))(*inputs)
         return jax.block_until_ready(out)
 
     report(f"1.3B dims, {num_layers} layers, velocity", errors(run))

@@ -30,6 +30,7 @@ from wanjax.kernels.attention import (
 )
 from wanjax.models import dit, umt5
 from wanjax.models.registry import UMT5_XXL, transformer_preset
+from wanjax.models.settings import RunSettings
 from wanjax.models.vae import functional
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.layout import checkpoint_spec as vae_checkpoint_spec
@@ -295,7 +296,11 @@ def dit_calls(dtype) -> set[AttentionShape]:
     timestep = jax.ShapeDtypeStruct((2,), jnp.float32)
     text = jax.ShapeDtypeStruct((2, 512, cfg.text_dim), jnp.float32)
     return attention_calls(
-        lambda p, x, t, e: dit.forward(p, cfg, x, t, e, dtype=dtype), params, latents, timestep, text
+        lambda p, x, t, e: dit.forward(p, cfg, x, t, e, settings=RunSettings(dtype)),
+        params,
+        latents,
+        timestep,
+        text,
     )
 
 

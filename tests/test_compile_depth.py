@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from wanjax.io.checkpoint import abstract_params
 from wanjax.models.dit import checkpoint_spec, forward
 from wanjax.models.registry import transformer_preset
+from wanjax.models.settings import RunSettings
 
 
 def lowered_ops(num_layers: int) -> list[str]:
@@ -19,8 +20,8 @@ def lowered_ops(num_layers: int) -> list[str]:
     latents = jax.ShapeDtypeStruct((1, 16, 5, 30, 52), jnp.float32)
     timestep = jax.ShapeDtypeStruct((1,), jnp.int32)
     text = jax.ShapeDtypeStruct((1, 512, 4096), jnp.bfloat16)
-    fn = jax.jit(forward, static_argnames=("cfg", "dtype"))
-    text_ir = fn.lower(params, cfg, latents, timestep, text, dtype=jnp.bfloat16).as_text()
+    fn = jax.jit(forward, static_argnames=("cfg", "settings"))
+    text_ir = fn.lower(params, cfg, latents, timestep, text, settings=RunSettings(jnp.bfloat16)).as_text()
     return re.findall(r"= (?:\"?)([a-z_]+\.[a-z_]+)", text_ir)
 
 

@@ -13,6 +13,7 @@ from jax.extend import core as jex_core
 from wanjax.io.checkpoint import abstract_params
 from wanjax.models import dit, umt5, vae
 from wanjax.models.config import TransformerConfig
+from wanjax.models.settings import RunSettings
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import Numerics
 from wanjax.tools.flops import (
@@ -74,6 +75,7 @@ DIT = TransformerConfig(
     ffn_dim=80,
     num_layers=3,
 )
+XLA_ATTENTION = RunSettings(attention="xla")
 
 
 @pytest.mark.parametrize("latent_shape", [(1, 4, 1, 4, 6), (2, 4, 3, 6, 4)])
@@ -82,7 +84,7 @@ def test_dit_forward_count_equals_traced_matmuls(latent_shape):
     text_len = 7
 
     def fn(p, x, t, c):
-        return dit.forward(p, DIT, x, t, c, attention_backend="xla")
+        return dit.forward(p, DIT, x, t, c, settings=XLA_ATTENTION)
 
     args = (
         jax.ShapeDtypeStruct(latent_shape, jnp.float32),
@@ -107,7 +109,7 @@ def test_image_to_video_dit_count_equals_traced_matmuls(images):
     latent_shape, text_len = (2, 12, 2, 4, 6), 7
 
     def fn(p, x, t, c, i):
-        return dit.forward(p, cfg, x, t, c, attention_backend="xla", image_embeds=i)
+        return dit.forward(p, cfg, x, t, c, settings=XLA_ATTENTION, image_embeds=i)
 
     args = (
         jax.ShapeDtypeStruct(latent_shape, jnp.float32),

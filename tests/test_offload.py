@@ -34,6 +34,7 @@ from wanjax.models.offload import (
 )
 from wanjax.models.offload import streamed as streamed_leaf
 from wanjax.models.registry import transformer_preset
+from wanjax.models.settings import RunSettings
 from wanjax.parallel.rules import per_device_param_bytes
 from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
@@ -83,9 +84,9 @@ def test_streamed_layers_equal_the_scan(dtype, prefetch):
 def test_blocks_transformer_equals_resident(dtype):
     cfg = transformer_preset("tiny", num_layers=3)
     spec = dit.checkpoint_spec(cfg)
-    resident = dit.WanTransformer(cfg, random_params(spec, dtype, seed=1), dtype)
+    resident = dit.WanTransformer(cfg, random_params(spec, dtype, seed=1), RunSettings(dtype))
     params = random_params(spec, dtype, seed=1, sharding=offload_sharding(None, "blocks"))
-    streamed = dit.WanTransformer(cfg, params, dtype, offload="blocks")
+    streamed = dit.WanTransformer(cfg, params, RunSettings(dtype, offload="blocks"))
     assert kinds(params["blocks"]) == {HOST}
     assert kinds({k: v for k, v in params.items() if k != "blocks"}) == {"device"}
     latents = jax.random.normal(jax.random.key(0), (2, 16, 2, 8, 8))
@@ -127,7 +128,7 @@ def step_memory(mode: str, num_layers: int = 8, dtype: str = "bfloat16") -> dict
     cfg = transformer_preset("1.3B", num_layers=num_layers)
     sharding = dit.transformer_sharding(None, False, mode) or offload_sharding(None, "none")
     params = abstract_params(dit.checkpoint_spec(cfg), dtype, sharding)
-    model = dit.WanTransformer(cfg, params, dtype, offload=mode)
+    model = dit.WanTransformer(cfg, params, RunSettings(dtype, offload=mode))
     latents = jax.ShapeDtypeStruct((1, 16, 3, 16, 16), jnp.float32)
     text = jax.ShapeDtypeStruct((1, 512, cfg.text_dim), dtype)
     program = Sampler(model).compile(make_scheduler(SchedulerConfig(), 4), latents, text, text)
@@ -158,7 +159,7 @@ def test_sampler_compile_is_the_program_a_call_runs():
     cfg = transformer_preset("tiny", num_layers=2)
     spec = dit.checkpoint_spec(cfg)
     params = random_params(spec, "float32", sharding=offload_sharding(None, "blocks"))
-    sampler = Sampler(dit.WanTransformer(cfg, params, "float32", offload="blocks"))
+    sampler = Sampler(dit.WanTransformer(cfg, params, RunSettings("float32", offload="blocks")))
     scheduler = make_scheduler(SchedulerConfig(), 2)
     latents = np.random.default_rng(0).standard_normal((1, 16, 1, 4, 4)).astype(np.float32)
     text = jnp.ones((1, 8, cfg.text_dim), jnp.float32)
@@ -304,7 +305,7 @@ def measure(num_layers: int = 8, repeats: int = 3) -> None:
     outs = {}
     for mode in ("none", "blocks"):
         params = random_params(spec, "bfloat16", seed=0, sharding=offload_sharding(None, mode))
-        sampler = Sampler(dit.WanTransformer(cfg, params, "bfloat16", offload=mode))
+        sampler = Sampler(dit.WanTransformer(cfg, params, RunSettings("bfloat16", offload=mode)))
         for _ in range(repeats):
             result = sampler(scheduler, latents, text, text, 5.0)
             times.setdefault(mode, []).extend(result.step_times.steady)

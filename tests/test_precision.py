@@ -41,6 +41,7 @@ from wanjax.kernels.precision import (
 from wanjax.kernels.xla import xla_attention
 from wanjax.models import dit, umt5
 from wanjax.models.registry import transformer_preset
+from wanjax.models.settings import RunSettings
 from wanjax.models.vae import VAEConfig, WanVAE, checkpoint_spec, decode_uint8, load_vae
 from wanjax.models.vae import programs as vae_programs
 from wanjax.models.vae.ops import CONV_IMPLS, default_conv, f32_conv_output
@@ -185,8 +186,8 @@ def test_vae_convs_and_matmuls_follow_the_setting(precision, conv):
 def test_transformer_matmuls_follow_the_setting(precision):
     cfg = transformer_preset("tiny")
     params = random_params(dit.checkpoint_spec(cfg), jnp.float32)
-    model = dit.WanTransformer(cfg, params, jnp.float32, precision=precision)
-    assert model.precision == precision
+    model = dit.WanTransformer(cfg, params, RunSettings(jnp.float32, precision))
+    assert model.settings.precision == precision
     lowered = model._forward.lower(
         params, jnp.zeros((1, 16, 1, 4, 4)), jnp.zeros((1,)), jnp.zeros((1, 5, 32))
     )
@@ -241,7 +242,7 @@ def test_sixteen_bit_operands_carry_no_precision():
     assert {(op.lhs, op.rhs) for op in ops} == {("bf16", "bf16")}
     cfg = transformer_preset("tiny")
     params = random_params(dit.checkpoint_spec(cfg), jnp.bfloat16)
-    model = dit.WanTransformer(cfg, params, jnp.bfloat16, precision="highest")
+    model = dit.WanTransformer(cfg, params, RunSettings(jnp.bfloat16, "highest"))
     lowered = model._forward.lower(
         params, jnp.zeros((1, 16, 1, 4, 4)), jnp.zeros((1,)), jnp.zeros((1, 5, 32))
     )
@@ -318,7 +319,7 @@ def test_transformer_highest_matches_diffusers(tiny_transformer_dir):
     with torch.no_grad():
         ref = torch_model(*inputs).sample.numpy()
     model = wanjax.load_transformer(root, dtype="float32", precision="highest")
-    assert model.precision == "highest"
+    assert model.settings.precision == "highest"
     assert dit_relative_error(run_ours(model, inputs), ref) <= 1e-5
 
 
@@ -411,15 +412,17 @@ def test_pipeline_precisions(tiny_transformer_dir):
         root, dtype="float32", precision="default", vae_precision="HIGH", jax_cache_dir=False
     )
     assert pipe.precisions == {"transformer": "default", "text_encoder": "default", "vae": "high"}
-    assert pipe.transformer.precision == "default"
+    assert pipe.transformer.settings.precision == "default"
     with pytest.raises(ConfigError, match="unknown precision 'tf32'"):
         WanPipeline.from_pretrained(root, vae_precision="tf32", jax_cache_dir=False)
 
 
 def test_loaders_take_precision(tiny_transformer_dir, small_vae, tmp_path):
     root, _ = tiny_transformer_dir
-    assert wanjax.load_transformer(root, precision="high").precision == "high"
-    assert wanjax.load_transformer(root).precision == default_precision(jax.default_backend(), "transformer")
+    assert wanjax.load_transformer(root, precision="high").settings.precision == "high"
+    assert wanjax.load_transformer(root).settings.precision == default_precision(
+        jax.default_backend(), "transformer"
+    )
     with pytest.raises(ConfigError, match="unknown precision"):
         wanjax.load_transformer(root, precision="fast")
     vae_root, _ = small_vae

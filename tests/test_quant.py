@@ -37,6 +37,7 @@ from wanjax.kernels.common import Platform
 from wanjax.models import dit, umt5
 from wanjax.models.layers import linear, native_fp8, quantized_matmul
 from wanjax.models.registry import transformer_preset
+from wanjax.models.settings import RunSettings
 
 MATMUL_BOUND = {"int8": 1e-2, "fp8": 4e-2}
 VELOCITY_BOUND = {"int8": 2e-2, "fp8": 5e-2}
@@ -205,7 +206,9 @@ def _dit_inputs(cfg, shape=(1, 16, 3, 8, 8), text=8):
 def tiny_bf16_velocity():
     cfg = transformer_preset("tiny")
     params = random_params(dit.checkpoint_spec(cfg), jnp.bfloat16)
-    return cfg, np.asarray(dit.WanTransformer(cfg, params, jnp.bfloat16)(*_dit_inputs(cfg)), np.float32)
+    return cfg, np.asarray(
+        dit.WanTransformer(cfg, params, RunSettings(jnp.bfloat16))(*_dit_inputs(cfg)), np.float32
+    )
 
 
 @pytest.mark.parametrize("name", ["int8", "fp8"])
@@ -231,7 +234,7 @@ def test_tiny_dit_with_8_bit_weights_is_close_to_bf16(tiny_bf16_velocity, name):
     assert len(kernels) == 10 + 1 + 2 + 1  # 10 stacked in the blocks, time_proj, text_embedder x2, proj_out
     assert all(k.values.nbytes == np.prod(k.shape) for k in kernels)
 
-    velocity = dit.WanTransformer(cfg, params, jnp.bfloat16)(*_dit_inputs(cfg))
+    velocity = dit.WanTransformer(cfg, params, RunSettings(jnp.bfloat16))(*_dit_inputs(cfg))
     error = rel(velocity, reference)
     assert 1e-4 < error < VELOCITY_BOUND[name]
 
@@ -241,7 +244,7 @@ def test_tiny_dit_multiplying_in_fp8_where_native(tiny_bf16_velocity, monkeypatc
     cfg, reference = tiny_bf16_velocity
     monkeypatch.setattr(layers, "_this_platform", lambda: (H100, ""))
     params = random_params(dit.checkpoint_spec(cfg), jnp.bfloat16, build=leaf_builder("fp8"))
-    model = dit.WanTransformer(cfg, params, jnp.bfloat16)
+    model = dit.WanTransformer(cfg, params, RunSettings(jnp.bfloat16))
     inputs = _dit_inputs(cfg)
     dots = _dots(jax.make_jaxpr(model.apply)(params, *inputs).jaxpr)
     fp8 = ("float8_e4m3fn", "float8_e4m3fn")

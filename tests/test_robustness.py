@@ -628,7 +628,7 @@ def test_finite_check_reads_one_flag_per_run_not_per_step(monkeypatch):
     from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 
     cfg = dataclasses.replace(transformer_preset("tiny"), num_layers=1)
-    model = WanTransformer(cfg, random_params(checkpoint_spec(cfg), jnp.float32), jnp.float32)
+    model = WanTransformer(cfg, random_params(checkpoint_spec(cfg), jnp.float32))
     latents = np.random.default_rng(0).standard_normal((1, 16, 1, 4, 4)).astype(np.float32)
     text = jnp.ones((1, 8, cfg.text_dim), jnp.float32)
     sampler = Sampler(model)

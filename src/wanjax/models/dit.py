@@ -1,14 +1,15 @@
 """The Wan 2.1 diffusion transformer (``WanTransformer3DModel``) as pure functions.
 
-``forward(params, cfg, latents, timestep, prompt_embeds)`` maps diffusers-layout latents
-``(B, C, T, H, W)`` to the flow-matching velocity of the same shape. Inside, tokens are
-``(B, L, D)`` with ``L = T/pt * H/ph * W/pw`` in row-major (frame, row, column) order. The blocks'
-params are stacked on a leading layer axis and run with ``lax.scan``, so compile time does not
-depend on depth.
+``forward(params, cfg, latents, timestep, prompt_embeds, settings=...)`` maps diffusers-layout
+latents ``(B, C, T, H, W)`` to the flow-matching velocity of the same shape, run as the static
+:class:`~wanjax.models.settings.RunSettings` say. Inside, tokens are ``(B, L, D)`` with
+``L = T/pt * H/ph * W/pw`` in row-major (frame, row, column) order; their embedding and the blocks'
+conditioning are :mod:`wanjax.models.dit_embed`'s. The blocks' params are stacked on a leading layer
+axis and run with ``lax.scan``, so compile time does not depend on depth.
 
 Precision follows the reference bf16 pipeline: the time embedder, modulation tables and the affine
 cross-attention norm stay float32; norms and modulation are computed in float32 and rounded to the
-activation dtype; matmuls accumulate in float32, float32 ones at ``precision`` (static, see
+activation dtype; matmuls accumulate in float32, float32 ones at the settings' ``precision`` (see
 :mod:`wanjax.kernels.precision`).
 """
 
@@ -32,20 +33,9 @@ from wanjax.kernels.attention import AttentionSpec, attention
 from wanjax.kernels.common import AttentionShape
 from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models import lora
-from wanjax.models.config import TransformerConfig, parse_dtype
-from wanjax.models.layers import (
-    Params,
-    apply_rope,
-    gelu,
-    gelu_tanh,
-    layer_norm,
-    linear,
-    rms_norm,
-    rope_tables,
-    scan_layers,
-    silu,
-    timestep_embedding,
-)
+from wanjax.models.config import TransformerConfig
+from wanjax.models.dit_embed import Conditioning, embed, token_pins, unpatchify
+from wanjax.models.layers import Params, apply_rope, gelu_tanh, layer_norm, linear, rms_norm, scan_layers
 from wanjax.models.offload import (
     HOST,
     Offload,
@@ -56,8 +46,9 @@ from wanjax.models.offload import (
     stream_layers,
     streams_layers,
 )
+from wanjax.models.settings import DEFAULT_SETTINGS, RunSettings
 from wanjax.parallel.attention import sharded_attention
-from wanjax.parallel.layouts import TokenLayout, constrain, token_layout
+from wanjax.parallel.layouts import TokenLayout, token_layout
 from wanjax.parallel.rules import param_sharding
 
 # ----------------------------------------------------------------------------------------------
@@ -210,56 +201,29 @@ TRANSFORMER_2 = dataclasses.replace(TRANSFORMER, folder="transformer_2")
 # ----------------------------------------------------------------------------------------------
 # Forward
 
-
-def patchify(latents: jax.Array, patch: tuple[int, int, int]) -> jax.Array:
-    """``(B, C, T, H, W)`` -> ``(B, L, C*pt*ph*pw)`` with patch vectors ordered (c, t, h, w)."""
-    b, c, t, h, w = latents.shape
-    pt, ph, pw = patch
-    x = latents.reshape(b, c, t // pt, pt, h // ph, ph, w // pw, pw)
-    x = x.transpose(0, 2, 4, 6, 1, 3, 5, 7)
-    return x.reshape(b, (t // pt) * (h // ph) * (w // pw), c * pt * ph * pw)
-
-
-def unpatchify(tokens: jax.Array, grid: tuple[int, int, int], patch: tuple[int, int, int]) -> jax.Array:
-    """``(B, L, pt*ph*pw*C)`` (channel fastest) -> ``(B, C, T, H, W)``."""
-    b = tokens.shape[0]
-    (f, h, w), (pt, ph, pw) = grid, patch
-    x = tokens.reshape(b, f, h, w, pt, ph, pw, -1)
-    x = x.transpose(0, 7, 1, 4, 2, 5, 3, 6)
-    return x.reshape(b, -1, f * pt, h * ph, w * pw)
-
-
 Attend = Callable[..., jax.Array]  # (q, k, v, *, self_attention) -> out, all (B, L, H, D)
 
 
-def _attend_fn(
-    mesh: Mesh | None,
-    batch: int,
-    length: int,
-    heads: int,
-    backend: str | AttentionSpec,
-    precision: Precision,
-):
-    """The attention function and the token PartitionSpecs (None without a mesh)."""
-    if mesh is None:
-        return (
-            lambda q, k, v, self_attention: attention(q, k, v, backend=backend, precision=precision)
-        ), None
-    layout = token_layout(dict(mesh.shape), batch, length, heads)
+def _attend_fn(settings: RunSettings, layout: TokenLayout | None) -> Attend:
+    """The attention function: local without a mesh, else sharded over it as ``layout`` says."""
+    if layout is None:
+        return lambda q, k, v, self_attention: attention(
+            q, k, v, backend=settings.attention, precision=settings.precision
+        )
 
     def attend(q: jax.Array, k: jax.Array, v: jax.Array, self_attention: bool) -> jax.Array:
         return sharded_attention(
             q,
             k,
             v,
-            mesh=mesh,
+            mesh=settings.mesh,
             layout=layout,
             self_attention=self_attention,
-            backend=backend,
-            precision=precision,
+            backend=settings.attention,
+            precision=settings.precision,
         )
 
-    return attend, layout
+    return attend
 
 
 def _modulate(x: jax.Array, shift: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -344,101 +308,6 @@ def _frame_views(
     return (lambda h: h.reshape(b, frames, length // frames, d)), (lambda h: h.reshape(b, length, d))
 
 
-@dataclasses.dataclass(frozen=True)
-class Conditioning:
-    """What every block reads besides the tokens (one batch of rows): the projected text
-    ``context (B, Lc, D)``, the blocks' timestep modulation ``time_mod (B, 6, D)``, the time embedding
-    ``temb (B, D)`` the output norm is modulated by (with a timestep per latent frame: ``(B, F, 6, D)``
-    and ``(B, F, D)``), the token grid's RoPE tables and (image-to-video)
-    the embedded image tokens."""
-
-    context: jax.Array
-    time_mod: jax.Array
-    temb: jax.Array
-    rope: tuple[jax.Array, jax.Array]
-    grid: tuple[int, int, int]
-    image_context: jax.Array | None = None  # image-to-video: the embedded image tokens (B, Li, D)
-
-
-def _pin_fn(layout: TokenLayout | None, mesh: Mesh | None) -> Callable[..., jax.Array]:
-    """Pin an activation to the token layout's spec of that name (nothing without a mesh)."""
-
-    def pin(h: jax.Array, spec_name: str = "tokens") -> jax.Array:
-        return h if layout is None else constrain(h, mesh, getattr(layout, spec_name)())
-
-    return pin
-
-
-def embed(
-    params: Params,
-    cfg: TransformerConfig,
-    latents: jax.Array,
-    timestep: jax.Array,
-    prompt_embeds: jax.Array,
-    *,
-    dtype: jnp.dtype = jnp.float32,
-    mesh: Mesh | None = None,
-    precision: Precision = "highest",
-    image_embeds: jax.Array | None = None,
-) -> tuple[jax.Array, Conditioning]:
-    """The patch-embedded tokens ``(B, L, D)`` entering the first block, and the blocks' conditioning
-    (``image_embeds``: an image-to-video model's image encoder states, see :func:`embed_image`)."""
-    b, _, t, h, w = latents.shape
-    pt, ph, pw = cfg.patch_size
-    grid = (t // pt, h // ph, w // pw)
-    d = cfg.inner_dim
-    layout = (
-        None if mesh is None else token_layout(dict(mesh.shape), b, math.prod(grid), cfg.num_attention_heads)
-    )
-    pin = _pin_fn(layout, mesh)
-
-    def lin(x: jax.Array, p: Params) -> jax.Array:
-        return linear(x, p, precision=precision)
-
-    x = pin(lin(patchify(latents.astype(dtype), cfg.patch_size), params["patch_embedding"]))
-
-    # Condition embedding: the time embedder runs in its own (float32) dtype, then is cast like the text.
-    # A timestep per latent frame (B, F) (expand_timesteps) gives each frame's tokens their modulation.
-    if timestep.ndim == 2 and timestep.shape[1] != grid[0]:
-        raise ConfigError(
-            f"timestep {timestep.shape}: one per sample (B,) or per latent frame (B, {grid[0]})"
-        )
-    t_emb = timestep_embedding(timestep.reshape(-1), cfg.freq_dim)
-    te = params["time_embedder"]
-    temb = lin(silu(lin(t_emb, te["linear_1"])), te["linear_2"]).astype(dtype)
-    time_mod = lin(silu(temb), params["time_proj"]).reshape(*timestep.shape, 6, d)
-    temb = temb.reshape(*timestep.shape, d)
-    tx = params["text_embedder"]
-    context = lin(gelu_tanh(lin(prompt_embeds.astype(dtype), tx["linear_1"])), tx["linear_2"])
-    context = pin(context, "context")
-    rope = rope_tables(grid, cfg.attention_head_dim, cfg.rope_max_seq_len)
-    image_context = None
-    if cfg.image_tokens:
-        if image_embeds is None:
-            raise ConfigError("an image-to-video transformer needs image_embeds (the image encoder's states)")
-        image_context = pin(
-            embed_image(params["image_embedder"], cfg, image_embeds, dtype, precision), "context"
-        )
-    return x, Conditioning(context, time_mod, temb, rope, grid, image_context)
-
-
-IMAGE_NORM_EPS = 1e-5  # WanImageEmbedding's FP32LayerNorm: torch's default eps
-
-
-def embed_image(
-    p: Params, cfg: TransformerConfig, image_embeds: jax.Array, dtype: jnp.dtype, precision: Precision
-) -> jax.Array:
-    """diffusers' ``WanImageEmbedding``: the image encoder's ``(B, Li, image_dim)`` states -> ``(B, Li, D)``
-    (first-last-frame models: both images' tokens ``(2B, Li, image_dim)`` side by side as ``(B, 2Li, ...)``
-    plus the position table). Norms in float32, rounded to ``dtype``; exact GELU."""
-    x = image_embeds.astype(dtype)
-    if "pos_embed" in p:
-        x = x.reshape(-1, cfg.pos_embed_seq_len, x.shape[-1]) + p["pos_embed"].astype(dtype)
-    x = layer_norm(x, IMAGE_NORM_EPS, p["norm1"]["scale"], p["norm1"]["bias"]).astype(dtype)
-    x = linear(gelu(linear(x, p["proj_in"], precision=precision)), p["proj_out"], precision=precision)
-    return layer_norm(x, IMAGE_NORM_EPS, p["norm2"]["scale"], p["norm2"]["bias"]).astype(dtype)
-
-
 def run_blocks(
     params: Params,
     cfg: TransformerConfig,
@@ -447,17 +316,12 @@ def run_blocks(
     start: int = 0,
     stop: int | None = None,
     *,
-    attention_backend: str | AttentionSpec = "auto",
-    mesh: Mesh | None = None,
-    precision: Precision = "highest",
-    offload: Offload = "none",
+    settings: RunSettings = DEFAULT_SETTINGS,
 ) -> jax.Array:
     """Blocks ``start .. stop-1`` (default: all) on the tokens ``x (B, L, D)``, pinned to the token
-    layout at every block boundary under ``mesh``; ``offload="blocks"`` streams their weights."""
-    attend, layout = _attend_fn(
-        mesh, x.shape[0], math.prod(cond.grid), cfg.num_attention_heads, attention_backend, precision
-    )
-    pin = _pin_fn(layout, mesh)
+    layout at every block boundary under the settings' mesh; ``offload="blocks"`` streams their weights."""
+    layout, pin = token_pins(settings.mesh, x.shape[0], math.prod(cond.grid), cfg.num_attention_heads)
+    attend, precision = _attend_fn(settings, layout), settings.precision
 
     def layer(h: jax.Array, block: Params) -> jax.Array:
         out = _block(
@@ -465,7 +329,7 @@ def run_blocks(
         )
         return pin(out)
 
-    run_layers = stream_layers if streams_layers(offload) else scan_layers
+    run_layers = stream_layers if streams_layers(settings.offload) else scan_layers
     return run_layers(layer, x, params["blocks"], start, stop)
 
 
@@ -475,7 +339,7 @@ def project(
     x: jax.Array,
     cond: Conditioning,
     *,
-    precision: Precision = "highest",
+    settings: RunSettings = DEFAULT_SETTINGS,
 ) -> jax.Array:
     """The last block's tokens -> the velocity ``(B, C, T, H, W)`` (modulated output norm, projection)."""
     temb = cond.temb.astype(jnp.float32)
@@ -483,7 +347,7 @@ def project(
     out_mod = params["scale_shift_table"].astype(jnp.float32) + temb[:, :, None]  # (B, F, 2, D)
     frames, tokens = _frame_views(x.shape, out_mod.shape[1])
     x = tokens(_modulate(frames(x), out_mod[:, :, 0:1], out_mod[:, :, 1:2], cfg.eps))
-    x = linear(x, params["proj_out"], precision=precision)
+    x = linear(x, params["proj_out"], precision=settings.precision)
     return unpatchify(x, cond.grid, cfg.patch_size)
 
 
@@ -494,46 +358,25 @@ def forward(
     timestep: jax.Array,
     prompt_embeds: jax.Array,
     *,
-    dtype: jnp.dtype = jnp.float32,
-    attention_backend: str | AttentionSpec = "auto",
-    mesh: Mesh | None = None,
-    precision: Precision = "highest",
-    offload: Offload = "none",
+    settings: RunSettings = DEFAULT_SETTINGS,
     image_embeds: jax.Array | None = None,
 ) -> jax.Array:
     """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``
     (and an image-to-video model's ``image_embeds (B, Li, image_dim)``): :func:`embed`,
-    :func:`run_blocks`, :func:`project`.
+    :func:`run_blocks`, :func:`project`, all run as ``settings`` says (static under ``jit``).
 
-    Activations run in ``dtype``; the result is returned in ``dtype`` as the reference does. Under
-    ``mesh`` the tokens are split as :func:`wanjax.parallel.layouts.token_layout` says (batch over dp, tokens
-    over sp, heads over tp) and pinned so at every block boundary. ``precision``: of float32 matmuls.
-    ``offload="blocks"``: ``params["blocks"]`` lie in host memory and each layer's weights are
-    brought to the device inside the loop (:func:`~wanjax.models.offload.stream_layers`); the other
-    modes run the resident scan. The numerics are the same either way.
+    Activations run in ``settings.dtype``; the result is returned in it as the reference does. Under
+    ``settings.mesh`` the tokens are split as :func:`wanjax.parallel.layouts.token_layout` says (batch
+    over dp, tokens over sp, heads over tp) and pinned so at every block boundary. ``precision``: of
+    float32 matmuls. ``offload="blocks"``: ``params["blocks"]`` lie in host memory and each layer's
+    weights are brought to the device inside the loop (:func:`~wanjax.models.offload.stream_layers`);
+    the other modes run the resident scan. The numerics are the same either way.
     """
     x, cond = embed(
-        params,
-        cfg,
-        latents,
-        timestep,
-        prompt_embeds,
-        dtype=dtype,
-        mesh=mesh,
-        precision=precision,
-        image_embeds=image_embeds,
+        params, cfg, latents, timestep, prompt_embeds, settings=settings, image_embeds=image_embeds
     )
-    x = run_blocks(
-        params,
-        cfg,
-        x,
-        cond,
-        attention_backend=attention_backend,
-        mesh=mesh,
-        precision=precision,
-        offload=offload,
-    )
-    return project(params, cfg, x, cond, precision=precision)
+    x = run_blocks(params, cfg, x, cond, settings=settings)
+    return project(params, cfg, x, cond, settings=settings)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -544,36 +387,28 @@ class WanTransformer:
     """A loaded Wan transformer: ``model(latents, timestep, prompt_embeds) -> velocity``.
 
     Inputs use the diffusers layout (``latents (B, C, T, H, W)``, ``timestep (B,)``,
-    ``prompt_embeds (B, L, text_dim)``); the forward is compiled once per input shape.
-    ``precision``: of float32 matmuls (``highest | high | default``; None: this platform's default,
-    see :func:`~wanjax.kernels.precision.default_precision`).
+    ``prompt_embeds (B, L, text_dim)``); the forward is compiled once per input shape and runs as
+    ``settings`` says (:class:`~wanjax.models.settings.RunSettings`: dtype, float32 precision,
+    attention backend, mesh, offload).
 
-    ``offload`` (see :mod:`wanjax.models.offload`): with ``"blocks"`` the stacked layer weights
-    (``params["blocks"]``) are expected in host memory (``load_transformer(..., offload="blocks")``
-    puts them there) and are streamed to the device one layer at a time; :meth:`to_host` and
-    :meth:`to_device` move the weights between stages (``"model"`` and ``"blocks"``).
+    ``settings.offload`` (see :mod:`wanjax.models.offload`): with ``"blocks"`` the stacked layer
+    weights (``params["blocks"]``) are expected in host memory (``load_transformer(...,
+    offload="blocks")`` puts them there) and are streamed to the device one layer at a time;
+    :meth:`to_host` and :meth:`to_device` move the weights between stages (``"model"`` and ``"blocks"``).
     """
 
-    def __init__(
-        self,
-        cfg: TransformerConfig,
-        params: Params,
-        dtype: jnp.dtype,
-        attention_backend: str | AttentionSpec = "auto",
-        mesh: Mesh | None = None,
-        precision: str | None = None,
-        offload: Offload | str = "none",
-    ):
+    def __init__(self, cfg: TransformerConfig, params: Params, settings: RunSettings = DEFAULT_SETTINGS):
         self.cfg = cfg
         self.params = params
-        self.dtype = jnp.dtype(dtype)
-        self.attention_backend = attention_backend
-        self.mesh = mesh
-        self.precision = resolve_precision(precision, "transformer")
-        self.offload = parse_offload(offload)
+        self.settings = settings
         self.loras: list[tuple[Path, float]] = []  # the LoRA adapters merged (set_loras)
         self._lora_base: dict[Any, jax.Array] = {}  # the base of each leaf they changed, in host memory
         self._forward = jax.jit(self.apply)
+
+    @property
+    def dtype(self) -> jnp.dtype:
+        """The activations' (and the velocity's) dtype."""
+        return self.settings.dtype
 
     def __call__(
         self,
@@ -616,9 +451,7 @@ class WanTransformer:
             latents,
             timestep,
             prompt_embeds,
-            dtype=self.dtype,
-            mesh=self.mesh,
-            precision=self.precision,
+            settings=self.settings,
             image_embeds=image_embeds,
         )
 
@@ -626,22 +459,11 @@ class WanTransformer:
         self, params: Params, x: jax.Array, cond: Conditioning, start: int = 0, stop: int | None = None
     ) -> jax.Array:
         """:func:`run_blocks` with this model's settings."""
-        return run_blocks(
-            params,
-            self.cfg,
-            x,
-            cond,
-            start,
-            stop,
-            attention_backend=self.attention_backend,
-            mesh=self.mesh,
-            precision=self.precision,
-            offload=self.offload,
-        )
+        return run_blocks(params, self.cfg, x, cond, start, stop, settings=self.settings)
 
     def project(self, params: Params, x: jax.Array, cond: Conditioning) -> jax.Array:
         """:func:`project` with this model's settings."""
-        return project(params, self.cfg, x, cond, precision=self.precision)
+        return project(params, self.cfg, x, cond, settings=self.settings)
 
     def set_loras(self, loras: Sequence[lora.LoraSpec]) -> None:
         """Merge these LoRA adapters (``(file, weight)`` pairs; :mod:`wanjax.models.lora`) into the
@@ -666,7 +488,7 @@ class WanTransformer:
         """Move the weights back to where the forward runs them: all in device memory, except the
         stacked layers under ``offload="blocks"`` (they stay on the host and are streamed).
         Asynchronous unless ``block``: the next program waits for its arguments."""
-        self.params = run_placement(self.params, "blocks", streams_layers(self.offload), block=block)
+        self.params = run_placement(self.params, "blocks", streams_layers(self.settings.offload), block=block)
 
     def check_shape(self, shape: tuple[int, ...]) -> None:
         """Raise ConfigError unless ``shape`` is a latent shape this model can run."""
@@ -674,10 +496,11 @@ class WanTransformer:
 
     def token_layout(self, shape: tuple[int, ...]) -> TokenLayout | None:
         """How the forward splits the tokens of latents of ``shape`` over the mesh (None: no mesh)."""
-        if self.mesh is None:
+        mesh = self.settings.mesh
+        if mesh is None:
             return None
         length = math.prod(s // p for s, p in zip(shape[2:], self.cfg.patch_size, strict=True))
-        return token_layout(dict(self.mesh.shape), shape[0], length, self.cfg.num_attention_heads)
+        return token_layout(dict(mesh.shape), shape[0], length, self.cfg.num_attention_heads)
 
 
 def check_latent_shape(cfg: TransformerConfig, shape: tuple[int, ...]) -> None:
@@ -731,19 +554,21 @@ def load_transformer(
 
     With ``mesh``, each weight is read straight into its shards (the axes of :func:`checkpoint_spec`;
     ``fsdp`` also splits ``embed`` dimensions over the non-tp axes) and the forward runs on the mesh.
-    ``precision``: of float32 matmuls (None: the platform's default; see :class:`WanTransformer`).
+    ``precision``: of float32 matmuls (None: the platform's default, see
+    :func:`~wanjax.kernels.precision.default_precision`).
     ``offload="blocks"``: the stacked layer weights are read straight into pinned host memory (the
     same sharding, memory kind ``pinned_host``; :func:`transformer_sharding`) and streamed to the
     device per layer; ``"model"`` loads like ``"none"`` (the pipeline moves the weights between
     stages). ``weights_dtype`` (``bf16 | int8 | fp8``): ``int8``/``fp8`` store the matmul kernels in
-    8 bits with per-channel scales, quantised as they are read (:mod:`wanjax.io.quant`).
+    8 bits with per-channel scales, quantised as they are read (:mod:`wanjax.io.quant`). ``dtype``,
+    ``precision``, ``attention_backend``, ``mesh`` and ``offload`` make the model's
+    :class:`~wanjax.models.settings.RunSettings`.
     """
-    dtype = parse_dtype(dtype)
     precision = resolve_precision(precision, "transformer")
-    offload = parse_offload(offload)
-    sharding = transformer_sharding(mesh, fsdp, offload, sharding)
-    cfg, params = TRANSFORMER.load(path, dtype, sharding, weights_dtype)
-    return WanTransformer(cfg, params, dtype, attention_backend, mesh, precision, offload)
+    settings = RunSettings(dtype, precision, attention=attention_backend, mesh=mesh, offload=offload)
+    sharding = transformer_sharding(mesh, fsdp, settings.offload, sharding)
+    cfg, params = TRANSFORMER.load(path, settings.dtype, sharding, weights_dtype)
+    return WanTransformer(cfg, params, settings)
 
 
 def transformer_sharding(

@@ -163,7 +163,7 @@ class Sampler:
         def lower() -> jax.stages.Lowered:
             # Under a mesh the (small) scheduler state stays replicated, so every step's output has
             # exactly the input sharding the program was compiled for.
-            out = None if model.mesh is None else replicated(model.mesh)
+            out = None if model.settings.mesh is None else replicated(model.settings.mesh)
             return jax.jit(step, out_shardings=out).lower(*args)
 
         key = (expert, scheduler.kind, scheduler.config, scheduler.num_inference_steps, signature(args))
@@ -195,8 +195,8 @@ class Sampler:
 
         def lower() -> jax.stages.Lowered:
             out = None
-            if model.mesh is not None:
-                rep = replicated(model.mesh)
+            if model.settings.mesh is not None:
+                rep = replicated(model.settings.mesh)
                 out = (rep, rep, cache_sharding, rep, rep)
             # keep_unused: each policy leaves one of schedule / threshold unread; kept, the program's
             # inputs stay the arguments (what memory_analysis' readers pair them with)
@@ -209,8 +209,8 @@ class Sampler:
         """Where the step's inputs go: replicated over the mesh, else on the device of ``params``
         (arrays or ShapeDtypeStructs; None: no sharding, or several devices without a mesh, inputs
         left where they are)."""
-        if self.model.mesh is not None:
-            return replicated(self.model.mesh)
+        if self.model.settings.mesh is not None:
+            return replicated(self.model.settings.mesh)
         sharding = getattr(jax.tree.leaves(params)[0], "sharding", None)
         devices = () if sharding is None else sharding.device_set
         return jax.sharding.SingleDeviceSharding(next(iter(devices))) if len(devices) == 1 else None
@@ -300,7 +300,7 @@ class Sampler:
         # global array, also across processes), so the compiled program and the arrays it returns
         # agree on placement from the first step on.
         placement = self._placement(self.model.params)
-        if self.model.mesh is not None:
+        if self.model.settings.mesh is not None:
             place = lambda x: None if x is None else to_global(x, placement)  # noqa: E731
         elif placement is not None:
             place = lambda x: jax.device_put(x, placement)  # noqa: E731
@@ -388,7 +388,7 @@ class Sampler:
         length = math.prod(s // p for s, p in zip(shape[2:], model.cfg.patch_size, strict=True))
         tokens = jax.ShapeDtypeStruct((rows, length, model.cfg.inner_dim), model.dtype)
         layout = model.token_layout(shape)
-        sharding = None if layout is None else NamedSharding(model.mesh, layout.tokens())
+        sharding = None if layout is None else NamedSharding(model.settings.mesh, layout.tokens())
         placement = sharding or self._placement(model.params)
         zeros = {
             name: jax.jit(functools.partial(jnp.zeros, s.shape, s.dtype), out_shardings=placement)()

@@ -62,6 +62,7 @@ from wanjax.models import clip_vision, dit, umt5
 from wanjax.models.config import parse_dtype
 from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload
 from wanjax.models.registry import Variant, released
+from wanjax.models.settings import RunSettings
 from wanjax.models.vae import WanVAE
 from wanjax.models.vae import checkpoint_spec as vae_spec
 from wanjax.models.vae.config import VAEConfig
@@ -317,13 +318,13 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     offload = parse_offload(cfg.offload)
     sharding = dit.transformer_sharding(offload=offload)  # blocks: the stacked layers in pinned host
     params, weights = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.weights_dtype)
-    model = dit.WanTransformer(tcfg, params, dtype, offload=offload)
+    model = dit.WanTransformer(tcfg, params, RunSettings(dtype, offload=offload))
     boundary = cfg.variant.boundary_ratio
     residency = Residency(offload)  # as WanPipeline moves the weights
     second = None
     if boundary is not None:  # Wan 2.2 A14B: a second expert of the same architecture
         params_2, _ = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.weights_dtype)
-        second = dit.WanTransformer(tcfg, params_2, dtype, offload=offload)
+        second = dit.WanTransformer(tcfg, params_2, RunSettings(dtype, offload=offload))
         residency.park(second)  # it waits on the host until its first step
     experts = (model,) if second is None else (model, second)
     to_device_s = None
