@@ -22,6 +22,8 @@ from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2
 from wanjax.models.registry import Defaults, Variant
 from wanjax.pipeline.demo import DEMO_SCHEDULER
 from wanjax.pipeline.pipeline import WanPipeline
+from wanjax.pipeline.results import Denoised
+from wanjax.runtime.timing import StepTimes
 from wanjax.server.api import job_params
 
 
@@ -59,7 +61,7 @@ def python_call_values(pipe: WanPipeline, image: Image.Image | None) -> dict:
 
     def denoise(cond, uncond, latents, **kwargs):
         seen.update(steps=kwargs["num_inference_steps"], guidance=kwargs["guidance_scale"])
-        return latents
+        return Denoised(latents, StepTimes())
 
     pipe.encode_prompt, pipe.prepare_latents, pipe.denoise = encode_prompt, prepare_latents, denoise
     pipe.prepare_image = lambda *args, **kwargs: None

@@ -27,7 +27,7 @@ from wanjax.jobs import preflight as validation
 from wanjax.models.config import TransformerConfig
 from wanjax.pipeline import stages
 from wanjax.pipeline.hub import resolve_model
-from wanjax.pipeline.sampler import check_steps_finite
+from wanjax.pipeline.results import check_steps_finite
 
 OFF = ("--jax_cache_dir", "off")
 SMALL = ("--height", "32", "--width", "48", "--frames", "5")
@@ -88,7 +88,7 @@ def generate_args(model, out: Path, *flags) -> tuple:
         (("--vae_tiling", "big"), ("--vae_tiling", "SIZE or SIZE:STRIDE")),
         (("--vae_tiling", "64:128"), ("--vae_tiling", "0 < stride <= size")),
         (("--vae_tiling", "16:4"), ("--vae_tiling stride 4", "at least 8")),
-        (("--mesh", "dp=2"), ("uses 2 devices but 1 are available", "--mesh")),
+        (("--mesh", "dp=16"), ("uses 16 devices but 8 are available", "--mesh")),
         (("--attention", "cudnn"), ("needs an NVIDIA GPU", "available:")),
         (("--seed", "-5"), ("--seed must be a non-negative integer",)),
     ],
