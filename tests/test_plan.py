@@ -262,7 +262,7 @@ def test_flag_choices_are_the_librarys():
         args = parser.parse_args(
             [command, "--prompt", "a"] if command in ("generate", "encode") else [command]
         )
-        assert (args.offload, args.weights_dtype) == (None, None), command
+        assert (args.offload, args.weights_dtype) == ("none", "bf16"), command  # the schema's defaults
         choices = {a.dest: a.choices for a in parser._subcommands.choices[command]._actions}
         assert (
             tuple(choices["offload"]) == OFFLOAD_MODES and tuple(choices["weights_dtype"]) == WEIGHTS_DTYPES

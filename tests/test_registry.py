@@ -14,8 +14,8 @@ from PIL import Image
 
 from wanjax.cli.main import main
 from wanjax.jobs.checks import resolve_video
+from wanjax.jobs.groups import SamplingFlags
 from wanjax.jobs.opening import defaults_of
-from wanjax.jobs.requests import SamplingFlags
 from wanjax.jobs.sampling import sampling_params
 from wanjax.models import registry
 from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2

@@ -8,7 +8,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from wanjax.errors import WanjaxError
-from wanjax.jobs.requests import DEFAULT_DTYPE, Request
+from wanjax.jobs.flags import option
+from wanjax.jobs.groups import (
+    DEFAULT_DTYPE,
+    MemoryFlags,
+    VaeFlags,
+    download_flag,
+    revision_flag,
+    use_fsdp_flag,
+)
+from wanjax.jobs.requests import Request
 from wanjax.models.registry import Defaults, Variant, released
 
 if TYPE_CHECKING:
@@ -16,23 +25,32 @@ if TYPE_CHECKING:
     from wanjax.pipeline.hub import ModelSource
 
 
+def _variants() -> dict[str, str]:
+    return {"variants": ", ".join(released())}
+
+
 @dataclasses.dataclass(frozen=True)
 class PlanRequest(Request):
     """``wanjax plan``: per-device memory of a run on a mesh."""
 
     command: ClassVar[str] = "plan"
-    model: str = "14B"
-    mesh: str | None = None
-    num_devices: int | None = None
-    device_memory: str = "32GiB"
-    height: int = 720
-    width: int = 1280
-    frames: int = 81
-    dtype: str = DEFAULT_DTYPE
-    vae_dtype: str = "float32"
-    use_fsdp: bool = False
-    offload: str = "none"
-    weights_dtype: str = "bf16"
+    model: str = option(
+        "14B",
+        help="a registry variant ({variants}) or a diffusers model directory (default {default})",
+        values=_variants,
+    )
+    mesh: str | None = option(
+        None, help="dp=2,sp=1,tp=4 (default: every mesh of --num_devices, best one named)"
+    )
+    num_devices: int | None = option(None, help="devices (default: the mesh's size, else those visible)")
+    device_memory: str = option("32GiB", help="memory per device (default {default}, a TPU v6e chip)")
+    height: int = option(720, help="pixels (default {default})")
+    width: int = option(1280, help="pixels (default {default})")
+    frames: int = option(81, help="frames (default {default})")
+    dtype: str = option(DEFAULT_DTYPE, help="transformer / text encoder dtype (default {default})")
+    vae_dtype: str = option(VaeFlags.vae_dtype, help="VAE dtype (default {default})")
+    use_fsdp: bool = use_fsdp_flag()
+    memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +58,11 @@ class InfoRequest(Request):
     """``wanjax info``: what a model directory holds."""
 
     command: ClassVar[str] = "info"
-    model: str
-    revision: str | None = None
-    download: bool = False
+    model: str = option(
+        help="model directory (or one component folder), hub id in the HF cache, or demo", positional=True
+    )
+    revision: str | None = revision_flag()
+    download: bool = download_flag()
 
 
 def cmd_info(request: InfoRequest) -> None:
@@ -224,11 +244,12 @@ def cmd_plan(request: PlanRequest) -> int:
         )
     size = dict(height=request.height, width=request.width, frames=request.frames)
     kwargs = dict(**size, device_memory=memory, dtype=request.dtype, vae_dtype=request.vae_dtype)
-    mode = dict(offload=request.offload, weights_dtype=request.weights_dtype)
+    offload, weights = request.memory.offload, request.memory.weights_dtype
+    mode = dict(offload=offload, weights_dtype=weights)
     print(
         f"{request.model}: {request.width}x{request.height}, {request.frames} frames, "
         f"{count} device{'s' if count != 1 else ''}, "
-        f"--offload {request.offload} --weights_dtype {request.weights_dtype}"
+        f"--offload {offload} --weights_dtype {weights}"
     )
     meshes = [requested] if requested else planning.candidate_meshes(count, request.use_fsdp)
     if requested:
@@ -252,11 +273,11 @@ def cmd_plan(request: PlanRequest) -> int:
             print(f"suggested: --mesh {best.mesh.flag} (peak {best.peak / planning.GiB:.2f} GiB)")
             print(f"  why: {suggestion.reason}")
             focus = best.mesh
-    modes = planning.plan_modes(model, focus, request.weights_dtype, **kwargs)
-    print(planning.mode_table(modes, (request.offload, request.weights_dtype)))
+    modes = planning.plan_modes(model, focus, weights, **kwargs)
+    print(planning.mode_table(modes, (offload, weights)))
     if fits:
         return 0
-    cheapest = planning.cheapest_fitting(model, meshes, request.weights_dtype, **kwargs)
+    cheapest = planning.cheapest_fitting(model, meshes, weights, **kwargs)
     if cheapest is None:
         print(f"hint: no --offload / --weights_dtype mode fits {memory / planning.GiB:.0f} GiB per device")
     else:

@@ -1,8 +1,8 @@
 """The ``wanjax`` command line: ``generate``, the stages ``encode | denoise | decode``, ``serve``, ``info``,
 ``plan``, ``bench``, ``tune-attention``.
 
-Each subcommand is one :class:`Subcommand`: its flags, the typed request it builds from them, and the
-function that runs the request. User mistakes (bad flags, bad model directories, contradicting stage
+Each subcommand is one :class:`Subcommand`: the typed request its flags build (the request class
+declares them) and the function that runs the request. User mistakes (bad flags, bad model directories, contradicting stage
 files) print one line naming the problem and exit with 2, before any weight is read; failures while
 running (NaN/inf latents, an output that cannot be written, an XLA runtime error) print one line and
 exit with 1; Ctrl-C exits with 130; ``--debug`` shows the traceback instead.
@@ -20,85 +20,66 @@ from typing import Any
 
 from wanjax.cli.parser import CliParser, UsageError
 from wanjax.errors import WanjaxError, one_line
+from wanjax.jobs.flags import add_flags, from_flags
 
 
 @dataclasses.dataclass(frozen=True)
 class Subcommand:
-    """One ``wanjax`` subcommand: ``add_flags`` fills its parser, ``request`` builds its request from
-    the parsed flags (checking them), ``run`` runs the request (an int it returns is the exit status)."""
+    """One ``wanjax`` subcommand: its request class, the schema of its flags (:mod:`wanjax.jobs.flags`),
+    and ``run``, which runs a request (an int it returns is the exit status)."""
 
     help: str
-    add_flags: Callable[[argparse.ArgumentParser], None]
-    request: Callable[[argparse.Namespace], Any]
+    schema: type
     run: Callable[[Any], Any]
+
+    def add_flags(self, parser: argparse.ArgumentParser) -> None:
+        """The subcommand's flags, built from its request class."""
+        add_flags(parser, self.schema)
+
+    def request(self, args: argparse.Namespace) -> Any:
+        """The request of the parsed flags, its values checked (WanjaxError naming the flag)."""
+        return from_flags(self.schema)(args)
 
 
 def subcommands() -> dict[str, Subcommand]:
     """Every subcommand by name, in the order ``wanjax --help`` lists them."""
     from wanjax.cli import commands, describe
-    from wanjax.cli import parser as flags
     from wanjax.cli.describe import InfoRequest, PlanRequest
-    from wanjax.cli.parser import from_flags
     from wanjax.jobs.requests import DecodeRequest, DenoiseRequest, EncodeRequest, GenerateRequest
     from wanjax.server.request import ServeRequest
     from wanjax.server.serve import serve
     from wanjax.tools import bench, tune_attention
 
     return {
-        "generate": Subcommand(
-            "prompt to mp4 in one run",
-            flags.generate_flags,
-            from_flags(GenerateRequest),
-            commands.cmd_generate,
-        ),
+        "generate": Subcommand("prompt to mp4 in one run", GenerateRequest, commands.cmd_generate),
         "encode": Subcommand(
-            "stage 1: prompt -> stage1_embeddings.safetensors",
-            flags.encode_flags,
-            from_flags(EncodeRequest),
-            commands.cmd_encode,
+            "stage 1: prompt -> stage1_embeddings.safetensors", EncodeRequest, commands.cmd_encode
         ),
         "denoise": Subcommand(
-            "stage 2: embeddings -> stage2_latents.safetensors",
-            flags.denoise_flags,
-            from_flags(DenoiseRequest),
-            commands.cmd_denoise,
+            "stage 2: embeddings -> stage2_latents.safetensors", DenoiseRequest, commands.cmd_denoise
         ),
         "decode": Subcommand(
-            "stage 3: stage2_latents.safetensors -> mp4",
-            flags.decode_flags,
-            from_flags(DecodeRequest),
-            commands.cmd_decode,
+            "stage 3: stage2_latents.safetensors -> mp4", DecodeRequest, commands.cmd_decode
         ),
         "serve": Subcommand(
             "an HTTP server generating videos (OpenAI-style API, a web page); needs wanjax[serve]",
-            flags.serve_flags,
-            from_flags(ServeRequest),
+            ServeRequest,
             serve,
         ),
         "plan": Subcommand(
-            "per-device memory of a run on a mesh (no weights needed)",
-            flags.plan_flags,
-            from_flags(PlanRequest),
-            describe.cmd_plan,
+            "per-device memory of a run on a mesh (no weights needed)", PlanRequest, describe.cmd_plan
         ),
         "bench": Subcommand(
             "time each stage of a built-in architecture (random weights)",
-            bench.add_arguments,
-            bench.BenchRequest.from_flags,
+            bench.BenchRequest,
             bench.run_request,
         ),
         "tune-attention": Subcommand(
             "time TPU attention block sizes, cache the fastest",
-            tune_attention.add_arguments,
-            tune_attention.TuneRequest.from_flags,
+            tune_attention.TuneRequest,
             tune_attention.run_request,
         ),
-        "info": Subcommand(
-            "what a diffusers-layout model directory holds",
-            flags.info_flags,
-            from_flags(InfoRequest),
-            describe.cmd_info,
-        ),
+        "info": Subcommand("what a diffusers-layout model directory holds", InfoRequest, describe.cmd_info),
     }
 
 

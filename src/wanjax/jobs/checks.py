@@ -11,8 +11,9 @@ import numpy as np
 
 from wanjax.errors import ConfigError, WanjaxError
 from wanjax.jobs import preflight as validation
+from wanjax.jobs.groups import CacheFlags, ImageFlags, PromptFlags
 from wanjax.jobs.opening import defaults_of, model_label
-from wanjax.jobs.requests import OUTPUT_SUFFIXES, CacheFlags, ImageFlags, PromptFlags, Request
+from wanjax.jobs.requests import OUTPUT_SUFFIXES, Request
 from wanjax.kernels.attention import AttentionSpec
 from wanjax.models.config import TransformerConfig
 from wanjax.parallel.mesh import MeshSpec

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from wanjax.jobs.requests import (
+from wanjax.jobs.groups import (
     DEFAULT_DTYPE,
     DEFAULT_MODEL,
     AttentionFlags,

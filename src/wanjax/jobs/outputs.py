@@ -18,7 +18,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from wanjax.io.atomic import atomic_path
-from wanjax.jobs.requests import DecodeRequest, GenerateRequest, OutputFlags
+from wanjax.jobs.groups import OutputFlags
+from wanjax.jobs.requests import DecodeRequest, GenerateRequest
 from wanjax.parallel.multihost import is_primary
 
 RECORD_SUFFIX = ".json"

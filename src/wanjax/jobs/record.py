@@ -7,8 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from wanjax.jobs.groups import ImageFlags
 from wanjax.jobs.opening import model_label
-from wanjax.jobs.requests import ImageFlags, PipelineRequest
+from wanjax.jobs.requests import PipelineRequest
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline import stages
 from wanjax.pipeline.pipeline import WanPipeline

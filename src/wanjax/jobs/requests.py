@@ -1,10 +1,9 @@
 """What a job is asked to do: typed requests (``generate``, ``encode``, ``denoise``, ``decode``).
 
-Every default of a job lives here. A request field is named as its flag
-(``--num_inference_steps`` -> ``num_inference_steps``); flags jobs share sit in groups
-(:class:`VideoFlags`, :class:`SamplingFlags`, ...). ``None`` means "not given": the value then comes
-from an earlier stage, the ``--init_latents`` shape, the checkpoint, or the model's defaults
-(``WanPipeline.defaults``: the model registry's, :mod:`wanjax.models.registry`). Whoever builds a
+A request is the schema of its command's flags (:mod:`wanjax.jobs.flags`): each field is the flag of
+its name (``--num_inference_steps`` -> ``num_inference_steps``) with its default and help; flags jobs
+share sit in groups (:mod:`wanjax.jobs.groups`: :class:`VideoFlags`, :class:`SamplingFlags`, ...),
+where ``None`` means "not given". Whoever builds a
 request (the command line from its flags, the server from a request body) checks its values
 (:meth:`Request.check`), so a job never sees a bad one.
 """
@@ -18,10 +17,25 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from wanjax.errors import ConfigError, WanjaxError
+from wanjax.jobs.groups import (
+    AttentionFlags,
+    CacheFlags,
+    CommonFlags,
+    ImageFlags,
+    LoraFlags,
+    MemoryFlags,
+    OutputFlags,
+    ParallelFlags,
+    PromptFlags,
+    SamplingFlags,
+    VaeFlags,
+    VideoFlags,
+    dtype_flag,
+    parse_lora,
+    precision_flag,
+    stage_dir_flag,
+)
 
-DEFAULT_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
-DEFAULT_DTYPE = "bfloat16"
-STAGE_DIR = "stage_outputs"
 OUTPUT_SUFFIXES = {
     "output_video": ".mp4",
     "frames_out": ".npy",
@@ -29,198 +43,7 @@ OUTPUT_SUFFIXES = {
     "cache_calibrate": ".json",
 }
 
-
-# ----------------------------------------------------------------------------------------------
-# Flag groups
-
-
-@dataclasses.dataclass(frozen=True)
-class CommonFlags:
-    """Every pipeline command: the model (and its hub revision, downloaded when asked), the
-    compilation cache, the metrics file."""
-
-    model: str | None = None
-    revision: str | None = None
-    download: bool = False
-    jax_cache_dir: str | None = None
-    metrics_json: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class ParallelFlags:
-    """Devices and processes: ``--mesh`` or the reference's aliases; multi-process set-up."""
-
-    mesh: str | None = None
-    use_dp: bool = False
-    sp_num: int | None = None
-    use_fsdp: bool = False
-    coordinator_address: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class PromptFlags:
-    """The text: prompts (a batch), or a file of them (one is required), and the negative prompt
-    (a text, or a name of :data:`wanjax.pipeline.prompts.NAMED_NEGATIVE_PROMPTS`)."""
-
-    prompt: tuple[str, ...] = ()
-    prompt_file: str | None = None
-    negative_prompt: str | None = None
-    max_sequence_length: int = 512
-
-
-@dataclasses.dataclass(frozen=True)
-class VideoFlags:
-    """The video's size and frame rate (``None``: see the module docstring)."""
-
-    height: int | None = None
-    width: int | None = None
-    frames: int | None = None
-    fps: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class ImageFlags:
-    """An image-to-video model's first frame (and a first-last-frame model's last frame): image files."""
-
-    image: str | None = None
-    last_image: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class SamplingFlags:
-    """Denoising: steps, guidance, seed, flow shift, or given starting latents."""
-
-    num_inference_steps: int | None = None
-    guidance_scale: float | None = None
-    guidance_scale_2: float | None = None
-    boundary_ratio: float | None = None
-    seed: int | None = None
-    scheduler: str | None = None
-    flow_shift: float | None = None
-    init_latents: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class AttentionFlags:
-    """The attention backend and its kernel options."""
-
-    attention: str = "auto"
-    use_custom_attention: bool = False
-    bqsize: int | None = None
-    bkvsize: int | None = None
-    bkvcomputesize: int | None = None
-    bkvcomputeinsize: int | None = None
-    use_k_smooth: bool = False
-    window_size: int | None = None
-
-    @property
-    def backend(self) -> str:
-        """``--attention``, or ``splash_exp2`` under its alias ``--use_custom_attention``."""
-        return "splash_exp2" if self.use_custom_attention else self.attention
-
-    def blocks(self) -> dict[str, int]:
-        """The kernel block sizes given, by flag name."""
-        sizes = {
-            "bqsize": self.bqsize,
-            "bkvsize": self.bkvsize,
-            "bkvcomputesize": self.bkvcomputesize,
-            "bkvcomputeinsize": self.bkvcomputeinsize,
-        }
-        return {name: value for name, value in sizes.items() if value is not None}
-
-
-@dataclasses.dataclass(frozen=True)
-class MemoryFlags:
-    """Where weights wait between uses, and how the matmul kernels are stored."""
-
-    offload: str = "none"
-    weights_dtype: str = "bf16"
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraFlags:
-    """LoRA adapters merged into the transformer, ``--lora PATH[:WEIGHT]``, and into a two-expert
-    model's low-noise expert, ``--lora_2 PATH[:WEIGHT]``; both repeatable."""
-
-    lora: tuple[str, ...] = ()
-    lora_2: tuple[str, ...] = ()
-
-    def loras(self) -> list[tuple[str, float]]:
-        """``(path, weight)`` of each ``--lora`` (weight 1.0 when not given); ConfigError for a bad weight."""
-        return [parse_lora(value) for value in self.lora]
-
-    def loras_2(self) -> list[tuple[str, float]]:
-        """``(path, weight)`` of each ``--lora_2``, as :meth:`loras`."""
-        return [parse_lora(value, "--lora_2") for value in self.lora_2]
-
-
-def parse_lora(value: str, flag: str = "--lora") -> tuple[str, float]:
-    """``PATH[:WEIGHT]`` -> ``(PATH, WEIGHT)``: the text after the last ``:`` is the weight when it is a
-    number (a path may itself hold colons)."""
-    path, sep, tail = value.rpartition(":")
-    if not sep or not path:
-        return value, 1.0
-    try:
-        weight = float(tail)
-    except ValueError:
-        return value, 1.0
-    if not math.isfinite(weight):
-        raise ConfigError(f"{flag} {value}: the weight must be a finite number")
-    return path, weight
-
-
-@dataclasses.dataclass(frozen=True)
-class CacheFlags:
-    """The step cache (:mod:`wanjax.pipeline.step_cache`): policy and settings, MagCache's curve,
-    and calibration's output file."""
-
-    cache: str = "off"
-    cache_threshold: float | None = None
-    cache_max_skip: int | None = None
-    cache_retention: float | None = None
-    mag_ratios: str | None = None
-    cache_calibrate: str | None = None
-
-    def config(self) -> Any:
-        """The :class:`~wanjax.pipeline.step_cache.CacheConfig` (ConfigError naming a bad value);
-        ``--cache_calibrate`` runs MagCache's calibration."""
-        from wanjax.pipeline.step_cache import CacheConfig
-
-        if self.cache_calibrate is not None and self.cache not in ("off", "magcache"):
-            raise ConfigError(
-                f"--cache_calibrate measures MagCache's ratios; it cannot run with --cache {self.cache}"
-            )
-        policy = "magcache" if self.cache_calibrate is not None else self.cache
-        return CacheConfig(
-            policy,
-            threshold=self.cache_threshold,
-            max_skip_steps=self.cache_max_skip,
-            retention_ratio=self.cache_retention,
-            mag_ratios=self.mag_ratios,
-            calibrate=self.cache_calibrate is not None,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class VaeFlags:
-    """The VAE's dtypes, decode chunk and tiling."""
-
-    vae_dtype: str = "float32"
-    vae_weights_dtype: str | None = None
-    vae_precision: str | None = None
-    vae_decode_chunk: str = "1"
-    vae_tiling: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputFlags:
-    """The files a decoding command writes (``output_video`` is resolved by the command)."""
-
-    output_video: str | None = None
-    frames_out: str | None = None
-    preview: str | None = None
+LATER_MODEL_HELP = "model (default: the one the stage directory was made with)"  # a later stage's --model
 
 
 # ----------------------------------------------------------------------------------------------
@@ -252,8 +75,8 @@ class GenerateRequest(Request):
 
     command: ClassVar[str] = "generate"
     common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
-    dtype: str | None = None
-    precision: str | None = None
+    dtype: str | None = dtype_flag()
+    precision: str | None = precision_flag()
     text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
     images: ImageFlags = dataclasses.field(default_factory=ImageFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
@@ -273,13 +96,13 @@ class EncodeRequest(Request):
 
     command: ClassVar[str] = "encode"
     common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
-    dtype: str | None = None
-    precision: str | None = None
+    dtype: str | None = dtype_flag()
+    precision: str | None = precision_flag()
     text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
     images: ImageFlags = dataclasses.field(default_factory=ImageFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
-    output_dir: str = STAGE_DIR
+    output_dir: str = stage_dir_flag()
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
 
@@ -289,13 +112,14 @@ class DenoiseRequest(Request):
     """``wanjax denoise``: the stage directory's embeddings to its latents."""
 
     command: ClassVar[str] = "denoise"
+    flag_help: ClassVar[dict[str, str]] = {"model": LATER_MODEL_HELP}
     common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
-    dtype: str | None = None
-    precision: str | None = None
+    dtype: str | None = dtype_flag()
+    precision: str | None = precision_flag()
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
-    input_dir: str = STAGE_DIR
+    input_dir: str = stage_dir_flag()
     adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)
     cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
@@ -307,11 +131,15 @@ class DecodeRequest(Request):
     """``wanjax decode``: the stage directory's latents to mp4."""
 
     command: ClassVar[str] = "decode"
+    flag_help: ClassVar[dict[str, str]] = {
+        "model": LATER_MODEL_HELP,
+        "output_video": "mp4 to write (default INPUT_DIR/output_video.mp4)",
+    }
     common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
     outputs: OutputFlags = dataclasses.field(default_factory=OutputFlags)
-    input_dir: str = STAGE_DIR
+    input_dir: str = stage_dir_flag()
     parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
 
 
@@ -390,13 +218,16 @@ def _check_output_names(flags: dict[str, Any]) -> None:
 
 
 def _check_numbers(flags: dict[str, Any]) -> None:
+    from wanjax.models.registry import Defaults
+
     steps = flags.get("num_inference_steps")
     if steps is not None and steps < 1:
         raise WanjaxError(f"--num_inference_steps must be at least 1, got {steps}")
     guidance = flags.get("guidance_scale")
     if guidance is not None and not (math.isfinite(guidance) and guidance >= 0):
         raise WanjaxError(
-            f"--guidance_scale must be >= 0 (5.0 is the default; <= 1 turns CFG off), got {guidance}"
+            f"--guidance_scale must be >= 0 ({Defaults().guidance_scale} is the default; <= 1 turns CFG off), "
+            f"got {guidance}"
         )
     guidance_2 = flags.get("guidance_scale_2")
     if guidance_2 is not None and not (math.isfinite(guidance_2) and guidance_2 >= 0):
@@ -414,7 +245,8 @@ def _check_numbers(flags: dict[str, Any]) -> None:
         raise WanjaxError(f"--fps must be positive (e.g. 16), got {fps}")
     length = flags.get("max_sequence_length")
     if length is not None and length < 1:
-        raise WanjaxError(f"--max_sequence_length must be at least 1 (512 as trained), got {length}")
+        trained = PromptFlags.max_sequence_length
+        raise WanjaxError(f"--max_sequence_length must be at least 1 ({trained} as trained), got {length}")
     for name in ("height", "width", "frames"):
         value = flags.get(name)
         if value is not None and value < 1:

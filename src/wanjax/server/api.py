@@ -17,7 +17,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from wanjax.jobs.requests import GenerateRequest, ImageFlags, OutputFlags, VideoFlags
+from wanjax.jobs.groups import ImageFlags, OutputFlags, VideoFlags
+from wanjax.jobs.requests import GenerateRequest
 from wanjax.models.registry import Defaults
 from wanjax.server.store import Job
 

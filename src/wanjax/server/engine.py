@@ -31,9 +31,10 @@ from PIL import Image
 from wanjax.errors import WanjaxError, one_line
 from wanjax.io.atomic import atomic_path
 from wanjax.jobs.generate import GenerateWork, check_generate, generate_outputs, run_generate
+from wanjax.jobs.groups import ImageFlags, OutputFlags
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.jobs.record import finish
-from wanjax.jobs.requests import GenerateRequest, ImageFlags, OutputFlags
+from wanjax.jobs.requests import GenerateRequest
 from wanjax.parallel.mesh import MeshSpec
 from wanjax.pipeline.pipeline import WanPipeline, check_image_input
 from wanjax.runtime.timing import CompileMeter

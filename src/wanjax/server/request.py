@@ -6,19 +6,25 @@ import dataclasses
 from typing import ClassVar
 
 from wanjax.errors import WanjaxError
-from wanjax.jobs.requests import (
+from wanjax.jobs.flags import option
+from wanjax.jobs.groups import (
     AttentionFlags,
     CacheFlags,
     CommonFlags,
-    GenerateRequest,
     LoraFlags,
     MemoryFlags,
     ParallelFlags,
-    Request,
     VaeFlags,
+    dtype_flag,
+    precision_flag,
 )
+from wanjax.jobs.requests import GenerateRequest, Request
 
 TEXT_BODY, IMAGE_BODY = 64 * 1024, 16 * 2**20  # the default request body limits
+
+
+def _body_limits() -> dict[str, int]:
+    return {"text_kib": TEXT_BODY // 1024, "image_mib": IMAGE_BODY // 2**20}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,16 +32,28 @@ class ServerFlags:
     """Where ``wanjax serve`` listens and keeps its jobs, its key, and the largest request it takes
     (``None``: the model's default frames / pixels a frame)."""
 
-    host: str = "127.0.0.1"
-    port: int = 8000
-    output_dir: str = "serve_outputs"
-    api_key: str | None = None
-    max_queue: int = 64
-    max_frames: int | None = None
-    max_pixels: int | None = None
-    max_steps: int = 100
-    max_body_bytes: int | None = None
-    device_memory: str | None = None
+    title: ClassVar[str] = "server"
+    host: str = option("127.0.0.1", help="address to listen on (default {default}: this machine only)")
+    port: int = option(8000, help="TCP port (default {default}; 0: any free port)")
+    output_dir: str = option("serve_outputs", help="job records (SQLite) and videos (default {default})")
+    api_key: str | None = option(
+        None,
+        help="require 'Authorization: Bearer KEY' on every API request (default $WANJAX_API_KEY; none)",
+    )
+    max_queue: int = option(64, help="jobs waiting at most; more get 429 (default {default})")
+    max_frames: int | None = option(None, help="frames a video at most (default: the model's default)")
+    max_pixels: int | None = option(None, help="width x height at most (default: the model's default size)")
+    max_steps: int = option(100, help="denoising steps at most (default {default})")
+    max_body_bytes: int | None = option(
+        None,
+        help="request body size at most (default {text_kib} KiB; {image_mib} MiB for a model taking images)",
+        values=_body_limits,
+    )
+    device_memory: str | None = option(
+        None,
+        help="a device's memory, e.g. 80GiB: the largest request must fit it by `wanjax plan`'s estimate "
+        "(default: the device's own figure where JAX reports one)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,9 +62,10 @@ class ServeRequest(Request):
     ask for; every flag but the server's applies to each job as to ``wanjax generate``."""
 
     command: ClassVar[str] = "serve"
+    flag_omit: ClassVar[frozenset[str]] = frozenset({"metrics_json"})  # a server writes no run's metrics
     common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
-    dtype: str | None = None
-    precision: str | None = None
+    dtype: str | None = dtype_flag()
+    precision: str | None = precision_flag()
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
     adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)

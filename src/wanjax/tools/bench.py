@@ -58,6 +58,8 @@ from wanjax.io.atomic import write_text
 from wanjax.io.checkpoint import ShardingFn, abstract_params, random_params, random_params_on_device
 from wanjax.io.quant import leaf_builder
 from wanjax.io.quantizable import UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
+from wanjax.jobs.flags import add_flags, from_namespace, option
+from wanjax.jobs.groups import DEFAULT_DTYPE, PromptFlags, VaeFlags
 from wanjax.models import clip_vision, dit, umt5
 from wanjax.models.config import parse_dtype
 from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload
@@ -93,30 +95,77 @@ RANDOM_WEIGHTS = ("auto", "numpy", "device")
 CPU_DEVICE_DRAW_MIN_PARAMS = 300_000_000  # --random_weights auto on a CPU: jax.random from this size
 
 
+def _cpu_draw_min() -> dict[str, str]:
+    return {"min_params": f"{CPU_DEVICE_DRAW_MIN_PARAMS // 10**6}M"}
+
+
+def _mag_presets() -> dict[str, str]:
+    return {"presets": ", ".join(presets())}
+
+
 @dataclasses.dataclass(frozen=True)
 class BenchConfig:
-    """What to run; the defaults are the issue's quick CPU run."""
+    """What to run (the ``wanjax bench`` flags); the defaults are the issue's quick CPU run."""
 
-    arch: str = "1.3B"
-    layers: int | None = None
-    height: int = 240
-    width: int = 416
-    frames: int = 17
-    num_inference_steps: int = 2
-    guidance_scale: float = 5.0
-    dtype: str = "bfloat16"
-    vae_dtype: str = "float32"
-    max_sequence_length: int = 512
-    repeats: int = 2
-    stages: tuple[str, ...] = ("encode", "image", "denoise", "decode")  # image: I2V archs only
-    random_weights: str = "auto"  # numpy (host draws), device (jax.random), auto: see random_weights_path
-    offload: str = "none"  # OFFLOAD_MODES: where the DiT's weights wait (see WanPipeline)
-    weights_dtype: str = UNQUANTIZED  # WEIGHTS_DTYPES: int8/fp8 store the matmul kernels in 8 bits
-    cache: str = "off"  # step_cache.POLICIES, and its settings (None: the policy's defaults)
-    cache_threshold: float | None = None
-    cache_max_skip: int | None = None
-    cache_retention: float | None = None
-    mag_ratios: str | None = None
+    arch: str = option(
+        "1.3B", choices=lambda: tuple(released()), help="a registry variant (default {default})"
+    )
+    layers: int | None = option(None, help="DiT/UMT5/CLIP layers (default: all)")
+    height: int = option(240, help="pixels, multiple of 16 (default {default})")
+    width: int = option(416, help="pixels, multiple of 16 (default {default})")
+    frames: int = option(17, help="4n+1 frames (default {default})")
+    num_inference_steps: int = option(
+        2, help="denoising steps per timed run, and in the pipeline line (default {default})"
+    )
+    guidance_scale: float = option(
+        5.0, help="classifier-free guidance; > 1 batches the CFG pair (default {default})"
+    )
+    dtype: str = option(DEFAULT_DTYPE, help="DiT / UMT5 dtype (default {default})")
+    vae_dtype: str = option(VaeFlags.vae_dtype, help="VAE dtype (default {default})")
+    max_sequence_length: int = option(
+        PromptFlags.max_sequence_length, help="text tokens of the encoded prompt (default {default})"
+    )
+    repeats: int = option(2, help="timed runs per stage after the warm-up (default {default})")
+    stages: tuple[str, ...] = option(
+        ("encode", "image", "denoise", "decode"),
+        choices=lambda: tuple(STAGES),
+        help="stages to time (default: {default}; image: image-to-video archs only)",
+    )
+    random_weights: str = option(
+        "auto",
+        choices=RANDOM_WEIGHTS,
+        help="draw the random weights with numpy (host, then copied) or on the device (jax.random, "
+        "straight into place); auto: on the device, except models under {min_params} weights on a CPU "
+        "(default {default})",
+        values=_cpu_draw_min,
+    )
+    offload: str = option(
+        "none",
+        choices=OFFLOAD_MODES,
+        help="where the DiT's weights wait (default {default}: on the device); model: to pinned host memory "
+        "and back before the denoise stage (the move is timed); blocks: the stacked layers in pinned "
+        "host memory, streamed per layer",
+    )
+    weights_dtype: str = option(
+        UNQUANTIZED,
+        choices=WEIGHTS_DTYPES,
+        help="matmul kernels of the DiT and text encoder (default {default}: in --dtype); int8, fp8: "
+        "8 bits with a float32 scale per output channel (drawn with NumPy: no on-device quantised draw)",
+    )
+    cache: str = option(
+        "off",
+        choices=POLICIES,
+        help="step cache of the denoise stage (default {default}; see wanjax generate --help)",
+    )
+    cache_threshold: float | None = option(None, help="the policy's threshold (default: the policy's)")
+    cache_max_skip: int | None = option(None, help="magcache: skips in a row (default: the policy's)")
+    cache_retention: float | None = option(None, help="magcache: retention ratio (default: the policy's)")
+    mag_ratios: str | None = option(
+        None,
+        help="magcache's curve: a preset ({presets}) or a JSON file (default: the architecture's preset, "
+        "when --layers keeps its depth)",
+        values=_mag_presets,
+    )
 
     def cache_config(self) -> CacheConfig:
         """The step cache the denoise stage runs with."""
@@ -517,116 +566,17 @@ def pipeline_summary(cfg: BenchConfig, stages: dict[str, dict[str, Any]]) -> dic
     }
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``wanjax bench`` flags (seed names, hyphenated spellings accepted)."""
-    d = BenchConfig()
-    parser.add_argument(
-        "--arch", default=d.arch, choices=tuple(released()), help=f"a registry variant (default {d.arch})"
-    )
-    parser.add_argument("--layers", type=int, default=None, help="DiT/UMT5/CLIP layers (default: all)")
-    parser.add_argument(
-        "--height", type=int, default=d.height, help=f"pixels, multiple of 16 (default {d.height})"
-    )
-    parser.add_argument(
-        "--width", type=int, default=d.width, help=f"pixels, multiple of 16 (default {d.width})"
-    )
-    parser.add_argument("--frames", type=int, default=d.frames, help=f"4n+1 frames (default {d.frames})")
-    parser.add_argument(
-        "--num_inference_steps",
-        "--num-inference-steps",
-        type=int,
-        default=d.num_inference_steps,
-        help=f"denoising steps per timed run, and in the pipeline line (default {d.num_inference_steps})",
-    )
-    parser.add_argument(
-        "--guidance_scale",
-        "--guidance-scale",
-        type=float,
-        default=d.guidance_scale,
-        help=f"classifier-free guidance; > 1 batches the CFG pair (default {d.guidance_scale})",
-    )
-    parser.add_argument("--dtype", default=d.dtype, help=f"DiT / UMT5 dtype (default {d.dtype})")
-    parser.add_argument(
-        "--vae_dtype", "--vae-dtype", default=d.vae_dtype, help=f"VAE dtype (default {d.vae_dtype})"
-    )
-    parser.add_argument(
-        "--max_sequence_length",
-        "--max-sequence-length",
-        type=int,
-        default=d.max_sequence_length,
-        help=f"text tokens of the encoded prompt (default {d.max_sequence_length})",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=d.repeats,
-        help=f"timed runs per stage after the warm-up (default {d.repeats})",
-    )
-    parser.add_argument(
-        "--stages",
-        nargs="+",
-        default=list(d.stages),
-        choices=list(STAGES),
-        help=f"stages to time (default: {' '.join(d.stages)}; image: image-to-video archs only)",
-    )
-    parser.add_argument(
-        "--random_weights",
-        "--random-weights",
-        default=d.random_weights,
-        choices=list(RANDOM_WEIGHTS),
-        help="draw the random weights with numpy (host, then copied) or on the device (jax.random, "
-        "straight into place); auto: on the device, except models under 300M weights on a CPU "
-        "(default auto)",
-    )
-    # The memory flags of `wanjax generate` / `plan` (tools may not import the cli: the same choices,
-    # read from the library here).
-    parser.add_argument(
-        "--offload",
-        default=d.offload,
-        choices=OFFLOAD_MODES,
-        help="where the DiT's weights wait (default none: on the device); model: to pinned host memory "
-        "and back before the denoise stage (the move is timed); blocks: the stacked layers in pinned "
-        "host memory, streamed per layer",
-    )
-    parser.add_argument(
-        "--weights_dtype",
-        "--weights-dtype",
-        default=d.weights_dtype,
-        choices=WEIGHTS_DTYPES,
-        help=f"matmul kernels of the DiT and text encoder (default {UNQUANTIZED}: in --dtype); int8, fp8: "
-        "8 bits with a float32 scale per output channel (drawn with NumPy: no on-device quantised draw)",
-    )
-    parser.add_argument(
-        "--cache",
-        default=d.cache,
-        choices=POLICIES,
-        help="step cache of the denoise stage (default off; see wanjax generate --help)",
-    )
-    parser.add_argument("--cache_threshold", "--cache-threshold", type=float, help="the policy's threshold")
-    parser.add_argument("--cache_max_skip", "--cache-max-skip", type=int, help="magcache: skips in a row")
-    parser.add_argument(
-        "--cache_retention", "--cache-retention", type=float, help="magcache: retention ratio"
-    )
-    parser.add_argument(
-        "--mag_ratios",
-        "--mag-ratios",
-        help=f"magcache's curve: a preset ({', '.join(presets())}) or a JSON file (default: the "
-        "architecture's preset, when --layers keeps its depth)",
-    )
-    parser.add_argument("--json", help="also write the numbers to this JSON file")
-
-
 @dataclasses.dataclass(frozen=True)
 class BenchRequest:
     """``wanjax bench``: what to run, and the JSON file to write the numbers to."""
 
-    config: BenchConfig
-    json: str | None = None
+    config: BenchConfig = dataclasses.field(default_factory=BenchConfig)
+    json: str | None = option(None, help="also write the numbers to this JSON file")
 
-    @classmethod
-    def from_flags(cls, args: argparse.Namespace) -> BenchRequest:
-        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(BenchConfig)}
-        return cls(BenchConfig(**{**values, "stages": tuple(args.stages)}), args.json)
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``wanjax bench`` flags (:class:`BenchRequest`'s fields)."""
+    add_flags(parser, BenchRequest)
 
 
 def run_request(request: BenchRequest) -> dict[str, Any]:
@@ -640,7 +590,7 @@ def run_request(request: BenchRequest) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """:func:`run_request` with flags parsed by a parser :func:`add_arguments` filled."""
-    return run_request(BenchRequest.from_flags(args))
+    return run_request(from_namespace(BenchRequest, args))
 
 
 def main(argv: list[str] | None = None) -> None:

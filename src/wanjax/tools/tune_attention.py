@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 
 from wanjax.errors import ConfigError
+from wanjax.jobs.flags import add_flags, from_namespace, option
+from wanjax.jobs.groups import DEFAULT_DTYPE
 from wanjax.kernels import tuning
 from wanjax.kernels.attention import AttentionSpec, InterpretModeWarning, attention
 from wanjax.kernels.common import fit_blocks
@@ -31,6 +33,7 @@ from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.registry import released, transformer_preset
 
 TEXT_TOKENS = 512
+TUNED_BACKENDS = ("splash", "splash_exp2")  # the TPU kernels with block sizes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,67 +149,37 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _presets() -> dict[str, str]:
+    return {"presets": ", ".join([*released(), "tiny"])}
+
+
 @dataclasses.dataclass(frozen=True)
 class TuneRequest:
     """``wanjax tune-attention``: the model and video whose shapes to tune, and how."""
 
-    model: str = "1.3B"
-    height: int = 480
-    width: int = 832
-    frames: int = 81
-    batch: int = 1
-    heads: int | None = None
-    backend: str = "splash_exp2"
-    dtype: str = "bfloat16"
-    repeats: int = 3
-    quick: bool = False
-    tune_file: Path | None = None
-    allow_interpret: bool = False
-
-    @classmethod
-    def from_flags(cls, args: argparse.Namespace) -> TuneRequest:
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    model: str = option(
+        "1.3B", help="a preset ({presets}) or a model directory (default {default})", values=_presets
+    )
+    height: int = option(480, help="pixels (default {default})")
+    width: int = option(832, help="pixels (default {default})")
+    frames: int = option(81, help="4n+1 frames (default {default})")
+    batch: int = option(1, help="videos per attention call (default {default}; 2: a CFG pair on one device)")
+    heads: int | None = option(None, help="heads per device (e.g. heads / tp under a mesh; default: all)")
+    backend: str = option(
+        "splash_exp2", choices=TUNED_BACKENDS, help="TPU kernel to tune (default {default})"
+    )
+    dtype: str = option(DEFAULT_DTYPE, help="query/key/value dtype (default {default})")
+    repeats: int = option(3, help="timed calls per candidate, median kept (default {default})")
+    quick: bool = option(False, help="a smaller candidate grid")
+    tune_file: Path | None = option(
+        None, help="cache file (default {file})", values=lambda: {"file": tuning.tune_file()}
+    )
+    allow_interpret: bool = option(False, help="allow interpret mode off TPU (testing)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``wanjax tune-attention`` flags."""
-    d = TuneRequest()
-    p.add_argument(
-        "--model", default=d.model, help=f"preset (1.3B, 14B) or model directory (default {d.model})"
-    )
-    p.add_argument("--height", type=int, default=d.height, help=f"pixels (default {d.height})")
-    p.add_argument("--width", type=int, default=d.width, help=f"pixels (default {d.width})")
-    p.add_argument("--frames", type=int, default=d.frames, help=f"4n+1 frames (default {d.frames})")
-    p.add_argument(
-        "--batch",
-        type=int,
-        default=d.batch,
-        help=f"videos per attention call (default {d.batch}; 2: a CFG pair on one device)",
-    )
-    p.add_argument(
-        "--heads",
-        type=int,
-        default=d.heads,
-        help="heads per device (e.g. heads / tp under a mesh; default: all)",
-    )
-    p.add_argument(
-        "--backend",
-        choices=("splash", "splash_exp2"),
-        default=d.backend,
-        help=f"TPU kernel to tune (default {d.backend})",
-    )
-    p.add_argument("--dtype", default=d.dtype, help=f"query/key/value dtype (default {d.dtype})")
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=d.repeats,
-        help=f"timed calls per candidate, median kept (default {d.repeats})",
-    )
-    p.add_argument("--quick", action="store_true", help="a smaller candidate grid")
-    p.add_argument(
-        "--tune_file", type=Path, default=d.tune_file, help=f"cache file (default {tuning.tune_file()})"
-    )
-    p.add_argument("--allow_interpret", action="store_true", help="allow interpret mode off TPU (testing)")
+    """The ``wanjax tune-attention`` flags (:class:`TuneRequest`'s fields)."""
+    add_flags(p, TuneRequest)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -216,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """:func:`run_request` with flags parsed by a parser :func:`add_arguments` filled."""
-    return run_request(TuneRequest.from_flags(args))
+    return run_request(from_namespace(TuneRequest, args))
 
 
 def run_request(request: TuneRequest) -> int:

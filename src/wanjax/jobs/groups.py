@@ -1,0 +1,465 @@
+"""The flag groups the requests share (:mod:`wanjax.jobs.requests`), and the flags several requests
+have: each declared once, with its default, help and choices (:mod:`wanjax.jobs.flags`).
+
+``None`` means "not given": the value then comes from an earlier stage, the ``--init_latents`` shape,
+the checkpoint, or the model's defaults (``WanPipeline.defaults``: the model registry's,
+:mod:`wanjax.models.registry`); help texts whose default depends on the model read the registry's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, ClassVar
+
+from wanjax.errors import ConfigError
+from wanjax.jobs.flags import option
+
+DEFAULT_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+DEFAULT_DTYPE = "bfloat16"
+STAGE_DIR = "stage_outputs"
+
+
+# ----------------------------------------------------------------------------------------------
+# What the library decides (read when a parser is built)
+
+
+def _precisions() -> tuple[str, ...]:
+    from wanjax.kernels.precision import PRECISIONS
+
+    return PRECISIONS
+
+
+def _offload_modes() -> tuple[str, ...]:
+    from wanjax.models.offload import OFFLOAD_MODES
+
+    return OFFLOAD_MODES
+
+
+def _weights_dtypes() -> tuple[str, ...]:
+    from wanjax.io.quantizable import WEIGHTS_DTYPES
+
+    return WEIGHTS_DTYPES
+
+
+def _backends() -> tuple[str, ...]:
+    from wanjax.kernels.attention import BACKENDS
+
+    return BACKENDS
+
+
+def _cache_policies() -> tuple[str, ...]:
+    from wanjax.pipeline.step_cache import POLICIES
+
+    return POLICIES
+
+
+def _scheduler_kinds() -> tuple[str, ...]:
+    from wanjax.pipeline.scheduler import SCHEDULER_KINDS
+
+    return SCHEDULER_KINDS
+
+
+def registry_defaults() -> dict[str, Any]:
+    """The model registry's defaults of a run (``ref``) and of the demo model (``demo``), for help
+    texts whose default depends on the model."""
+    from wanjax.models.registry import DEMO_DEFAULTS, Defaults
+
+    return {"ref": Defaults(), "demo": DEMO_DEFAULTS}
+
+
+def _cache_defaults() -> dict[str, Any]:
+    from wanjax.pipeline.step_cache import FIRST_BLOCK_THRESHOLD, MAG_DEFAULTS, presets
+
+    return {"mag": MAG_DEFAULTS, "firstblock": FIRST_BLOCK_THRESHOLD, "presets": ", ".join(presets())}
+
+
+# ----------------------------------------------------------------------------------------------
+# Flags several requests have: each function makes the field anew (a field belongs to one class)
+
+
+def dtype_flag() -> Any:
+    return option(
+        None,
+        help="transformer / text encoder dtype: {fallback} (default), float32",
+        values=lambda: {"fallback": DEFAULT_DTYPE},
+    )
+
+
+def precision_flag() -> Any:
+    return option(
+        None,
+        choices=_precisions,
+        help="their float32 matmuls (default: the platform's, highest everywhere today)",
+    )
+
+
+def revision_flag() -> Any:
+    return option(None, help="hub model: a branch, tag or commit (default main)")
+
+
+def download_flag() -> Any:
+    return option(
+        False,
+        help="hub model: download what is not in the local Hugging Face cache (default: never download)",
+    )
+
+
+def use_fsdp_flag() -> Any:
+    return option(False, help="also shard weights' model dims over dp/sp")
+
+
+def stage_dir_flag() -> Any:
+    return option(STAGE_DIR, help="stage directory (default {default})")
+
+
+# ----------------------------------------------------------------------------------------------
+# Flag groups
+
+
+@dataclasses.dataclass(frozen=True)
+class CommonFlags:
+    """Every pipeline command: the model (and its hub revision, downloaded when asked), the
+    compilation cache, the metrics file."""
+
+    model: str | None = option(
+        None,
+        help="diffusers model directory, hub id in the local HF cache, or demo (default {model})",
+        values=lambda: {"model": DEFAULT_MODEL},
+    )
+    revision: str | None = revision_flag()
+    download: bool = download_flag()
+    jax_cache_dir: str | None = option(
+        None,
+        help="persistent compilation cache (default $WANJAX_JAX_CACHE_DIR or ~/.cache/wanjax/jax; 'off')",
+    )
+    metrics_json: str | None = option(None, help="also write the timing report as JSON to this file")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelFlags:
+    """Devices and processes: ``--mesh`` or the reference's aliases; multi-process set-up."""
+
+    title: ClassVar[str] = "devices and processes"
+    mesh: str | None = option(
+        None, help="dp=2,sp=1,tp=4 (order = device order), or auto (default with > 1 device)"
+    )
+    use_dp: bool = option(False, help="alias: dp=2 (the CFG pair), the rest on tp")
+    sp_num: int | None = option(None, help="alias: sequence-parallel shards (sp=N)")
+    use_fsdp: bool = use_fsdp_flag()
+    coordinator_address: str | None = option(None, help="multi-process: HOST:PORT of process 0, or auto")
+    num_processes: int | None = option(None, help="multi-process: number of processes")
+    process_id: int | None = option(None, help="multi-process: this process's index")
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptFlags:
+    """The text: prompts (a batch), or a file of them (one is required), and the negative prompt
+    (a text, or a name of :data:`wanjax.pipeline.prompts.NAMED_NEGATIVE_PROMPTS`)."""
+
+    prompt: tuple[str, ...] = option(
+        (),
+        help="what the video shows (required, or --prompt_file); several prompts run as one batch "
+        "(one mp4 each: NAME_0.mp4, ...)",
+    )
+    prompt_file: str | None = option(
+        None,
+        help="a text file with one prompt per line, a batch (instead of --prompt; blank and # lines skipped)",
+    )
+    negative_prompt: str | None = option(
+        None,
+        help='what to steer away from (default "", as diffusers); {names}: the Wan authors\' negative '
+        "prompt that diffusers' Wan examples use",
+        values=lambda: {"names": ", ".join(_named_negative_prompts())},
+    )
+    max_sequence_length: int = option(512, help="text tokens (default {default}, as trained)")
+
+
+def _named_negative_prompts() -> dict[str, str]:
+    from wanjax.pipeline.prompts import NAMED_NEGATIVE_PROMPTS
+
+    return NAMED_NEGATIVE_PROMPTS
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoFlags:
+    """The video's size and frame rate (``None``: see the module docstring)."""
+
+    height: int | None = option(
+        None,
+        help="pixels, multiple of 16 (default {ref.height}; demo {demo.height})",
+        values=registry_defaults,
+    )
+    width: int | None = option(
+        None, help="pixels, multiple of 16 (default {ref.width}; demo {demo.width})", values=registry_defaults
+    )
+    frames: int | None = option(
+        None, help="4n+1 frames (default {ref.frames}; demo {demo.frames})", values=registry_defaults
+    )
+    fps: float | None = option(None, help="mp4 frame rate (default {ref.fps})", values=registry_defaults)
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageFlags:
+    """An image-to-video model's first frame (and a first-last-frame model's last frame): image files."""
+
+    title: ClassVar[str] = "image to video"
+    image: str | None = option(
+        None,
+        help="the first frame (PNG, JPEG, ...), for an image-to-video model; without --height/--width "
+        "the video keeps its aspect at the model's default area (480x832, 720x1280 for 720P models)",
+    )
+    last_image: str | None = option(None, help="the last frame, for a first-last-frame model (FLF2V)")
+
+
+def _sampling_defaults() -> dict[str, Any]:
+    from wanjax.pipeline.scheduler import DISTILL_SHIFT
+
+    return {**registry_defaults(), "distill_shift": f"{DISTILL_SHIFT:g}"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingFlags:
+    """Denoising: steps, guidance, seed, flow shift, or given starting latents."""
+
+    num_inference_steps: int | None = option(
+        None,
+        help="denoising steps (default {ref.num_inference_steps}; demo {demo.num_inference_steps})",
+        values=registry_defaults,
+    )
+    guidance_scale: float | None = option(
+        None,
+        help="classifier-free guidance (default {ref.guidance_scale}; <= 1: off)",
+        values=registry_defaults,
+    )
+    guidance_scale_2: float | None = option(
+        None,
+        help="two-expert models (Wan 2.2 A14B): the low-noise expert's guidance (default --guidance_scale)",
+    )
+    boundary_ratio: float | None = option(
+        None,
+        help="two-expert models: the high-noise expert runs while timestep >= ratio x 1000 "
+        "(default: the checkpoint's model_index.json)",
+    )
+    seed: int | None = option(
+        None, help="noise seed (default {ref.seed}; batch item i uses seed + i)", values=registry_defaults
+    )
+    scheduler: str | None = option(
+        None,
+        choices=_scheduler_kinds,
+        help="sampler (default auto: the checkpoint's scheduler config, UniPC for Wan 2.1); unipc, euler: "
+        "regardless of it; distill: the few-step re-noising sampler of step-distilled models and LoRAs "
+        "(LightX2V: --num_inference_steps 4 --guidance_scale 1)",
+    )
+    flow_shift: float | None = option(
+        None,
+        help="flow shift (default: the checkpoint's, 3.0; distill {distill_shift})",
+        values=_sampling_defaults,
+    )
+    init_latents: str | None = option(
+        None, help="start from this noise (safetensors, key 'latents') instead of --seed"
+    )
+
+
+def _block_flag(what: str) -> Any:
+    return option(None, help=f"TPU kernel {what}, a multiple of 128 (default: tuned/preset)")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionFlags:
+    """The attention backend and its kernel options."""
+
+    title: ClassVar[str] = "attention"
+    attention: str = option("auto", choices=_backends, help="backend (default {default}: by platform)")
+    use_custom_attention: bool = option(False, help="alias: --attention splash_exp2")
+    bqsize: int | None = _block_flag("query block")
+    bkvsize: int | None = _block_flag("key/value block")
+    bkvcomputesize: int | None = _block_flag("kv compute block")
+    bkvcomputeinsize: int | None = _block_flag("inner kv compute block (splash_exp2)")
+    use_k_smooth: bool = option(False, help="subtract the mean key first (exact)")
+    window_size: int | None = option(None, help="self-attention to keys within this many tokens only")
+
+    @property
+    def backend(self) -> str:
+        """``--attention``, or ``splash_exp2`` under its alias ``--use_custom_attention``."""
+        return "splash_exp2" if self.use_custom_attention else self.attention
+
+    def blocks(self) -> dict[str, int]:
+        """The kernel block sizes given, by flag name."""
+        sizes = {
+            "bqsize": self.bqsize,
+            "bkvsize": self.bkvsize,
+            "bkvcomputesize": self.bkvcomputesize,
+            "bkvcomputeinsize": self.bkvcomputeinsize,
+        }
+        return {name: value for name, value in sizes.items() if value is not None}
+
+
+def _streamed_layers() -> dict[str, Any]:
+    from wanjax.models.offload import STREAMED_LAYERS
+
+    return {"streamed": STREAMED_LAYERS}
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryFlags:
+    """Where weights wait between uses, and how the matmul kernels are stored."""
+
+    title: ClassVar[str] = "memory"
+    offload: str = option(
+        "none",
+        choices=_offload_modes,
+        help="where weights wait (default {default}: all on the device); model: each component on the "
+        "device only for its stage, the text encoder's layers streamed from host memory, {streamed} at a "
+        "time (frames identical); blocks: the DiT's layers streamed too",
+        values=_streamed_layers,
+    )
+    weights_dtype: str = option(
+        "bf16",
+        choices=_weights_dtypes,
+        help="matmul kernels of the DiT and text encoder (default {default}: in --dtype); "
+        "int8, fp8: 8-bit with a float32 scale per output channel",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraFlags:
+    """LoRA adapters merged into the transformer, ``--lora PATH[:WEIGHT]``, and into a two-expert
+    model's low-noise expert, ``--lora_2 PATH[:WEIGHT]``; both repeatable."""
+
+    lora: tuple[str, ...] = option(
+        (),
+        repeat=True,
+        metavar="PATH[:WEIGHT]",
+        help="merge this LoRA (safetensors: diffusers/PEFT, original Wan / kohya, LightX2V, musubi) into "
+        "the transformer with this weight (default 1.0); repeatable",
+    )
+    lora_2: tuple[str, ...] = option(
+        (),
+        repeat=True,
+        metavar="PATH[:WEIGHT]",
+        help="as --lora, into the low-noise expert (transformer_2) of a two-expert model (Wan 2.2 A14B, "
+        "whose LoRAs come as high-noise / low-noise pairs: --lora HIGH --lora_2 LOW); repeatable",
+    )
+
+    def loras(self) -> list[tuple[str, float]]:
+        """``(path, weight)`` of each ``--lora`` (weight 1.0 when not given); ConfigError for a bad weight."""
+        return [parse_lora(value) for value in self.lora]
+
+    def loras_2(self) -> list[tuple[str, float]]:
+        """``(path, weight)`` of each ``--lora_2``, as :meth:`loras`."""
+        return [parse_lora(value, "--lora_2") for value in self.lora_2]
+
+
+def parse_lora(value: str, flag: str = "--lora") -> tuple[str, float]:
+    """``PATH[:WEIGHT]`` -> ``(PATH, WEIGHT)``: the text after the last ``:`` is the weight when it is a
+    number (a path may itself hold colons)."""
+    path, sep, tail = value.rpartition(":")
+    if not sep or not path:
+        return value, 1.0
+    try:
+        weight = float(tail)
+    except ValueError:
+        return value, 1.0
+    if not math.isfinite(weight):
+        raise ConfigError(f"{flag} {value}: the weight must be a finite number")
+    return path, weight
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheFlags:
+    """The step cache (:mod:`wanjax.pipeline.step_cache`): policy and settings, MagCache's curve,
+    and calibration's output file."""
+
+    title: ClassVar[str] = "step cache"
+    cache: str = option(
+        "off",
+        choices=_cache_policies,
+        help="skip the DiT's blocks at steps where they barely change (default {default}): magcache (a "
+        "magnitude-ratio curve) or firstblock (the first block's change)",
+    )
+    cache_threshold: float | None = option(
+        None,
+        help="skip while the change stays within this (default: the curve's preset, else magcache "
+        "{mag[threshold]}, firstblock {firstblock})",
+        values=_cache_defaults,
+    )
+    cache_max_skip: int | None = option(
+        None, help="magcache: skips in a row at most (default {mag[max_skip_steps]})", values=_cache_defaults
+    )
+    cache_retention: float | None = option(
+        None,
+        help="magcache: fraction of the first steps that always compute (default {mag[retention_ratio]})",
+        values=_cache_defaults,
+    )
+    mag_ratios: str | None = option(
+        None,
+        metavar="NAME|FILE.json",
+        help="magcache's curve: a preset ({presets}; default: this model's) or a JSON list",
+        values=_cache_defaults,
+    )
+    cache_calibrate: str | None = option(
+        None,
+        metavar="FILE.json",
+        help="run uncached and write the measured magcache ratios here (per branch; --mag_ratios reads it)",
+    )
+
+    def config(self) -> Any:
+        """The :class:`~wanjax.pipeline.step_cache.CacheConfig` (ConfigError naming a bad value);
+        ``--cache_calibrate`` runs MagCache's calibration."""
+        from wanjax.pipeline.step_cache import CacheConfig
+
+        if self.cache_calibrate is not None and self.cache not in ("off", "magcache"):
+            raise ConfigError(
+                f"--cache_calibrate measures MagCache's ratios; it cannot run with --cache {self.cache}"
+            )
+        policy = "magcache" if self.cache_calibrate is not None else self.cache
+        return CacheConfig(
+            policy,
+            threshold=self.cache_threshold,
+            max_skip_steps=self.cache_max_skip,
+            retention_ratio=self.cache_retention,
+            mag_ratios=self.mag_ratios,
+            calibrate=self.cache_calibrate is not None,
+        )
+
+
+def _whole_tiling() -> str:
+    """``--vae_tiling`` given alone: the library's tiles (diffusers')."""
+    from wanjax.models.vae import Tiling
+
+    return f"{Tiling.size}:{Tiling.stride}"
+
+
+@dataclasses.dataclass(frozen=True)
+class VaeFlags:
+    """The VAE's dtypes, decode chunk and tiling."""
+
+    title: ClassVar[str] = "VAE"
+    vae_dtype: str = option("float32", help="VAE dtype (default {default}, as the reference)")
+    vae_weights_dtype: str | None = option(None, help="VAE weights dtype (default: --vae_dtype)")
+    vae_precision: str | None = option(
+        None,
+        choices=_precisions,
+        help="the VAE's float32 convolutions and matmuls (default: the platform's: highest on CPU, "
+        "default (TF32) on GPU as torch, high on TPU)",
+    )
+    vae_decode_chunk: str = option(
+        "1", help="latent frames per VAE decode step, or all (default {default}; the frames are the same)"
+    )
+    vae_tiling: str | None = option(
+        None,
+        const=_whole_tiling,
+        metavar="SIZE[:STRIDE]",
+        help="decode in blended tiles of SIZE pixels every STRIDE (alone: {const}, as diffusers), "
+        "for frames too large to decode whole; seams differ slightly from a whole-frame decode",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputFlags:
+    """The files a decoding command writes (``output_video`` is resolved by the command)."""
+
+    output_video: str | None = option(None, help="mp4 to write (default YYYYMMDD_HHMMSS.mp4)")
+    frames_out: str | None = option(None, help="also save the uint8 [B,T,H,W,3] frames as .npy")
+    preview: str | None = option(None, help="also write a PNG contact sheet of the frames")
