@@ -180,7 +180,9 @@ def random_dit_run(args: Any) -> tuple[Any, tuple[int, ...], Any, Any, Any]:
 
     cfg = transformer_preset("1.3B", num_layers=args.layers)
     dtype = parse_dtype(args.dtype)
-    model = dit.WanTransformer(cfg, random_params(dit.checkpoint_spec(cfg), dtype, seed=0), RunSettings(dtype))
+    model = dit.WanTransformer(
+        cfg, random_params(dit.checkpoint_spec(cfg), dtype, seed=0), RunSettings(dtype)
+    )
     shape = (1, 16, (args.frames - 1) // 4 + 1, args.height // 8, args.width // 8)
     noise = jax.random.normal(jax.random.key(1), shape, jnp.float32)
     cond = jax.random.normal(jax.random.key(2), (1, 512, cfg.text_dim), dtype)
