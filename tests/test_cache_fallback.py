@@ -223,3 +223,11 @@ def test_a_remote_jax_cache_url_is_kept_as_it_is(clean_env, jax_config, monkeypa
     assert child_compile.executable_store() is None  # serialized executables stay local-only
     monkeypatch.delenv("WANJAX_JAX_CACHE_DIR", raising=False)
     assert resolve_cache_dir() == (url, "jax.config")
+
+
+def test_the_compile_child_gets_this_process_device_count():
+    """XLA_FLAGS is read once, when JAX starts: the child is told the device count this process has
+    (a program built for 8 CPU devices is compiled for 8), replacing any count the flags name."""
+    flags = child_compile.child_xla_flags("--xla_cpu_foo=1 --xla_force_host_platform_device_count=2", 8)
+    assert flags == "--xla_cpu_foo=1 --xla_force_host_platform_device_count=8"
+    assert child_compile.child_xla_flags("", 1) == "--xla_force_host_platform_device_count=1"

@@ -8,8 +8,8 @@ lowering leave ~20 MiB more. Built in a child, the program arrives as a serializ
 
 The child runs the same code on the same inputs (a ``"module:function"`` builder returning the
 lowered program and its compiler options, with picklable arguments), with this process's
-``sys.path``, environment and the JAX settings that shape a program (:data:`SHARED_CONFIG`),
-restricted to the CPU: an accelerator is not shared with a second process (and the compiler's
+``sys.path``, environment, CPU device count and the JAX settings that shape a program
+(:data:`SHARED_CONFIG`), restricted to the CPU: an accelerator is not shared with a second process (and the compiler's
 leftovers there are host memory beside device memory).
 
 The child always compiles afresh, never from JAX's persistent compilation cache: an executable
@@ -90,7 +90,12 @@ def compile_in_child(builder: str, *args: Any) -> jax.stages.Compiled:
         request.write_bytes(
             pickle.dumps({"builder": builder, "args": args, "config": config, "store": store})
         )
-        env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = {
+            **os.environ,
+            "JAX_PLATFORMS": "cpu",
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+            "XLA_FLAGS": child_xla_flags(os.environ.get("XLA_FLAGS", ""), jax.device_count()),
+        }
         try:
             proc = subprocess.run(
                 [sys.executable, "-m", __name__, str(request), str(result)],
@@ -108,7 +113,10 @@ def compile_in_child(builder: str, *args: Any) -> jax.stages.Compiled:
             raise ChildCompileError(f"compiling {builder} in a child process failed: {why}")
         built = pickle.loads(result.read_bytes())
     try:
-        compiled = deserialize_and_load(*pickle.loads(built["executable"]))
+        entry = pickle.loads(built["executable"])
+        by_id = {d.id: d for d in jax.devices()}
+        devices = [by_id[i] for i in entry["devices"]]  # loaded for the devices it was built for
+        compiled = deserialize_and_load(*entry["executable"], execution_devices=devices)
     except Exception as err:  # a damaged or foreign executable: compiling anew is the remedy
         raise ChildCompileError(f"loading the executable of {builder} failed: {err}") from err
     jax.monitoring.record_event_time_span(COMPILE_EVENT, start, time.time())
@@ -117,10 +125,22 @@ def compile_in_child(builder: str, *args: Any) -> jax.stages.Compiled:
     return compiled
 
 
+DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+STORE_FORMAT = "executable+devices"  # what a store entry holds (part of its key)
+
+
+def child_xla_flags(flags: str, devices: int) -> str:
+    """``flags`` with this process's CPU device count, so the child compiles for the devices the
+    program runs on here (whatever ``XLA_FLAGS`` says now: it is read once, when JAX starts)."""
+    kept = [f for f in flags.split() if not f.startswith(DEVICE_COUNT_FLAG)]
+    return " ".join([*kept, f"{DEVICE_COUNT_FLAG}={devices}"])
+
+
 def cache_key(lowered: jax.stages.Lowered, options: Mapping[str, Any]) -> str:
     """What the compiled program depends on, hashed (see the module docstring)."""
     devices = jax.devices()
     parts = (
+        STORE_FORMAT,
         lowered.as_text(),
         repr(sorted(options.items())),
         jax.__version__,
@@ -167,7 +187,9 @@ def _child(request_path: str, result_path: str) -> None:
             serialized = stored.read_bytes()
     from_store = serialized is not None
     if serialized is None:
-        serialized = pickle.dumps(serialize(lowered.compile()))
+        compiled = lowered.compile()
+        devices = [d.id for d in compiled.runtime_executable().local_devices()]  # in its assignment's order
+        serialized = pickle.dumps({"executable": serialize(compiled), "devices": devices})
         if stored is not None:
             # a read-only or full store: the program is compiled again next time
             with contextlib.suppress(OSError), atomic_path(stored) as tmp:
