@@ -1,7 +1,7 @@
 """The package's import structure: layers in a fixed order, no cycles.
 
 Every import counts, function-local ones included: a module may import only from its own layer or a
-lower one, and the module graph has no cycle. The layers, bottom to top, are the README's Design tree:
+lower one, and the module graph has no cycle. The layers, bottom to top, are docs/design.md's table:
 the jobs (check, run, write, record) sit below the two front ends, the server and the command line,
 and the server imports nothing of the command line.
 """

@@ -1,4 +1,4 @@
-"""wanjax: a JAX-native inference engine for Wan 2.1 text-to-video.
+"""wanjax: a JAX-native inference engine for the Wan video models (Wan 2.1 T2V, I2V, FLF2V; Wan 2.2 A14B, TI2V-5B).
 
 The public names below are imported on first use (PEP 562), so ``import wanjax.models.vae`` (or the
 CLI's ``--help``) does not load the transformer, the text encoder, the tokenizer and the Pallas kernels.

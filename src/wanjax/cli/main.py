@@ -87,7 +87,7 @@ def build_parser(commands: Mapping[str, Subcommand]) -> CliParser:
     """The ``wanjax`` parser with a subparser per command (each with ``--debug``)."""
     from wanjax.version import __version__
 
-    parser = CliParser(prog="wanjax", description="Wan 2.1 text-to-video inference in JAX.")
+    parser = CliParser(prog="wanjax", description="Wan video models (text, image to video) in JAX.")
     parser.add_argument("--version", action="version", version=f"wanjax {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, command in commands.items():
