@@ -156,3 +156,21 @@ def test_a_variant_added_to_the_registry_alone_appears_in_plan_bench_and_info(wi
     assert main(["info", NEW.name]) == 0
     out = capsys.readouterr().out
     assert NEW.title in out and "544x960" in out and "20x128 heads" in out
+
+
+def test_the_readme_models_table_is_the_registry():
+    """Each released variant's row in the README (name, checkpoint, size, frames, fps) says what its
+    registry entry says, and every released variant has one."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    rows = {}
+    for line in readme.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and cells[0].startswith("`") and cells[0].count("`") == 2:
+            rows[cells[0].strip("`")] = cells
+    for name, v in registry.released().items():
+        d = v.defaults
+        _, _, checkpoint, video = rows[name]
+        assert checkpoint.startswith(f"`{v.repo}`"), name
+        assert video == f"{d.height}x{d.width}, {d.frames}, {d.fps:g}", name
