@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -19,6 +20,19 @@ os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].removesuffix(" --xla_force_hos
 if not os.environ["XLA_FLAGS"]:
     del os.environ["XLA_FLAGS"]
 torch.set_num_threads(max(1, os.cpu_count() or 1))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """After each test module, the programs it compiled are dropped: one process holding every
+    program of the suite runs out of memory mappings for LLVM's JIT code (vm.max_map_count, 65530:
+    "LLVM compilation error: Cannot allocate memory", then an abort)."""
+    yield
+    from wanjax.models.vae.programs import clear_programs
+
+    clear_programs()
+    jax.clear_caches()
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -125,5 +125,9 @@ class ProgramCache:
         in a report)."""
         return tuple(self._programs.values())
 
+    def clear(self) -> None:
+        """Drop every program kept (their executables go once nothing else holds them)."""
+        self._programs.clear()
+
     def __len__(self) -> int:
         return len(self._programs)

@@ -28,6 +28,12 @@ InputSignature = tuple[tuple[int, ...], Any, Any]  # the input's (shape, dtype, 
 _PROGRAMS = ProgramCache(maxsize=64)
 
 
+def clear_programs() -> None:
+    """Drop the VAE programs shared by every :class:`WanVAE` of this process (as ``jax.clear_caches``
+    drops JAX's own)."""
+    _PROGRAMS.clear()
+
+
 def compiler_options(platform: Platform | None = None) -> dict[str, Any] | None:
     """Per-program XLA options on ``platform`` (default: this process's).
 
