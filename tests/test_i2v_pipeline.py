@@ -274,9 +274,9 @@ def test_model_offload_moves_the_image_encoder_and_keeps_the_frames(i2v):
     kwargs = dict(latents=noise.numpy(), image=image, progress=False)
     resident = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
     offloaded = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False, offload="model")
-    expected = resident(PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, **kwargs)
+    expected = resident(PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, **kwargs).frames
     np.testing.assert_array_equal(
-        offloaded(PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, **kwargs), expected
+        offloaded(PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, **kwargs).frames, expected
     )
     leaves = jax.tree.leaves(offloaded.image_encoder.params)
     assert {memory_kind(a) for a in leaves} == {HOST}

@@ -632,7 +632,7 @@ def test_finite_check_reads_one_flag_per_run_not_per_step(monkeypatch):
     latents = np.random.default_rng(0).standard_normal((1, 16, 1, 4, 4)).astype(np.float32)
     text = jnp.ones((1, 8, cfg.text_dim), jnp.float32)
     sampler = Sampler(model)
-    from wanjax.pipeline import sampler as sampling
+    from wanjax.pipeline import results as sampling
 
     reads = []
     original, to_host = ArrayImpl._value, sampling.to_host

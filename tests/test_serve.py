@@ -31,6 +31,12 @@ PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADEl
 PROMPT = "A red fox runs through fresh snow"
 
 
+def generate_in_a_process(*args: str) -> int:
+    """``wanjax generate`` in a new process, on the devices a server process has (this one has 8)."""
+    command = [sys.executable, "-m", "wanjax.cli", "generate", *args]
+    return subprocess.run(command, stdin=subprocess.DEVNULL, check=False).returncode
+
+
 @pytest.fixture(scope="module")
 def server(demo_env, tmp_path_factory):
     """One server for the module: an API key, a queue of 2, small request bodies."""
@@ -70,7 +76,7 @@ def test_a_job_is_the_generate_run_and_its_second_shape_compiles_nothing(server,
 
     args = ["--prompt", PROMPT, "--negative_prompt", "blurry", "--num_inference_steps", "3", "--seed", "7"]
     args += ["--guidance_scale", "4.0", "--output_video", str(tmp_path / "cli.mp4")]
-    assert main(["generate", "--model", "demo", *args, "--preview", str(tmp_path / "cli.png")]) == 0
+    assert generate_in_a_process("--model", "demo", *args, "--preview", str(tmp_path / "cli.png")) == 0
     (tmp_path / "job.png").write_bytes(sheet)
     # The contact sheet holds every raw frame: equal pixels are equal frames.
     np.testing.assert_array_equal(
@@ -418,7 +424,7 @@ def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
         "--preview",
         str(tmp_path / "cli.png"),
     ]
-    assert main(["generate", "--model", "demo-i2v", *args]) == 0
+    assert generate_in_a_process("--model", "demo-i2v", *args) == 0
     (tmp_path / "job.png").write_bytes(sheet)
     cli = np.asarray(Image.open(tmp_path / "cli.png"))
     np.testing.assert_array_equal(np.asarray(Image.open(tmp_path / "job.png")), cli)
