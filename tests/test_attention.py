@@ -15,6 +15,7 @@ from wanjax.kernels.attention import AttentionShape, AttentionSpec, attention, r
 SHAPES = [(2, 130, 130, 2, 64), (1, 195, 512, 3, 128), (1, 97, 33, 12, 16)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("blockwise", [False, True], ids=["dense", "blockwise"])
 def test_float32_matches_float64_reference(shape, blockwise):

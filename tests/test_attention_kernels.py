@@ -32,6 +32,7 @@ def run(kernel, q, k, v, **options):
     return jax.jit(lambda q, k, v: attention(q, k, v, backend=spec))(q, k, v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES.values(), ids=SHAPES.keys())
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -42,6 +43,7 @@ def test_matches_float64_reference(kernel, shape, dtype):
     assert rel(out, reference(q, k, v)) <= TOLERANCE[dtype]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_k_smoothing_is_exact(kernel, dtype):
@@ -49,6 +51,7 @@ def test_k_smoothing_is_exact(kernel, dtype):
     assert rel(run(kernel, q, k, v, k_smooth=True), reference(q, k, v)) <= TOLERANCE[dtype]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_window(kernel, dtype):

@@ -35,6 +35,7 @@ def test_refused_off_tpu_without_allow_interpret():
         main(["--model", "tiny"])
 
 
+@pytest.mark.slow
 def test_tunes_stores_and_is_used(tmp_path, capsys):
     path = tmp_path / "tune.json"
     argv = ["--model", "tiny", "--height", "32", "--width", "32", "--frames", "5", "--dtype", "float32"]

@@ -32,6 +32,7 @@ from wanjax.tools import bench, measure
 from wanjax.tools.flops import Flops, dit_step_flops, vae_decode_flops
 
 
+@pytest.mark.slow
 def test_denoise_bench_reports_steps_and_flops(tmp_path, capsys):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
@@ -178,6 +179,7 @@ def test_bad_bench_config(overrides, message):
         bench.run_bench(bench.BenchConfig(stages=("denoise",), **overrides))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("offload", "weights"), [("blocks", "int8"), ("model", "bf16")])
 def test_denoise_bench_offload_and_weights_dtype(tmp_path, capsys, offload, weights):
     """``--offload`` / ``--weights_dtype`` as the pipeline runs them: the JSON records the mode, the
@@ -217,6 +219,7 @@ def test_denoise_bench_offload_and_weights_dtype(tmp_path, capsys, offload, weig
     assert f"offload {offload}, weights {weights}" in table and "host args GiB" in table
 
 
+@pytest.mark.slow
 def test_denoise_bench_with_a_step_cache(tmp_path, capsys):
     """``--cache``: the JSON holds the cache's decisions; the table the DiT evaluations per video and
     the effective seconds per step (a whole loop over its steps); no FLOP rate from skipped steps."""
@@ -311,6 +314,7 @@ SMALL_UMT5 = dataclasses.replace(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("spec", "dtype"),
     [
@@ -377,6 +381,7 @@ def test_device_random_params_on_an_8_device_mesh():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.slow
 def test_image_to_video_arch_times_the_image_stage_and_joins_the_image_tokens(monkeypatch):
     """``--arch I2V-14B`` (its transformer shrunk here): the image stage (CLIP, the VAE encode) runs,
     and the denoise FLOPs count the CLIP ViT-H/14 tokens; a text-to-video arch skips the image stage."""
@@ -397,6 +402,7 @@ def test_image_to_video_arch_times_the_image_stage_and_joins_the_image_tokens(mo
     assert plain["stages"] == {}
 
 
+@pytest.mark.slow
 def test_two_expert_arch_draws_both_experts_and_caches_per_expert(monkeypatch):
     """``--arch A14B`` (shrunk here): two experts' weights, both run (their boundary falls between the
     two steps); under either step cache each expert's first step computes."""
@@ -417,6 +423,7 @@ def test_two_expert_arch_draws_both_experts_and_caches_per_expert(monkeypatch):
     assert cached["mag_ratios"].startswith("preset wan2.2-t2v-a14b") and cached["dit_evaluations"] == 4
 
 
+@pytest.mark.slow
 def test_ti2v_arch_encodes_the_image_alone_and_denoises_with_it_as_frame_0(monkeypatch):
     """``--arch 5B`` (shrunk here, with a narrow Wan 2.2 VAE): the image stage VAE-encodes one frame,
     the denoise stage runs with the image's latents as frame 0 (timesteps per latent frame)."""

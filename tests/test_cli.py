@@ -336,6 +336,7 @@ def test_vae_flags_reach_the_decoder(demo_env, tmp_path, capsys):
     assert (frames["tiled"] != frames["default"]).any()
 
 
+@pytest.mark.slow
 def test_bench_subcommand_prints_its_table(capsys, tmp_path):
     out = tmp_path / "bench.json"
     args = ("bench", "--arch", "1.3B", "--layers", "1", "--height", "16", "--width", "16", "--frames", "1")

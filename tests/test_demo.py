@@ -43,6 +43,7 @@ def test_demo_model_is_deterministic_and_complete(tmp_path):
     assert not [p for p in (tmp_path / "a").iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_python_api_compiles_once_per_shape(demo_env):
     pipe = WanPipeline.from_pretrained("demo", dtype="float32", jax_cache_dir=False)
     kwargs = dict(height=32, width=48, num_frames=5, num_inference_steps=2, progress=False)
@@ -108,6 +109,7 @@ def test_generate_demo_video_then_a_second_run_compiles_nothing(tmp_path):
     assert second["compile_s"] < 0.25 * first["compile_s"], (first["compile_s"], second["compile_s"])
 
 
+@pytest.mark.slow
 def test_image_to_video_demo_runs_from_an_image_at_its_aspect(demo_env, tmp_path):
     """``generate --model demo-i2v --image``: the video keeps the image's aspect at the demo's area; the
     demo folder is a diffusers WanImageToVideoPipeline (read by diffusers itself)."""
@@ -134,6 +136,7 @@ def test_image_to_video_demo_runs_from_an_image_at_its_aspect(demo_env, tmp_path
     assert pipe.image_encoder.config.hidden_size == pipe.transformer.config.image_dim
 
 
+@pytest.mark.slow
 def test_two_expert_demo_is_a_diffusers_wan22_pipeline_and_runs_both_experts(demo_env, tmp_path):
     """``demo-a14b``: diffusers reads it as a Wan 2.2 A14B-style WanPipeline (``transformer_2``,
     ``boundary_ratio``); ``generate`` runs the high-noise expert, then the low-noise one."""

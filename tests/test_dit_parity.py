@@ -102,6 +102,7 @@ def test_timestep_is_broadcast_and_batch_items_independent(tiny_transformer_dir)
     np.testing.assert_allclose(np.asarray(both[:1]), np.asarray(first), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype, tolerance", [("float32", 1e-5), ("bfloat16", None)])
 def test_a_timestep_per_latent_frame_equals_diffusers_per_token_timesteps(
     tiny_transformer_dir, dtype, tolerance

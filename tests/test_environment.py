@@ -60,6 +60,7 @@ assert dict(os.environ) == env, "os.environ changed"
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_from_pretrained_and_a_run_leave_jax_config_and_the_environment_alone(
     demo_env, jax_config, monkeypatch
 ):

@@ -173,6 +173,7 @@ def traced_vae_decode_flops(cfg: VAEConfig, latent_shape, nm: Numerics, chunk, f
     return traced_matmul_flops(jaxpr.jaxpr)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("cfg", "latent_shape", "chunk", "frames"),
     [

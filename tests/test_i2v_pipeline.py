@@ -83,6 +83,7 @@ def diffusers_run(pipe, image, noise, last_image=None) -> tuple[np.ndarray, np.n
     return reference_run(pipe, HEIGHT, WIDTH, FRAMES, STEPS, noise, image=image, last_image=last_image)
 
 
+@pytest.mark.slow
 def test_image_to_video_equals_diffusers(i2v):
     root, reference_pipe, image, noise = i2v
     latents_ref, frames_ref = diffusers_run(reference_pipe, image, noise)
@@ -155,6 +156,7 @@ def test_generate_and_three_stages_equal_diffusers(variant, request, images, noi
     assert config["image"] == str(images[0].resolve()) and config["height"] == HEIGHT
 
 
+@pytest.mark.slow
 def test_first_last_frame_through_python_equals_diffusers(flf2v, images, noise):
     root, reference_pipe = flf2v
     first, last = (Image.open(p).convert("RGB") for p in images)
@@ -242,6 +244,7 @@ def test_bad_images_are_one_line_errors_and_nothing_is_written(
     assert set(tmp_path.iterdir()) == before
 
 
+@pytest.mark.slow
 def test_a_text_to_video_model_refuses_an_image_and_its_stages_check_the_image_file(
     i2v, images, tiny_pipeline_dir, tmp_path, capsys
 ):
@@ -265,6 +268,7 @@ def test_a_text_to_video_model_refuses_an_image_and_its_stages_check_the_image_f
     assert "run `wanjax encode --image IMAGE" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_model_offload_moves_the_image_encoder_and_keeps_the_frames(i2v):
     """``offload="model"``: CLIP waits in host memory outside the encode stage (as the text encoder);
     the frames are those of the resident run."""

@@ -29,7 +29,7 @@ LAYERS = (
     "api",
 )
 APART = {"server": "cli"}  # a layer that must not import another one, whatever the order says
-BASE = {"wanjax.errors", "wanjax.version"}
+BASE = {"wanjax.errors", "wanjax.target", "wanjax.version"}
 
 
 def module_name(path: Path) -> str:

@@ -192,6 +192,7 @@ def tiny_pipeline(tiny_pipeline_dir, tmp_path_factory):
     return tiny_pipeline_dir, loras, noise, root / "noise.safetensors"
 
 
+@pytest.mark.slow
 def test_generate_with_two_loras_equals_diffusers(tiny_pipeline, tmp_path):
     from diffusers import WanPipeline as DiffusersPipeline
     from helpers.compare import relative_error, to_uint8

@@ -80,6 +80,7 @@ def test_streamed_layers_equal_the_scan(dtype, prefetch):
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_blocks_transformer_equals_resident(dtype):
     cfg = transformer_preset("tiny", num_layers=3)
@@ -138,6 +139,7 @@ def step_memory(mode: str, num_layers: int = 8, dtype: str = "bfloat16") -> dict
     return program_memory(program)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,num_layers", [("bfloat16", 8), ("float32", 30)])
 def test_streamed_step_memory_is_a_quarter_of_the_resident_step(dtype, num_layers):
     """The 1.3B dims: the streamed step's device memory holds the non-stacked weights, the inputs,
@@ -187,6 +189,7 @@ def run(pipe: WanPipeline, check=lambda stage: None) -> tuple[np.ndarray, np.nda
     return np.asarray(latents), frames
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_pipeline_offload_modes_equal_the_resident_run(demo_env, dtype):
     """``model``: the same latents and frames bit for bit, each component in device memory only
@@ -228,6 +231,7 @@ def test_pipeline_offload_modes_equal_the_resident_run(demo_env, dtype):
     assert np.abs(runs["blocks"][1].astype(int) - frames).max() <= 1
 
 
+@pytest.mark.slow
 def test_pipeline_call_with_model_offload_compiles_once(demo_env):
     pipe = WanPipeline.from_pretrained("demo", dtype="float32", jax_cache_dir=False, offload="model")
     resident = WanPipeline.from_pretrained("demo", dtype="float32", jax_cache_dir=False)
@@ -325,6 +329,7 @@ if __name__ == "__main__":
     measure(*map(int, sys.argv[1:]))
 
 
+@pytest.mark.slow
 def test_cli_offload_and_8bit_flags_run_and_are_recorded(demo_env, tmp_path, capsys):
     """``--offload model`` gives the resident run's frames; ``--offload blocks --weights_dtype int8``
     runs and is recorded; a bad value is a one-line error."""

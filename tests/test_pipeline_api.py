@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+import pytest
 
 from wanjax.models.dit import load_transformer
 from wanjax.pipeline.pipeline import WanPipeline
 
 
+@pytest.mark.slow
 def test_a_transformer_passed_in_is_used_and_denoises_as_the_loaded_one(demo_env):
     """As diffusers' pipelines take components: the pipeline runs the given transformer (not a copy read
     from the checkpoint), and denoises exactly as a pipeline that loads it itself."""

@@ -98,6 +98,7 @@ def staged(model_dir, noise, tmp_path_factory):
     return d
 
 
+@pytest.mark.slow
 def test_stage_files_match_diffusers(staged, reference):
     embeds = load_file(staged / stages.EMBEDDINGS_FILE)
     assert embeds["prompt_embeds"].shape == reference["pos"].shape == (1, 512, TEXT["d_model"])
@@ -115,6 +116,7 @@ def test_stage_files_match_diffusers(staged, reference):
     assert np.abs(frames.astype(np.int16) - ref).max() <= 2
 
 
+@pytest.mark.slow
 def test_stage2_file_decodes_in_diffusers(staged, model_dir):
     """Our latents file through diffusers' VAE (de-normalised as WanPipeline does) gives our frames."""
     from safetensors.torch import load_file as load_torch
@@ -130,6 +132,7 @@ def test_stage2_file_decodes_in_diffusers(staged, model_dir):
     assert np.abs(np.load(staged / "frames.npy").astype(np.int16) - ref).max() <= 2
 
 
+@pytest.mark.slow
 def test_config_records_every_parameter(staged, model_dir, noise):
     config = stages.read_config(staged)
     expected = {

@@ -170,6 +170,7 @@ def tiny_vae_params(dtype: str):
     return random_params(checkpoint_spec(TINY_VAE, "decoder"), jnp.dtype(dtype))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("conv", CONV_IMPLS)
 @pytest.mark.parametrize("precision", PRECISIONS)
 def test_vae_convs_and_matmuls_follow_the_setting(precision, conv):
@@ -290,6 +291,7 @@ def small_vae(tmp_path_factory):
     return root, model
 
 
+@pytest.mark.slow
 def test_vae_highest_matches_diffusers(small_vae):
     root, model = small_vae
     z = randn((2, CONFIGS["small"]["z_dim"], 2, *LATENT_HW), seed=2)

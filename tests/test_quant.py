@@ -240,9 +240,10 @@ def test_tiny_dit_with_8_bit_weights_is_close_to_bf16(tiny_bf16_velocity, name):
 
 
 def test_tiny_dit_multiplying_in_fp8_where_native(tiny_bf16_velocity, monkeypatch):
-    """On a (simulated) H100 the scanned blocks' matmuls run in fp8 and stay within the bound."""
+    """Where fp8 is native (an H100: test_native_fp8_platforms) the scanned blocks' matmuls run in fp8
+    and stay within the bound."""
     cfg, reference = tiny_bf16_velocity
-    monkeypatch.setattr(layers, "_this_platform", lambda: (H100, ""))
+    monkeypatch.setattr(layers, "native_fp8", lambda platform=None, device_kind=None: native_fp8(H100))
     params = random_params(dit.checkpoint_spec(cfg), jnp.bfloat16, build=leaf_builder("fp8"))
     model = dit.WanTransformer(cfg, params, RunSettings(jnp.bfloat16))
     inputs = _dit_inputs(cfg)
@@ -253,6 +254,7 @@ def test_tiny_dit_multiplying_in_fp8_where_native(tiny_bf16_velocity, monkeypatc
     assert 1e-4 < rel(model(*inputs), reference) < 7e-2
 
 
+@pytest.mark.slow
 def test_umt5_with_int8_weights_is_about_as_close_to_bf16_as_bf16_is_to_float32():
     """A random UMT5 amplifies any perturbation (bf16 rounding alone moves its output by ~1.4%), so
     its bound is relative: int8 weights move it less than 3x as much as bf16 rounding does."""
@@ -278,6 +280,7 @@ def test_unknown_weights_dtype_is_a_config_error(tiny_transformer_dir):
         dit.load_transformer(root, weights_dtype="int4")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["int8", "fp8"])
 def test_load_transformer_quantises_the_checkpoint_as_read(tiny_transformer_dir, name):
     root, torch_model = tiny_transformer_dir
@@ -333,6 +336,7 @@ def fp8_checkpoint(tiny_transformer_dir, tmp_path_factory):
     return out.parent, fp8
 
 
+@pytest.mark.slow
 def test_fp8_checkpoint_loads_as_fp8_values_with_unit_scales(fp8_checkpoint):
     root, tensors = fp8_checkpoint
     model = dit.load_transformer(root, "float32", weights_dtype="fp8")

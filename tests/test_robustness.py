@@ -311,6 +311,7 @@ def test_over_long_prompt_warns_with_the_dropped_token_count(demo_env, tmp_path,
 # NaN/inf while denoising: the first step named, exit 1, no video
 
 
+@pytest.mark.slow
 def test_nan_during_denoising_names_the_step(demo_dir, tmp_path, capsys):
     model = copy_model(demo_dir, tmp_path)
     path = model / "transformer" / "diffusion_pytorch_model.safetensors"

@@ -61,6 +61,7 @@ def umask_022():
     os.umask(old)
 
 
+@pytest.mark.slow
 def test_runs_in_the_same_second_keep_every_file_and_record_it(
     demo_env, tmp_path, capsys, monkeypatch, umask_022
 ):

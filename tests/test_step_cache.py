@@ -137,7 +137,9 @@ def check_equal(
     return ref
 
 
-@pytest.mark.parametrize("curve", [CURVE_12, CURVE_25], ids=["12", "25-resampled"])
+@pytest.mark.parametrize(
+    "curve", [CURVE_12, pytest.param(CURVE_25, marks=pytest.mark.slow)], ids=["12", "25-resampled"]
+)
 def test_magcache_equals_diffusers(model_dir, noise, ours, curve):
     from diffusers.hooks import MagCacheConfig
 
@@ -146,6 +148,7 @@ def test_magcache_equals_diffusers(model_dir, noise, ours, curve):
     check_equal(model_dir, noise, ours, reference, CacheConfig("magcache", **settings, mag_ratios=curve), 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "threshold,min_skipped",
     # 0.4361 lies between the two branches' first change (cond 0.43572, uncond 0.43659): the branches
@@ -170,6 +173,7 @@ def test_first_block_cache_equals_diffusers(model_dir, noise, ours, threshold, m
         ]
 
 
+@pytest.mark.slow
 def test_a_batch_makes_one_decision_per_branch_as_diffusers(model_dir, ours):
     """Two prompts: each branch decides once for both rows (the change is measured over the batch)."""
     from diffusers.hooks import FirstBlockCacheConfig
@@ -181,6 +185,7 @@ def test_a_batch_makes_one_decision_per_branch_as_diffusers(model_dir, ours):
     check_equal(model_dir, noise, ours, FirstBlockCacheConfig(threshold=0.35), config, 6, prompts)
 
 
+@pytest.mark.slow
 def test_calibration_equals_diffusers(model_dir, noise, ours):
     from diffusers.hooks import MagCacheConfig
 
@@ -318,6 +323,7 @@ def test_cache_on_an_8_device_mesh_equals_one_device(model_dir, noise):
 # The command line
 
 
+@pytest.mark.slow
 def test_cli_cache_flags_calibrate_then_reuse_and_record(demo_env, tmp_path, capsys):
     """``--cache_calibrate`` writes per-branch ratios that ``--mag_ratios`` reads back; each run's
     record holds the cache's decisions; the stage command takes the same flags; bad values are

@@ -46,7 +46,9 @@ def vae(case) -> WanVAE:
     return load_vae(case[0])
 
 
-@pytest.mark.parametrize("latent_frames", [1, 2, 5])
+@pytest.mark.parametrize(
+    "latent_frames", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(5, marks=pytest.mark.slow)]
+)
 def test_decode_matches_diffusers(case, vae, latent_frames):
     _, model, name = case
     z = randn((2, CONFIGS[name]["z_dim"], latent_frames, *LATENT_HW), seed=latent_frames)
@@ -59,6 +61,7 @@ def test_decode_matches_diffusers(case, vae, latent_frames):
     assert relative_error(ours, ref) <= 1e-5
 
 
+@pytest.mark.slow
 def test_decode_uint8_matches_pipeline_postprocessing(case, vae):
     """Normalised latents in, frames out, as WanPipeline's denormalisation + VideoProcessor + PIL."""
     _, model, name = case
@@ -71,6 +74,7 @@ def test_decode_uint8_matches_pipeline_postprocessing(case, vae):
     assert np.abs(np.asarray(ours, np.int16) - ref).max() <= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_frames", [1, 7, 17])
 def test_encode_matches_diffusers(case, vae, num_frames):
     """Posterior mean; 7 frames also checks that the incomplete last group is dropped as upstream."""
@@ -105,6 +109,7 @@ def small(tmp_path_factory):
     return root, model, load_vae(root)
 
 
+@pytest.mark.slow
 def test_decode_chunk_sizes_give_identical_frames(small):
     """Bit-identical: inside a chunk the decoder still runs one latent frame at a time, so every
     operation has the same shape (and XLA the same kernel and summation order) whatever the chunk."""
@@ -121,6 +126,7 @@ def test_decode_chunk_sizes_give_identical_frames(small):
         np.testing.assert_array_equal(video, videos[0])
 
 
+@pytest.mark.slow
 def test_decode_float_chunks_and_steps_agree_to_rounding(small):
     """One latent frame per step and one video frame per inner step vs. everything at once."""
     _, _, base = small
@@ -130,6 +136,7 @@ def test_decode_float_chunks_and_steps_agree_to_rounding(small):
     assert np.abs(np.asarray(one) - np.asarray(whole)).max() <= 1e-5
 
 
+@pytest.mark.slow
 def test_cache_forms_decode_alike(small):
     """The causal cache forms (owed partial sums of C -> C convs; the low-resolution frames of a
     residual block right after an upsampling, recomputed; plain input frames, as when sharded)
@@ -151,6 +158,7 @@ def test_cache_forms_decode_alike(small):
         assert relative_error(run(base.params, base.cfg, z, nm=form, chunk=1, frames=1), ref) <= 1e-6
 
 
+@pytest.mark.slow
 def test_encode_chunk_sizes_give_identical_latents(small):
     _, _, base = small
     video = torch.rand((2, 3, 17, 24, 40), generator=torch.Generator().manual_seed(2)) * 2 - 1
@@ -162,6 +170,7 @@ def test_encode_chunk_sizes_give_identical_latents(small):
         np.testing.assert_array_equal(out, outs[0])
 
 
+@pytest.mark.slow
 def test_decode_memory_does_not_grow_with_length():
     """The compiled program's scratch memory is the same for 3 and 17 latent frames, apart from the
     (uint8) output itself, and less than two full-resolution activations of the whole video (what a
@@ -184,6 +193,7 @@ def test_decode_memory_does_not_grow_with_length():
     assert temp_long < 2 * whole_video_activation
 
 
+@pytest.mark.slow
 def test_ring_cache_matches_diffusers(case, vae):
     """The accelerators' formulation (3-D convolutions over three-frame ring caches, the kernel's
     taps rotated to the slots): decode and encode equal diffusers (one-frame steps write into the
@@ -204,6 +214,7 @@ def test_ring_cache_matches_diffusers(case, vae):
     np.testing.assert_array_equal(np.asarray(whole.decode(jnp.asarray(z.numpy()))), decoded)
 
 
+@pytest.mark.slow
 def test_ring_cache_is_written_in_place():
     """The compiled float32 decode: the concatenated form builds a 3-frame window per causal conv and
     shifts its cache by copying frames; the ring writes each new frame into its cache in place (a
@@ -232,6 +243,7 @@ def test_ring_cache_is_written_in_place():
     assert temp["ring"] <= temp["conv3d"]
 
 
+@pytest.mark.slow
 def test_tiled_decode_matches_diffusers_tiling(small):
     """Blended spatial tiles, against diffusers' own tiled decode with the same tile geometry
     (32-pixel tiles every 24: clipped edge tiles, 8-pixel blends)."""
@@ -257,6 +269,7 @@ def test_tiled_decode_matches_diffusers_tiling(small):
 # Compiling: before the weights are read, and in a child process
 
 
+@pytest.mark.slow
 def test_weights_are_read_after_the_program_is_compiled(small, monkeypatch):
     """load_vae checks the checkpoint but reads each part's weights on first use, after that call's
     program is compiled (for the same program the eager weights give), so they can take the heap
@@ -278,6 +291,7 @@ def test_weights_are_read_after_the_program_is_compiled(small, monkeypatch):
     np.testing.assert_array_equal(out, np.asarray(eager.decode(z)))
 
 
+@pytest.mark.slow
 def test_programs_compiled_in_a_child_decode_and_encode_identically(small, monkeypatch):
     """The child compiles the same programs: identical frames and latents, and the child did run."""
     _, _, base = small
@@ -298,6 +312,7 @@ def test_programs_compiled_in_a_child_decode_and_encode_identically(small, monke
     assert built == ["decode_uint8", "decode", "encode"]
 
 
+@pytest.mark.slow
 def test_a_failing_child_compile_falls_back_to_this_process(small, monkeypatch):
     """No interpreter for the child, or a child that fails: one warning naming why, then the
     program is compiled here and decodes as usual."""
@@ -324,6 +339,7 @@ def _child_program(vae: WanVAE, x: jax.Array) -> tuple:
     )
 
 
+@pytest.mark.slow
 def test_child_keeps_executables_in_a_store_and_reuses_them(small, tmp_path, monkeypatch):
     """A second child takes the serialized executable the first stored (nothing recompiled), and
     the run report counts both; a damaged entry is reported (so the VAE compiles here instead); a
@@ -356,6 +372,7 @@ def test_child_keeps_executables_in_a_store_and_reuses_them(small, tmp_path, mon
     np.testing.assert_array_equal(np.asarray(compiled(base.params, vae_latents=z)), expected)
 
 
+@pytest.mark.slow
 def test_child_never_compiles_through_the_jax_cache(small, tmp_path, monkeypatch):
     """An executable loaded from JAX's persistent cache serializes without its kernels on the CPU;
     a child that took the program from there would hand over one that fails when run. With that

@@ -91,6 +91,7 @@ def phases(tmp_path_factory):
     return build("phases", tmp_path_factory)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("latent_frames", [1, 2, 3])
 def test_decode_matches_diffusers(wan22, latent_frames):
     model, vae = wan22
@@ -104,6 +105,7 @@ def test_decode_matches_diffusers(wan22, latent_frames):
     assert relative_error(ours, ref) <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_frames", [1, 5, 9])
 def test_encode_matches_diffusers(wan22, num_frames):
     model, vae = wan22
@@ -115,6 +117,7 @@ def test_encode_matches_diffusers(wan22, num_frames):
     assert relative_error(ours, ref) <= 1e-5
 
 
+@pytest.mark.slow
 def test_decode_uint8_matches_pipeline_postprocessing(wan22):
     """Normalised latents in (48-style statistics, one per channel), frames out, as WanPipeline's
     denormalisation + VideoProcessor + PIL."""
@@ -128,6 +131,7 @@ def test_decode_uint8_matches_pipeline_postprocessing(wan22):
     assert np.abs(np.asarray(ours, np.int16) - ref).max() <= 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("conv", ["auto", "ring"])
 def test_shortcut_phases_match_diffusers(phases, conv):
     """Decode where each frame of a temporal DupUp3D repeats other input channels, and encode with a
@@ -147,6 +151,7 @@ def test_shortcut_phases_match_diffusers(phases, conv):
     assert relative_error(vae.encode(jnp.asarray(video.numpy())), ref_latents) <= 1e-5
 
 
+@pytest.mark.slow
 def test_decode_in_larger_steps_matches_diffusers(phases):
     """All latent frames in one scan step and four video frames per inner step: the doubled frames
     and their shortcut frames (both phases) made several at a time."""
@@ -158,6 +163,7 @@ def test_decode_in_larger_steps_matches_diffusers(phases):
     assert relative_error(vae.decode(jnp.asarray(z.numpy())), ref) <= 1e-5
 
 
+@pytest.mark.slow
 def test_tiled_decode_matches_diffusers_tiling(phases):
     """Blended spatial tiles, against diffusers' own tiled decode with the same geometry (64-pixel
     tiles every 48: latent tiles of 4 every 3, blended and cropped in patch pixels, then unpatched).
@@ -176,6 +182,7 @@ def test_tiled_decode_matches_diffusers_tiling(phases):
     assert relative_error(ours, ref) <= 1e-5
 
 
+@pytest.mark.slow
 def test_decode_memory_does_not_grow_with_length():
     """The compiled program's scratch memory is the same for 3 and 17 latent frames, apart from the
     (uint8) output itself, and less than two activations of the whole video at the decoder's output

@@ -101,6 +101,7 @@ def our_run(pipe: WanPipeline, noise, conditioning=None, **denoise) -> Denoised:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["t2v", "i2v"])
 def test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames(
     variant, request, noise, image
@@ -177,6 +178,7 @@ def test_generate_three_stages_and_offload_give_the_same_frames(variant, request
     assert config["boundary_ratio"] == BOUNDARY and config["guidance_scale_2"] == GUIDANCE_2
 
 
+@pytest.mark.slow
 def test_boundary_and_second_guidance_are_two_expert_flags(t2v, tiny_pipeline_dir, noise, capsys, tmp_path):
     """``boundary_ratio=`` overrides the checkpoint's (diffusers with that config switches alike);
     on a one-transformer model both settings are errors."""
@@ -219,6 +221,7 @@ def expert_lora(path, seed: int) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_loras_per_expert_equal_diffusers_load_into_transformer_2(
     t2v, tiny_pipeline_dir, noise, capsys, tmp_path
 ):
@@ -300,6 +303,7 @@ CURVE = [1.0, 0.99, 1.0, 0.99]  # four steps: each expert computes its first, re
 MAG = dict(threshold=0.05, max_skip_steps=2, retention_ratio=0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["firstblock", "magcache"])
 def test_step_cache_per_expert_equals_diffusers(policy, t2v, noise):
     """Step caching on a two-expert model, as diffusers runs it with a hook on each transformer

@@ -89,6 +89,7 @@ def diffusers_run(pipe, noise, **kwargs) -> tuple[np.ndarray, np.ndarray]:
     return latents.numpy(), to_uint8(video)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_image", [False, True], ids=["t2v", "i2v"])
 def test_text_and_image_to_video_equal_diffusers(ti2v, noise, image, with_image):
     root, reference, reference_i2v = ti2v
@@ -114,6 +115,7 @@ def test_text_and_image_to_video_equal_diffusers(ti2v, noise, image, with_image)
     assert np.abs(frames.astype(np.int16) - frames_ref).max() <= 2
 
 
+@pytest.mark.slow
 def test_generate_and_three_stages_with_an_image(ti2v, noise, image, tmp_path):
     """``generate --image`` (float32, diffusers' noise) gives diffusers' frames, the three stages
     exactly ``generate``'s; a last image is refused (TI2V takes a first frame only)."""
@@ -141,6 +143,7 @@ def test_generate_and_three_stages_with_an_image(ti2v, noise, image, tmp_path):
         pipe.prepare_image(image, 1, HEIGHT, WIDTH, FRAMES, last_image=image)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["firstblock", "magcache"])
 def test_step_cache_with_the_image_as_first_frame_equals_diffusers(ti2v, noise, image, policy):
     """Step caching on TI2V with an image (its tokens at timestep 0 in every step): diffusers'

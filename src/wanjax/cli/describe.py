@@ -11,6 +11,7 @@ from wanjax.errors import WanjaxError
 from wanjax.jobs.flags import option
 from wanjax.jobs.groups import (
     DEFAULT_DTYPE,
+    AttentionFlags,
     MemoryFlags,
     VaeFlags,
     download_flag,
@@ -18,7 +19,7 @@ from wanjax.jobs.groups import (
     use_fsdp_flag,
 )
 from wanjax.jobs.requests import Request
-from wanjax.models.registry import Defaults, Variant, released
+from wanjax.models.registry import Defaults, Variant, registry, released
 
 if TYPE_CHECKING:
     from wanjax.io.component import Component
@@ -27,6 +28,12 @@ if TYPE_CHECKING:
 
 def _variants() -> dict[str, str]:
     return {"variants": ", ".join(released())}
+
+
+def _slices() -> dict[str, str]:
+    from wanjax.tools.compile_target import SLICES
+
+    return {"slices": ", ".join(SLICES)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +57,17 @@ class PlanRequest(Request):
     dtype: str = option(DEFAULT_DTYPE, help="transformer / text encoder dtype (default {default})")
     vae_dtype: str = option(VaeFlags.vae_dtype, help="VAE dtype (default {default})")
     use_fsdp: bool = use_fsdp_flag()
+    compile: str | None = option(
+        None,
+        metavar="SLICE",
+        help="compile every program of the run for this TPU slice ({slices}) with the TPU compiler, "
+        "from abstract weights on this machine (no TPU needed; needs wanjax[tpu]); its HBM replaces "
+        "--device_memory",
+        values=_slices,
+    )
+    json: str | None = option(None, metavar="FILE", help="with --compile: write its report as JSON")
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
+    attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +251,10 @@ def cmd_plan(request: PlanRequest) -> int:
     memory = planning.parse_memory(request.device_memory)
     requested = parse_mesh(request.mesh, request.use_fsdp) if request.mesh else None
     count = request.num_devices or (requested.num_devices if requested else None)
+    tpu = None
+    if request.compile is not None:
+        tpu = _compile_slice(request)
+        memory, count = tpu.hbm_bytes, count or tpu.chips
     if count is None:
         import jax
 
@@ -275,6 +296,9 @@ def cmd_plan(request: PlanRequest) -> int:
             focus = best.mesh
     modes = planning.plan_modes(model, focus, weights, **kwargs)
     print(planning.mode_table(modes, (offload, weights)))
+    if tpu is not None:
+        focused = planning.plan(model, focus, **kwargs, **mode)
+        return _compile(request, tpu, focus, {name: focused.on_device(name) for name in focused.stages})
     if fits:
         return 0
     cheapest = planning.cheapest_fitting(model, meshes, weights, **kwargs)
@@ -286,6 +310,49 @@ def cmd_plan(request: PlanRequest) -> int:
             f"hint: the cheapest mode that fits: {cheapest.mode}{on} (peak {cheapest.peak / planning.GiB:.2f} GiB)"
         )
     return 1
+
+
+def _compile_slice(request: PlanRequest) -> Any:
+    """The slice of ``--compile``, checked with the flags that go with it (before any work)."""
+    from wanjax.tools.compile_target import parse_slice
+
+    tpu = parse_slice(request.compile or "")
+    if request.model not in registry():
+        raise WanjaxError(
+            f"--compile takes a registry variant ({', '.join(registry())}), not {request.model!r}"
+        )
+    if request.num_devices not in (None, tpu.chips):
+        raise WanjaxError(f"--num_devices {request.num_devices}: {tpu.name} has {tpu.chips} chips")
+    return tpu
+
+
+def _compile(request: PlanRequest, tpu: Any, mesh: Any, planned: dict[str, int]) -> int:
+    """``plan --compile``: every program of the run on ``mesh`` compiled for ``tpu``; exit 1 unless
+    each compiles and fits."""
+    from wanjax.io.atomic import write_text
+    from wanjax.jobs.opening import attention_spec
+    from wanjax.target import building_for
+    from wanjax.tools.compile_target import RunSpec, compile_run, slice_target
+
+    with building_for(slice_target(tpu)):
+        attention = attention_spec(request.attention)  # checked for the TPU, not this machine
+    run = RunSpec(
+        registry()[request.model],
+        request.height,
+        request.width,
+        request.frames,
+        mesh,
+        dtype=request.dtype,
+        vae_dtype=request.vae_dtype,
+        attention=attention,
+        offload=request.memory.offload,
+        weights_dtype=request.memory.weights_dtype,
+    )
+    report = compile_run(run, tpu, planned)
+    print(report.table())
+    if request.json:
+        write_text(Path(request.json), json.dumps(report.as_json(), indent=2) + "\n")
+    return 0 if report.fits else 1
 
 
 def _weights_summary(refs: dict) -> str:

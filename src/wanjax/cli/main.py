@@ -113,6 +113,9 @@ def _silence_stdout() -> None:
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    from wanjax.runtime.libtpu import skip_absent_tpu
+
+    skip_absent_tpu()  # libtpu installed, no TPU here: as quiet as without it
     original = warnings.formatwarning
     warnings.formatwarning = _one_line_warning  # "wanjax: warning: ..." instead of file:line + source
     try:

@@ -31,6 +31,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 
 from wanjax.errors import CheckpointError
+from wanjax.target import current_target
 
 _PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")
 _MAX_LISTED = 12
@@ -397,8 +398,8 @@ LeafBuilder = Callable[[LeafSource, Mapping[str, Ref], np.dtype, ShardingFn], An
 
 
 def first_device(source: LeafSource) -> jax.sharding.Sharding:
-    """The default :data:`ShardingFn`: every leaf whole on the first device."""
-    return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    """The default :data:`ShardingFn`: every leaf whole on the build target's first device."""
+    return jax.sharding.SingleDeviceSharding(current_target().devices[0])
 
 
 def _listing(items: list[str]) -> str:

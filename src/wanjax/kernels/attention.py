@@ -43,6 +43,7 @@ from wanjax.kernels.common import AttentionProblem, AttentionShape, InterpretMod
 from wanjax.kernels.cudnn import cudnn_attention, cudnn_limit
 from wanjax.kernels.precision import Precision
 from wanjax.kernels.xla import DENSE_LIMIT, xla_attention
+from wanjax.target import current_target
 
 __all__ = [
     "BACKENDS",
@@ -99,7 +100,7 @@ class AttentionSpec:
     def blocks(self, key: str) -> tuning.Blocks:
         """The four kernel blocks: the ones given, the rest from the tune cache or the defaults."""
         path = None if self.tune_file is None else Path(self.tune_file)
-        found = tuning.lookup(key, tuning.device_kind(), path)
+        found = tuning.lookup(key, current_target().device_kind, path)
         given = (self.block_q, self.block_kv, self.block_kv_compute, self.block_kv_compute_in)
         return tuple(g if g is not None else f for g, f in zip(given, found, strict=True))  # type: ignore[return-value]
 
@@ -206,7 +207,7 @@ def attention(
 
     ``block_q``/``block_k`` override the spec's ``block_q``/``block_kv`` (for ``xla``: its query and
     key blocks, default 512 and 1024). ``dense_limit`` and ``per_head`` tune ``xla`` (see
-    ``wanjax.kernels.xla``; ``per_head`` defaults to on for CPU only). ``precision``: float32 matmuls
+    ``wanjax.kernels.xla``; ``per_head`` defaults to on for a CPU target only). ``precision``: float32 matmuls
     of ``xla`` (:mod:`wanjax.kernels.precision`; the other backends take 16-bit inputs only).
     """
     spec = backend if isinstance(backend, AttentionSpec) else AttentionSpec(backend)
@@ -222,7 +223,7 @@ def attention(
         if spec.k_smooth:
             k = smooth_keys(k)
         if name == "xla":
-            per_head = jax.default_backend() == "cpu" if per_head is None else per_head
+            per_head = current_target().platform == "cpu" if per_head is None else per_head
             return xla_attention(
                 q,
                 k,

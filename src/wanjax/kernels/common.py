@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from wanjax.errors import ConfigError
+from wanjax.target import current_target
 
 LANES = 128  # TPU vector lane width: kernel blocks and padded head dims are multiples of it
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite, so fully masked tiles give no NaN
@@ -114,11 +115,12 @@ def pad_to_blocks(q: jax.Array, k: jax.Array, blocks: tuple[int, int, int, int])
 
 
 def use_interpret(backend: str) -> bool:
-    """True (with a warning) when a TPU kernel must run in Pallas interpret mode."""
-    if jax.default_backend() == "tpu":
+    """True (with a warning) when a TPU kernel must run in Pallas interpret mode: the target is no TPU."""
+    target = current_target()
+    if not target.interprets_pallas:
         return False
     warnings.warn(
-        f"attention backend {backend!r} is a TPU kernel; on {jax.default_backend()} it runs in Pallas "
+        f"attention backend {backend!r} is a TPU kernel; on {target.platform} it runs in Pallas "
         "interpret mode, which is for testing only (slow)",
         InterpretModeWarning,
         stacklevel=4,
@@ -130,25 +132,16 @@ def use_interpret(backend: str) -> bool:
 class Platform:
     """The device the attention backends are chosen for: JAX's platform ``name`` (``cpu``, ``gpu``,
     ``tpu``) and, on NVIDIA GPUs, the CUDA compute capability ``cuda`` (``(9, 0)``: H100), ``None``
-    elsewhere (ROCm GPUs included). :meth:`detect` reads this process's; tests pass a simulated one."""
+    elsewhere (ROCm GPUs included). :meth:`detect` reads the build target's; tests pass a simulated one."""
 
     name: str
     cuda: tuple[int, int] | None = None
 
     @classmethod
     def detect(cls) -> Platform:
-        """The default JAX backend's platform (the first device's compute capability on CUDA)."""
-        name = jax.default_backend()
-        if name != "gpu":
-            return cls(name)
-        device = jax.devices()[0]
-        if "cuda" not in device.client.platform_version.lower():  # JAX's own test for a CUDA GPU
-            return cls(name)
-        try:
-            major, minor = (int(x) for x in str(device.compute_capability).split(".")[:2])
-        except (AttributeError, ValueError):
-            major, minor = 0, 0  # unknown: no capability-gated kernel is chosen
-        return cls(name, (major, minor))
+        """The platform of the target programs are built for (:func:`~wanjax.target.current_target`)."""
+        target = current_target()
+        return cls(target.platform, target.cuda)
 
 
 _LABEL = re.compile(

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from wanjax.errors import ConfigError
+from wanjax.target import current_target
 
 __all__ = [
     "COMPONENTS",
@@ -58,7 +59,7 @@ def lax_precision(precision: Precision, dtype: jnp.dtype) -> jax.lax.Precision |
 
 def default_precision(platform: str, component: str) -> Precision:
     """The float32 precision ``component`` (``transformer``, ``text_encoder``, ``vae``) runs at by
-    default on ``platform`` (``jax.default_backend()``: ``cpu``, ``gpu``/``cuda``/``rocm``, ``tpu``).
+    default on ``platform`` (a target's: ``cpu``, ``gpu``/``cuda``/``rocm``, ``tpu``).
 
     * CPU: ``highest`` everywhere -- exact, and it costs nothing (XLA:CPU has no faster float32).
     * GPU: as torch does by default. Its float32 matmuls are exact
@@ -84,8 +85,8 @@ def default_precision(platform: str, component: str) -> Precision:
 
 
 def resolve_precision(precision: str | None, component: str, platform: str | None = None) -> Precision:
-    """``precision`` parsed, or (None) ``component``'s default on ``platform`` (default: this
-    process's JAX backend)."""
+    """``precision`` parsed, or (None) ``component``'s default on ``platform`` (default: the build
+    target's, :func:`~wanjax.target.current_target`)."""
     if precision is not None:
         return parse_precision(precision)
-    return default_precision(platform or jax.default_backend(), component)
+    return default_precision(platform or current_target().platform, component)

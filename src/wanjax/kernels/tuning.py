@@ -15,10 +15,9 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-import jax
-
 from wanjax.io.atomic import write_text
 from wanjax.io.paths import cache_root, warn_unwritable
+from wanjax.target import current_target
 
 Blocks = tuple[int, int, int, int]  # (bq, bkv, bkv_compute, bkv_compute_in)
 
@@ -34,7 +33,8 @@ def tune_file() -> Path:
 
 
 def device_kind() -> str:
-    return jax.devices()[0].device_kind
+    """The build target's device kind (the tune cache's key)."""
+    return current_target().device_kind
 
 
 def shape_key(backend: str, q_len: int, k_len: int, head_dim: int, dtype: str) -> str:

@@ -343,6 +343,12 @@ class CLIPVisionEncoder:
 
     __call__ = encode
 
+    def lower(self, images: int) -> jax.stages.Lowered:
+        """The program :meth:`encode` runs for ``images`` images, lowered from abstract inputs."""
+        cfg = self.cfg
+        pixels = jax.ShapeDtypeStruct((images, cfg.num_channels, cfg.image_size, cfg.image_size), jnp.float32)
+        return self._encode.lower(self.params, pixels)
+
     def to_host(self, block: bool = True) -> None:
         """Move the weights to pinned host memory (same devices and partitioning); with ``block``,
         return once the device copies are free."""

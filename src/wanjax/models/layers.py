@@ -12,7 +12,6 @@ matmul dequantises it (:func:`quantized_matmul`).
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Callable
@@ -24,6 +23,7 @@ import numpy as np
 from wanjax.io.quant import FP8, QMAX, QuantizedKernel
 from wanjax.kernels.common import Platform
 from wanjax.kernels.precision import Precision, lax_precision
+from wanjax.target import current_target
 
 Params = dict
 Kernel = jax.Array | QuantizedKernel
@@ -57,7 +57,7 @@ def quantized_matmul(
     Weight-only (every platform for int8; fp8 where the hardware does not multiply it): the values
     are converted to x's dtype inside the program (exact: int8 and e4m3 fit in bf16) and multiplied
     as :func:`matmul` does. An fp8 kernel on a platform that multiplies e4m3 natively
-    (:func:`native_fp8`; ``platform``: this process's unless given) multiplies in fp8: each row of
+    (:func:`native_fp8`; ``platform``: the build target's unless given) multiplies in fp8: each row of
     ``x`` (a token) is scaled by its absmax to e4m3's range and rounded to e4m3, the product
     accumulates in float32 and both scales are applied to it.
     """
@@ -84,21 +84,16 @@ _TPU_GENERATION = re.compile(r"TPU\D*(\d+)")
 def native_fp8(platform: Platform | None = None, device_kind: str | None = None) -> bool:
     """Whether the matrix units multiply float8_e4m3fn natively: an NVIDIA GPU of compute capability
     9.0 or more (Hopper, Blackwell) or a TPU of generation 7 or later (``device_kind``, e.g.
-    ``TPU7x``). Defaults: this process's platform and first device's kind; pass both to ask about
+    ``TPU7x``). Defaults: the build target's platform and device kind; pass both to ask about
     another one (tests simulate platforms so)."""
     if platform is None:
-        platform, device_kind = _this_platform()
+        platform, device_kind = Platform.detect(), current_target().device_kind
     if platform.name == "gpu":
         return platform.cuda is not None and platform.cuda >= (9, 0)
     if platform.name == "tpu":
         found = _TPU_GENERATION.search(device_kind or "")
         return found is not None and int(found.group(1)) >= 7
     return False
-
-
-@functools.cache
-def _this_platform() -> tuple[Platform, str]:
-    return Platform.detect(), str(getattr(jax.devices()[0], "device_kind", ""))
 
 
 def layer_norm(
@@ -229,7 +224,7 @@ def scan_layers(
             lambda a, dt: a if a.dtype == dt else jax.lax.bitcast_convert_type(a, dt), p, dtypes
         )
 
-    if jax.default_backend() == "cpu":
+    if current_target().platform == "cpu":
         layers = jax.tree.map(packed, layers)
     if (start, stop) == (0, n):
         return jax.lax.scan(lambda c, p: (body(c, unpacked(p)), None), carry, layers)[0]

@@ -36,6 +36,7 @@ import numpy as np
 
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import LeafSource, ShardingFn, first_device
+from wanjax.target import current_target
 
 Offload = Literal["none", "model", "blocks"]
 OFFLOAD_MODES: tuple[str, ...] = ("none", "model", "blocks")
@@ -163,7 +164,8 @@ def _layer(layers: Tree, i: jax.Array, n: int) -> Tree:
     layer (the same values).
     """
     leaves, structure = jax.tree.flatten(layers)
-    switched = [jax.default_backend() == "cpu" and _narrow_float(a) for a in leaves]
+    on_cpu = current_target().platform == "cpu"
+    switched = [on_cpu and _narrow_float(a) for a in leaves]
     stacks = [a for a, sw in zip(leaves, switched, strict=True) if sw]
     picked = iter(jax.lax.switch(i, [lambda k=k: [a[k] for a in stacks] for k in range(n)]) if stacks else ())
     out = [

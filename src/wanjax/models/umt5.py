@@ -397,6 +397,12 @@ class UMT5Encoder:
         emb = prompt_embeddings(params, self.cfg, ids, mask, precision=self.precision, stream=self.stream)
         return jnp.pad(emb, ((0, 0), (0, out_length - ids.shape[1]), (0, 0)))
 
+    def lower(self, batch: int, length: int = 512) -> jax.stages.Lowered:
+        """The program :meth:`encode_ids` runs for ``batch`` prompts of ``length`` tokens (none
+        trimmed), lowered from abstract inputs (e.g. to compile for another target)."""
+        ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
+        return self._embed.lower(self.params, ids, ids, out_length=length)
+
     def encode_ids(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> jax.Array:
         """Prompt embeddings of tokenised, right-padded prompts (``(B, L)`` ids and mask)."""
         input_ids, attention_mask = np.asarray(input_ids), np.asarray(attention_mask)

@@ -151,6 +151,10 @@ class Sampler:
         self._programs = ProgramCache()
 
     def _program(self, scheduler: Scheduler, args: tuple[Any, ...], expert: int = 0) -> jax.stages.Compiled:
+        key = (expert, scheduler.kind, scheduler.config, scheduler.num_inference_steps, signature(args))
+        return self._programs.get(key, lambda: self._lower(scheduler, args, expert))
+
+    def _lower(self, scheduler: Scheduler, args: tuple[Any, ...], expert: int = 0) -> jax.stages.Lowered:
         model = self.experts[expert]
 
         def step(params, state, index, cond, uncond, guidance, image):
@@ -160,14 +164,10 @@ class Sampler:
             # A device-side flag per step (read back only once, after the loop).
             return state, jnp.all(jnp.isfinite(state.sample))
 
-        def lower() -> jax.stages.Lowered:
-            # Under a mesh the (small) scheduler state stays replicated, so every step's output has
-            # exactly the input sharding the program was compiled for.
-            out = None if model.settings.mesh is None else replicated(model.settings.mesh)
-            return jax.jit(step, out_shardings=out).lower(*args)
-
-        key = (expert, scheduler.kind, scheduler.config, scheduler.num_inference_steps, signature(args))
-        return self._programs.get(key, lower)
+        # Under a mesh the (small) scheduler state stays replicated, so every step's output has
+        # exactly the input sharding the program was compiled for.
+        out = None if model.settings.mesh is None else replicated(model.settings.mesh)
+        return jax.jit(step, out_shardings=out).lower(*args)
 
     def _cached_program(
         self,
@@ -215,20 +215,35 @@ class Sampler:
         devices = () if sharding is None else sharding.device_set
         return jax.sharding.SingleDeviceSharding(next(iter(devices))) if len(devices) == 1 else None
 
-    def compile(
+    def compile(self, *args: Any, **kwargs: Any) -> jax.stages.Compiled:
+        """The step program :meth:`__call__` runs for inputs shaped like these (see :meth:`lower`),
+        compiled now and kept (a later call with such inputs compiles nothing). ``.memory_analysis()``
+        gives its memory."""
+        scheduler, step_args, expert = self._abstract_step(*args, **kwargs)
+        return self._program(scheduler, step_args, expert)
+
+    def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
+        """The step program for inputs shaped like these, lowered only (e.g. for another target)."""
+        scheduler, step_args, expert = self._abstract_step(*args, **kwargs)
+        return self._lower(scheduler, step_args, expert)
+
+    def _abstract_step(
         self,
         scheduler: Scheduler,
         latents: jax.Array | jax.ShapeDtypeStruct,
         prompt_embeds: jax.Array | jax.ShapeDtypeStruct,
         negative_prompt_embeds: jax.Array | jax.ShapeDtypeStruct | None = None,
         params: Params | None = None,
-    ) -> jax.stages.Compiled:
-        """The step program :meth:`__call__` runs for inputs shaped like these (arrays or
-        ``jax.ShapeDtypeStruct``; ``params``: the model's, or an abstract tree with the same
-        shardings, e.g. from :func:`~wanjax.io.checkpoint.abstract_params`), compiled now and kept
-        (a later call with such inputs compiles nothing). Pass ``negative_prompt_embeds`` for the
-        guided (batched CFG) program. ``.memory_analysis()`` gives its memory."""
-        params = self.model.params if params is None else params
+        *,
+        image: ImageConditioning | None = None,
+        expert: int = 0,
+    ) -> tuple[Scheduler, tuple[Any, ...], int]:
+        """The step's abstract arguments for inputs shaped like these (arrays or
+        ``jax.ShapeDtypeStruct``; ``params``: the expert's, or an abstract tree with the same
+        shardings, e.g. from :func:`~wanjax.io.checkpoint.abstract_params`). Pass
+        ``negative_prompt_embeds`` for the guided (batched CFG) program, ``image`` for an
+        image-to-video model's conditioning, ``expert`` for the second expert's program."""
+        params = self.experts[expert].params if params is None else params
         placement = self._placement(params)
 
         def like(x: Any) -> Any:
@@ -241,7 +256,8 @@ class Sampler:
         scalars = (jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.float32))
         index, guidance = (like(x) for x in scalars)
         cond, uncond = like(prompt_embeds), like(negative_prompt_embeds)
-        return self._program(scheduler, (params, state, index, cond, uncond, guidance, None))
+        image = None if image is None else jax.tree.map(like, image)
+        return scheduler, (params, state, index, cond, uncond, guidance, image), expert
 
     def programs(self) -> tuple[jax.stages.Compiled, ...]:
         """The step programs kept, least recently used first (e.g. for ``memory_analysis()``)."""

@@ -47,6 +47,7 @@ import jaxlib
 
 from wanjax.io.atomic import atomic_path
 from wanjax.runtime.jax_cache import is_remote
+from wanjax.target import current_target
 
 # JAX settings that change the program a builder makes
 SHARED_CONFIG = ("jax_enable_x64", "jax_default_matmul_precision")
@@ -59,8 +60,9 @@ class ChildCompileError(RuntimeError):
 
 
 def available() -> bool:
-    """Whether programs can be compiled in a child here: one process on the CPU backend."""
-    return jax.default_backend() == "cpu" and jax.process_count() == 1
+    """Whether programs can be compiled in a child here: one process building for its own CPU."""
+    target = current_target()
+    return target.platform == "cpu" and not target.compile_only and jax.process_count() == 1
 
 
 def executable_store() -> Path | None:

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from wanjax.runtime import child_compile
+from wanjax.target import current_target
 
 __all__ = [
     "ProgramCache",
@@ -62,7 +63,7 @@ def child_can_compile(*signatures: Signature) -> bool:
     default placement, which the child has too; a leaf in host memory would lose its memory kind)."""
     if not child_compile.available():
         return False
-    first = jax.devices()[0]
+    first = current_target().devices[0]
     shardings = (sh for _, leaves in signatures for _, _, sh in leaves)
     return all(
         sh is None or (sh.device_set == {first} and sh.memory_kind in (None, "device")) for sh in shardings

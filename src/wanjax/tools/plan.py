@@ -50,7 +50,7 @@ from wanjax.models.clip_vision import IMAGE_ENCODER, CLIPVisionConfig
 from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.dit import TRANSFORMER
 from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS, parse_offload, streams_layers
-from wanjax.models.registry import CLIP_VIT_H_14, UMT5_XXL, WAN21_VAE, released
+from wanjax.models.registry import CLIP_VIT_H_14, UMT5_XXL, WAN21_VAE, registry
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import ACCELERATOR_CONV, Numerics
@@ -59,6 +59,7 @@ from wanjax.parallel.attention import sequence_mode
 from wanjax.parallel.layouts import TokenLayout, strip_count, token_layout
 from wanjax.parallel.mesh import MeshSpec, auto_mesh
 from wanjax.parallel.rules import leaf_spec, num_shards, per_device_param_bytes
+from wanjax.pipeline.demo import demo_text_encoder_config
 from wanjax.pipeline.model_index import read_model_index
 
 HEADROOM = 0.9
@@ -77,12 +78,13 @@ class Model:
 
 
 def model_configs(model: str) -> Model:
-    """A released variant of the registry (:func:`wanjax.models.registry.released`) or a diffusers
-    directory (its configs; a component without one: the released checkpoints')."""
-    presets = released()
+    """A variant of the registry (:func:`wanjax.models.registry.registry`, the demos included) or a
+    diffusers directory (its configs; a component without one: the released checkpoints')."""
+    presets = registry()
     if model in presets:
         v = presets[model]
-        return Model(v.transformer, v.text_encoder, v.vae, v.image_encoder, v.experts, v.image)
+        text = v.text_encoder or demo_text_encoder_config()  # None: a demo's, sized to its vocabulary
+        return Model(v.transformer, text, v.vae, v.image_encoder, v.experts, v.image)
     root = Path(model)
     if not (root / TRANSFORMER.folder / TRANSFORMER.config_file).is_file():
         raise WanjaxError(

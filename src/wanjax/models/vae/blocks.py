@@ -85,13 +85,15 @@ def residual_block(
 
 
 def attention_block(p: Params, x: jax.Array, nm: Numerics) -> jax.Array:
-    """Single-head self-attention over the pixels of each frame."""
+    """Single-head self-attention over the pixels of each frame, with the ``xla`` backend: the VAE's
+    programs are split over the mesh by XLA's partitioner, which cannot split a Pallas kernel (the real
+    VAEs' 384-dim head takes ``xla`` on every platform anyway)."""
     qkv = pointwise(l2_normalize(x, p["norm"]), p["to_qkv"], nm)
 
     def frames(f: jax.Array) -> jax.Array:  # (N, h, w, 3C) -> (N, h, w, C); one head, L = h*w
         n, h, w, c3 = f.shape
         q, k, v = (f.reshape(n, h * w, 3, 1, c3 // 3)[:, :, i] for i in range(3))
-        return attention(q, k, v, precision=nm.precision).reshape(n, h, w, c3 // 3)
+        return attention(q, k, v, backend="xla", precision=nm.precision).reshape(n, h, w, c3 // 3)
 
     return pointwise(per_frame(frames, qkv), p["proj"], nm) + x
 

@@ -48,6 +48,7 @@ from wanjax.models.vae.postprocess import denormalize_latents, normalize_latents
 from wanjax.models.vae.scan import parse_chunk
 from wanjax.models.vae.tiling import Tiling
 from wanjax.runtime.programs import Signature, child_can_compile, release_free_heap, signature, unplaced
+from wanjax.target import current_target
 
 # Tiling and parse_chunk stay importable from here (``wanjax.jobs`` and ``wanjax.cli`` do)
 __all__ = ["CHILD_COMPILE_MIN_PIXELS", "Tiling", "WanVAE", "load_vae", "parse_chunk"]
@@ -119,7 +120,7 @@ class WanVAE:
     ):
         precision = resolve_precision(precision, "vae")
         if conv == "auto":
-            conv = default_conv(jax.default_backend())
+            conv = default_conv(current_target().platform)
         if conv not in CONV_IMPLS:
             raise ConfigError(f"unknown conv formulation {conv!r}; use one of auto, {', '.join(CONV_IMPLS)}")
         if upsample not in UPSAMPLE_IMPLS:
@@ -140,7 +141,7 @@ class WanVAE:
             conv,
             upsample,
             precision=precision,
-            f32_conv_output=f32_conv_output(jax.default_backend()),
+            f32_conv_output=f32_conv_output(current_target().platform),
         )
         self.decode_chunk = parse_chunk(decode_chunk, "decode_chunk")
         self.encode_chunk = parse_chunk(encode_chunk, "encode_chunk")

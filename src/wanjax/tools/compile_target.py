@@ -1,0 +1,393 @@
+"""``wanjax plan --compile SLICE``: every program of a run compiled by the real TPU compiler, ahead of
+time, on a machine without a TPU.
+
+libtpu (``pip install 'wanjax[tpu]'``) describes a TPU slice's devices without the chips
+(:func:`jax.experimental.topologies.get_topology_desc`); under :func:`~wanjax.target.building_for`
+those devices, every component is built as the pipeline builds it (same settings, mesh, dtypes,
+offload, 8-bit weights, attention backend) but with abstract weights, and each program the run would
+compile is lowered from abstract inputs and compiled by the TPU compiler (Mosaic included). Per
+program the report gives: compiled or the compiler's error in one line (VMEM, HBM), per-chip bytes by
+``memory_analysis()`` beside :mod:`wanjax.tools.plan`'s estimate, the Pallas kernels in the program
+(``tpu_custom_call``), and compile seconds. Nothing runs and no TPU is touched, even where one is
+attached.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from wanjax.errors import WanjaxError
+from wanjax.io.checkpoint import abstract_params
+from wanjax.io.quant import abstract_quantized_params
+from wanjax.kernels.attention import AttentionShape, AttentionSpec, resolve_backend
+from wanjax.models import clip_vision, dit, umt5, vae
+from wanjax.models.config import parse_dtype
+from wanjax.models.offload import offload_sharding, parse_offload, program_memory
+from wanjax.models.registry import Variant
+from wanjax.models.settings import RunSettings
+from wanjax.parallel.layouts import spatial_sharding
+from wanjax.parallel.mesh import MeshSpec, make_mesh
+from wanjax.parallel.rules import param_sharding, replicated
+from wanjax.pipeline.demo import demo_text_encoder_config
+from wanjax.pipeline.sampler import ImageConditioning, Sampler
+from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+from wanjax.runtime.libtpu import compiler_environment, installed
+from wanjax.target import Target, building_for
+
+__all__ = ["SLICES", "CompileReport", "ProgramReport", "RunSpec", "Slice", "compile_run", "parse_slice"]
+
+GiB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+    """A TPU slice one rents: its name (``v6e-8``), libtpu's topology name (``v6e:2x4``) and options,
+    its chips and each chip's HBM."""
+
+    name: str
+    topology: str
+    chips: int
+    hbm_bytes: int
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def accelerator_type(self) -> str:
+        """The name TPU VMs give the slice (``TPU_ACCELERATOR_TYPE``): ``v5litepod-8`` for ``v5e-8``."""
+        return self.name.replace("v5e-", "v5litepod-")
+
+
+def _slices() -> dict[str, Slice]:
+    single = {"chips_per_host_bounds": (2, 4, 1)}  # v5e-8 / v6e-8: one host with 8 chips
+    four = {"chips_per_host_bounds": (2, 2, 1)}
+    megacore = {"chip_config_name": "megacore"}
+    table = [
+        Slice("v4-8", "v4:2x2x1", 4, 32 * GiB, megacore),
+        Slice("v4-16", "v4:2x2x2", 8, 32 * GiB, megacore),
+        Slice("v5e-4", "v5e:2x2", 4, 16 * GiB, four),
+        Slice("v5e-8", "v5e:2x4", 8, 16 * GiB, single),
+        Slice("v5e-16", "v5e:4x4", 16, 16 * GiB, four),
+        Slice("v5p-8", "v5p:2x2x1", 4, 95 * GiB),
+        Slice("v5p-16", "v5p:2x2x2", 8, 95 * GiB),
+        Slice("v6e-4", "v6e:2x2", 4, 32 * GiB, four),
+        Slice("v6e-8", "v6e:2x4", 8, 32 * GiB, single),
+        Slice("v6e-16", "v6e:4x4", 16, 32 * GiB, four),
+    ]
+    return {s.name: s for s in table}
+
+
+SLICES: Mapping[str, Slice] = _slices()
+
+
+def parse_slice(name: str) -> Slice:
+    """The slice named ``name``; WanjaxError listing the known ones."""
+    if name not in SLICES:
+        raise WanjaxError(f"unknown TPU slice {name!r} for --compile; use one of {', '.join(SLICES)}")
+    return SLICES[name]
+
+
+def slice_target(tpu: Slice) -> Target:
+    """The slice's devices as a compile-only :class:`~wanjax.target.Target` (libtpu, no TPU needed)."""
+    if not installed():
+        raise WanjaxError("--compile needs libtpu, the TPU compiler: pip install 'wanjax[tpu]'")
+    from jax.experimental import topologies
+
+    with compiler_environment(tpu.accelerator_type):
+        topology = topologies.get_topology_desc(topology_name=tpu.topology, platform="tpu", **tpu.options)
+    return Target.of(topology.devices, compile_only=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """The run whose programs are compiled: a registry variant, the video size, the mesh and the
+    memory settings, as ``wanjax generate`` takes them."""
+
+    variant: Variant
+    height: int
+    width: int
+    frames: int
+    mesh: MeshSpec
+    dtype: str = "bfloat16"
+    vae_dtype: str = "float32"
+    attention: str | AttentionSpec = "auto"
+    offload: str = "none"
+    weights_dtype: str = "bf16"
+    guidance: bool = True  # the CFG pair in one batch
+    max_sequence_length: int = 512
+
+
+@dataclasses.dataclass
+class ProgramReport:
+    """One compiled program (the JSON's ``programs`` entries)."""
+
+    name: str
+    compiled: bool
+    error: str | None
+    bytes_per_chip: dict[str, int] | None
+    planned_bytes_per_chip: int | None
+    attention_backend: str | None
+    tpu_custom_calls: int
+    compile_seconds: float
+    resident_bytes_per_chip: int = 0  # other components' weights on the chip while it runs
+
+
+@dataclasses.dataclass
+class CompileReport:
+    """Every program of a run compiled for a slice (``--json``'s document)."""
+
+    topology: str
+    chips: int
+    hbm_bytes_per_chip: int
+    mesh: str
+    programs: list[ProgramReport]
+
+    @property
+    def fits(self) -> bool:
+        """Every program compiled and, with what else is resident, within a chip's HBM."""
+        return all(
+            p.compiled and p.bytes_per_chip["total"] + p.resident_bytes_per_chip <= self.hbm_bytes_per_chip
+            for p in self.programs
+        )  # type: ignore[index]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "topology": self.topology,
+            "chips": self.chips,
+            "hbm_bytes_per_chip": self.hbm_bytes_per_chip,
+            "mesh": self.mesh,
+            "fits": self.fits,
+            "programs": [dataclasses.asdict(p) for p in self.programs],
+        }
+
+    def table(self) -> str:
+        hbm = self.hbm_bytes_per_chip / GiB
+        lines = [
+            f"compiled for {self.topology} ({self.chips} chips, {hbm:.2f} GiB HBM each), mesh {self.mesh}:"
+        ]
+        for p in self.programs:
+            if not p.compiled or p.bytes_per_chip is None:
+                lines.append(f"  {p.name:<16} FAILED: {p.error}")
+                continue
+            b = p.bytes_per_chip
+            on_chip = (b["total"] + p.resident_bytes_per_chip) / GiB
+            planned = (
+                "" if p.planned_bytes_per_chip is None else f" (plan {p.planned_bytes_per_chip / GiB:.2f})"
+            )
+            kernels = f", {p.tpu_custom_calls} Pallas calls" if p.tpu_custom_calls else ""
+            lines.append(
+                f"  {p.name:<16} {b['total'] / GiB:6.2f} GiB per chip: arguments {b['arguments'] / GiB:.2f}, "
+                f"temporaries {b['temporaries'] / GiB:.2f}, outputs {b['outputs'] / GiB:.2f}, code "
+                f"{b['code'] / GiB:.3f}; with the other weights {on_chip:.2f}{planned}; attention "
+                f"{p.attention_backend}{kernels}; {p.compile_seconds:.1f} s"
+            )
+        verdict = "every program compiles and fits" if self.fits else "does NOT compile or fit"
+        lines.append(f"  {verdict} (bytes per chip by the TPU compiler)")
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A program of the run: its name, how to lower it, the run stage it belongs to (``encode``,
+    ``denoise``, ``decode``: :mod:`wanjax.tools.plan`'s), the attention backend it uses and its
+    weights' bytes per chip in device memory (resident for the whole run under ``--offload none``)."""
+
+    name: str
+    lower: Callable[[], jax.stages.Lowered]
+    stage: str
+    attention_backend: str | None
+    weights_bytes: int
+
+
+def weights_per_chip(params: Any) -> int:
+    """Bytes per chip of an abstract params tree's leaves in device memory (their shards)."""
+    total = 0
+    for leaf in jax.tree.leaves(params):
+        sharding = leaf.sharding
+        if getattr(sharding, "memory_kind", None) in ("pinned_host", "unpinned_host"):
+            continue
+        total += math.prod(sharding.shard_shape(tuple(leaf.shape))) * np.dtype(leaf.dtype).itemsize
+    return total
+
+
+_CUSTOM_CALL = re.compile(r"custom_call_target=\"tpu_custom_call\"")
+
+
+def chip_bytes(compiled: jax.stages.Compiled) -> dict[str, int]:
+    """Per-chip bytes of a compiled program (:func:`~wanjax.models.offload.program_memory`)."""
+    m = program_memory(compiled)
+    total = m["total"] + m["generated_code"]
+    return {
+        "arguments": m["argument"],
+        "temporaries": m["temp"],
+        "outputs": m["output"],
+        "code": m["generated_code"],
+        "host_arguments": m["host_argument"],
+        "total": total,
+    }
+
+
+def compile_one(program: Program, planned: int | None = None) -> ProgramReport:
+    """Compile one program; a compiler error becomes the report's one-line ``error``."""
+    start = time.perf_counter()
+    try:
+        compiled = program.lower().compile()
+    except Exception as err:  # the compiler's refusal (VMEM, HBM, an unsupported op) is the answer
+        seconds = time.perf_counter() - start
+        error = compiler_error(str(err))
+        return ProgramReport(program.name, False, error, None, planned, program.attention_backend, 0, seconds)
+    seconds = time.perf_counter() - start
+    calls = len(_CUSTOM_CALL.findall(compiled.as_text()))
+    sizes = chip_bytes(compiled)
+    return ProgramReport(program.name, True, None, sizes, planned, program.attention_backend, calls, seconds)
+
+
+def compiler_error(message: str) -> str:
+    """The compiler's error in one line: its code (``RESOURCE_EXHAUSTED: E1001:
+    CompileTimeScopedVmemOom``), the attention call it failed in and its sentences giving the sizes
+    (``Scoped allocation with size 16.07M and limit 16.00M exceeded ...``), not the HLO it quotes."""
+    lines = message.strip().splitlines() or [""]
+    head = lines[0].rstrip(":")
+    text = " ".join(message.split())
+    sizes = [s for s in re.split(r"(?<=\.)\s+", text) if re.search(r"exceed|\bused\b", s, re.IGNORECASE)]
+    where = _ATTENTION_LABEL.search(message)
+    parts = [head, *([f"in {where.group(1)}"] if where else []), *sizes]
+    return "; ".join(parts)[:500]
+
+
+_ATTENTION_LABEL = re.compile(r"op_name=\"[^\"]*?(attention_\w+)")
+
+
+def _weights(spec: Any, dtype: Any, weights: str, sharding: Any) -> Any:
+    return abstract_quantized_params(spec, dtype, weights, sharding)
+
+
+def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
+    """The programs a run compiles on ``target``, in the order the run compiles them (call under
+    ``building_for(target)``)."""
+    v = run.variant
+    mesh = make_mesh(run.mesh, target.devices[: run.mesh.num_devices])
+    fsdp = run.mesh.fsdp
+    offload = parse_offload(run.offload)
+    dtype, vae_dtype = parse_dtype(run.dtype), parse_dtype(run.vae_dtype)
+    params_sharding = param_sharding(mesh, fsdp)
+    geometry_t = (run.frames - 1) // v.vae.temporal_factor + 1
+    h, w = run.height // v.vae.spatial_factor, run.width // v.vae.spatial_factor
+    latents_shape = (1, v.vae.z_dim, geometry_t, h, w)
+
+    # text encoder: the prompt and the negative prompt, 512 tokens
+    te_sharding = offload_sharding(params_sharding, offload, per_step=False)
+    text_cfg = v.text_encoder or demo_text_encoder_config()  # None: a demo's, sized to its vocabulary
+    te_params = _weights(umt5.checkpoint_spec(text_cfg), dtype, run.weights_dtype, te_sharding)
+    encoder = umt5.UMT5Encoder(text_cfg, te_params, None, offload=offload)
+    rows = 2 if run.guidance else 1
+    yield Program(
+        "text_encoder",
+        lambda: encoder.lower(rows, run.max_sequence_length),
+        "encode",
+        "xla",
+        weights_per_chip(te_params),
+    )
+
+    tcfg = v.transformer
+    image = None
+    if v.image_encoder is not None and tcfg.image_tokens:
+        ccfg = v.image_encoder
+        images = 2 if tcfg.first_last_frame else 1
+        c_params = _weights(
+            clip_vision.checkpoint_spec(ccfg), jnp.float32, run.weights_dtype, params_sharding
+        )
+        clip = clip_vision.CLIPVisionEncoder(ccfg, c_params, None)
+        yield Program(
+            "image_encoder", lambda: clip.lower(images), "encode", "xla", weights_per_chip(c_params)
+        )
+    vae_sharding = lambda source: replicated(mesh)  # noqa: E731  (as WanPipeline loads the VAE)
+    like = {
+        part: abstract_params(vae.checkpoint_spec(v.vae, part), vae_dtype, vae_sharding)
+        for part in ("decoder", "encoder")
+    }
+    autoencoder = vae.WanVAE(
+        v.vae, None, vae_dtype, params_like=like["decoder"], encoder_params=None, encoder_like=like["encoder"]
+    )
+    if v.image:
+        frames = 1 if v.expand_timesteps else run.frames
+        video_shape = (1, 3, frames, run.height, run.width)
+        video = jax.ShapeDtypeStruct(video_shape, jnp.float32, sharding=spatial_sharding(mesh, video_shape))
+        yield Program(
+            "vae_encode",
+            lambda: autoencoder.lower("encode", video),
+            "encode",
+            "xla",
+            weights_per_chip(like["encoder"]),
+        )
+        if v.expand_timesteps:
+            first = jax.ShapeDtypeStruct((1, v.vae.z_dim, 1, h, w), jnp.float32)
+            image = ImageConditioning(first, None, first_frame=True)
+        else:
+            states = None
+            if tcfg.image_tokens:
+                images = 2 if tcfg.first_last_frame else 1
+                states = jax.ShapeDtypeStruct(
+                    (images, v.image_encoder.num_positions, tcfg.image_dim), jnp.float32
+                )
+            condition = jax.ShapeDtypeStruct((1, tcfg.condition_channels, geometry_t, h, w), jnp.float32)
+            image = ImageConditioning(condition, states)
+
+    settings = RunSettings(dtype, attention=run.attention, mesh=mesh, offload=offload)
+    t_sharding = dit.transformer_sharding(mesh, fsdp, settings.offload)
+    t_params = _weights(dit.checkpoint_spec(tcfg), dtype, run.weights_dtype, t_sharding)
+    model = dit.WanTransformer(tcfg, t_params, settings)
+    experts = 2 if v.boundary_ratio is not None else 1
+    sampler = Sampler(model, model if experts == 2 else None)
+    scheduler = make_scheduler(SchedulerConfig(), 2)
+    noise = jax.ShapeDtypeStruct(latents_shape, jnp.float32)
+    text = jax.ShapeDtypeStruct((1, run.max_sequence_length, tcfg.text_dim), dtype)
+    backend = _dit_backend(run.attention, tcfg, dtype)
+    names = ("step",) if experts == 1 else ("step_high_noise", "step_low_noise")
+    uncond = text if run.guidance else None
+    for k, name in enumerate(names):
+
+        def lower(k: int = k) -> jax.stages.Lowered:
+            return sampler.lower(scheduler, noise, text, uncond, t_params, image=image, expert=k)
+
+        yield Program(name, lower, "denoise", backend, weights_per_chip(t_params))
+
+    latents = jax.ShapeDtypeStruct(latents_shape, jnp.float32, sharding=spatial_sharding(mesh, latents_shape))
+    yield Program(
+        "vae_decode",
+        lambda: autoencoder.lower("decode_uint8", latents),
+        "decode",
+        "xla",
+        weights_per_chip(like["decoder"]),
+    )
+
+
+def _dit_backend(attention: str | AttentionSpec, cfg: Any, dtype: Any) -> str:
+    """The backend the DiT's self-attention resolves to on the build target."""
+    name = attention.backend if isinstance(attention, AttentionSpec) else attention
+    return resolve_backend(name, AttentionShape(cfg.attention_head_dim, np.dtype(dtype).name))
+
+
+def compile_run(run: RunSpec, tpu: Slice, planned: Mapping[str, int] | None = None) -> CompileReport:
+    """Every program of ``run`` compiled for ``tpu`` (no TPU needed; none is touched).
+    ``planned``: :mod:`wanjax.tools.plan`'s bytes per chip of each stage (``encode``, ``denoise``,
+    ``decode``), shown beside each program of the stage."""
+    if run.mesh.num_devices != tpu.chips:
+        raise WanjaxError(
+            f"mesh {run.mesh.flag} uses {run.mesh.num_devices} devices; {tpu.name} has {tpu.chips} chips"
+        )
+    target = slice_target(tpu)
+    with building_for(target):
+        programs = list(run_programs(run, target))
+        reports = [compile_one(p, None if planned is None else planned.get(p.stage)) for p in programs]
+    if parse_offload(run.offload) == "none":  # every component's weights stay on the chips
+        for program, report in zip(programs, reports, strict=True):
+            report.resident_bytes_per_chip = sum(p.weights_bytes for p in programs) - program.weights_bytes
+    return CompileReport(tpu.name, tpu.chips, tpu.hbm_bytes, run.mesh.flag, reports)

@@ -1,0 +1,172 @@
+"""The TPU as a compile target: programs built for a TPU slice's devices (libtpu's topology, no TPU
+here) are the TPU's programs, compiled by the real TPU compiler, Mosaic included."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from wanjax.io.checkpoint import abstract_params
+from wanjax.kernels.attention import AttentionSpec, attention, resolve_backend
+from wanjax.kernels.common import AttentionShape, Platform
+from wanjax.kernels.precision import resolve_precision
+from wanjax.models import dit
+from wanjax.models.registry import DEMO_TRANSFORMER, registry
+from wanjax.models.settings import RunSettings
+from wanjax.models.vae.ops import default_conv
+from wanjax.parallel.mesh import parse_mesh
+from wanjax.pipeline.sampler import Sampler
+from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+from wanjax.runtime.libtpu import installed
+from wanjax.target import Target, building_for, current_target
+from wanjax.tools.compile_target import SLICES, Program, RunSpec, compile_one, compile_run, slice_target
+
+pytestmark = pytest.mark.skipif(not installed(), reason="libtpu (the test extra's jax[tpu]) is not installed")
+
+
+@pytest.fixture(scope="module")
+def v6e():
+    return slice_target(SLICES["v6e-8"])
+
+
+@pytest.fixture(scope="module")
+def v5e():
+    return slice_target(SLICES["v5e-8"])
+
+
+def test_the_host_is_the_default_target_and_a_block_sets_another(v6e):
+    assert current_target().platform == "cpu" and not current_target().compile_only
+    with building_for(v6e):
+        assert current_target() is v6e
+        assert (v6e.platform, v6e.device_kind, len(v6e.devices)) == ("tpu", "TPU v6 lite", 8)
+        assert Platform.detect() == Platform("tpu")
+    assert current_target().platform == "cpu"
+
+
+def test_every_choice_reads_the_target_not_the_host(v6e):
+    """Built for a TPU on this CPU host: the TPU's attention, VAE formulation and precisions."""
+    shape = AttentionShape(128, "bfloat16")
+    assert resolve_backend("auto", shape) == "xla"
+    assert resolve_precision(None, "vae") == "highest"
+    with building_for(v6e):
+        assert resolve_backend("auto", shape) == "splash"
+        assert resolve_precision(None, "vae") == "high"
+        assert default_conv(current_target().platform) == default_conv("tpu")
+        assert resolve_precision(None, "transformer") == "highest"
+
+
+def _attention_program(target: Target, backend: str | AttentionSpec, length: int, heads: int = 2):
+    device = jax.sharding.SingleDeviceSharding(target.devices[0])
+    q = jax.ShapeDtypeStruct((1, length, heads, 128), jnp.bfloat16, sharding=device)
+
+    def lower() -> jax.stages.Lowered:
+        return jax.jit(lambda q, k, v: attention(q, k, v, backend=backend)).lower(q, q, q)
+
+    return Program("attention", lower, "denoise", str(backend), 0)
+
+
+@pytest.mark.parametrize("backend", ["splash", "splash_exp2"])
+@pytest.mark.parametrize("tpu", ["v5e", "v6e"])
+def test_both_kernels_compile_through_mosaic_at_a_small_shape(backend, tpu, request):
+    target = request.getfixturevalue(tpu)
+    with building_for(target):
+        report = compile_one(_attention_program(target, backend, 1024))
+    assert report.compiled, report.error
+    assert report.tpu_custom_calls >= 1  # the Pallas kernel, not interpret mode's emulation
+
+
+def test_an_impossible_block_is_the_compilers_one_line_vmem_error(v5e):
+    """A 4096 x 4096 block of splash needs far more than v5e's 16 MiB of scoped VMEM."""
+    spec = AttentionSpec("splash", block_q=4096, block_kv=4096, block_kv_compute=4096)
+    with building_for(v5e):
+        report = compile_one(_attention_program(v5e, spec, 8192))
+    assert not report.compiled
+    assert "vmem" in report.error.lower() and "\n" not in report.error
+
+
+def test_a_dit_step_built_for_a_tpu_slice_has_the_kernels_and_no_interpret_mode(v6e):
+    """The sampler's guided step on a dp=2,tp=4 mesh of v6e chips, abstract weights only."""
+    from wanjax.parallel.mesh import make_mesh
+
+    with building_for(v6e):
+        mesh = make_mesh(parse_mesh("dp=2,sp=1,tp=4"), v6e.devices)
+        settings = RunSettings(jnp.bfloat16, attention="splash_exp2", mesh=mesh)
+        params = abstract_params(
+            dit.checkpoint_spec(DEMO_TRANSFORMER), jnp.bfloat16, dit.transformer_sharding(mesh)
+        )
+        model = dit.WanTransformer(DEMO_TRANSFORMER, params, settings)
+        latents = jax.ShapeDtypeStruct((1, 16, 2, 16, 16), jnp.float32)
+        text = jax.ShapeDtypeStruct((1, 16, DEMO_TRANSFORMER.text_dim), jnp.bfloat16)
+        lowered = Sampler(model).lower(make_scheduler(SchedulerConfig(), 2), latents, text, text, params)
+        compiled = lowered.compile()
+    hlo = compiled.as_text()
+    assert "tpu_custom_call" in hlo
+    assert compiled.memory_analysis().argument_size_in_bytes > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["demo-i2v", "demo-i2v-a14b"])
+def test_a_tiny_pipeline_compiles_every_program_for_v6e(name):
+    """Text encoder, image encoder, VAE encode, each expert's step, VAE decode: all compiled."""
+    run = RunSpec(registry()[name], 64, 64, 5, parse_mesh("dp=2,sp=1,tp=4"), attention="splash_exp2")
+    report = compile_run(run, SLICES["v6e-8"])
+    names = [p.name for p in report.programs]
+    expected = {"demo-i2v": ["text_encoder", "image_encoder", "vae_encode", "step", "vae_decode"]}
+    assert names == expected.get(
+        name, ["text_encoder", "vae_encode", "step_high_noise", "step_low_noise", "vae_decode"]
+    )
+    assert report.fits, report.table()
+    steps = [p for p in report.programs if p.name.startswith("step")]
+    assert all(p.tpu_custom_calls > 0 and p.attention_backend == "splash_exp2" for p in steps)
+    document = report.as_json()
+    assert set(document) >= {"topology", "chips", "hbm_bytes_per_chip", "programs"}
+    assert set(document["programs"][0]["bytes_per_chip"]) >= {
+        "arguments",
+        "temporaries",
+        "outputs",
+        "code",
+        "total",
+    }
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # as a user's shell has it
+    return subprocess.run(
+        [sys.executable, "-m", "wanjax.cli.main", *args], capture_output=True, text=True, env=env, check=False
+    )
+
+
+@pytest.mark.slow
+def test_commands_stay_quiet_with_libtpu_installed_and_no_tpu():
+    """libtpu installed, no TPU: JAX alone prints libtpu's start-up warnings; a wanjax command that
+    starts JAX's backends prints nothing on stderr, and an error stays its one line."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    bare = [sys.executable, "-c", "import jax; jax.devices()"]
+    assert "TPU" in subprocess.run(bare, capture_output=True, text=True, env=env, check=True).stderr
+    result = _cli("plan", "--model", "1.3B", "--height", "480", "--width", "832")  # counts the devices
+    assert "1 device," in result.stdout and result.stderr == "", result.stderr
+    result = _cli("info", "no/such/model")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+
+
+@pytest.mark.slow
+def test_plan_compile_from_the_command_line_writes_its_report(tmp_path):
+    out = tmp_path / "report.json"
+    args = ("plan", "--model", "demo", "--height", "64", "--width", "64", "--frames", "5")
+    result = _cli(*args, "--compile", "v9-8")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "unknown TPU slice 'v9-8' for --compile; use one of v4-8," in result.stderr
+    result = _cli(*args, "--compile", "v6e-8", "--attention", "splash_exp2", "--json", str(out))
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    assert "compiled for v6e-8 (8 chips, 32.00 GiB HBM each), mesh dp=2,sp=1,tp=4" in result.stdout
+    document = json.loads(out.read_text())
+    assert (document["topology"], document["chips"], document["fits"]) == ("v6e-8", 8, True)
+    assert [p["name"] for p in document["programs"]] == ["text_encoder", "step", "vae_decode"]
+    step = document["programs"][1]
+    assert step["compiled"] and step["tpu_custom_calls"] > 0 and step["planned_bytes_per_chip"] > 0
