@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import pytest
 
 from wanjax.io.checkpoint import abstract_params
-from wanjax.kernels.attention import AttentionSpec, attention, resolve_backend
+from wanjax.kernels import tuning
+from wanjax.kernels.attention import AttentionSpec, resolve_backend
 from wanjax.kernels.common import AttentionShape, Platform
 from wanjax.kernels.precision import resolve_precision
 from wanjax.models import dit
@@ -25,9 +26,22 @@ from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.runtime.libtpu import installed
 from wanjax.target import Target, building_for, current_target
-from wanjax.tools.compile_target import SLICES, Program, RunSpec, compile_one, compile_run, slice_target
+from wanjax.tools.compile_target import (
+    SLICES,
+    RunSpec,
+    attention_program,
+    compile_one,
+    compile_run,
+    slice_target,
+)
 
 pytestmark = pytest.mark.skipif(not installed(), reason="libtpu (the test extra's jax[tpu]) is not installed")
+
+
+@pytest.fixture(autouse=True)
+def _no_tune_cache(tmp_path, monkeypatch):
+    """Block sizes from the defaults, never from a tune cache this machine happens to have."""
+    monkeypatch.setenv("WANJAX_ATTENTION_TUNE_FILE", str(tmp_path / "none.json"))
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +76,7 @@ def test_every_choice_reads_the_target_not_the_host(v6e):
 
 
 def _attention_program(target: Target, backend: str | AttentionSpec, length: int, heads: int = 2):
-    device = jax.sharding.SingleDeviceSharding(target.devices[0])
-    q = jax.ShapeDtypeStruct((1, length, heads, 128), jnp.bfloat16, sharding=device)
-
-    def lower() -> jax.stages.Lowered:
-        return jax.jit(lambda q, k, v: attention(q, k, v, backend=backend)).lower(q, q, q)
-
-    return Program("attention", lower, "denoise", str(backend), 0)
+    return attention_program(target, backend, (1, length, heads, 128))
 
 
 @pytest.mark.parametrize("backend", ["splash", "splash_exp2"])
@@ -79,6 +87,21 @@ def test_both_kernels_compile_through_mosaic_at_a_small_shape(backend, tpu, requ
         report = compile_one(_attention_program(target, backend, 1024))
     assert report.compiled, report.error
     assert report.tpu_custom_calls >= 1  # the Pallas kernel, not interpret mode's emulation
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["splash", "splash_exp2"])
+@pytest.mark.parametrize("tpu", ["v5e", "v6e"])
+def test_default_blocks_compile_at_the_14b_720p_shape(backend, tpu, request):
+    """One chip's self-attention of Wan 2.1 14B at 1280x720x81 on dp=2,tp=4 (75,600 tokens, 10 heads):
+    the blocks the runtime picks for the chip (no tune cache) compile, the seed's splash on v5e not."""
+    target = request.getfixturevalue(tpu)
+    with building_for(target):
+        report = compile_one(_attention_program(target, backend, 75600, heads=10))
+    assert report.compiled and report.tpu_custom_calls >= 1, report.error
+    assert tuning.default_blocks(target.device_kind, backend) == (
+        (1024, 2048, 512, 256) if (tpu, backend) == ("v5e", "splash") else tuning.DEFAULT_BLOCKS
+    )
 
 
 def test_an_impossible_block_is_the_compilers_one_line_vmem_error(v5e):
@@ -170,3 +193,15 @@ def test_plan_compile_from_the_command_line_writes_its_report(tmp_path):
     assert [p["name"] for p in document["programs"]] == ["text_encoder", "step", "vae_decode"]
     step = document["programs"][1]
     assert step["compiled"] and step["tpu_custom_calls"] > 0 and step["planned_bytes_per_chip"] > 0
+
+
+@pytest.mark.slow
+def test_tune_attention_keeps_only_the_candidates_that_compile_for_the_slice(capsys):
+    from wanjax.tools.tune_attention import Problem, check_compiling
+
+    problem = Problem("self", 1, 8192, 8192, 2, 128)
+    candidates = [(4096, 4096, 4096, 128), (1024, 1024, 512, 128)]
+    kept = check_compiling(problem, "splash", jnp.bfloat16, candidates, "v5e-8")
+    assert kept == [(1024, 1024, 512, 128)]
+    out = capsys.readouterr().out
+    assert "(4096, 4096, 4096, 128): RESOURCE_EXHAUSTED" in out and "1 candidates compile for v5e-8" in out

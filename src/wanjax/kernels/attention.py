@@ -73,9 +73,9 @@ class AttentionSpec:
     """An attention backend and its options (hashable: usable as a static jit argument).
 
     ``block_*``: TPU kernel blocks (``--bqsize --bkvsize --bkvcomputesize --bkvcomputeinsize``,
-    multiples of 128 that nest); ``None`` takes the tune cache's entry for the shape on this device,
-    else ``tuning.DEFAULT_BLOCKS``. ``k_smooth`` subtracts the mean key over the sequence first (exact:
-    it shifts each query's scores by a constant). ``window_size`` limits self-attention (``Lq == Lk``)
+    multiples of 128 that nest); ``None`` takes the tune cache's entry for the shape on the target's
+    device kind, else that kind's ``tuning.default_blocks``. ``k_smooth`` subtracts the mean key over
+    the sequence first (exact: it shifts each query's scores by a constant). ``window_size`` limits self-attention (``Lq == Lk``)
     to keys ``|i - j| <= window_size``; cross-attention stays global. ``tune_file`` overrides the
     cache's location.
     """

@@ -68,6 +68,7 @@ def compiler_environment(accelerator_type: str) -> Iterator[None]:
     TPUs: the variables it would otherwise warn about are set for the block (unless already set) and
     restored after."""
     wanted = {
+        "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",  # compiling only: other processes may hold libtpu too
         "TPU_ACCELERATOR_TYPE": accelerator_type,
         "TPU_WORKER_HOSTNAMES": "localhost",
         "TPU_WORKER_ID": "0",

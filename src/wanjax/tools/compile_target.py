@@ -28,7 +28,7 @@ import numpy as np
 from wanjax.errors import WanjaxError
 from wanjax.io.checkpoint import abstract_params
 from wanjax.io.quant import abstract_quantized_params
-from wanjax.kernels.attention import AttentionShape, AttentionSpec, resolve_backend
+from wanjax.kernels.attention import AttentionShape, AttentionSpec, attention, resolve_backend
 from wanjax.models import clip_vision, dit, umt5, vae
 from wanjax.models.config import parse_dtype
 from wanjax.models.offload import offload_sharding, parse_offload, program_memory
@@ -249,14 +249,36 @@ def compile_one(program: Program, planned: int | None = None) -> ProgramReport:
     return ProgramReport(program.name, True, None, sizes, planned, program.attention_backend, calls, seconds)
 
 
+def attention_program(
+    target: Target,
+    spec: str | AttentionSpec,
+    q_shape: tuple[int, int, int, int],
+    k_len: int | None = None,
+    dtype: Any = jnp.bfloat16,
+) -> Program:
+    """One attention call on the target's first device: ``(B, Lq, H, D)`` queries over ``k_len``
+    keys (default: self-attention), abstract inputs."""
+    device = jax.sharding.SingleDeviceSharding(target.devices[0])
+    batch, q_len, heads, head_dim = q_shape
+    q = jax.ShapeDtypeStruct(q_shape, dtype, sharding=device)
+    k = jax.ShapeDtypeStruct((batch, k_len or q_len, heads, head_dim), dtype, sharding=device)
+
+    def lower() -> jax.stages.Lowered:
+        return jax.jit(lambda q, k, v: attention(q, k, v, backend=spec)).lower(q, k, k)
+
+    name = spec.backend if isinstance(spec, AttentionSpec) else spec
+    return Program("attention", lower, "denoise", name, 0)
+
+
 def compiler_error(message: str) -> str:
     """The compiler's error in one line: its code (``RESOURCE_EXHAUSTED: E1001:
     CompileTimeScopedVmemOom``), the attention call it failed in and its sentences giving the sizes
     (``Scoped allocation with size 16.07M and limit 16.00M exceeded ...``), not the HLO it quotes."""
     lines = message.strip().splitlines() or [""]
-    head = lines[0].rstrip(":")
+    head = lines[0].split(". ")[0].rstrip(":.")
     text = " ".join(message.split())
     sizes = [s for s in re.split(r"(?<=\.)\s+", text) if re.search(r"exceed|\bused\b", s, re.IGNORECASE)]
+    sizes = list(dict.fromkeys(s.split("\\n")[0].rstrip(";") for s in sizes))  # some come twice
     where = _ATTENTION_LABEL.search(message)
     parts = [head, *([f"in {where.group(1)}"] if where else []), *sizes]
     return "; ".join(parts)[:500]

@@ -175,6 +175,12 @@ class TuneRequest:
         None, help="cache file (default {file})", values=lambda: {"file": tuning.tune_file()}
     )
     allow_interpret: bool = option(False, help="allow interpret mode off TPU (testing)")
+    compile: str | None = option(
+        None,
+        metavar="SLICE",
+        help="only compile each candidate for this TPU slice's chips with the TPU compiler (libtpu; no "
+        "TPU needed, none touched): which fit its scoped VMEM; nothing timed or stored",
+    )
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -192,16 +198,55 @@ def run(args: argparse.Namespace) -> int:
     return run_request(from_namespace(TuneRequest, args))
 
 
+def check_compiling(
+    problem: Problem,
+    backend: str,
+    dtype: jnp.dtype,
+    blocks: Iterable[tuning.Blocks],
+    slice_name: str,
+    log=print,
+) -> list[tuning.Blocks]:
+    """The candidates that the TPU compiler compiles for one chip of ``slice_name`` (each failure
+    logged with the compiler's one-line reason, e.g. the scoped VMEM it needed)."""
+    from wanjax.target import building_for
+    from wanjax.tools.compile_target import attention_program, compile_one, parse_slice, slice_target
+
+    target = slice_target(parse_slice(slice_name))
+    shape = (problem.batch, problem.q_len, problem.heads, problem.head_dim)
+    kept = []
+    with building_for(target):
+        for candidate in blocks:
+            spec = AttentionSpec(backend, *candidate)
+            report = compile_one(attention_program(target, spec, shape, problem.k_len, dtype))
+            log(f"  {problem.name} blocks {candidate}: {'compiles' if report.compiled else report.error}")
+            if report.compiled:
+                kept.append(candidate)
+    log(f"{problem.name}: {len(kept)} candidates compile for {slice_name} ({target.device_kind})")
+    return kept
+
+
 def run_request(request: TuneRequest) -> int:
-    """``wanjax tune-attention``: tune every attention shape of the request's model and video."""
-    if jax.default_backend() != "tpu" and not request.allow_interpret:
-        raise ConfigError(
-            f"tune-attention times TPU kernels, but the device here is {jax.default_backend()}; "
-            "run it on a TPU (or pass --allow_interpret to exercise it, timings meaningless)"
-        )
+    """``wanjax tune-attention``: tune every attention shape of the request's model and video (with
+    ``--compile``: only check which candidates compile for a TPU slice)."""
     cfg = load_config(request.model)
     dtype = parse_dtype(request.dtype)
     size = f"{request.height}x{request.width}x{request.frames}"
+    if request.compile is not None:
+        print(f"compiling {request.backend} candidates for {request.compile}, {request.model} {size}")
+        problems = model_problems(
+            cfg, request.height, request.width, request.frames, request.batch, request.heads
+        )
+        for problem in problems:
+            check_compiling(
+                problem, request.backend, dtype, candidates(problem, request.quick), request.compile
+            )
+        return 0
+    if jax.default_backend() != "tpu" and not request.allow_interpret:
+        raise ConfigError(
+            f"tune-attention times TPU kernels, but the device here is {jax.default_backend()}; "
+            "run it on a TPU, --compile SLICE to check which candidates compile for one (or pass "
+            "--allow_interpret to exercise it, timings meaningless)"
+        )
     print(f"tuning {request.backend} on {tuning.device_kind()} for {request.model} {size}")
     problems = model_problems(
         cfg, request.height, request.width, request.frames, request.batch, request.heads
