@@ -27,7 +27,9 @@ from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.runtime.libtpu import installed
 from wanjax.target import Target, building_for, current_target
 from wanjax.tools.compile_target import (
+    CHIPS,
     SLICES,
+    Program,
     RunSpec,
     attention_program,
     compile_one,
@@ -102,6 +104,22 @@ def test_default_blocks_compile_at_the_14b_720p_shape(backend, tpu, request):
     assert tuning.default_blocks(target.device_kind, backend) == (
         (1024, 2048, 512, 256) if (tpu, backend) == ("v5e", "splash") else tuning.DEFAULT_BLOCKS
     )
+
+
+@pytest.mark.parametrize("generation", sorted(CHIPS))
+def test_each_chip_is_the_compilers(generation):
+    """Device kind and usable HBM per generation, as libtpu describes the chip and the TPU compiler
+    reports it when a program does not fit (a 64 GiB temporary)."""
+    chip = CHIPS[generation]
+    tpu = next(s for s in SLICES.values() if s.chip is chip)
+    target = slice_target(tpu)
+    assert target.device_kind == chip.device_kind
+    huge = jax.ShapeDtypeStruct(
+        (16, 1 << 30), jnp.float32, sharding=jax.sharding.SingleDeviceSharding(target.devices[0])
+    )
+    with building_for(target):
+        report = compile_one(Program("huge", lambda: jax.jit(lambda a: a * 2).lower(huge), "x", None, 0))
+    assert f"exceeds available HBM ({chip.usable_hbm_bytes / 2**30:.2f}G)" in report.error, report.error
 
 
 def test_an_impossible_block_is_the_compilers_one_line_vmem_error(v5e):
@@ -187,7 +205,9 @@ def test_plan_compile_from_the_command_line_writes_its_report(tmp_path):
     assert "unknown TPU slice 'v9-8' for --compile; use one of v4-8," in result.stderr
     result = _cli(*args, "--compile", "v6e-8", "--attention", "splash_exp2", "--json", str(out))
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
-    assert "compiled for v6e-8 (8 chips, 32.00 GiB HBM each), mesh dp=2,sp=1,tp=4" in result.stdout
+    assert (
+        "compiled for v6e-8 (8 chips, 32.00 GiB HBM each, 31.25 usable), mesh dp=2,sp=1,tp=4" in result.stdout
+    )
     document = json.loads(out.read_text())
     assert (document["topology"], document["chips"], document["fits"]) == ("v6e-8", 8, True)
     assert [p["name"] for p in document["programs"]] == ["text_encoder", "step", "vae_decode"]
@@ -205,3 +225,30 @@ def test_tune_attention_keeps_only_the_candidates_that_compile_for_the_slice(cap
     assert kept == [(1024, 1024, 512, 128)]
     out = capsys.readouterr().out
     assert "(4096, 4096, 4096, 128): RESOURCE_EXHAUSTED" in out and "1 candidates compile for v5e-8" in out
+
+
+@pytest.mark.slow
+def test_plan_compile_can_compile_only_some_programs(tmp_path):
+    out = tmp_path / "step.json"
+    args = (
+        "plan",
+        "--model",
+        "demo-a14b",
+        "--height",
+        "64",
+        "--width",
+        "64",
+        "--frames",
+        "5",
+        "--compile",
+        "v6e-8",
+    )
+    result = _cli(*args, "--programs", "step,vea_decode")
+    assert (
+        result.returncode == 2 and "--programs 'step,vea_decode': choose from text_encoder," in result.stderr
+    )
+    result = _cli(*args, "--programs", "step", "--json", str(out))
+    assert (result.returncode, result.stderr) == (0, ""), result.stderr
+    programs = json.loads(out.read_text())["programs"]
+    assert [p["name"] for p in programs] == ["step_high_noise", "step_low_noise"]
+    assert all(p["resident_bytes_per_chip"] > 0 for p in programs)  # the other expert, text encoder, VAE

@@ -30,6 +30,12 @@ def _variants() -> dict[str, str]:
     return {"variants": ", ".join(released())}
 
 
+def _compile_programs() -> tuple[str, ...]:
+    from wanjax.tools.compile_target import PROGRAMS
+
+    return PROGRAMS
+
+
 def _slices() -> dict[str, str]:
     from wanjax.tools.compile_target import SLICES
 
@@ -66,6 +72,12 @@ class PlanRequest(Request):
         values=_slices,
     )
     json: str | None = option(None, metavar="FILE", help="with --compile: write its report as JSON")
+    programs: str | None = option(
+        None,
+        metavar="P,P",
+        help="with --compile: only these ({programs}; default all)",
+        values=lambda: {"programs": ", ".join(_compile_programs())},
+    )
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
 
@@ -254,7 +266,7 @@ def cmd_plan(request: PlanRequest) -> int:
     tpu = None
     if request.compile is not None:
         tpu = _compile_slice(request)
-        memory, count = tpu.hbm_bytes, count or tpu.chips
+        memory, count = tpu.chip.usable_hbm_bytes, count or tpu.chips
     if count is None:
         import jax
 
@@ -314,13 +326,15 @@ def cmd_plan(request: PlanRequest) -> int:
 
 def _compile_slice(request: PlanRequest) -> Any:
     """The slice of ``--compile``, checked with the flags that go with it (before any work)."""
-    from wanjax.tools.compile_target import parse_slice
+    from wanjax.tools.compile_target import parse_programs, parse_slice
 
     tpu = parse_slice(request.compile or "")
     if request.model not in registry():
         raise WanjaxError(
             f"--compile takes a registry variant ({', '.join(registry())}), not {request.model!r}"
         )
+    if request.programs is not None:
+        parse_programs(request.programs)
     if request.num_devices not in (None, tpu.chips):
         raise WanjaxError(f"--num_devices {request.num_devices}: {tpu.name} has {tpu.chips} chips")
     return tpu
@@ -332,7 +346,7 @@ def _compile(request: PlanRequest, tpu: Any, mesh: Any, planned: dict[str, int])
     from wanjax.io.atomic import write_text
     from wanjax.jobs.opening import attention_spec
     from wanjax.target import building_for
-    from wanjax.tools.compile_target import RunSpec, compile_run, slice_target
+    from wanjax.tools.compile_target import RunSpec, compile_run, parse_programs, slice_target
 
     with building_for(slice_target(tpu)):
         attention = attention_spec(request.attention)  # checked for the TPU, not this machine
@@ -348,7 +362,8 @@ def _compile(request: PlanRequest, tpu: Any, mesh: Any, planned: dict[str, int])
         offload=request.memory.offload,
         weights_dtype=request.memory.weights_dtype,
     )
-    report = compile_run(run, tpu, planned)
+    only = None if request.programs is None else parse_programs(request.programs)
+    report = compile_run(run, tpu, planned, only)
     print(report.table())
     if request.json:
         write_text(Path(request.json), json.dumps(report.as_json(), indent=2) + "\n")

@@ -18,7 +18,7 @@ import dataclasses
 import math
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
 
 import jax
@@ -49,15 +49,40 @@ GiB = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)
+class Chip:
+    """A TPU generation: its device kind, the HBM per chip, and the part of it the TPU compiler lets
+    a program use (its "available HBM" when a program does not fit)."""
+
+    generation: str
+    device_kind: str
+    hbm_bytes: int
+    usable_hbm_bytes: int
+
+
+CHIPS: Mapping[str, Chip] = {
+    c.generation: c
+    for c in (
+        Chip("v4", "TPU v4", 32 * GiB, int(30.75 * GiB)),
+        Chip("v5e", "TPU v5 lite", 16 * GiB, int(15.75 * GiB)),
+        Chip("v5p", "TPU v5", 96 * GiB, int(95.74 * GiB)),
+        Chip("v6e", "TPU v6 lite", 32 * GiB, int(31.25 * GiB)),
+    )
+}
+
+
+@dataclasses.dataclass(frozen=True)
 class Slice:
     """A TPU slice one rents: its name (``v6e-8``), libtpu's topology name (``v6e:2x4``) and options,
-    its chips and each chip's HBM."""
+    its chips and their generation."""
 
     name: str
     topology: str
     chips: int
-    hbm_bytes: int
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def chip(self) -> Chip:
+        return CHIPS[self.name.split("-")[0]]
 
     @property
     def accelerator_type(self) -> str:
@@ -70,16 +95,16 @@ def _slices() -> dict[str, Slice]:
     four = {"chips_per_host_bounds": (2, 2, 1)}
     megacore = {"chip_config_name": "megacore"}
     table = [
-        Slice("v4-8", "v4:2x2x1", 4, 32 * GiB, megacore),
-        Slice("v4-16", "v4:2x2x2", 8, 32 * GiB, megacore),
-        Slice("v5e-4", "v5e:2x2", 4, 16 * GiB, four),
-        Slice("v5e-8", "v5e:2x4", 8, 16 * GiB, single),
-        Slice("v5e-16", "v5e:4x4", 16, 16 * GiB, four),
-        Slice("v5p-8", "v5p:2x2x1", 4, 95 * GiB),
-        Slice("v5p-16", "v5p:2x2x2", 8, 95 * GiB),
-        Slice("v6e-4", "v6e:2x2", 4, 32 * GiB, four),
-        Slice("v6e-8", "v6e:2x4", 8, 32 * GiB, single),
-        Slice("v6e-16", "v6e:4x4", 16, 32 * GiB, four),
+        Slice("v4-8", "v4:2x2x1", 4, megacore),
+        Slice("v4-16", "v4:2x2x2", 8, megacore),
+        Slice("v5e-4", "v5e:2x2", 4, four),
+        Slice("v5e-8", "v5e:2x4", 8, single),
+        Slice("v5e-16", "v5e:4x4", 16, four),
+        Slice("v5p-8", "v5p:2x2x1", 4),
+        Slice("v5p-16", "v5p:2x2x2", 8),
+        Slice("v6e-4", "v6e:2x2", 4, four),
+        Slice("v6e-8", "v6e:2x4", 8, single),
+        Slice("v6e-16", "v6e:4x4", 16, four),
     ]
     return {s.name: s for s in table}
 
@@ -146,6 +171,7 @@ class CompileReport:
     topology: str
     chips: int
     hbm_bytes_per_chip: int
+    usable_hbm_bytes_per_chip: int  # what the TPU compiler lets a program use
     mesh: str
     programs: list[ProgramReport]
 
@@ -153,7 +179,8 @@ class CompileReport:
     def fits(self) -> bool:
         """Every program compiled and, with what else is resident, within a chip's HBM."""
         return all(
-            p.compiled and p.bytes_per_chip["total"] + p.resident_bytes_per_chip <= self.hbm_bytes_per_chip
+            p.compiled
+            and p.bytes_per_chip["total"] + p.resident_bytes_per_chip <= self.usable_hbm_bytes_per_chip
             for p in self.programs
         )  # type: ignore[index]
 
@@ -162,15 +189,17 @@ class CompileReport:
             "topology": self.topology,
             "chips": self.chips,
             "hbm_bytes_per_chip": self.hbm_bytes_per_chip,
+            "usable_hbm_bytes_per_chip": self.usable_hbm_bytes_per_chip,
             "mesh": self.mesh,
             "fits": self.fits,
             "programs": [dataclasses.asdict(p) for p in self.programs],
         }
 
     def table(self) -> str:
-        hbm = self.hbm_bytes_per_chip / GiB
+        hbm, usable = self.hbm_bytes_per_chip / GiB, self.usable_hbm_bytes_per_chip / GiB
         lines = [
-            f"compiled for {self.topology} ({self.chips} chips, {hbm:.2f} GiB HBM each), mesh {self.mesh}:"
+            f"compiled for {self.topology} ({self.chips} chips, {hbm:.2f} GiB HBM each, {usable:.2f} usable), "
+            f"mesh {self.mesh}:"
         ]
         for p in self.programs:
             if not p.compiled or p.bytes_per_chip is None:
@@ -279,6 +308,7 @@ def compiler_error(message: str) -> str:
     text = " ".join(message.split())
     sizes = [s for s in re.split(r"(?<=\.)\s+", text) if re.search(r"exceed|\bused\b", s, re.IGNORECASE)]
     sizes = list(dict.fromkeys(s.split("\\n")[0].rstrip(";") for s in sizes))  # some come twice
+    sizes = [s for s in sizes if s.rstrip(".") != head]
     where = _ATTENTION_LABEL.search(message)
     parts = [head, *([f"in {where.group(1)}"] if where else []), *sizes]
     return "; ".join(parts)[:500]
@@ -397,19 +427,40 @@ def _dit_backend(attention: str | AttentionSpec, cfg: Any, dtype: Any) -> str:
     return resolve_backend(name, AttentionShape(cfg.attention_head_dim, np.dtype(dtype).name))
 
 
-def compile_run(run: RunSpec, tpu: Slice, planned: Mapping[str, int] | None = None) -> CompileReport:
+PROGRAMS = ("text_encoder", "image_encoder", "vae_encode", "step", "vae_decode")  # "step": each expert's
+
+
+def parse_programs(text: str) -> tuple[str, ...]:
+    """``--programs`` (``step,vae_decode``): names of :data:`PROGRAMS`; WanjaxError naming the others."""
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in PROGRAMS]
+    if unknown or not names:
+        raise WanjaxError(f"--programs {text!r}: choose from {', '.join(PROGRAMS)}")
+    return names
+
+
+def compile_run(
+    run: RunSpec,
+    tpu: Slice,
+    planned: Mapping[str, int] | None = None,
+    only: Collection[str] | None = None,
+) -> CompileReport:
     """Every program of ``run`` compiled for ``tpu`` (no TPU needed; none is touched).
     ``planned``: :mod:`wanjax.tools.plan`'s bytes per chip of each stage (``encode``, ``denoise``,
-    ``decode``), shown beside each program of the stage."""
+    ``decode``), shown beside each program of the stage. ``only``: compile just these of
+    :data:`PROGRAMS` (the others' weights still count as resident)."""
     if run.mesh.num_devices != tpu.chips:
         raise WanjaxError(
             f"mesh {run.mesh.flag} uses {run.mesh.num_devices} devices; {tpu.name} has {tpu.chips} chips"
         )
+    only = None if only is None else parse_programs(",".join(only))
     target = slice_target(tpu)
     with building_for(target):
         programs = list(run_programs(run, target))
-        reports = [compile_one(p, None if planned is None else planned.get(p.stage)) for p in programs]
+        chosen = [p for p in programs if only is None or ("step" if p.stage == "denoise" else p.name) in only]
+        reports = [compile_one(p, None if planned is None else planned.get(p.stage)) for p in chosen]
     if parse_offload(run.offload) == "none":  # every component's weights stay on the chips
-        for program, report in zip(programs, reports, strict=True):
+        for program, report in zip(chosen, reports, strict=True):
             report.resident_bytes_per_chip = sum(p.weights_bytes for p in programs) - program.weights_bytes
-    return CompileReport(tpu.name, tpu.chips, tpu.hbm_bytes, run.mesh.flag, reports)
+    chip = tpu.chip
+    return CompileReport(tpu.name, tpu.chips, chip.hbm_bytes, chip.usable_hbm_bytes, run.mesh.flag, reports)
