@@ -252,3 +252,15 @@ def test_plan_compile_can_compile_only_some_programs(tmp_path):
     programs = json.loads(out.read_text())["programs"]
     assert [p["name"] for p in programs] == ["step_high_noise", "step_low_noise"]
     assert all(p["resident_bytes_per_chip"] > 0 for p in programs)  # the other expert, text encoder, VAE
+
+
+def test_the_compilers_cost_model_counts_splash_exp2_as_the_analytic_flops(v6e):
+    """Without its ``pl.CostEstimate`` the compiler counted the kernel as ~0 FLOPs."""
+    from wanjax.tools.flops import attention_flops
+
+    with building_for(v6e):
+        compiled = attention_program(v6e, "splash_exp2", (1, 4096, 2, 128)).lower().compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    assert cost["flops"] == pytest.approx(attention_flops(1, 2, 4096, 4096, 128), rel=1e-3)
+    assert cost["transcendentals"] == 2 * 4096 * 4096

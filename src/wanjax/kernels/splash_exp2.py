@@ -73,9 +73,23 @@ def splash_exp2_attention(problem: AttentionProblem) -> jax.Array:
             flags={"XLA_TPU_FORCE_LP_LLO_SCHEDULER": True},
         ),
         interpret=use_interpret("splash_exp2"),
+        cost_estimate=_cost(qh, kh, q_len, k_len, dim, q_pad // bq),
         name="wanjax_splash_exp2",
     )(qh, kh, vh)
     return from_head_major(out, batch, q_len, dim)
+
+
+def _cost(qh: jax.Array, kh: jax.Array, q_len: int, k_len: int, dim: int, q_blocks: int) -> pl.CostEstimate:
+    """What the compiler's cost model counts for the call (else ~0): the attention's analytic FLOPs
+    (``4 Lq Lk D`` per head, the padding not counted; :mod:`wanjax.tools.flops`), one exponential
+    per score, and the bytes moved: q and the output once, k and v once per query block."""
+    heads = qh.shape[0]
+    item = qh.dtype.itemsize
+    return pl.CostEstimate(
+        flops=4 * heads * q_len * k_len * dim,
+        transcendentals=heads * q_len * k_len,
+        bytes_accessed=2 * qh.size * item + 2 * kh.size * item * q_blocks,
+    )
 
 
 def _kernel(
