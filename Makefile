@@ -34,7 +34,7 @@ test: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q tests
 
-## test-fast: the suite less its `slow` cases (subprocesses, large parity cases, end-to-end runs, serving)
+## test-fast: the suite less its `slow` cases (subprocesses, large parity cases, end-to-end runs, serving, TPU pipeline compiles)
 test-fast: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q -m "not slow" tests
