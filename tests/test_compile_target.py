@@ -266,15 +266,15 @@ def test_the_compilers_cost_model_counts_splash_exp2_as_the_analytic_flops(v6e):
     assert cost["transcendentals"] == 2 * 4096 * 4096
 
 
-@pytest.mark.xfail(strict=True, reason="streamed host-memory layers do not compile for TPUs yet (open)")
 @pytest.mark.parametrize(("program", "offload"), [("text_encoder", "model"), ("step", "blocks")])
 def test_streamed_offload_compiles_for_a_tpu(program, offload):
-    """Found by the compile target: the TPU compiler refuses the streamed layers' host-to-device
-    slices ("Async slice only supports slicing in 1 dimension", "Sublane slicing size must be
-    multiple of element packing factor"); 8-bit weights compile. Strict: passing means it is fixed."""
+    """Found by the compile target: the TPU compiler refused the streamed stacked norms and UMT5's
+    relative bias in host memory ("Sublane slicing size must be multiple of element packing factor",
+    "Async slice only supports slicing in 1 dimension"); only the matmul kernels stream now."""
     run = RunSpec(registry()["demo"], 64, 64, 5, parse_mesh("dp=2,sp=1,tp=4"), offload=offload)
     report = compile_run(run, SLICES["v5e-8"], only=[program])
     assert report.programs[0].compiled, report.programs[0].error
+    assert report.programs[0].bytes_per_chip["host_arguments"] > 0  # the kernels stay in host memory
 
 
 def test_8_bit_weights_compile_for_a_tpu():

@@ -195,10 +195,14 @@ def test_8bit_weights_are_one_byte_per_element_and_a_float32_scale_per_output_ch
 
 
 def stacked_and_fixed(spec) -> tuple[int, int]:
-    """bf16 bytes of a component's stacked (``blocks/``, ``layers/``) leaves and of the others."""
+    """bf16 bytes of a component's streamable leaves (the stacked matmul kernels: ``blocks/.../kernel``,
+    ``layers/.../kernel``) and of the others (stacked norms and biases included)."""
     sizes = {"stacked": 0, "fixed": 0}
     for name, leaf in leaves_with_paths(abstract_params(spec, "bfloat16")):
-        sizes["stacked" if name.split("/")[0] in ("blocks", "layers") else "fixed"] += nbytes(leaf)
+        parts = name.split("/")
+        sizes["stacked" if parts[0] in ("blocks", "layers") and parts[-1] == "kernel" else "fixed"] += nbytes(
+            leaf
+        )
     return sizes["stacked"], sizes["fixed"]
 
 

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wanjax.errors import ConfigError
-from wanjax.io.checkpoint import LeafSource, ShardingFn, first_device
+from wanjax.io.checkpoint import LeafSource, ShardingFn, first_device, linear_kernel
 from wanjax.target import current_target
 
 Offload = Literal["none", "model", "blocks"]
@@ -66,8 +66,19 @@ def streams_layers(offload: Offload, *, per_step: bool = True) -> bool:
 
 def streamed(source: LeafSource, offload: Offload, *, per_step: bool = True) -> bool:
     """Whether the leaf ``source`` describes stays in host memory while its model runs: the stacked
-    (per-layer) leaves of a model that :func:`streams_layers`; every other leaf runs from device memory."""
-    return source.stacked and streams_layers(offload, per_step=per_step)
+    (per-layer) matmul kernels of a model that :func:`streams_layers` (nearly all of its bytes).
+    Every other leaf runs from device memory, the stacked norms, biases and tables included: they
+    are small, and the TPU compiler cannot slice such leaves out of host memory (a 16-bit ``(L, d)``
+    one: "Sublane slicing size must be multiple of element packing factor"; UMT5's ``(L, 32, H)``
+    relative bias: "Async slice only supports slicing in 1 dimension"; found by compiling for v5e,
+    :mod:`wanjax.tools.compile_target`)."""
+    return source.stacked and source.layout == linear_kernel and streams_layers(offload, per_step=per_step)
+
+
+def streamed_path(path: tuple[Any, ...]) -> bool:
+    """Whether the leaf at ``path`` of a stacked-layers tree is a matmul kernel (:func:`streamed`
+    leaves: their params are named ``kernel``, an 8-bit one's values and scales too)."""
+    return any(getattr(key, "key", None) == "kernel" for key in path)
 
 
 def offload_sharding(sharding: ShardingFn | None, offload: Offload, *, per_step: bool = True) -> ShardingFn:
@@ -115,7 +126,9 @@ def run_placement(
     params = dict(params)
     layers = params.pop(stacked)
     params = move(params, DEVICE)
-    params[stacked] = move(layers, HOST if stream else DEVICE)
+    params[stacked] = jax.tree_util.tree_map_with_path(
+        lambda path, a: move(a, HOST if stream and streamed_path(path) else DEVICE), layers
+    )
     return jax.block_until_ready(params) if block else params
 
 

@@ -34,7 +34,7 @@ import jax
 import numpy as np
 
 from wanjax.errors import WanjaxError
-from wanjax.io.checkpoint import LeafSource, abstract_params, leaf_dtype
+from wanjax.io.checkpoint import LeafSource, abstract_params, leaf_dtype, linear_kernel
 from wanjax.io.component import Component
 from wanjax.io.quantizable import (
     QUANTIZED_DTYPES,
@@ -258,10 +258,10 @@ def weight_bytes(
                 dequantized += _shard_bytes(shape, entries, dtype, sizes)
         else:
             nbytes = _shard_bytes(shape, entries, leaf_dtype(source, dtype), sizes)
-        if source.stacked:
+        if source.stacked and source.layout == linear_kernel:  # streamed (offload.streamed)
             layer += nbytes
-        else:
-            fixed += nbytes
+        else:  # the rest stays on the device, streaming or not, stacked norms and biases included
+            fixed += nbytes * (len(source.names) if source.stacked else 1)
     return WeightBytes(fixed, layer, num_layers, dequantized)
 
 
