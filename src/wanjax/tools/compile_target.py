@@ -14,6 +14,7 @@ attached.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -43,7 +44,25 @@ from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.runtime.libtpu import compiler_environment, installed
 from wanjax.target import Target, building_for
 
-__all__ = ["SLICES", "CompileReport", "ProgramReport", "RunSpec", "Slice", "compile_run", "parse_slice"]
+__all__ = [
+    "CHIPS",
+    "PROGRAMS",
+    "SLICES",
+    "Chip",
+    "CompileReport",
+    "Program",
+    "ProgramReport",
+    "RunSpec",
+    "Slice",
+    "attention_program",
+    "compile_one",
+    "compile_run",
+    "compiler_error",
+    "parse_programs",
+    "parse_slice",
+    "run_programs",
+    "slice_target",
+]
 
 GiB = 1 << 30
 
@@ -267,7 +286,8 @@ def compile_one(program: Program, planned: int | None = None) -> ProgramReport:
     """Compile one program; a compiler error becomes the report's one-line ``error``."""
     start = time.perf_counter()
     try:
-        compiled = program.lower().compile()
+        with _without_persistent_cache():
+            compiled = program.lower().compile()
     except Exception as err:  # the compiler's refusal (VMEM, HBM, an unsupported op) is the answer
         seconds = time.perf_counter() - start
         error = compiler_error(str(err))
@@ -299,6 +319,17 @@ def attention_program(
     return Program("attention", lower, "denoise", name, 0)
 
 
+def _without_persistent_cache() -> contextlib.AbstractContextManager:
+    """JAX's persistent compilation cache off for a block: it cannot load an executable compiled for
+    a topology's devices ("PjRtCompiler must be constructed with a Client"), so its entries would be
+    written for nothing and each later read would warn."""
+    try:
+        from jax._src.config import enable_compilation_cache
+    except ImportError:
+        return contextlib.nullcontext()
+    return enable_compilation_cache(False)
+
+
 def compiler_error(message: str) -> str:
     """The compiler's error in one line: its code (``RESOURCE_EXHAUSTED: E1001:
     CompileTimeScopedVmemOom``), the attention call it failed in and its sentences giving the sizes
@@ -317,10 +348,6 @@ def compiler_error(message: str) -> str:
 _ATTENTION_LABEL = re.compile(r"op_name=\"[^\"]*?(attention_\w+)")
 
 
-def _weights(spec: Any, dtype: Any, weights: str, sharding: Any) -> Any:
-    return abstract_quantized_params(spec, dtype, weights, sharding)
-
-
 def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
     """The programs a run compiles on ``target``, in the order the run compiles them (call under
     ``building_for(target)``)."""
@@ -337,7 +364,9 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
     # text encoder: the prompt and the negative prompt, 512 tokens
     te_sharding = offload_sharding(params_sharding, offload, per_step=False)
     text_cfg = v.text_encoder or demo_text_encoder_config()  # None: a demo's, sized to its vocabulary
-    te_params = _weights(umt5.checkpoint_spec(text_cfg), dtype, run.weights_dtype, te_sharding)
+    te_params = abstract_quantized_params(
+        umt5.checkpoint_spec(text_cfg), dtype, run.weights_dtype, te_sharding
+    )
     encoder = umt5.UMT5Encoder(text_cfg, te_params, None, offload=offload)
     rows = 2 if run.guidance else 1
     yield Program(
@@ -353,9 +382,8 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
     if v.image_encoder is not None and tcfg.image_tokens:
         ccfg = v.image_encoder
         images = 2 if tcfg.first_last_frame else 1
-        c_params = _weights(
-            clip_vision.checkpoint_spec(ccfg), jnp.float32, run.weights_dtype, params_sharding
-        )
+        # float32 and unquantised, as WanPipeline loads it (diffusers' examples do)
+        c_params = abstract_params(clip_vision.checkpoint_spec(ccfg), jnp.float32, params_sharding)
         clip = clip_vision.CLIPVisionEncoder(ccfg, c_params, None)
         yield Program(
             "image_encoder", lambda: clip.lower(images), "encode", "xla", weights_per_chip(c_params)
@@ -394,7 +422,7 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
 
     settings = RunSettings(dtype, attention=run.attention, mesh=mesh, offload=offload)
     t_sharding = dit.transformer_sharding(mesh, fsdp, settings.offload)
-    t_params = _weights(dit.checkpoint_spec(tcfg), dtype, run.weights_dtype, t_sharding)
+    t_params = abstract_quantized_params(dit.checkpoint_spec(tcfg), dtype, run.weights_dtype, t_sharding)
     model = dit.WanTransformer(tcfg, t_params, settings)
     experts = 2 if v.boundary_ratio is not None else 1
     sampler = Sampler(model, model if experts == 2 else None)
