@@ -368,6 +368,10 @@ def test_image_to_video_14b_adds_clip_the_vae_and_the_image_layers(capsys):
         image.stages["denoise"].weights - base.stages["denoise"].weights == i2v_bytes - t2v_bytes + vae_bytes
     )
     assert image.stages["encode"].activations > base.stages["encode"].activations  # the VAE encode
+    # every component once in the run's weights (the VAE sits in all three stages: counted once)
+    _, decoder_bytes = ours(vae_spec(model_configs("I2V-14B").vae, "decoder"))
+    assert image.weights - base.weights == clip_bytes + vae_bytes - decoder_bytes + i2v_bytes - t2v_bytes
+    assert image.peak == max(image.weights + s.activations for s in image.stages.values())
     assert (
         main(["plan", "--model", "I2V-14B", "--num_devices", "8", "--height", "720", "--width", "1280"]) == 0
     )

@@ -129,6 +129,7 @@ class Plan:
     offload: str = "none"
     weights_dtype: str = UNQUANTIZED
     experts: int = 1
+    shared: int = 0  # bytes in more than one stage's ``stored``: an image model's VAE (add_image_stage)
 
     def host_note(self, stage: str) -> str:
         """What of ``stage``'s component waits in host memory while it runs."""
@@ -140,8 +141,8 @@ class Plan:
 
     @property
     def weights(self) -> int:
-        """Bytes per device of all three components' weights."""
-        return sum(s.stored for s in self.stages.values())
+        """Bytes per device of every component's weights (each counted once)."""
+        return sum(s.stored for s in self.stages.values()) - self.shared
 
     def on_device(self, stage: str) -> int:
         """Bytes per device while ``stage`` runs: its activations plus the weights on the device then
@@ -367,9 +368,10 @@ def plan(
         stages["denoise"] = StagePlan(
             d.weights + d_bytes.total - idle, d.activations, 2 * d.stored, d.streamed + idle
         )
+    shared = 0
     if model.image:
-        add_image_stage(stages, model, sizes, mesh, height, width, frames, vae_dtype, v_weights)
-    return Plan(mesh, stages, device_memory, layout, offload, weights_dtype, model.experts)
+        shared = add_image_stage(stages, model, sizes, mesh, height, width, frames, vae_dtype, v_weights)
+    return Plan(mesh, stages, device_memory, layout, offload, weights_dtype, model.experts, shared)
 
 
 def clip_activations(clip: CLIPVisionConfig, images: int) -> int:
@@ -391,12 +393,13 @@ def add_image_stage(
     frames: int,
     vae_dtype: str,
     decoder_weights: int,
-) -> None:
+) -> int:
     """An image-to-video model's extras, as ``WanPipeline`` runs them: in the encode stage the CLIP
     encoder (float32, sharded as UMT5; for a transformer taking its tokens) and the VAE, loaded there
     and resident after, whose encoder turns the conditioning video (the image, then black frames;
     split spatially over the devices as the decoder's latents) into latents. The stages after hold
-    the VAE too."""
+    the VAE too. Returns the bytes that puts in more than one stage's ``stored`` (the VAE, held by
+    all three stages: :attr:`Plan.shared`)."""
     clip = model.image_encoder
     clip_bytes = clip_act = 0
     if clip is not None:
@@ -423,6 +426,7 @@ def add_image_stage(
         s = stages[name]
         extra = vae_weights - (decoder_weights if name == "decode" else 0)
         stages[name] = StagePlan(s.weights + extra, s.activations, s.stored + extra, s.streamed)
+    return 2 * vae_weights  # stored by the encode, denoise and decode stages: counted three times
 
 
 def vae_live_bytes(cache: int, frame: int, strips: int) -> int:
