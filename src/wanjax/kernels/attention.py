@@ -75,9 +75,9 @@ class AttentionSpec:
     ``block_*``: TPU kernel blocks (``--bqsize --bkvsize --bkvcomputesize --bkvcomputeinsize``,
     multiples of 128 that nest); ``None`` takes the tune cache's entry for the shape on the target's
     device kind, else that kind's ``tuning.default_blocks``. ``k_smooth`` subtracts the mean key over
-    the sequence first (exact: it shifts each query's scores by a constant). ``window_size`` limits self-attention (``Lq == Lk``)
-    to keys ``|i - j| <= window_size``; cross-attention stays global. ``tune_file`` overrides the
-    cache's location.
+    the sequence first (exact: it shifts each query's scores by a constant). ``window_size`` limits
+    self-attention (``Lq == Lk``) to keys ``|i - j| <= window_size``; cross-attention stays global.
+    ``tune_file`` overrides the cache's location.
     """
 
     backend: str = "auto"
@@ -100,7 +100,7 @@ class AttentionSpec:
     def blocks(self, key: str) -> tuning.Blocks:
         """The four kernel blocks: the ones given, the rest from the tune cache or the defaults."""
         path = None if self.tune_file is None else Path(self.tune_file)
-        found = tuning.lookup(key, current_target().device_kind, path)
+        found = tuning.lookup(key, tuning.device_kind(), path)
         given = (self.block_q, self.block_kv, self.block_kv_compute, self.block_kv_compute_in)
         return tuple(g if g is not None else f for g, f in zip(given, found, strict=True))  # type: ignore[return-value]
 

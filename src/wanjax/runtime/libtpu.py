@@ -10,18 +10,13 @@ warnings when libtpu is loaded only to compile for a topology (:mod:`wanjax.tool
 from __future__ import annotations
 
 import contextlib
-import glob
 import importlib.util
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import jax
 
 __all__ = ["compiler_environment", "installed", "skip_absent_tpu", "tpu_attached"]
-
-_GOOGLE_PCI_VENDOR = "0x1ae0"  # TPU chips are PCI devices of Google's vendor id, as JAX looks for them
-_NVIDIA_DEVICES = ("/dev/nvidia0", "/dev/nvidiactl", "/dev/dxg")
 
 
 def installed() -> bool:
@@ -30,14 +25,9 @@ def installed() -> bool:
 
 
 def tpu_attached() -> bool:
-    """Whether a TPU chip is attached to this machine."""
-    try:
-        from jax._src.hardware_utils import num_available_tpu_chips_and_device_id
-    except ImportError:  # a JAX without it: read the PCI vendor ids the same way
-        return any(
-            Path(p).read_text().strip() == _GOOGLE_PCI_VENDOR
-            for p in glob.glob("/sys/bus/pci/devices/*/vendor")
-        )
+    """Whether a TPU chip is attached to this machine (JAX's own PCI check)."""
+    from jax._src.hardware_utils import num_available_tpu_chips_and_device_id
+
     return num_available_tpu_chips_and_device_id()[0] > 0
 
 
@@ -46,10 +36,12 @@ def skip_absent_tpu() -> bool:
     (and no NVIDIA GPU) is attached and no platform was asked for (``JAX_PLATFORMS``); JAX would
     load it only to print its start-up warnings and fall back to the CPU. Call before JAX starts
     its backends; True when it applied."""
-    if jax.config.jax_platforms or _backends_started() or not installed() or tpu_attached():
+    from jax._src.hardware_utils import has_visible_nvidia_gpu
+
+    if jax.config.jax_platforms or _backends_started() or not installed():
         return False
-    if any(os.path.exists(d) for d in _NVIDIA_DEVICES):
-        return False  # JAX picks the GPU; leave its choice alone
+    if tpu_attached() or has_visible_nvidia_gpu():  # JAX picks that device; leave its choice alone
+        return False
     jax.config.update("jax_platforms", "cpu")
     return True
 

@@ -32,7 +32,7 @@ from wanjax.io.quant import abstract_quantized_params
 from wanjax.kernels.attention import AttentionShape, AttentionSpec, attention, resolve_backend
 from wanjax.models import clip_vision, dit, umt5, vae
 from wanjax.models.config import parse_dtype
-from wanjax.models.offload import offload_sharding, parse_offload, program_memory
+from wanjax.models.offload import HOST_KINDS, memory_kind, offload_sharding, parse_offload, program_memory
 from wanjax.models.registry import Variant
 from wanjax.models.settings import RunSettings
 from wanjax.parallel.layouts import spatial_sharding
@@ -256,13 +256,11 @@ class Program:
 
 def weights_per_chip(params: Any) -> int:
     """Bytes per chip of an abstract params tree's leaves in device memory (their shards)."""
-    total = 0
-    for leaf in jax.tree.leaves(params):
-        sharding = leaf.sharding
-        if getattr(sharding, "memory_kind", None) in ("pinned_host", "unpinned_host"):
-            continue
-        total += math.prod(sharding.shard_shape(tuple(leaf.shape))) * np.dtype(leaf.dtype).itemsize
-    return total
+    return sum(
+        math.prod(leaf.sharding.shard_shape(tuple(leaf.shape))) * np.dtype(leaf.dtype).itemsize
+        for leaf in jax.tree.leaves(params)
+        if memory_kind(leaf) not in HOST_KINDS
+    )
 
 
 _CUSTOM_CALL = re.compile(r"custom_call_target=\"tpu_custom_call\"")
@@ -361,6 +359,10 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
     h, w = run.height // v.vae.spatial_factor, run.width // v.vae.spatial_factor
     latents_shape = (1, v.vae.z_dim, geometry_t, h, w)
 
+    def in_strips(shape: tuple[int, ...]) -> jax.ShapeDtypeStruct:
+        """A VAE input, split in spatial strips over the mesh as the pipeline places it."""
+        return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=spatial_sharding(mesh, shape))
+
     # text encoder: the prompt and the negative prompt, 512 tokens
     te_sharding = offload_sharding(params_sharding, offload, per_step=False)
     text_cfg = v.text_encoder or demo_text_encoder_config()  # None: a demo's, sized to its vocabulary
@@ -379,9 +381,9 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
 
     tcfg = v.transformer
     image = None
+    images = 2 if tcfg.first_last_frame else 1  # the conditioning images (first, last)
     if v.image_encoder is not None and tcfg.image_tokens:
         ccfg = v.image_encoder
-        images = 2 if tcfg.first_last_frame else 1
         # float32 and unquantised, as WanPipeline loads it (diffusers' examples do)
         c_params = abstract_params(clip_vision.checkpoint_spec(ccfg), jnp.float32, params_sharding)
         clip = clip_vision.CLIPVisionEncoder(ccfg, c_params, None)
@@ -398,8 +400,7 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
     )
     if v.image:
         frames = 1 if v.expand_timesteps else run.frames
-        video_shape = (1, 3, frames, run.height, run.width)
-        video = jax.ShapeDtypeStruct(video_shape, jnp.float32, sharding=spatial_sharding(mesh, video_shape))
+        video = in_strips((1, 3, frames, run.height, run.width))
         yield Program(
             "vae_encode",
             lambda: autoencoder.lower("encode", video),
@@ -413,7 +414,6 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
         else:
             states = None
             if tcfg.image_tokens:
-                images = 2 if tcfg.first_last_frame else 1
                 states = jax.ShapeDtypeStruct(
                     (images, v.image_encoder.num_positions, tcfg.image_dim), jnp.float32
                 )
@@ -439,7 +439,7 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
 
         yield Program(name, lower, "denoise", backend, weights_per_chip(t_params))
 
-    latents = jax.ShapeDtypeStruct(latents_shape, jnp.float32, sharding=spatial_sharding(mesh, latents_shape))
+    latents = in_strips(latents_shape)
     yield Program(
         "vae_decode",
         lambda: autoencoder.lower("decode_uint8", latents),
