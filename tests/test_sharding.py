@@ -149,6 +149,23 @@ def test_large_leaves_are_sharded_and_bytes_fall_with_tp(model_dir):
     assert per_device[-1] < 0.3 * per_device[0], per_device
 
 
+@pytest.mark.parametrize("mesh, prompts", [("dp=2,sp=1,tp=4", 1), ("dp=8,sp=1,tp=1", 4)])
+def test_text_encoder_splits_the_prompts_over_dp(model_dir, mesh, prompts):
+    """Prompts and negatives run on different dp groups (each computes its share), as on one device;
+    a batch dp does not divide stays whole."""
+    from wanjax.models.umt5 import load_text_encoder
+    from wanjax.parallel.mesh import make_mesh
+    from wanjax.parallel.rules import param_sharding
+
+    single = load_text_encoder(model_dir, "float32")
+    encoder = load_text_encoder(model_dir, "float32", sharding=param_sharding(make_mesh(parse_mesh(mesh))))
+    assert encoder.lower(2 * prompts, 16).compile().output_shardings.spec[0] == "dp"
+    assert encoder.lower(3, 16).compile().output_shardings.spec in (P(), P(None))
+    texts = [f"a red cat walks, take {i}" for i in range(prompts)]
+    ref, got = (np.asarray(e.encode_prompt(texts, None, 16)[1]) for e in (single, encoder))
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)
+
+
 def _prod(shape: list[int]) -> int:
     return math.prod(shape)
 

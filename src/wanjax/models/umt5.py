@@ -43,6 +43,7 @@ from wanjax.models.offload import (
     streams_layers,
 )
 from wanjax.models.tokenizer import Tokenizer, load_tokenizer
+from wanjax.parallel.layouts import batch_spec, constrain, params_mesh
 
 # ----------------------------------------------------------------------------------------------
 # Config
@@ -367,6 +368,7 @@ class UMT5Encoder:
         self.trim_padding = trim_padding
         self.precision = resolve_precision(precision, "text_encoder")
         self.stream = streams_layers(parse_offload(offload), per_step=False)
+        self.mesh = params_mesh(params)  # the prompts' batch is split over its dp
         self._forward = jax.jit(self.apply)
         self._embed = jax.jit(self._embed_impl, static_argnames="out_length")
 
@@ -394,8 +396,11 @@ class UMT5Encoder:
         self.params = run_placement(self.params, "layers", self.stream, block=block)
 
     def _embed_impl(self, params: Params, ids: jax.Array, mask: jax.Array, out_length: int) -> jax.Array:
+        """The prompts split over ``dp`` where the weights' mesh has it and it divides the batch."""
+        spec = batch_spec(self.mesh, ids.shape[0])
+        ids, mask = constrain(ids, self.mesh, spec), constrain(mask, self.mesh, spec)
         emb = prompt_embeddings(params, self.cfg, ids, mask, precision=self.precision, stream=self.stream)
-        return jnp.pad(emb, ((0, 0), (0, out_length - ids.shape[1]), (0, 0)))
+        return jnp.pad(constrain(emb, self.mesh, spec), ((0, 0), (0, out_length - ids.shape[1]), (0, 0)))
 
     def lower(self, batch: int, length: int = 512) -> jax.stages.Lowered:
         """The program :meth:`encode_ids` runs for ``batch`` prompts of ``length`` tokens (none

@@ -76,6 +76,21 @@ def token_layout(sizes: dict[str, int], batch: int, length: int, heads: int) -> 
     return TokenLayout(batch_axes, tuple(seq), head_axes)
 
 
+def params_mesh(tree: Any) -> Mesh | None:
+    """The mesh a params tree is laid out on (its first named sharding's); None off any mesh."""
+    for leaf in jax.tree.leaves(tree):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return sharding.mesh
+    return None
+
+
+def batch_spec(mesh: Mesh | None, batch: int) -> P:
+    """``(B, ...)`` split over ``dp`` when it divides the batch (the prompt and its negative), else whole."""
+    dp = 1 if mesh is None else dict(mesh.shape).get("dp", 1)
+    return P("dp") if dp > 1 and batch % dp == 0 else P()
+
+
 def constrain(x: jax.Array, mesh: Mesh | None, spec: P) -> jax.Array:
     """``with_sharding_constraint`` under ``mesh`` (identity without a mesh)."""
     return x if mesh is None else jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
