@@ -90,7 +90,7 @@ def generate_args(model, out: Path, *flags) -> tuple:
         (("--vae_tiling", "16:4"), ("--vae_tiling stride 4", "at least 8")),
         (("--mesh", "dp=16"), ("uses 16 devices but 8 are available", "--mesh")),
         (("--attention", "cudnn"), ("needs an NVIDIA GPU", "available:")),
-        (("--seed", "-5"), ("--seed must be a non-negative integer",)),
+        (("--seed", "-5"), ("--seed must be an integer from 0 to 2**63-1",)),
     ],
 )
 def test_bad_flags_fail_before_any_work(demo_env, tmp_path, capsys, flags, needles):

@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
+import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -97,12 +99,66 @@ def build_parser(commands: Mapping[str, Subcommand]) -> CliParser:
     return parser
 
 
+def command_list(commands: Mapping[str, Subcommand]) -> str:
+    """What ``wanjax`` alone prints: each subcommand with its one line."""
+    width = max(map(len, commands))
+    lines = [f"  {name:<{width}}  {command.help}" for name, command in commands.items()]
+    return "\n".join(["usage: wanjax COMMAND [flags]  (wanjax COMMAND --help for its flags)", *lines])
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a service manager or ``kill``) while a command ran: stop as Ctrl-C does."""
+
+
+STOPPED = {
+    signal.SIGINT: (130, "wanjax: interrupted (no partial output files were left)"),
+    signal.SIGTERM: (143, "wanjax: terminated by SIGTERM (no partial output files were left)"),
+}
+
+
+def _exit_at_once(signum: int, frame: Any) -> None:
+    """Ctrl-C or SIGTERM before the command runs (JAX being imported, flags checked): nothing is
+    written yet, and an exception raised inside a C extension's import would abort the process."""
+    code, line = STOPPED[signum]
+    print(line, file=sys.stderr, flush=True)
+    os._exit(code)
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated
+
+
+def _on_signals(handlers: Mapping[int, Any]) -> None:
+    """Install ``handlers`` (main thread only); an ignored SIGINT (a background job's) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum, handler in handlers.items():
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            signal.signal(signum, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """``wanjax``: the exit status. Ctrl-C (130) and SIGTERM (143) end any command at any moment
+    with one line (``serve`` handles SIGTERM itself once it runs: it finishes the running job)."""
+    program = argv is None  # the process is wanjax's (not a caller's in-process call)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    _on_signals(dict.fromkeys(STOPPED, _exit_at_once))
     try:
         return _main(argv)
     except BrokenPipeError:  # the reader went away (`wanjax info demo | head`): not an error
         _silence_stdout()
         return 0
+    except (KeyboardInterrupt, Terminated) as e:
+        if "--debug" in argv:
+            raise
+        code, line = STOPPED[signal.SIGINT if isinstance(e, KeyboardInterrupt) else signal.SIGTERM]
+        print(line, file=sys.stderr, flush=True)
+        if program:  # leave now: Python's shutdown would wait on, or crash in, XLA's running threads
+            sys.stdout.flush()
+            os._exit(code)
+        return code
+    finally:
+        _on_signals({signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL})
 
 
 def _silence_stdout() -> None:
@@ -112,7 +168,7 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
-def _main(argv: Sequence[str] | None) -> int:
+def _main(argv: list[str]) -> int:
     from wanjax.runtime.libtpu import skip_absent_tpu
 
     skip_absent_tpu()  # libtpu installed, no TPU here: as quiet as without it
@@ -120,6 +176,9 @@ def _main(argv: Sequence[str] | None) -> int:
     warnings.formatwarning = _one_line_warning  # "wanjax: warning: ..." instead of file:line + source
     try:
         commands = subcommands()
+        if not argv:
+            print(command_list(commands), file=sys.stderr)
+            return 2
         try:
             args = build_parser(commands).parse_args(argv)
         except UsageError as e:
@@ -138,6 +197,10 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 def _run(command: Subcommand, args: argparse.Namespace, debug: bool) -> int:
     """Build the request, run it; errors become one line and an exit status unless ``debug``."""
+    serving = args.command == "serve"
+    _on_signals(
+        {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL if serving else _terminate}
+    )
     try:
         status = command.run(command.request(args))
     except WanjaxError as e:
@@ -145,11 +208,6 @@ def _run(command: Subcommand, args: argparse.Namespace, debug: bool) -> int:
             raise
         print(f"wanjax: error: {one_line(e)}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        if debug:
-            raise
-        print("wanjax: interrupted (no partial output files were left)", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         raise  # stdout's reader went away: see main
     except (OSError, MemoryError) as e:  # a runtime failure: disk full, out of host memory, ...

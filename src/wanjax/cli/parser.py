@@ -7,7 +7,9 @@ scripts' names (``--num_inference_steps``), hyphenated spellings accepted (``--n
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
+import sys
 from typing import Any, NoReturn
 
 from wanjax.errors import one_line
@@ -35,9 +37,11 @@ class CliParser(argparse.ArgumentParser):
         return self._subcommands
 
     def parse_args(self, args: Any = None, namespace: Any = None) -> argparse.Namespace:
-        namespace, unknown = self.parse_known_args(args, namespace)
+        argv = list(sys.argv[1:] if args is None else map(str, args))
+        namespace, unknown = self.parse_known_args(argv, namespace)
         if unknown:
-            self._parser_of(namespace).error(f"unrecognized arguments: {' '.join(unknown)}")
+            parser = self._parser_of(namespace)
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}{_hint(parser, argv, unknown)}")
         return namespace
 
     def error(self, message: str) -> NoReturn:
@@ -48,6 +52,27 @@ class CliParser(argparse.ArgumentParser):
         if self._subcommands is None:
             return self
         return self._subcommands.choices.get(getattr(namespace, self._subcommands.dest, None), self)
+
+
+def _hint(parser: argparse.ArgumentParser, argv: list[str], unknown: list[str]) -> str:
+    """What the user likely meant: the flag a typo is closest to (``--promt``: ``--prompt``), or the
+    quotes that make words after a flag's value part of it (``--prompt A cat walks``)."""
+    first = unknown[0]
+    if first.startswith("--"):
+        name = first.split("=", 1)[0]
+        flags = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
+        close = difflib.get_close_matches(name, flags, n=1, cutoff=0.75)
+        return f" (did you mean {close[0]}?)" if close else ""
+    if first.startswith("-"):
+        return ""
+    at = next((i for i in range(len(argv)) if argv[i : i + len(unknown)] == unknown), -1)
+    if at >= 2 and argv[at - 2].startswith("--") and not argv[at - 1].startswith("-"):
+        words = [
+            argv[at - 1],
+            *unknown[: next((i for i, w in enumerate(unknown) if w.startswith("-")), None)],
+        ]
+        return f'; quote a value with spaces: {argv[at - 2]} "{" ".join(words)}"'
+    return ""
 
 
 def _plain_choices(message: str) -> str:

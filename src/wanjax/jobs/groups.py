@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from typing import Any, ClassVar
 
 from wanjax.errors import ConfigError
 from wanjax.jobs.flags import option
+from wanjax.models.defaults import TEXT_LENGTH
 
 DEFAULT_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 DEFAULT_DTYPE = "bfloat16"
@@ -159,8 +161,9 @@ class PromptFlags:
 
     prompt: tuple[str, ...] = option(
         (),
-        help="what the video shows (required, or --prompt_file); several prompts run as one batch "
-        "(one mp4 each: NAME_0.mp4, ...)",
+        help='what the video shows, quoted: --prompt "a cat on the grass" (required, or --prompt_file); '
+        "repeated, the prompts run as one batch (one mp4 each: NAME_0.mp4, ...)",
+        repeat=True,
     )
     prompt_file: str | None = option(
         None,
@@ -172,7 +175,9 @@ class PromptFlags:
         "prompt that diffusers' Wan examples use",
         values=lambda: {"names": ", ".join(_named_negative_prompts())},
     )
-    max_sequence_length: int = option(512, help="text tokens (default {default}, as trained)")
+    max_sequence_length: int = option(
+        TEXT_LENGTH, help="text tokens (default {default}, as trained; at most that)"
+    )
 
 
 def _named_negative_prompts() -> dict[str, str]:
@@ -360,7 +365,9 @@ def parse_lora(value: str, flag: str = "--lora") -> tuple[str, float]:
     try:
         weight = float(tail)
     except ValueError:
-        return value, 1.0
+        if Path(value).exists() or not (Path(path).exists() or path.endswith(".safetensors")):
+            return value, 1.0
+        raise ConfigError(f"{flag} {value}: the weight after ':' must be a number, e.g. {path}:0.8") from None
     if not math.isfinite(weight):
         raise ConfigError(f"{flag} {value}: the weight must be a finite number")
     return path, weight

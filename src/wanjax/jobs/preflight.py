@@ -9,7 +9,6 @@ values are checked when a request is built: :func:`wanjax.jobs.requests.check_fl
 
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -41,8 +40,15 @@ def check_writable(path: str | Path, flag: str) -> None:
                 pass
         except OSError as e:
             raise WanjaxError(f"{flag} {path}: cannot write to {folder} ({e.strerror or e})") from None
-    elif not os.access(existing, os.W_OK | os.X_OK):
-        raise WanjaxError(f"{flag} {path}: cannot create {folder} ({existing} is not writable)")
+    else:  # a real probe here too: root may write anywhere but in /proc, a read-only mount, ...
+        first = existing / folder.relative_to(existing).parts[0]
+        try:
+            first.mkdir()
+            first.rmdir()
+        except OSError as e:
+            raise WanjaxError(
+                f"{flag} {path}: cannot create {folder} ({e.strerror or e} in {existing})"
+            ) from None
 
 
 def check_outputs(outputs: Mapping[str, str | Path | None]) -> None:

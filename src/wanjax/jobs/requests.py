@@ -11,8 +11,10 @@ request (the command line from its flags, the server from a request body) checks
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -206,8 +208,28 @@ def _check_prompts(flags: dict[str, Any]) -> None:
         raise WanjaxError('no prompt: give --prompt "what the video shows" (or --prompt_file FILE)')
     if flags["prompt"] and flags["prompt_file"]:
         raise WanjaxError("--prompt and --prompt_file both given; give one of them")
+    if any(not p.strip() for p in flags["prompt"]):
+        warnings.warn(
+            '--prompt is empty: the video follows no text (diffusers allows it); give --prompt "what it shows"',
+            stacklevel=2,
+        )
+    _hint_negative_name(flags.get("negative_prompt"))
     if flags.get("last_image") and not flags.get("image"):
         raise WanjaxError("--last_image needs --image (the first frame) too")
+
+
+def _hint_negative_name(text: str | None) -> None:
+    """A warning when a --negative_prompt used as text looks like a misspelt name of a named one."""
+    from wanjax.pipeline.prompts import NAMED_NEGATIVE_PROMPTS
+
+    if not text or text in NAMED_NEGATIVE_PROMPTS or " " in text.strip():
+        return
+    close = difflib.get_close_matches(text.strip().lower(), list(NAMED_NEGATIVE_PROMPTS), n=1, cutoff=0.7)
+    if close:
+        warnings.warn(
+            f"--negative_prompt {text!r} is used as the text itself; did you mean the named prompt {close[0]!r}?",
+            stacklevel=3,
+        )
 
 
 def _check_output_names(flags: dict[str, Any]) -> None:
@@ -218,7 +240,7 @@ def _check_output_names(flags: dict[str, Any]) -> None:
 
 
 def _check_numbers(flags: dict[str, Any]) -> None:
-    from wanjax.models.registry import Defaults
+    from wanjax.models.defaults import TEXT_LENGTH, Defaults
 
     steps = flags.get("num_inference_steps")
     if steps is not None and steps < 1:
@@ -251,9 +273,14 @@ def _check_numbers(flags: dict[str, Any]) -> None:
         value = flags.get(name)
         if value is not None and value < 1:
             raise WanjaxError(f"--{name} must be positive, got {value}")
+    length = flags.get("max_sequence_length")
+    if length is not None and not 1 <= length <= TEXT_LENGTH:
+        raise WanjaxError(
+            f"--max_sequence_length must be 1 to {TEXT_LENGTH} (the text tokens Wan was trained on), got {length}"
+        )
     seed = flags.get("seed")
     if seed is not None and not 0 <= seed < 2**63:
-        raise WanjaxError(f"--seed must be a non-negative integer, got {seed}")
+        raise WanjaxError(f"--seed must be an integer from 0 to 2**63-1 ({2**63 - 1}), got {seed}")
 
 
 def _check_dtypes(flags: dict[str, Any]) -> None:

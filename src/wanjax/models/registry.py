@@ -21,6 +21,7 @@ import dataclasses
 from wanjax.errors import ConfigError
 from wanjax.models.clip_vision import CLIPVisionConfig
 from wanjax.models.config import TransformerConfig
+from wanjax.models.defaults import Defaults
 from wanjax.models.umt5 import UMT5Config
 from wanjax.models.vae.config import VAEConfig
 
@@ -110,19 +111,6 @@ _DEMO_CONDITIONED = DEMO_TRANSFORMER.out_channels + 4 + DEMO_VAE.z_dim  # noise,
 
 # ----------------------------------------------------------------------------------------------
 # Entries
-
-
-@dataclasses.dataclass(frozen=True)
-class Defaults:
-    """Video and sampling values for what a run leaves out."""
-
-    height: int = 480
-    width: int = 832
-    frames: int = 81
-    fps: float = 16
-    num_inference_steps: int = 50
-    guidance_scale: float = 5.0
-    seed: int = 42
 
 
 HD = Defaults(height=720, width=1280)

@@ -43,6 +43,7 @@ from wanjax.kernels.attention import AttentionSpec
 from wanjax.kernels.precision import Precision, parse_precision, resolve_precision
 from wanjax.models.clip_vision import CLIPVisionEncoder, load_image_encoder
 from wanjax.models.config import TransformerConfig, parse_dtype
+from wanjax.models.defaults import TEXT_LENGTH
 from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2, WanTransformer, checkpoint_spec, load_transformer
 from wanjax.models.image_processor import ImageInput
 from wanjax.models.lora import LoraSpec, load_loras, plan_updates
@@ -434,7 +435,7 @@ class WanPipeline:
     # The three stages
 
     def encode_prompt(
-        self, prompt: Prompt, negative_prompt: Prompt | None = None, max_sequence_length: int = 512
+        self, prompt: Prompt, negative_prompt: Prompt | None = None, max_sequence_length: int = TEXT_LENGTH
     ) -> tuple[jax.Array, jax.Array]:
         """``(prompt_embeds, negative_prompt_embeds)``, each ``[B, max_sequence_length, text_dim]``
         in the text encoder's dtype; as diffusers' ``encode_prompt`` (negative prompt ``""`` when None).
@@ -619,7 +620,7 @@ class WanPipeline:
         flow_shift: float | None = None,
         seed: int | None = None,
         latents: jax.Array | np.ndarray | None = None,
-        max_sequence_length: int = 512,
+        max_sequence_length: int = TEXT_LENGTH,
         progress: bool = True,
         cache: CacheConfig | None = None,
         scheduler: str = "auto",

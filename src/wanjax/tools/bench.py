@@ -110,7 +110,7 @@ class BenchConfig:
     arch: str = option(
         "1.3B", choices=lambda: tuple(released()), help="a registry variant (default {default})"
     )
-    layers: int | None = option(None, help="DiT/UMT5/CLIP layers (default: all)")
+    layers: int | None = option(None, help="DiT/UMT5/CLIP layers, at least 1 (default: all)")
     height: int = option(240, help="pixels, multiple of 16 (default {default})")
     width: int = option(416, help="pixels, multiple of 16 (default {default})")
     frames: int = option(17, help="4n+1 frames (default {default})")
@@ -572,6 +572,12 @@ class BenchRequest:
 
     config: BenchConfig = dataclasses.field(default_factory=BenchConfig)
     json: str | None = option(None, help="also write the numbers to this JSON file")
+
+    def check(self) -> None:
+        """WanjaxError naming a flag whose value cannot be meant."""
+        layers = self.config.layers
+        if layers is not None and layers < 1:
+            raise WanjaxError(f"--layers must be at least 1 (leave it out for all layers), got {layers}")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
