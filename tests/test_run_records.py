@@ -71,7 +71,7 @@ def test_runs_in_the_same_second_keep_every_file_and_record_it(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(outputs, "datetime", FrozenClock)
     cache = ("--jax_cache_dir", tmp_path / "jax")
-    code, out, err = run(capsys, "generate", "--model", "demo", "--prompt", "A", "B", *SMALL, *cache,
+    code, out, err = run(capsys, "generate", "--model", "demo", "--prompt", "A", "--prompt", "B", *SMALL, *cache,
                          "--preview", "sheet.png", "--negative_prompt", "official")  # fmt: skip
     assert code == 0, err
     stem = "20261124_120000"
