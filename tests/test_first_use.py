@@ -4,7 +4,9 @@ Ctrl-C and SIGTERM end a run at any moment with one line."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -129,3 +131,72 @@ def test_ctrl_c_and_sigterm_end_a_run_with_one_line(demo_env, tmp_path, sig, cod
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == code and err.strip() == words, (proc.returncode, err)
     assert _files(tmp_path) == []
+
+
+def _corrupt_largest_tensor(weights: Path) -> str:
+    """0xFF over 64 bytes inside the data of the file's largest float tensor (the header intact):
+    NaNs, as a damaged download gives. The tensor's name."""
+    raw = weights.read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + size])
+    name, entry = max(
+        ((k, v) for k, v in header.items() if k != "__metadata__" and v["dtype"].startswith(("F", "BF"))),
+        key=lambda kv: kv[1]["data_offsets"][1] - kv[1]["data_offsets"][0],
+    )
+    start, end = (8 + size + o for o in entry["data_offsets"])
+    at = (start + end) // 2 // 4 * 4
+    weights.write_bytes(raw[:at] + b"\xff" * 64 + raw[at + 64 :])
+    return name
+
+
+@pytest.mark.parametrize(
+    "model, component",
+    [
+        ("demo", "text_encoder"),
+        pytest.param("demo", "transformer", marks=pytest.mark.slow),
+        pytest.param("demo", "vae", marks=pytest.mark.slow),  # its decoder: read after denoising
+        pytest.param("demo-i2v", "image_encoder", marks=pytest.mark.slow),
+    ],
+)
+def test_a_corrupted_weight_is_named_exit_1_and_no_video(demo_env, tmp_path, model, component):
+    from wanjax.pipeline.hub import resolve_model
+
+    root = tmp_path / "model"
+    shutil.copytree(resolve_model(model).path, root)
+    (weights,) = (root / component).glob("*.safetensors")
+    _corrupt_largest_tensor(weights)
+    out = tmp_path / "out"
+    image = ("--image", _image(tmp_path)) if model == "demo-i2v" else ()
+    args = (
+        "generate",
+        "--model",
+        str(root),
+        "--prompt",
+        "a cat",
+        "--output_video",
+        str(out / "v.mp4"),
+        *image,
+    )
+    result = subprocess.run(
+        _command(*args, "--num_inference_steps", "1", "--height", "32", "--width", "48", "--frames", "5"),
+        env=_env(demo_env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, (result.returncode, result.stderr)
+    assert (
+        lines[0].startswith(f"wanjax: error: {root / component}")
+        and "NaN or inf in the weights of" in lines[0]
+    )
+    assert "download it again" in lines[0]
+    assert not out.exists() or _files(out) == []
+
+
+def _image(folder: Path) -> str:
+    from PIL import Image
+
+    path = folder / "first.png"
+    Image.new("RGB", (48, 32), (200, 120, 40)).save(path)
+    return str(path)

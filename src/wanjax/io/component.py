@@ -16,6 +16,7 @@ from typing import Any
 
 from wanjax.errors import CheckpointError, ConfigError, WanjaxError
 from wanjax.io.checkpoint import TensorRef, check_checkpoint, load_params, open_component
+from wanjax.io.finite import check_finite
 from wanjax.io.quant import leaf_builder
 from wanjax.io.quantizable import UNQUANTIZED
 
@@ -123,6 +124,8 @@ class Component:
         cfg = self.read_config(directory)
         refs = self.open_weights(directory)
         spec = self.checkpoint_spec(cfg, refs)
-        return cfg, load_params(
+        params = load_params(
             refs, spec, dtype, str(directory), sharding=sharding, ignore=self.ignore, build=build
         )
+        check_finite(params, str(directory))
+        return cfg, params

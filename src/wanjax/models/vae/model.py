@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import ShardingFn, abstract_params, check_checkpoint, first_device, load_params
+from wanjax.io.finite import check_finite
 from wanjax.kernels.precision import resolve_precision
 from wanjax.models.config import parse_dtype
 from wanjax.models.layers import Params
@@ -310,6 +311,7 @@ def load_vae(
         )
         jax.block_until_ready(params)  # transfers done: the file mapping is released now
         release_free_heap()  # and the heap the reads used (~20 MiB of the real decoder's) returned
+        check_finite(params, f"{directory} ({part})")
         return params
 
     def like(part: str) -> Params:
