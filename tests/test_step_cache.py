@@ -382,3 +382,17 @@ def test_cli_cache_flags_calibrate_then_reuse_and_record(demo_env, tmp_path, cap
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "--cache" in err, err
     assert not (tmp_path / "bad.mp4").exists() and not (tmp_path / "r.json").exists()
+
+
+def test_the_report_times_computed_and_skipped_steps_apart():
+    """s/step over all steps is mostly the skipped steps' cost: the report gives each kind its own."""
+    from wanjax.runtime.timing import RunReport, StepTimes
+
+    steps = StepTimes(compile=1.0, first=0.5, steady=[0.04, 0.002, 0.05, 0.001, 0.001])
+    branches = {"cond": {"skipped": [2, 4, 5]}, "uncond": {"skipped": [4, 5]}}  # step 2: uncond ran
+    report = RunReport("generate", "demo", steps=steps, extra={"cache": {"branches": branches}})
+    assert report.computed_and_skipped() == ((4, 0.04), (2, 0.001))  # steps 0-3 (0 untimed); 4, 5
+    denoise = report.to_dict()["denoise"]
+    assert (denoise["computed_steps"], denoise["s_per_computed_step"]) == (4, 0.04)
+    assert (denoise["skipped_steps"], denoise["s_per_skipped_step"]) == (2, 0.001)
+    assert RunReport("generate", "demo", steps=steps).computed_and_skipped() is None

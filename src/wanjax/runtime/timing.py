@@ -127,6 +127,10 @@ class StepTimes:
         return statistics.median(self.steady) if self.steady else self.first
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
 def cache_line(cache: dict[str, Any]) -> str:
     """The report's line about the step cache (its JSON record: policy, per-branch skips, evaluations)."""
     branches = cache["branches"]
@@ -185,7 +189,32 @@ class RunReport:
                 "first_step_s": self.steps.first,
                 "step_s": [self.steps.first, *self.steps.steady],
             }
+            split = self.computed_and_skipped()
+            if split is not None:
+                (computed, s_computed), (skipped, s_skipped) = split
+                out["denoise"].update(
+                    computed_steps=computed,
+                    s_per_computed_step=s_computed,
+                    skipped_steps=skipped,
+                    s_per_skipped_step=s_skipped,
+                )
         return out
+
+    def computed_and_skipped(self) -> tuple[tuple[int, float | None], tuple[int, float | None]] | None:
+        """With a step cache: ``(count, median seconds)`` of the steps the DiT ran (for any branch)
+        and of those it skipped (the first step, which pays for warming up, counted but not timed)."""
+        if self.steps is None or "cache" not in self.extra:
+            return None
+        skipped_by = [set(b["skipped"]) for b in self.extra["cache"]["branches"].values()]
+        skipped = set.intersection(*skipped_by) if skipped_by else set()
+        times = [self.steps.first, *self.steps.steady]
+
+        def median_of(steps: list[int]) -> float | None:
+            timed = [times[i] for i in steps if 0 < i < len(times)]
+            return statistics.median(timed) if timed else None
+
+        computed = [i for i in range(len(times)) if i not in skipped]
+        return (len(computed), median_of(computed)), (len(skipped), median_of(sorted(skipped)))
 
     def table(self) -> str:
         """The human-readable report printed at the end of a run."""
@@ -205,8 +234,13 @@ class RunReport:
         if "mesh" in self.extra:
             lines.append(f"mesh: {self.extra['mesh']}")
         if self.steps is not None and self.steps.steps:
+            split = self.computed_and_skipped()
+            per_step = f"{self.steps.per_step:.3f} s/step"
+            if split is not None:
+                (computed, s_computed), (skipped, s_skipped) = split
+                per_step = f"{computed} computed at {_seconds(s_computed)} s/step, {skipped} skipped at {_seconds(s_skipped)}"
             lines.append(
-                f"denoise: {self.steps.steps} steps, {self.steps.per_step:.3f} s/step "
+                f"denoise: {self.steps.steps} steps, {per_step} "
                 f"(step program compile {self.steps.compile:.2f} s, first step {self.steps.first:.3f} s)"
             )
         if "cache" in self.extra:
