@@ -155,7 +155,7 @@ def test_a_variant_added_to_the_registry_alone_appears_in_plan_bench_and_info(wi
 
     assert main(["info", NEW.name]) == 0
     out = capsys.readouterr().out
-    assert NEW.title in out and "544x960" in out and "20x128 heads" in out
+    assert NEW.title in out and "960x544" in out and "20x128 heads" in out
 
 
 def test_the_readme_models_table_is_the_registry():
@@ -173,4 +173,4 @@ def test_the_readme_models_table_is_the_registry():
         d = v.defaults
         _, _, checkpoint, video = rows[name]
         assert checkpoint.startswith(f"`{v.repo}`"), name
-        assert video == f"{d.height}x{d.width}, {d.frames}, {d.fps:g}", name
+        assert video == f"{d.width}x{d.height}, {d.frames}, {d.fps:g}", name

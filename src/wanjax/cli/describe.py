@@ -146,7 +146,7 @@ def cmd_info(request: InfoRequest) -> None:
 
 def _defaults_line(d: Defaults) -> str:
     return (
-        f"defaults: {d.height}x{d.width}, {d.frames} frames at {d.fps:g} fps, {d.num_inference_steps} steps, "
+        f"defaults: {d.width}x{d.height}, {d.frames} frames at {d.fps:g} fps, {d.num_inference_steps} steps, "
         f"guidance {d.guidance_scale:g}, seed {d.seed}"
     )
 

@@ -212,7 +212,7 @@ class ImageFlags:
     image: str | None = option(
         None,
         help="the first frame (PNG, JPEG, ...), for an image-to-video model; without --height/--width "
-        "the video keeps its aspect at the model's default area (480x832, 720x1280 for 720P models)",
+        "the video keeps its aspect at the model's default area (832x480, 1280x720 for 720P models)",
     )
     last_image: str | None = option(None, help="the last frame, for a first-last-frame model (FLF2V)")
 

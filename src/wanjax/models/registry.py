@@ -8,8 +8,8 @@ architecture and expert count (:func:`match`), the hub name breaking ties (Wan 2
 share one architecture); :func:`defaults_for` gives the defaults of any checkpoint, recognised or not.
 Real runs still read every dimension from the checkpoint's ``config.json``.
 
-Defaults are diffusers' (``WanPipeline.__call__``: 480x832, 81 frames, 50 steps, guidance 5.0; its Wan
-examples: 720x1280 for the 720P checkpoints, 16 fps) and, for TI2V-5B, the authors' (704x1280, 121
+Defaults are diffusers' (``WanPipeline.__call__``: 832x480, 81 frames, 50 steps, guidance 5.0; its Wan
+examples: 1280x720 for the 720P checkpoints, 16 fps) and, for TI2V-5B, the authors' (1280x704, 121
 frames at 24 fps, the Wan2.2-TI2V-5B-Diffusers model card). The flow shift is always the checkpoint's
 ``scheduler/scheduler_config.json`` (diffusers' default).
 """

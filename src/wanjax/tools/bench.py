@@ -191,7 +191,7 @@ class BenchConfig:
         f = self.vae.spatial_factor
         if self.height % (2 * f) or self.width % (2 * f) or (self.frames - 1) % 4:
             raise WanjaxError(
-                f"{self.height}x{self.width}x{self.frames}: height and width must be multiples of "
+                f"{self.width}x{self.height}, {self.frames} frames: width and height must be multiples of "
                 f"{2 * f} and frames 4n+1"
             )
         return (1, self.vae.z_dim, (self.frames - 1) // 4 + 1, self.height // f, self.width // f)

@@ -24,8 +24,8 @@ def format_table(result: dict[str, Any]) -> str:
     """The measurements as a text table."""
     cfg = result["config"]
     head = (
-        f"wanjax bench: {cfg['arch']} ({cfg['layers'] or 'all'} layers), {cfg['height']}x{cfg['width']}x"
-        f"{cfg['frames']}, {cfg['num_inference_steps']} steps, {cfg['dtype']}, guidance "
+        f"wanjax bench: {cfg['arch']} ({cfg['layers'] or 'all'} layers), {cfg['width']}x{cfg['height']}, "
+        f"{cfg['frames']} frames, {cfg['num_inference_steps']} steps, {cfg['dtype']}, guidance "
         f"{cfg['guidance_scale']}, offload {cfg.get('offload', 'none')}, weights "
         f"{cfg.get('weights_dtype', UNQUANTIZED)}; {result['devices']} x {result['device']}, peak "
         + "; ".join(f"{p['tflops']:.3g} TFLOP/s ({p['source']})" for p in result["peaks"].values())

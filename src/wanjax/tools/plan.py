@@ -435,7 +435,7 @@ def vae_live_bytes(cache: int, frame: int, strips: int) -> int:
     GiB per device for the 720p decode on 8) and one full-resolution ``frame``: one frame step holds
     six (input, output, residual, the norm's output, a conv's padded input and float32 result) and,
     when split, one whole frame the partitioner gathers (the scheduling dependency of the VAE's
-    ``after``). Against XLA:CPU's buffer plans (BENCHMARKS.md) the 480x832 decode on one device:
+    ``after``). Against XLA:CPU's buffer plans (BENCHMARKS.md) the 832x480 decode on one device:
     6.09 GiB planned, 6.01 compiled; 720p on 8 devices: 2.09 vs 1.93."""
     return (6 * frame + cache) // strips + (frame if strips > 1 else 0)
 

@@ -54,7 +54,7 @@ def model_problems(
     """Self- and cross-attention shapes of one DiT forward for a ``height x width x frames`` video."""
     if height % 16 or width % 16 or (frames - 1) % 4:
         raise ConfigError(
-            f"video {height}x{width}x{frames}: height/width must be multiples of 16, frames 4n+1"
+            f"video {width}x{height}, {frames} frames: width/height must be multiples of 16, frames 4n+1"
         )
     pt, ph, pw = cfg.patch_size
     latent = ((frames - 1) // 4 + 1, height // 8, width // 8)
@@ -230,7 +230,7 @@ def run_request(request: TuneRequest) -> int:
     ``--compile``: only check which candidates compile for a TPU slice)."""
     cfg = load_config(request.model)
     dtype = parse_dtype(request.dtype)
-    size = f"{request.height}x{request.width}x{request.frames}"
+    size = f"{request.width}x{request.height}, {request.frames} frames"
     if request.compile is not None:
         print(f"compiling {request.backend} candidates for {request.compile}, {request.model} {size}")
         problems = model_problems(

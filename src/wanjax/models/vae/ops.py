@@ -76,10 +76,10 @@ def default_conv(platform: str) -> str:
     """The causal convolutions' formulation on ``platform`` (``Numerics.conv``).
 
     CPUs run ``taps``: XLA:CPU's 2-D convolutions are ~2x faster than its 3-D one, and the owed-sum
-    caches halve the float32 program (3.59 vs 5.79 GiB at 480x832, BENCHMARKS.md). Accelerators
+    caches halve the float32 program (3.59 vs 5.79 GiB at 832x480, BENCHMARKS.md). Accelerators
     run one 3-D convolution per conv (cuDNN / the MXU take it whole) over the ``ring`` cache: per
     one-frame step a conv site then writes one frame, where the concatenated window writes three
-    and shifts the cache by one more (XLA:CPU's buffer plan of the 480x832 float32 decode: 13
+    and shifts the cache by one more (XLA:CPU's buffer plan of the 832x480 float32 decode: 13
     one-frame copies and 13 three-frame concatenations gone, 5.92 vs 5.79 GiB).
     """
     return "taps" if platform.lower() == "cpu" else ACCELERATOR_CONV
