@@ -128,13 +128,17 @@ def _terminate(signum: int, frame: Any) -> None:
     raise Terminated
 
 
-def _on_signals(handlers: Mapping[int, Any]) -> None:
-    """Install ``handlers`` (main thread only); an ignored SIGINT (a background job's) stays ignored."""
+def _on_signals(handlers: Mapping[int, Any]) -> dict[int, Any]:
+    """Install ``handlers`` (main thread only; an ignored SIGINT, a background job's, stays ignored);
+    the handlers they replaced."""
     if threading.current_thread() is not threading.main_thread():
-        return
+        return {}
+    replaced = {}
     for signum, handler in handlers.items():
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            signal.signal(signum, handler)
+        current = signal.getsignal(signum)
+        if current is not signal.SIG_IGN and current is not None and handler is not None:
+            replaced[signum] = signal.signal(signum, handler)
+    return replaced
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -142,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with one line (``serve`` handles SIGTERM itself once it runs: it finishes the running job)."""
     program = argv is None  # the process is wanjax's (not a caller's in-process call)
     argv = sys.argv[1:] if argv is None else list(argv)
-    _on_signals(dict.fromkeys(STOPPED, _exit_at_once))
+    previous = _on_signals(dict.fromkeys(STOPPED, _exit_at_once))
     try:
         return _main(argv)
     except BrokenPipeError:  # the reader went away (`wanjax info demo | head`): not an error
@@ -158,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             os._exit(code)
         return code
     finally:
-        _on_signals({signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL})
+        _on_signals(previous)  # an in-process caller gets its own handlers back
 
 
 def _silence_stdout() -> None:

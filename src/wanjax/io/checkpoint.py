@@ -397,6 +397,11 @@ def build_leaf(source: LeafSource, refs: Mapping[str, Ref], dtype: np.dtype, sha
 LeafBuilder = Callable[[LeafSource, Mapping[str, Ref], np.dtype, ShardingFn], Any]
 
 
+def path_name(path: tuple) -> str:
+    """A params leaf's tree path as ``layers/attn/q/kernel``."""
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
 def first_device(source: LeafSource) -> jax.sharding.Sharding:
     """The default :data:`ShardingFn`: every leaf whole on the build target's first device."""
     return jax.sharding.SingleDeviceSharding(current_target().devices[0])

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from wanjax.errors import RuntimeFailure
+from wanjax.io.checkpoint import path_name
 
 
 def _on_device(leaf: Any) -> bool:
@@ -31,11 +32,7 @@ def non_finite_leaves(params: Any) -> list[str]:
     if not checked:
         return []
     finite = jax.device_get(_all_finite([leaf for _, leaf in checked]))
-    return [_name(path) for (path, _), ok in zip(checked, finite, strict=True) if not ok]
-
-
-def _name(path: tuple) -> str:
-    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+    return [path_name(path) for (path, _), ok in zip(checked, finite, strict=True) if not ok]
 
 
 def check_finite(params: Any, where: str) -> None:

@@ -30,6 +30,7 @@ from tokenizers import normalizers, pre_tokenizers, processors
 
 from wanjax.errors import CheckpointError, ConfigError, WanjaxError
 from wanjax.io.component import Component
+from wanjax.models.defaults import TEXT_LENGTH
 
 # Unicode White_Space, which is what the `regex` module's \s matches (Python's `re` \s also matches
 # U+001C..U+001F; str.strip() does strip those, as in the reference).
@@ -102,7 +103,7 @@ class Tokenizer:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
     def __call__(
-        self, texts: str | Sequence[str], max_length: int = 512, *, clean: bool = True
+        self, texts: str | Sequence[str], max_length: int = TEXT_LENGTH, *, clean: bool = True
     ) -> TokenBatch:
         """Tokenise ``texts`` to ``max_length`` ids each (``</s>`` last, then ``<pad>``)."""
         texts = _as_prompt_list(texts)

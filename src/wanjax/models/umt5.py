@@ -31,6 +31,7 @@ from wanjax.io.checkpoint import REPLICATED, LeafSource, ShardingFn, linear_kern
 from wanjax.io.component import Component
 from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models.config import TRANSFORMERS_GENERIC_FIELDS, ComponentConfig, parse_dtype
+from wanjax.models.defaults import TEXT_LENGTH
 from wanjax.models.layers import Params, gelu_tanh, linear, matmul, scan_layers
 from wanjax.models.offload import (
     HOST,
@@ -402,7 +403,7 @@ class UMT5Encoder:
         emb = prompt_embeddings(params, self.cfg, ids, mask, precision=self.precision, stream=self.stream)
         return jnp.pad(constrain(emb, self.mesh, spec), ((0, 0), (0, out_length - ids.shape[1]), (0, 0)))
 
-    def lower(self, batch: int, length: int = 512) -> jax.stages.Lowered:
+    def lower(self, batch: int, length: int = TEXT_LENGTH) -> jax.stages.Lowered:
         """The program :meth:`encode_ids` runs for ``batch`` prompts of ``length`` tokens (none
         trimmed), lowered from abstract inputs (e.g. to compile for another target)."""
         ids = jax.ShapeDtypeStruct((batch, length), jnp.int32)
@@ -426,7 +427,7 @@ class UMT5Encoder:
         mask = jnp.asarray(attention_mask[:, :run], jnp.int32)
         return self._embed(self.params, ids, mask, out_length=out_length)
 
-    def encode(self, prompts: str | Sequence[str], max_sequence_length: int = 512) -> jax.Array:
+    def encode(self, prompts: str | Sequence[str], max_sequence_length: int = TEXT_LENGTH) -> jax.Array:
         """``[B, max_sequence_length, d_model]`` embeddings of cleaned, tokenised prompts (model dtype)."""
         if self.tokenizer is None:
             raise WanjaxError("this text encoder was built without a tokenizer; use encode_ids")
@@ -437,7 +438,7 @@ class UMT5Encoder:
         self,
         prompt: str | Sequence[str],
         negative_prompt: str | Sequence[str] | None = None,
-        max_sequence_length: int = 512,
+        max_sequence_length: int = TEXT_LENGTH,
     ) -> tuple[jax.Array, jax.Array]:
         """Positive and negative embeddings in one batched call, as ``WanPipeline.encode_prompt`` with CFG.
 

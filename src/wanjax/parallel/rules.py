@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from wanjax.io.checkpoint import LeafSource, ShardingFn, leaf_dtype
+from wanjax.io.checkpoint import LeafSource, ShardingFn, leaf_dtype, path_name
 
 # Logical axis -> mesh axes, tried in order. "fsdp" stands for every mesh axis other than tp, and
 # is used only when FSDP is on.
@@ -111,8 +111,7 @@ def sharded_bytes(tree: Any) -> dict[Any, int]:
 def describe(tree: Any) -> Iterable[tuple[str, tuple[int, ...], P]]:
     """``(path, shape, spec)`` for every leaf of a sharded params tree."""
     for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        keys = "/".join(str(getattr(k, "key", k)) for k in path)
-        yield keys, tuple(leaf.shape), getattr(leaf.sharding, "spec", P())
+        yield path_name(path), tuple(leaf.shape), getattr(leaf.sharding, "spec", P())
 
 
 def per_device_param_bytes(

@@ -32,6 +32,7 @@ from wanjax.io.quant import abstract_quantized_params
 from wanjax.kernels.attention import AttentionShape, AttentionSpec, attention, resolve_backend
 from wanjax.models import clip_vision, dit, umt5, vae
 from wanjax.models.config import parse_dtype
+from wanjax.models.defaults import TEXT_LENGTH
 from wanjax.models.offload import HOST_KINDS, memory_kind, offload_sharding, parse_offload, program_memory
 from wanjax.models.registry import Variant
 from wanjax.models.settings import RunSettings
@@ -165,7 +166,7 @@ class RunSpec:
     offload: str = "none"
     weights_dtype: str = "bf16"
     guidance: bool = True  # the CFG pair in one batch
-    max_sequence_length: int = 512
+    max_sequence_length: int = TEXT_LENGTH
 
 
 @dataclasses.dataclass

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from wanjax.models.clip_vision import CLIPVisionConfig
 from wanjax.models.config import TransformerConfig
+from wanjax.models.defaults import TEXT_LENGTH
 from wanjax.models.umt5 import UMT5Config
 from wanjax.models.vae.causal_conv import caches_owed_sums
 from wanjax.models.vae.config import VAEConfig, decoder_plan
@@ -63,7 +64,7 @@ def dit_tokens(cfg: TransformerConfig, latent_shape: Sequence[int]) -> int:
 def dit_forward_flops(
     cfg: TransformerConfig,
     latent_shape: Sequence[int],
-    text_len: int = 512,
+    text_len: int = TEXT_LENGTH,
     batch: int | None = None,
     image_len: int = 0,
 ) -> Flops:
@@ -106,7 +107,7 @@ def dit_forward_flops(
 def dit_step_flops(
     cfg: TransformerConfig,
     latent_shape: Sequence[int],
-    text_len: int = 512,
+    text_len: int = TEXT_LENGTH,
     guidance: bool = True,
     image_len: int = 0,
 ) -> Flops:

@@ -48,6 +48,7 @@ from wanjax.io.quantizable import (
 from wanjax.models import clip_vision, dit, umt5, vae
 from wanjax.models.clip_vision import IMAGE_ENCODER, CLIPVisionConfig
 from wanjax.models.config import TransformerConfig, parse_dtype
+from wanjax.models.defaults import TEXT_LENGTH
 from wanjax.models.dit import TRANSFORMER
 from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS, parse_offload, streams_layers
 from wanjax.models.registry import CLIP_VIT_H_14, UMT5_XXL, WAN21_VAE, registry
@@ -286,7 +287,7 @@ def plan(
     vae_dtype: str = "float32",
     batch: int = 1,
     cfg: bool = True,
-    max_sequence_length: int = 512,
+    max_sequence_length: int = TEXT_LENGTH,
     offload: str = "none",
     weights_dtype: str = UNQUANTIZED,
 ) -> Plan:

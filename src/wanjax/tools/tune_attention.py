@@ -30,9 +30,9 @@ from wanjax.kernels import tuning
 from wanjax.kernels.attention import AttentionSpec, InterpretModeWarning, attention
 from wanjax.kernels.common import fit_blocks
 from wanjax.models.config import TransformerConfig, parse_dtype
+from wanjax.models.defaults import TEXT_LENGTH
 from wanjax.models.registry import released, transformer_preset
 
-TEXT_TOKENS = 512
 TUNED_BACKENDS = ("splash", "splash_exp2")  # the TPU kernels with block sizes
 
 
@@ -62,7 +62,7 @@ def model_problems(
     h, d = heads or cfg.num_attention_heads, cfg.attention_head_dim
     return [
         Problem("self", batch, tokens, tokens, h, d),
-        Problem("cross", batch, tokens, TEXT_TOKENS, h, d),
+        Problem("cross", batch, tokens, TEXT_LENGTH, h, d),
     ]
 
 
