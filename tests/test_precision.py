@@ -379,7 +379,7 @@ def emulation_case(small_vae):
 
     def frames(precision: str) -> np.ndarray:
         nm = dataclasses.replace(vae.numerics, precision=precision)
-        run = jax.jit(lambda p, z: decode_uint8(p, vae.cfg, z, nm=nm, chunk=1, frames=1))  # a fresh trace
+        run = jax.jit(lambda p, z: decode_uint8(p, vae.cfg, z, nm=nm, chunk=1, frames=1)[0])  # a fresh trace
         return np.asarray(run(vae.params, z), np.int16)
 
     return frames, frames("highest")

@@ -13,7 +13,14 @@ import jax.numpy as jnp
 from wanjax.models.layers import Params
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import Numerics
-from wanjax.models.vae.postprocess import clamp, denormalize_latents, patchify, to_uint8, unpatchify
+from wanjax.models.vae.postprocess import (
+    clamp,
+    denormalize_latents,
+    nonfinite_per_frame,
+    patchify,
+    to_uint8,
+    unpatchify,
+)
 from wanjax.models.vae.scan import decode_frames, encode_frames
 from wanjax.models.vae.tiling import Tiling, decode_frames_tiled
 
@@ -31,17 +38,22 @@ def _decode_any(
     chunk: int | None,
     frames: int,
     tiling: Tiling | None,
-) -> jax.Array:
+) -> tuple[jax.Array, jax.Array]:
     """Channel-last VAE latents -> ``finish(frames)`` (time on ``time_axis``), tiled when ``tiling``
-    applies to this size."""
+    applies to this size, and the count of non-finite values in the frames before ``finish``."""
     size = None if tiling is None else tiling.size // cfg.spatial_factor
-    finish_patches = lambda v: finish(unpatchify(cfg, v))  # noqa: E731
+
+    def finish_patches(v: jax.Array) -> tuple[jax.Array, jax.Array]:
+        video = unpatchify(cfg, v)
+        return finish(video), nonfinite_per_frame(video, 1)
+
     if size is None or (z.shape[2] <= size and z.shape[3] <= size):
         return decode_frames(
             params, cfg, z, finish_patches, nm=nm, chunk=chunk, frames=frames, time_axis=time_axis
         )
     video = decode_frames_tiled(params, cfg, z, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
-    return finish_patches(video)
+    out, counts = finish_patches(video)
+    return out, jnp.sum(counts, dtype=jnp.int32)
 
 
 def _to_channels_last(x: jax.Array) -> jax.Array:
@@ -65,7 +77,7 @@ def decode(
     """diffusers ``vae.decode``: VAE latents ``(B, z, T', h, w)`` -> video ``(B, 3, T, H, W)`` in [-1, 1]."""
     z = _to_channels_last(vae_latents)
     finish = lambda v: _to_channels_first(clamp(v))  # noqa: E731
-    return _decode_any(params, cfg, z, finish, 2, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
+    return _decode_any(params, cfg, z, finish, 2, nm=nm, chunk=chunk, frames=frames, tiling=tiling)[0]
 
 
 def decode_uint8(
@@ -77,8 +89,9 @@ def decode_uint8(
     chunk: int | None,
     frames: int,
     tiling: Tiling | None = None,
-) -> jax.Array:
-    """Transformer output ``(B, z, T', h, w)`` -> ``uint8 (B, T, H, W, 3)`` frames, all on the device."""
+) -> tuple[jax.Array, jax.Array]:
+    """Transformer output ``(B, z, T', h, w)`` -> ``uint8 (B, T, H, W, 3)`` frames, all on the device,
+    and the count of NaN or infinite values decoded (which the cast to ``uint8`` would hide)."""
     z = _to_channels_last(denormalize_latents(cfg, normalized_latents))
     finish = lambda v: to_uint8(clamp(v))  # noqa: E731
     return _decode_any(params, cfg, z, finish, 1, nm=nm, chunk=chunk, frames=frames, tiling=tiling)

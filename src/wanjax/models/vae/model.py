@@ -35,7 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from wanjax.errors import ConfigError
+from wanjax.errors import ConfigError, NumericalError
 from wanjax.io.checkpoint import ShardingFn, abstract_params, check_checkpoint, first_device, load_params
 from wanjax.io.finite import check_finite
 from wanjax.kernels.precision import resolve_precision
@@ -178,9 +178,22 @@ class WanVAE:
         return self._run("decode", vae_latents)
 
     def decode_uint8(self, normalized_latents: jax.Array) -> jax.Array:
-        """Normalised latents (transformer output) -> ``uint8 (B, T, H, W, 3)`` frames."""
+        """Normalised latents (transformer output) -> ``uint8 (B, T, H, W, 3)`` frames; NumericalError
+        when the decoder gave NaN or infinite values (which the cast to ``uint8`` would hide)."""
         self._check_latents(normalized_latents)
-        return self._run("decode_uint8", normalized_latents)
+        frames, nonfinite = self._run("decode_uint8", normalized_latents)
+        if bad := int(nonfinite):
+            dtype = jnp.dtype(self.numerics.dtype).name
+            fix = (
+                "decode with --vae_dtype float32"
+                if dtype != "float32"
+                else "check the VAE weights (a damaged or mismatched file) and the latents' range"
+            )
+            raise NumericalError(
+                f"the VAE decoded {bad} NaN/inf value(s) of {frames.size} ({dtype} activations), "
+                f"which uint8 frames would hide; {fix}"
+            )
+        return frames
 
     def encode(self, video: jax.Array) -> jax.Array:
         """Video ``(B, 3, T, H, W)`` in [-1, 1] -> posterior mean ``(B, z, T', h, w)`` (VAE latents)."""

@@ -10,7 +10,15 @@ import numpy as np
 
 from wanjax.models.vae.config import VAEConfig
 
-__all__ = ["clamp", "denormalize_latents", "normalize_latents", "patchify", "to_uint8", "unpatchify"]
+__all__ = [
+    "clamp",
+    "denormalize_latents",
+    "nonfinite_per_frame",
+    "normalize_latents",
+    "patchify",
+    "to_uint8",
+    "unpatchify",
+]
 
 
 def denormalize_latents(cfg: VAEConfig, normalized_latents: jax.Array) -> jax.Array:
@@ -63,3 +71,9 @@ def to_uint8(video: jax.Array) -> jax.Array:
     ``round(clamp(v * 0.5 + 0.5, 0, 1) * 255)`` in float32."""
     v = jnp.clip(video.astype(jnp.float32) * 0.5 + 0.5, 0.0, 1.0)
     return jnp.round(v * 255.0).astype(jnp.uint8)
+
+
+def nonfinite_per_frame(video: jax.Array, time_axis: int) -> jax.Array:
+    """The count of NaN and infinite values in each frame (``int32``, one per index of ``time_axis``)."""
+    axes = tuple(a for a in range(video.ndim) if a != time_axis % video.ndim)
+    return jnp.sum(~jnp.isfinite(video), axis=axes, dtype=jnp.int32)

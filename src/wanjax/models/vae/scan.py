@@ -48,7 +48,14 @@ from wanjax.models.vae.blocks import (
 from wanjax.models.vae.config import Layer, VAEConfig, decoder_plan, encoder_plan
 from wanjax.models.vae.ops import Cache, Numerics, pointwise
 
-__all__ = ["decode_frames", "decoder_chunk", "encode_frames", "encoder_chunk", "parse_chunk"]
+__all__ = ["decode_frames", "decoder_chunk", "encode_frames", "encoder_chunk", "parse_chunk", "uncounted"]
+
+Tallied = tuple[jax.Array, jax.Array]  # frames on an axis, and a count per frame (or their total)
+
+
+def uncounted(frames: jax.Array) -> Tallied:
+    """``frames`` (time on axis 1) with a zero count per frame."""
+    return frames, jnp.zeros(frames.shape[1], jnp.int32)
 
 
 def _decoder_segments(cfg: VAEConfig) -> list[tuple[Layer, ...]]:
@@ -137,20 +144,22 @@ def encoder_chunk(
 
 
 def _scan_chunks(
-    step: Callable[[Cache, jax.Array], tuple[Cache, jax.Array]],
+    step: Callable[[Cache, jax.Array], tuple[Cache, Tallied]],
     cache: Cache,
     x: jax.Array,
     chunk: int,
-    head: jax.Array,
+    head: Tallied,
     per_chunk: int,
     out_len: int,
     axis: int = 1,
-) -> jax.Array:
+) -> Tallied:
     """Scan ``step`` over ``x (B, t, ...)`` in chunks of ``chunk`` frames (padded at the end, which
     causality makes harmless). The output is ``head`` followed by every chunk's ``per_chunk``
     output frames along ``axis``, trimmed to ``out_len`` frames after ``head``: each chunk is
     written into that one buffer as the scan goes (no stacked copy to concatenate and rearrange
-    afterwards)."""
+    afterwards). Each output comes with counts per frame along ``axis``; the total over the frames
+    kept is returned with the output (see :func:`decode_frames`)."""
+    head, head_counts = head
     b, t = x.shape[:2]
     n = -(-t // chunk)
     x = jnp.pad(x, ((0, 0), (0, n * chunk - t)) + ((0, 0),) * (x.ndim - 2))
@@ -159,41 +168,46 @@ def _scan_chunks(
     shape[axis] += n * per_chunk
     out = jax.lax.dynamic_update_slice_in_dim(jnp.zeros(shape, head.dtype), head, 0, axis)
 
-    def write(carry: tuple[Cache, jax.Array, jax.Array], xs: jax.Array) -> tuple[tuple, None]:
-        state, buf, start = carry
-        state, y = step(state, xs)
-        return (state, jax.lax.dynamic_update_slice_in_dim(buf, y, start, axis), start + per_chunk), None
+    def write(carry: tuple[Cache, jax.Array, jax.Array, jax.Array], xs: jax.Array) -> tuple[tuple, None]:
+        state, buf, start, total = carry
+        state, (y, counts) = step(state, xs)
+        buf = jax.lax.dynamic_update_slice_in_dim(buf, y, start, axis)
+        kept = start + jnp.arange(per_chunk) < head.shape[axis] + out_len  # not the padding's frames
+        return (state, buf, start + per_chunk, total + jnp.sum(jnp.where(kept, counts, 0))), None
 
     start = jnp.asarray(head.shape[axis], jnp.int32)
-    (_, out, _), _ = jax.lax.scan(write, (cache, out, start), steps)
-    return jax.lax.slice_in_dim(out, 0, head.shape[axis] + out_len, axis=axis)
+    carry = (cache, out, start, jnp.sum(head_counts, dtype=jnp.int32))
+    (_, out, _, total), _ = jax.lax.scan(write, carry, steps)
+    return jax.lax.slice_in_dim(out, 0, head.shape[axis] + out_len, axis=axis), total
 
 
 def decode_frames(
     params: Params,
     cfg: VAEConfig,
     vae_latents: jax.Array,
-    finish: Callable[[jax.Array], jax.Array],
+    finish: Callable[[jax.Array], Tallied],
     *,
     nm: Numerics,
     chunk: int | None,
     frames: int,
     time_axis: int = 1,
-) -> jax.Array:
+) -> Tallied:
     """Channel-last VAE latents ``(B, T', h, w, z)`` -> ``finish(frames)`` for ``1 + r (T' - 1)`` frames
     (the decoder's output: patches for the Wan 2.2 VAE, see
     :func:`~wanjax.models.vae.postprocess.unpatchify`).
 
     ``finish`` (clamp, post-processing, the output's layout, with time on ``time_axis``) runs inside
-    each chunk, which writes its result straight into the output. ``chunk``: latent frames per
-    scan step after the first (``None``: all in one step).
+    each chunk, which writes its result straight into the output; it returns that and a count per
+    frame (e.g. of non-finite values), returned summed over the output's frames. ``chunk``: latent
+    frames per scan step after the first (``None``: all in one step).
     """
     z = vae_latents.astype(nm.dtype)
     t = z.shape[1]
     nm = nm.for_steps(frames)
     y0, cache = decoder_chunk(params, cfg, z[:, :1], {}, True, nm, frames)
     if t == 1:
-        return finish(y0)
+        y, counts = finish(y0)
+        return y, jnp.sum(counts, dtype=jnp.int32)
     chunk = t - 1 if chunk is None else min(chunk, t - 1)
     latent_step = math.gcd(chunk, max(1, frames // cfg.temporal_factor))
     video_step = math.gcd(frames, cfg.temporal_factor * latent_step)
@@ -227,10 +241,12 @@ def encode_frames(
         def step(carry: Cache, xs: jax.Array) -> tuple[Cache, jax.Array]:
             encode_step = lambda x1, c: encoder_chunk(params, cfg, x1, c, False, nm, video_step)  # noqa: E731
             out, new = in_steps(encode_step, xs, carry, 4 * group_step)
-            return new, out
+            return new, uncounted(out)
 
         per_chunk, out_len = (4 * n // cfg.temporal_factor for n in (chunk, groups))
-        y = _scan_chunks(step, cache, x[:, 1 : 1 + 4 * groups], 4 * chunk, y, per_chunk, out_len)
+        y, _ = _scan_chunks(
+            step, cache, x[:, 1 : 1 + 4 * groups], 4 * chunk, uncounted(y), per_chunk, out_len
+        )
     z = cfg.z_dim
     quant = params["quant_conv"]
     mean = pointwise(y, {"kernel": quant["kernel"][:, :z], "bias": quant["bias"][:z]}, nm)

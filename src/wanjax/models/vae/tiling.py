@@ -13,7 +13,7 @@ from wanjax.errors import ConfigError
 from wanjax.models.layers import Params
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import Numerics
-from wanjax.models.vae.scan import decode_frames
+from wanjax.models.vae.scan import decode_frames, uncounted
 
 __all__ = ["Tiling", "decode_frames_tiled"]
 
@@ -100,7 +100,7 @@ def decode_frames_tiled(
     for (th, tw), starts in groups.items():
         tiles = jnp.stack([vae_latents[:, :, i : i + th, j : j + tw] for i, j in starts])
         outs = jax.lax.map(
-            lambda z: decode_frames(params, cfg, z, lambda v: v, nm=nm, chunk=chunk, frames=frames), tiles
+            lambda z: decode_frames(params, cfg, z, uncounted, nm=nm, chunk=chunk, frames=frames)[0], tiles
         )
         decoded.update({start: outs[n] for n, start in enumerate(starts)})
     blend = tiling.size - tiling.stride
