@@ -200,3 +200,147 @@ def _image(folder: Path) -> str:
     path = folder / "first.png"
     Image.new("RGB", (48, 32), (200, 120, 40)).save(path)
     return str(path)
+
+
+def test_frames_the_decoder_made_non_finite_exit_1_and_no_video(demo_env, tmp_path):
+    """Finite latents the VAE overflows on (float32 noise times 3e37): the frames are checked before
+    the uint8 cast, which would hide the NaNs, so the run ends with one line and writes nothing."""
+    import numpy as np
+
+    from wanjax.pipeline import stages
+
+    d = tmp_path / "stages"
+    stages.save_latents(
+        d / stages.LATENTS_FILE,
+        3e37 * np.random.default_rng(0).standard_normal((1, 16, 2, 16, 24), np.float32),
+    )
+    stages.write_config(d, stages.record_stage({}, "denoise", {"model": "demo", "seed": 1}))
+    out = tmp_path / "out"
+    result = subprocess.run(
+        _command("decode", "--input_dir", str(d), "--output_video", str(out / "v.mp4")),
+        env=_env(demo_env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, (result.returncode, result.stderr)
+    assert "the VAE decoded" in lines[0] and "value(s) of 368640 (float32 activations)" in lines[0]
+    assert "check the VAE weights" in lines[0]
+    assert not out.exists() or _files(out) == []
+
+
+def test_an_empty_prompt_and_a_misspelt_negative_name_warn_in_one_line_each(demo_env, tmp_path):
+    """Accepted as diffusers accepts them (exit 0, the stage written), each with its own warning line."""
+    out = tmp_path / "enc"
+    args = (
+        "encode",
+        "--model",
+        "demo",
+        "--prompt",
+        "",
+        "--negative_prompt",
+        "officail",
+        "--output_dir",
+        str(out),
+    )
+    result = subprocess.run(_command(*args), env=_env(demo_env), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        'wanjax: warning: --prompt is empty: the video follows no text (diffusers allows it); give --prompt "what it shows"',
+        "wanjax: warning: --negative_prompt 'officail' is used as the text itself; "
+        "did you mean the named prompt 'official'?",
+    ]
+    assert (out / "stage1_embeddings.safetensors").is_file()
+
+
+def _run_in_terminal(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    """``args`` run with a pseudo-terminal as stdin, stdout and stderr: exit code and what it showed."""
+    import pty
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(args, env=env, cwd=cwd, stdin=follower, stdout=follower, stderr=follower)
+    os.close(follower)
+    shown = bytearray()
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    return proc.wait(timeout=300), shown.decode().replace("\r\n", "\n")
+
+
+@pytest.mark.slow
+def test_a_terminal_shows_the_stages_as_they_start_and_a_pipe_only_the_table(demo_env, tmp_path):
+    args = (
+        *GENERATE[:3],
+        "--prompt",
+        "a cat",
+        "--height",
+        "32",
+        "--width",
+        "48",
+        "--num_inference_steps",
+        "3",
+    )
+    terminal, piped = tmp_path / "terminal", tmp_path / "piped"
+    for folder in (terminal, piped):
+        folder.mkdir()
+    code, shown = _run_in_terminal(_command(*args, "--output_video", "v.mp4"), _env(demo_env), terminal)
+    result = subprocess.run(
+        _command(*args, "--output_video", "v.mp4"),
+        cwd=piped,
+        env=_env(demo_env),
+        capture_output=True,
+        text=True,
+    )
+    assert code == 0 and result.returncode == 0, (shown, result.stderr)
+    lines = shown.split("\n")  # not splitlines: the step count's carriage returns stay in its line
+    assert lines[0] == "wanjax generate: model demo, 1 video of 17 frames 48x32, 3 steps"
+    starts = [line.split("] ", 1)[1].split(":")[0] for line in lines if line.startswith("[")]
+    assert starts == ["encode", "denoise", "decode", "write"], lines
+    (counted,) = [line for line in lines if "denoise: step" in line]  # rewritten in place, with an ETA
+    assert [c.split("] ")[1][:17] for c in counted.split("\r")[1:]] == [
+        f"denoise: step {i}/3" for i in (1, 2, 3)
+    ]
+    assert counted.endswith("s/step, about 0.0 s left\x1b[K"), counted
+    assert (
+        lines.index(counted) == 3
+        and lines[6] == "wanjax generate: model demo (smoke model: tiny random weights)"
+    )
+    table = result.stdout.split("\n")  # piped: the final table alone
+    assert result.stderr == "" and table[0] == lines[6] and table[1] == lines[7]
+    assert not any(line.startswith("[") for line in table) and "denoise: step" not in result.stdout
+
+
+def test_status_lines_count_the_steps_with_an_eta_and_stay_silent_when_disabled():
+    import io
+
+    from wanjax.jobs.status import Status
+
+    ticks = iter([0.0, 0.5, 2.0, 12.0, 13.0, 14.0, 15.0])
+    out = io.StringIO()
+    status = Status("generate", 3, out, clock=lambda: next(ticks))
+    status.header("model demo")
+    for stage, done in [("encode", 0), ("denoise", 0), ("denoise", 1), ("denoise", 2), ("denoise", 3)]:
+        status(stage, done)
+    status("decode", 3)
+    assert out.getvalue().split("\n") == [
+        "wanjax generate: model demo",
+        "[   0.5 s] encode: the text encoder (loaded and compiled on first use)",
+        "[   2.0 s] denoise: the transformer, 3 steps",
+        "\r[  12.0 s] denoise: step 1/3\x1b[K"
+        "\r[  13.0 s] denoise: step 2/3, 1.000 s/step, about 1.0 s left\x1b[K"
+        "\r[  14.0 s] denoise: step 3/3, 1.000 s/step, about 0.0 s left\x1b[K",
+        "[  15.0 s] decode: the VAE decoder (loaded and compiled on first use)",
+        "",
+    ]
+    silent = io.StringIO()
+    quiet = Status("generate", 3, silent, enabled=False)
+    quiet.header("model demo")
+    quiet("encode", 0)
+    assert silent.getvalue() == ""

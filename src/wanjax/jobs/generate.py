@@ -30,6 +30,7 @@ from wanjax.jobs.outputs import clip_infos, fresh_video_name, video_record, with
 from wanjax.jobs.record import finish, image_record, make_report
 from wanjax.jobs.requests import GenerateRequest
 from wanjax.jobs.sampling import cache_outputs, denoise_latents, sampling_params, video_args
+from wanjax.jobs.status import Status
 from wanjax.parallel.mesh import MeshSpec
 from wanjax.pipeline import stages
 from wanjax.pipeline.pipeline import WanPipeline
@@ -50,8 +51,13 @@ def generate(request: GenerateRequest) -> RunReport:
     mesh, fsdp = mesh_request(request.parallel)
     pipe = open_generate_pipeline(request, mesh, fsdp)
     work = check_generate(pipe, request, mesh)
-    video = run_generate(pipe, work)
-    return finish(generate_outputs(pipe, work, video), request, start, record)
+    status = Status.for_terminal("generate", work.params["num_inference_steps"], request.common.quiet)
+    status.header(work.headline(pipe))
+    video = run_generate(pipe, work, status)
+    status("write", 0)
+    report = generate_outputs(pipe, work, video)
+    status.close()
+    return finish(report, request, start, record)
 
 
 def open_generate_pipeline(request: GenerateRequest, mesh: MeshSpec | str | None, fsdp: bool) -> WanPipeline:
@@ -88,6 +94,12 @@ class GenerateWork:
     @property
     def batch(self) -> int:
         return len(self.prompts)
+
+    def headline(self, pipe: WanPipeline) -> str:
+        """What the run makes, in one line: the model, the videos, their size and the steps."""
+        v, steps = self.video, self.params["num_inference_steps"]
+        videos = f"{self.batch} video{'s' if self.batch > 1 else ''}"
+        return f"model {model_label(pipe.source)}, {videos} of {v['frames']} frames {v['width']}x{v['height']}, {steps} steps"
 
     def described(self, pipe: WanPipeline) -> dict[str, Any]:
         """The run's parameters as its videos' metadata records them."""
@@ -135,7 +147,8 @@ def run_generate(
 ) -> Video:
     """The three stages of a checked request in memory: uint8 frames ``[B, T, H, W, 3]``, as
     ``WanPipeline.__call__`` returns them.
-    ``on_progress(stage, steps_done)`` is called as each stage starts and after each denoising step."""
+    ``on_progress(stage, steps_done)`` is called as each stage starts and after each denoising step
+    (without it, the denoising bar shows on a terminal)."""
     report = on_progress or (lambda stage, done: None)
     pipe.reset_timings()
     report("encode", 0)
@@ -154,7 +167,7 @@ def run_generate(
     report("denoise", 0)
     on_step = lambda done: report("denoise", done)  # noqa: E731
     denoised = denoise_latents(
-        pipe, pos, neg, latents, work.params, work.request.cache, conditioning, on_step
+        pipe, pos, neg, latents, work.params, work.request.cache, conditioning, on_step, on_progress is None
     )
     report("decode", work.params["num_inference_steps"])
     frames = pipe.decode(denoised.latents)

@@ -136,6 +136,7 @@ class CommonFlags:
         help="persistent compilation cache (default $WANJAX_JAX_CACHE_DIR or ~/.cache/wanjax/jax; 'off')",
     )
     metrics_json: str | None = option(None, help="also write the timing report as JSON to this file")
+    quiet: bool = option(False, help="no status lines while running on a terminal: the final table only")
 
 
 @dataclasses.dataclass(frozen=True)

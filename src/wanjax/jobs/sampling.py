@@ -71,9 +71,11 @@ def denoise_latents(
     cache: CacheFlags,
     image: ImageConditioning | None = None,
     on_step: Callable[[int], None] | None = None,
+    progress: bool = True,
 ) -> Denoised:
-    """The pipeline's denoise with these parameters, step cache and image conditioning; with
-    ``--cache_calibrate`` the measured MagCache ratios are written there (process 0, atomically)."""
+    """The pipeline's denoise with these parameters, step cache and image conditioning (``progress``:
+    its bar on a terminal); with ``--cache_calibrate`` the measured MagCache ratios are written there
+    (process 0, atomically)."""
     out = pipe.denoise(
         pos,
         neg,
@@ -88,6 +90,7 @@ def denoise_latents(
         guidance_scale_2=params.get("guidance_scale_2"),
         boundary_ratio=params.get("boundary_ratio"),
         on_step=on_step,
+        progress=progress,
     )
     report = out.cache_report
     if cache.cache_calibrate and report is not None and is_primary():

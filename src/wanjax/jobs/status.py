@@ -1,0 +1,86 @@
+"""Status lines while a run works, on a terminal only: the header first, a line as each stage starts
+(with the time since the start), and the denoising steps counted in place with an ETA. Piped or
+``--quiet``, a run prints its final table alone."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
+
+# What each stage of :func:`wanjax.jobs.generate.run_generate` does, as its line says it
+STAGE_WORK = {
+    "encode": "the text encoder (loaded and compiled on first use)",
+    "denoise": "the transformer",
+    "decode": "the VAE decoder (loaded and compiled on first use)",
+    "write": "the outputs",
+}
+
+
+class Status:
+    """``status(stage, done)``: the ``on_progress`` of a run (see :func:`~wanjax.jobs.generate.run_generate`);
+    ``steps`` is the denoising steps' count. Prints nothing when not ``enabled``."""
+
+    def __init__(
+        self,
+        command: str,
+        steps: int,
+        stream: TextIO | None = None,
+        enabled: bool = True,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        self.command, self.steps, self.stream, self.enabled = command, steps, stream or sys.stderr, enabled
+        self.clock, self.start = clock, clock()
+        self.stage: str | None = None
+        self.first_step_done: float | None = None  # after step 1 (its time includes the compile)
+        self.open_line = False
+
+    @classmethod
+    def for_terminal(cls, command: str, steps: int, quiet: bool) -> Status:
+        """Enabled when stderr is a terminal, the run is not ``quiet`` and this is process 0."""
+        from wanjax.parallel.multihost import is_primary
+
+        return cls(command, steps, enabled=not quiet and sys.stderr.isatty() and is_primary())
+
+    def header(self, text: str) -> None:
+        self._line(f"wanjax {self.command}: {text}")
+
+    def __call__(self, stage: str, done: int) -> None:
+        if stage != self.stage:
+            self.stage = stage
+            counted = f", {self.steps} steps" if stage == "denoise" else ""
+            self._line(f"[{self._elapsed()}] {stage}: {STAGE_WORK.get(stage, stage)}{counted}")
+        elif stage == "denoise" and done:
+            self._step(done)
+
+    def close(self) -> None:
+        """End a line left open by the step count."""
+        if self.open_line:
+            self._write("\n")
+            self.open_line = False
+
+    def _step(self, done: int) -> None:
+        now = self.clock()
+        if done == 1:
+            self.first_step_done = now
+        text = f"[{self._elapsed(now)}] denoise: step {done}/{self.steps}"
+        if done > 1 and self.first_step_done is not None:
+            per_step = (now - self.first_step_done) / (done - 1)
+            text += f", {per_step:.3f} s/step, about {per_step * (self.steps - done):.1f} s left"
+        self._write(f"\r{text}\x1b[K")
+        self.open_line = True
+        if done == self.steps:
+            self.close()
+
+    def _elapsed(self, now: float | None = None) -> str:
+        return f"{(self.clock() if now is None else now) - self.start:6.1f} s"
+
+    def _line(self, text: str) -> None:
+        self.close()
+        self._write(text + "\n")
+
+    def _write(self, text: str) -> None:
+        if self.enabled:
+            self.stream.write(text)
+            self.stream.flush()
