@@ -344,3 +344,23 @@ def test_status_lines_count_the_steps_with_an_eta_and_stay_silent_when_disabled(
     quiet.header("model demo")
     quiet("encode", 0)
     assert silent.getvalue() == ""
+
+
+@pytest.mark.slow
+def test_the_decode_stage_on_a_terminal_says_what_it_decodes_and_when_each_part_starts(demo_env, tmp_path):
+    import numpy as np
+
+    from wanjax.pipeline import stages
+
+    d = tmp_path / "stages"
+    stages.save_latents(d / stages.LATENTS_FILE, np.zeros((1, 16, 2, 4, 6), np.float32))
+    stages.write_config(d, stages.record_stage({}, "denoise", {"model": "demo", "seed": 1}))
+    code, shown = _run_in_terminal(_command("decode", "--input_dir", str(d)), _env(demo_env), tmp_path)
+    lines = shown.split("\n")
+    assert code == 0, shown
+    assert lines[0] == f"wanjax decode: model demo, 1 video of 5 frames 48x32, from {d / stages.LATENTS_FILE}"
+    assert [line.split("] ", 1)[1] for line in lines[1:3]] == [
+        "decode: the VAE decoder (loaded and compiled on first use)",
+        "write: the outputs",
+    ]
+    assert lines[3] == "wanjax decode: model demo (smoke model: tiny random weights)"

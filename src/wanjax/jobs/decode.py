@@ -13,6 +13,7 @@ from wanjax.jobs.opening import begin, defaults_of, mesh_request, model_label, o
 from wanjax.jobs.outputs import clip_infos, video_record, with_output_video, write_outputs
 from wanjax.jobs.record import finish, make_report, recorded
 from wanjax.jobs.requests import DecodeRequest
+from wanjax.jobs.status import Status, headline
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline import stages
 from wanjax.runtime.timing import RunReport
@@ -50,10 +51,14 @@ def decode(request: DecodeRequest) -> RunReport:
                 f"--{key} {given[key]} contradicts {latents_path} (latents {list(latents.shape)} decode to "
                 f"{size['frames']} frames of {size['width']}x{size['height']}); leave --{key} out"
             )
+    batch = latents.shape[0]
+    status = Status.for_terminal("decode", 0, request.common.quiet)
+    status.header(f"{headline(model_label(pipe.source), batch, size)}, from {latents_path}")
+    status("decode", 0)
     frames = pipe.decode(latents)
     fps = request.video.fps or earlier.get("fps") or defaults_of(pipe).fps
-    batch = latents.shape[0]
     described = {**earlier, **size, "fps": fps}
+    status("write", 0)
     outputs = write_outputs(frames, request.outputs, fps, clip_infos(batch, earlier.get("prompt"), described))
     entry = {
         "model": model_label(pipe.source),

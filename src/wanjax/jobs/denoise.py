@@ -14,6 +14,7 @@ from wanjax.jobs.opening import begin, mesh_request, model_label, open_pipeline
 from wanjax.jobs.record import finish, make_report, recorded
 from wanjax.jobs.requests import DenoiseRequest
 from wanjax.jobs.sampling import cache_outputs, denoise_latents, sampling_params, video_args
+from wanjax.jobs.status import Status, headline
 from wanjax.models.config import TransformerConfig
 from wanjax.parallel.layouts import to_host
 from wanjax.parallel.multihost import is_primary
@@ -74,9 +75,17 @@ def denoise(request: DenoiseRequest) -> RunReport:
     )
     if conditioning is not None:
         conditioning = conditioning.repeat(batch)
-    denoised = denoise_latents(pipe, pos, neg, latents, params, request.cache, conditioning)
+    steps = params["num_inference_steps"]
+    status = Status.for_terminal("denoise", steps, request.common.quiet)
+    status.header(headline(model_label(pipe.source), batch, video, steps))
+    status("denoise", 0)
+    on_step = lambda done: status("denoise", done)  # noqa: E731
+    denoised = denoise_latents(
+        pipe, pos, neg, latents, params, request.cache, conditioning, on_step, progress=False
+    )
     final = to_host(denoised.latents)
     path = directory / stages.LATENTS_FILE
+    status("write", 0)
     if is_primary():
         stages.save_latents(path, final)
     fps = request.video.fps

@@ -30,7 +30,7 @@ from wanjax.jobs.outputs import clip_infos, fresh_video_name, video_record, with
 from wanjax.jobs.record import finish, image_record, make_report
 from wanjax.jobs.requests import GenerateRequest
 from wanjax.jobs.sampling import cache_outputs, denoise_latents, sampling_params, video_args
-from wanjax.jobs.status import Status
+from wanjax.jobs.status import Status, headline
 from wanjax.parallel.mesh import MeshSpec
 from wanjax.pipeline import stages
 from wanjax.pipeline.pipeline import WanPipeline
@@ -96,10 +96,8 @@ class GenerateWork:
         return len(self.prompts)
 
     def headline(self, pipe: WanPipeline) -> str:
-        """What the run makes, in one line: the model, the videos, their size and the steps."""
-        v, steps = self.video, self.params["num_inference_steps"]
-        videos = f"{self.batch} video{'s' if self.batch > 1 else ''}"
-        return f"model {model_label(pipe.source)}, {videos} of {v['frames']} frames {v['width']}x{v['height']}, {steps} steps"
+        """What the run makes, in one line (see :func:`wanjax.jobs.status.headline`)."""
+        return headline(model_label(pipe.source), self.batch, self.video, self.params["num_inference_steps"])
 
     def described(self, pipe: WanPipeline) -> dict[str, Any]:
         """The run's parameters as its videos' metadata records them."""

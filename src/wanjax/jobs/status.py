@@ -18,6 +18,13 @@ STAGE_WORK = {
 }
 
 
+def headline(model: str, batch: int, video: dict, steps: int | None = None) -> str:
+    """What a run makes, in one line: the model, the videos (``video``'s frames, width and height)
+    and the denoising steps."""
+    videos = f"{batch} video{'s' if batch > 1 else ''} of {video['frames']} frames {video['width']}x{video['height']}"
+    return f"model {model}, {videos}" + (f", {steps} steps" if steps else "")
+
+
 class Status:
     """``status(stage, done)``: the ``on_progress`` of a run (see :func:`~wanjax.jobs.generate.run_generate`);
     ``steps`` is the denoising steps' count. Prints nothing when not ``enabled``."""
