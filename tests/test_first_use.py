@@ -177,21 +177,30 @@ def test_a_corrupted_weight_is_named_exit_1_and_no_video(demo_env, tmp_path, mod
         str(out / "v.mp4"),
         *image,
     )
-    result = subprocess.run(
+    line = _failure_line(
         _command(*args, "--num_inference_steps", "1", "--height", "32", "--width", "48", "--frames", "5"),
-        env=_env(demo_env),
-        capture_output=True,
-        text=True,
-        timeout=300,
+        _env(demo_env),
     )
+    assert line.startswith(f"wanjax: error: {root / component}") and "NaN or inf in the weights of" in line
+    assert "download it again" in line
+    assert not out.exists() or _files(out) == []
+
+
+def _failure_line(args: list[str], env: dict[str, str]) -> str:
+    """The one line of stderr of ``args``, run to a failure while running (exit 1)."""
+    result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, (result.returncode, result.stderr)
-    assert (
-        lines[0].startswith(f"wanjax: error: {root / component}")
-        and "NaN or inf in the weights of" in lines[0]
-    )
-    assert "download it again" in lines[0]
-    assert not out.exists() or _files(out) == []
+    return lines[0]
+
+
+def _stage_dir(folder: Path, latents) -> Path:
+    """A stage directory holding ``latents`` as the demo model's denoised latents."""
+    from wanjax.pipeline import stages
+
+    stages.save_latents(folder / stages.LATENTS_FILE, latents)
+    stages.write_config(folder, stages.record_stage({}, "denoise", {"model": "demo", "seed": 1}))
+    return folder
 
 
 def _image(folder: Path) -> str:
@@ -207,26 +216,14 @@ def test_frames_the_decoder_made_non_finite_exit_1_and_no_video(demo_env, tmp_pa
     the uint8 cast, which would hide the NaNs, so the run ends with one line and writes nothing."""
     import numpy as np
 
-    from wanjax.pipeline import stages
-
-    d = tmp_path / "stages"
-    stages.save_latents(
-        d / stages.LATENTS_FILE,
-        3e37 * np.random.default_rng(0).standard_normal((1, 16, 2, 16, 24), np.float32),
-    )
-    stages.write_config(d, stages.record_stage({}, "denoise", {"model": "demo", "seed": 1}))
+    latents = 3e37 * np.random.default_rng(0).standard_normal((1, 16, 2, 16, 24), np.float32)
+    d = _stage_dir(tmp_path / "stages", latents)
     out = tmp_path / "out"
-    result = subprocess.run(
-        _command("decode", "--input_dir", str(d), "--output_video", str(out / "v.mp4")),
-        env=_env(demo_env),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    line = _failure_line(
+        _command("decode", "--input_dir", str(d), "--output_video", str(out / "v.mp4")), _env(demo_env)
     )
-    lines = result.stderr.strip().splitlines()
-    assert result.returncode == 1 and len(lines) == 1, (result.returncode, result.stderr)
-    assert "the VAE decoded" in lines[0] and "value(s) of 368640 (float32 activations)" in lines[0]
-    assert "check the VAE weights" in lines[0]
+    assert "the VAE decoded" in line and "value(s) of 368640 (float32 activations)" in line
+    assert "check the VAE weights" in line
     assert not out.exists() or _files(out) == []
 
 
@@ -352,9 +349,7 @@ def test_the_decode_stage_on_a_terminal_says_what_it_decodes_and_when_each_part_
 
     from wanjax.pipeline import stages
 
-    d = tmp_path / "stages"
-    stages.save_latents(d / stages.LATENTS_FILE, np.zeros((1, 16, 2, 4, 6), np.float32))
-    stages.write_config(d, stages.record_stage({}, "denoise", {"model": "demo", "seed": 1}))
+    d = _stage_dir(tmp_path / "stages", np.zeros((1, 16, 2, 4, 6), np.float32))
     code, shown = _run_in_terminal(_command("decode", "--input_dir", str(d)), _env(demo_env), tmp_path)
     lines = shown.split("\n")
     assert code == 0, shown

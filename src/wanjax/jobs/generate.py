@@ -55,9 +55,7 @@ def generate(request: GenerateRequest) -> RunReport:
     status.header(work.headline(pipe))
     video = run_generate(pipe, work, status)
     status("write", 0)
-    report = generate_outputs(pipe, work, video)
-    status.close()
-    return finish(report, request, start, record)
+    return finish(generate_outputs(pipe, work, video), request, start, record)
 
 
 def open_generate_pipeline(request: GenerateRequest, mesh: MeshSpec | str | None, fsdp: bool) -> WanPipeline:
