@@ -44,6 +44,8 @@ from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.runtime.libtpu import compiler_environment, installed
 from wanjax.target import Target, building_for
+from wanjax.tools.flops import clip_vision_flops, dit_step_flops, umt5_flops, vae_decode_flops
+from wanjax.tools.hlo_flops import FlopCount, UnknownTripCount, count_flops
 
 __all__ = [
     "CHIPS",
@@ -86,6 +88,7 @@ CHIPS: Mapping[str, Chip] = {
         Chip("v5e", "TPU v5 lite", 16 * GiB, int(15.75 * GiB)),
         Chip("v5p", "TPU v5", 96 * GiB, int(95.74 * GiB)),
         Chip("v6e", "TPU v6 lite", 32 * GiB, int(31.25 * GiB)),
+        Chip("v7x", "TPU7x", 96 * GiB, int(94.75 * GiB)),  # per TensorCore: a chip's two are two devices
     )
 }
 
@@ -106,25 +109,30 @@ class Slice:
 
     @property
     def accelerator_type(self) -> str:
-        """The name TPU VMs give the slice (``TPU_ACCELERATOR_TYPE``): ``v5litepod-8`` for ``v5e-8``."""
-        return self.name.replace("v5e-", "v5litepod-")
+        """The name TPU VMs give the slice (``TPU_ACCELERATOR_TYPE``): ``v5litepod-8`` for ``v5e-8``,
+        ``tpu7x-8`` for ``v7x-8``."""
+        return self.name.replace("v5e-", "v5litepod-").replace("v7x-", "tpu7x-")
 
 
 def _slices() -> dict[str, Slice]:
+    one = {"chips_per_host_bounds": (1, 1, 1)}
     single = {"chips_per_host_bounds": (2, 4, 1)}  # v5e-8 / v6e-8: one host with 8 chips
     four = {"chips_per_host_bounds": (2, 2, 1)}
     megacore = {"chip_config_name": "megacore"}
     table = [
         Slice("v4-8", "v4:2x2x1", 4, megacore),
         Slice("v4-16", "v4:2x2x2", 8, megacore),
+        Slice("v5e-1", "v5e:1x1", 1, one),
         Slice("v5e-4", "v5e:2x2", 4, four),
         Slice("v5e-8", "v5e:2x4", 8, single),
         Slice("v5e-16", "v5e:4x4", 16, four),
         Slice("v5p-8", "v5p:2x2x1", 4),
         Slice("v5p-16", "v5p:2x2x2", 8),
+        Slice("v6e-1", "v6e:1x1", 1, one),
         Slice("v6e-4", "v6e:2x2", 4, four),
         Slice("v6e-8", "v6e:2x4", 8, single),
         Slice("v6e-16", "v6e:4x4", 16, four),
+        Slice("v7x-8", "tpu7x:2x2x1", 8),  # 4 chips, 8 TensorCores (devices)
     ]
     return {s.name: s for s in table}
 
@@ -182,6 +190,9 @@ class ProgramReport:
     tpu_custom_calls: int
     compile_seconds: float
     resident_bytes_per_chip: int = 0  # other components' weights on the chip while it runs
+    flops_per_chip: int | None = None  # counted in the compiled program, every loop iteration
+    analytic_flops: int | None = None  # the whole program's, all chips (:mod:`wanjax.tools.flops`)
+    cost_model_seconds: float | None = None  # an estimate: the TPU cost model's, loops scaled
 
 
 @dataclasses.dataclass
@@ -235,24 +246,41 @@ class CompileReport:
                 f"  {p.name:<16} {b['total'] / GiB:6.2f} GiB per chip: arguments {b['arguments'] / GiB:.2f}, "
                 f"temporaries {b['temporaries'] / GiB:.2f}, outputs {b['outputs'] / GiB:.2f}, code "
                 f"{b['code'] / GiB:.3f}; with the other weights {on_chip:.2f}{planned}; attention "
-                f"{p.attention_backend}{kernels}; {p.compile_seconds:.1f} s"
+                f"{p.attention_backend}{kernels}; {_work(p, self.chips)}compiled in {p.compile_seconds:.1f} s"
             )
         verdict = "every program compiles and fits" if self.fits else "does NOT compile or fit"
         lines.append(f"  {verdict} (bytes per chip by the TPU compiler)")
         return "\n".join(lines)
 
 
+def _work(p: ProgramReport, chips: int) -> str:
+    """The table's FLOPs and cost-model time of one program (empty where not counted)."""
+    if p.flops_per_chip is None:
+        return ""
+    analytic = (
+        "" if p.analytic_flops is None else f" (analytic {p.analytic_flops / chips / 1e12:.4g} per chip)"
+    )
+    seconds = (
+        ", no cost-model time (a Pallas call without a cost estimate)"
+        if p.cost_model_seconds is None
+        else f", cost model {p.cost_model_seconds * 1e3:.3g} ms (estimate)"
+    )
+    return f"{p.flops_per_chip / 1e12:.4g} TFLOP per chip{analytic}{seconds}; "
+
+
 @dataclasses.dataclass(frozen=True)
 class Program:
     """A program of the run: its name, how to lower it, the run stage it belongs to (``encode``,
-    ``denoise``, ``decode``: :mod:`wanjax.tools.plan`'s), the attention backend it uses and its
-    weights' bytes per chip in device memory (resident for the whole run under ``--offload none``)."""
+    ``denoise``, ``decode``: :mod:`wanjax.tools.plan`'s), the attention backend it uses, its
+    weights' bytes per chip in device memory (resident for the whole run under ``--offload none``)
+    and its analytic FLOPs over all chips (``None``: not counted, e.g. the VAE encoder)."""
 
     name: str
     lower: Callable[[], jax.stages.Lowered]
     stage: str
     attention_backend: str | None
     weights_bytes: int
+    flops: int | None = None
 
 
 def weights_per_chip(params: Any) -> int:
@@ -292,9 +320,30 @@ def compile_one(program: Program, planned: int | None = None) -> ProgramReport:
         error = compiler_error(str(err))
         return ProgramReport(program.name, False, error, None, planned, program.attention_backend, 0, seconds)
     seconds = time.perf_counter() - start
-    calls = len(_CUSTOM_CALL.findall(compiled.as_text()))
+    text = compiled.as_text()
+    calls = len(_CUSTOM_CALL.findall(text))
     sizes = chip_bytes(compiled)
-    return ProgramReport(program.name, True, None, sizes, planned, program.attention_backend, calls, seconds)
+    report = ProgramReport(
+        program.name, True, None, sizes, planned, program.attention_backend, calls, seconds
+    )
+    report.analytic_flops = program.flops
+    with contextlib.suppress(UnknownTripCount):
+        count = count_flops(text)
+        report.flops_per_chip = count.flops
+        if not count.unestimated_kernels:  # else the cost model missed those kernels' work
+            report.cost_model_seconds = cost_model_seconds(compiled, count)
+    return report
+
+
+def cost_model_seconds(compiled: jax.stages.Compiled, count: FlopCount) -> float | None:
+    """The TPU cost model's time for the program (an estimate, never a measurement), its loops
+    scaled: the model counts each loop body once, so its time is scaled by the FLOPs of every
+    iteration over those of one. ``None`` where the model gives no time."""
+    cost = compiled.cost_analysis()
+    seconds = ((cost[0] if isinstance(cost, list) else cost) or {}).get("optimal_seconds")
+    if not seconds or seconds < 0:
+        return None
+    return seconds * count.flops / count.once if count.once else seconds
 
 
 def attention_program(
@@ -378,10 +427,11 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
         "encode",
         "xla",
         weights_per_chip(te_params),
+        umt5_flops(text_cfg, rows, run.max_sequence_length).total,
     )
 
     tcfg = v.transformer
-    image = None
+    image, image_len = None, 0
     images = 2 if tcfg.first_last_frame else 1  # the conditioning images (first, last)
     if v.image_encoder is not None and tcfg.image_tokens:
         ccfg = v.image_encoder
@@ -389,7 +439,12 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
         c_params = abstract_params(clip_vision.checkpoint_spec(ccfg), jnp.float32, params_sharding)
         clip = clip_vision.CLIPVisionEncoder(ccfg, c_params, None)
         yield Program(
-            "image_encoder", lambda: clip.lower(images), "encode", "xla", weights_per_chip(c_params)
+            "image_encoder",
+            lambda: clip.lower(images),
+            "encode",
+            "xla",
+            weights_per_chip(c_params),
+            clip_vision_flops(ccfg, images).total,
         )
     vae_sharding = lambda source: replicated(mesh)  # noqa: E731  (as WanPipeline loads the VAE)
     like = {
@@ -415,6 +470,7 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
         else:
             states = None
             if tcfg.image_tokens:
+                image_len = images * v.image_encoder.num_positions
                 states = jax.ShapeDtypeStruct(
                     (images, v.image_encoder.num_positions, tcfg.image_dim), jnp.float32
                 )
@@ -433,12 +489,13 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
     backend = _dit_backend(run.attention, tcfg, dtype)
     names = ("step",) if experts == 1 else ("step_high_noise", "step_low_noise")
     uncond = text if run.guidance else None
+    step_flops = dit_step_flops(tcfg, latents_shape, run.max_sequence_length, run.guidance, image_len).total
     for k, name in enumerate(names):
 
         def lower(k: int = k) -> jax.stages.Lowered:
             return sampler.lower(scheduler, noise, text, uncond, t_params, image=image, expert=k)
 
-        yield Program(name, lower, "denoise", backend, weights_per_chip(t_params))
+        yield Program(name, lower, "denoise", backend, weights_per_chip(t_params), step_flops)
 
     latents = in_strips(latents_shape)
     yield Program(
@@ -447,6 +504,7 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
         "decode",
         "xla",
         weights_per_chip(like["decoder"]),
+        vae_decode_flops(v.vae, latents_shape, autoencoder.numerics, autoencoder.frames_per_step).total,
     )
 
 
