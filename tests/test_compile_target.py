@@ -282,6 +282,7 @@ def test_a_steps_flops_on_one_chip_are_the_analytic_count(backend):
     report = compile_run(run, SLICES["v6e-1"], only=["step"])
     (step,) = report.programs
     assert step.flops_per_chip == step.analytic_flops > 0
+    assert step.peak_seconds == pytest.approx(step.flops_per_chip / 918e12)  # v6e's dense bf16 peak
     if backend == "splash":  # JAX's kernel carries no cost estimate: the cost model misses its work
         assert step.cost_model_seconds is None and "no cost-model time" in report.table()
     else:

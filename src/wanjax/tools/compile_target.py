@@ -43,9 +43,10 @@ from wanjax.pipeline.demo import demo_text_encoder_config
 from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.runtime.libtpu import compiler_environment, installed
-from wanjax.target import Target, building_for
+from wanjax.target import Target, building_for, current_target
 from wanjax.tools.flops import clip_vision_flops, dit_step_flops, umt5_flops, vae_decode_flops
 from wanjax.tools.hlo_flops import FlopCount, UnknownTripCount, count_flops
+from wanjax.tools.measure import datasheet_peak
 
 __all__ = [
     "CHIPS",
@@ -193,6 +194,7 @@ class ProgramReport:
     flops_per_chip: int | None = None  # counted in the compiled program, every loop iteration
     analytic_flops: int | None = None  # the whole program's, all chips (:mod:`wanjax.tools.flops`)
     cost_model_seconds: float | None = None  # an estimate: the TPU cost model's, loops scaled
+    peak_seconds: float | None = None  # a lower bound: flops_per_chip at the datasheet's peak
 
 
 @dataclasses.dataclass
@@ -260,12 +262,13 @@ def _work(p: ProgramReport, chips: int) -> str:
     analytic = (
         "" if p.analytic_flops is None else f" (analytic {p.analytic_flops / chips / 1e12:.4g} per chip)"
     )
+    peak = "" if p.peak_seconds is None else f", >= {p.peak_seconds * 1e3:.4g} ms at the datasheet peak"
     seconds = (
-        ", no cost-model time (a Pallas call without a cost estimate)"
+        ", no cost-model time"
         if p.cost_model_seconds is None
-        else f", cost model {p.cost_model_seconds * 1e3:.3g} ms (estimate)"
+        else f", cost model {p.cost_model_seconds * 1e3:.4g} ms (estimate)"
     )
-    return f"{p.flops_per_chip / 1e12:.4g} TFLOP per chip{analytic}{seconds}; "
+    return f"{p.flops_per_chip / 1e12:.4g} TFLOP per chip{analytic}{peak}{seconds}; "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,7 +313,8 @@ def chip_bytes(compiled: jax.stages.Compiled) -> dict[str, int]:
 
 
 def compile_one(program: Program, planned: int | None = None) -> ProgramReport:
-    """Compile one program; a compiler error becomes the report's one-line ``error``."""
+    """Compile one program (under :func:`~wanjax.target.building_for` its target); a compiler error
+    becomes the report's one-line ``error``."""
     start = time.perf_counter()
     try:
         with _without_persistent_cache():
@@ -332,13 +336,16 @@ def compile_one(program: Program, planned: int | None = None) -> ProgramReport:
         report.flops_per_chip = count.flops
         if not count.unestimated_kernels:  # else the cost model missed those kernels' work
             report.cost_model_seconds = cost_model_seconds(compiled, count)
+        peak = datasheet_peak(current_target().device_kind)
+        report.peak_seconds = None if peak is None else count.flops / peak
     return report
 
 
 def cost_model_seconds(compiled: jax.stages.Compiled, count: FlopCount) -> float | None:
     """The TPU cost model's time for the program (an estimate, never a measurement), its loops
     scaled: the model counts each loop body once, so its time is scaled by the FLOPs of every
-    iteration over those of one. ``None`` where the model gives no time."""
+    iteration over those of one. ``None`` where the model gives no time (a negative one, as it does
+    for the 14B step at 720p)."""
     cost = compiled.cost_analysis()
     seconds = ((cost[0] if isinstance(cost, list) else cost) or {}).get("optimal_seconds")
     if not seconds or seconds < 0:

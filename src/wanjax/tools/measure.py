@@ -40,6 +40,11 @@ def measure_cpu_matmul_peak(n: int = 2048, repeats: int = 5, dtype: Any = jnp.bf
     return 2 * n**3 / min(timed(lambda: f(a, a)) for _ in range(repeats))
 
 
+def datasheet_peak(device_kind: str) -> float | None:
+    """The datasheet's dense bf16 FLOP/s of one device of this kind (None: not in :data:`PEAK_TFLOPS`)."""
+    return next((tflops * 1e12 for name, tflops in PEAK_TFLOPS if name in device_kind), None)
+
+
 def device_peak(dtype: str = "bfloat16") -> tuple[float, str]:
     """Peak FLOP/s of one default device for ``dtype`` work and where the figure comes from.
 
@@ -48,9 +53,9 @@ def device_peak(dtype: str = "bfloat16") -> tuple[float, str]:
     faster than float32, an AVX2-only EPYC ~2x slower)."""
     device = jax.devices()[0]
     kind = device.device_kind
-    for name, tflops in PEAK_TFLOPS:
-        if name in kind:
-            return tflops * 1e12, f"{kind}: datasheet dense bf16"
+    peak = datasheet_peak(kind)
+    if peak is not None:
+        return peak, f"{kind}: datasheet dense bf16"
     if device.platform == "cpu":
         name = jnp.dtype(parse_dtype(dtype)).name
         peak = measure_cpu_matmul_peak(dtype=parse_dtype(dtype))
