@@ -8,8 +8,9 @@ offload, 8-bit weights, attention backend) but with abstract weights, and each p
 compile is lowered from abstract inputs and compiled by the TPU compiler (Mosaic included). Per
 program the report gives: compiled or the compiler's error in one line (VMEM, HBM), per-chip bytes by
 ``memory_analysis()`` beside :mod:`wanjax.tools.plan`'s estimate, the Pallas kernels in the program
-(``tpu_custom_call``), and compile seconds. Nothing runs and no TPU is touched, even where one is
-attached.
+(``tpu_custom_call``), its FLOPs per chip counted in the compiled HLO (:mod:`wanjax.tools.hlo_flops`)
+beside the analytic count, their time at the datasheet peak and the cost model's (an estimate), and
+compile seconds. Nothing runs and no TPU is touched, even where one is attached.
 """
 
 from __future__ import annotations
