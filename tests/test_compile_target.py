@@ -24,6 +24,7 @@ from wanjax.models.vae.ops import default_conv
 from wanjax.parallel.mesh import parse_mesh
 from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+from wanjax.pipeline.step_cache import CacheConfig
 from wanjax.runtime.libtpu import installed
 from wanjax.target import Target, building_for, current_target
 from wanjax.tools.compile_target import (
@@ -290,6 +291,26 @@ def test_a_steps_flops_on_one_chip_are_the_analytic_count(backend):
     assert report.as_json()["programs"][0]["flops_per_chip"] == step.flops_per_chip
 
 
+@pytest.mark.parametrize(
+    ("name", "cache"),
+    [("demo", CacheConfig("firstblock")), ("demo-a14b", CacheConfig("magcache", mag_ratios=[1.0, 0.9]))],
+    ids=["firstblock", "magcache-per-expert"],
+)
+def test_a_step_cache_compiles_its_own_step_for_a_tpu(name, cache):
+    """The step a cached run compiles: it also carries the cache state (the residual of the guided
+    batch's tokens, First-Block Cache's first-block reference too) and skips the blocks in a branch
+    whose FLOPs count the computing side."""
+    mesh = parse_mesh("dp=2,sp=1,tp=4")
+    plain = compile_run(RunSpec(registry()[name], 64, 64, 5, mesh), SLICES["v6e-8"], only=["step"])
+    cached = compile_run(
+        RunSpec(registry()[name], 64, 64, 5, mesh, cache=cache), SLICES["v6e-8"], only=["step"]
+    )
+    assert cached.fits, cached.table()
+    for with_cache, without in zip(cached.programs, plain.programs, strict=True):
+        assert with_cache.bytes_per_chip["arguments"] > without.bytes_per_chip["arguments"]
+        assert with_cache.flops_per_chip == without.flops_per_chip
+
+
 @pytest.mark.parametrize(("program", "offload"), [("text_encoder", "model"), ("step", "blocks")])
 def test_streamed_offload_compiles_for_a_tpu(program, offload):
     """Found by the compile target: the TPU compiler refused the streamed stacked norms and UMT5's
@@ -305,3 +326,24 @@ def test_8_bit_weights_compile_for_a_tpu():
     run = RunSpec(registry()["demo"], 64, 64, 5, parse_mesh("dp=2,sp=1,tp=4"), weights_dtype="int8")
     report = compile_run(run, SLICES["v5e-8"], only=["text_encoder", "step"])
     assert [p.compiled for p in report.programs] == [True, True], report.table()
+
+
+def test_a_cache_without_its_curve_is_a_one_line_error_before_any_compile(capsys):
+    from wanjax.cli.main import main
+
+    args = [
+        "plan",
+        "--model",
+        "demo",
+        "--height",
+        "64",
+        "--width",
+        "64",
+        "--frames",
+        "5",
+        "--compile",
+        "v6e-8",
+    ]
+    assert main([*args, "--cache", "magcache"]) == 2
+    err = capsys.readouterr().err
+    assert "magcache needs a ratio curve" in err and len(err.strip().splitlines()) == 1

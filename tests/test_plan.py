@@ -59,8 +59,11 @@ def test_bad_plan_flags_are_one_line_errors(capsys):
     assert main([*ARGS, "--mesh", "dp=2,tp=2", "--num_devices", "8"]) == 2
     assert main([*ARGS, "--num_devices", "8", "--device_memory", "lots"]) == 2
     assert main(["plan", "--model", "nope", "--num_devices", "8"]) == 2
+    assert main([*ARGS, "--num_devices", "8", "--cache", "firstblock"]) == 2  # compiled, not estimated
+    assert main([*ARGS, "--num_devices", "8", "--cache_calibrate", "ratios.json"]) == 2
     err = capsys.readouterr().err
-    assert err.count("wanjax: error:") == 3 and len(err.strip().splitlines()) == 3
+    assert err.count("wanjax: error:") == 5 and len(err.strip().splitlines()) == 5
+    assert "--cache firstblock needs --compile SLICE" in err and "drop --cache_calibrate" in err
 
 
 def test_vae_decode_activations_include_the_causal_cache():

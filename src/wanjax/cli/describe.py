@@ -12,6 +12,7 @@ from wanjax.jobs.flags import option
 from wanjax.jobs.groups import (
     DEFAULT_DTYPE,
     AttentionFlags,
+    CacheFlags,
     MemoryFlags,
     VaeFlags,
     download_flag,
@@ -80,6 +81,7 @@ class PlanRequest(Request):
     )
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
+    cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,6 +266,7 @@ def cmd_plan(request: PlanRequest) -> int:
     requested = parse_mesh(request.mesh, request.use_fsdp) if request.mesh else None
     count = request.num_devices or (requested.num_devices if requested else None)
     tpu = None
+    _check_cache_flags(request)
     if request.compile is not None:
         tpu = _compile_slice(request)
         memory, count = tpu.chip.usable_hbm_bytes, count or tpu.chips
@@ -324,6 +327,17 @@ def cmd_plan(request: PlanRequest) -> int:
     return 1
 
 
+def _check_cache_flags(request: PlanRequest) -> None:
+    """A step cache is compiled (``--compile``), never estimated, and never calibrated by ``plan``."""
+    if request.cache.cache_calibrate is not None:
+        raise WanjaxError("plan runs nothing, so it cannot calibrate: drop --cache_calibrate")
+    if request.cache.cache != "off" and request.compile is None:
+        raise WanjaxError(
+            f"--cache {request.cache.cache} needs --compile SLICE: plan's estimate does not count a step "
+            "cache's state; the compiled step does"
+        )
+
+
 def _compile_slice(request: PlanRequest) -> Any:
     """The slice of ``--compile``, checked with the flags that go with it (before any work)."""
     from wanjax.tools.compile_target import parse_programs, parse_slice
@@ -361,6 +375,7 @@ def _compile(request: PlanRequest, tpu: Any, mesh: Any, planned: dict[str, int])
         attention=attention,
         offload=request.memory.offload,
         weights_dtype=request.memory.weights_dtype,
+        cache=request.cache.config(),
     )
     only = None if request.programs is None else request.programs.split(",")  # checked by compile_run
     report = compile_run(run, tpu, planned, only)

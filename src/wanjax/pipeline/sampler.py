@@ -169,16 +169,16 @@ class Sampler:
         out = None if model.settings.mesh is None else replicated(model.settings.mesh)
         return jax.jit(step, out_shardings=out).lower(*args)
 
-    def _cached_program(
+    def _cached_lower(
         self,
         scheduler: Scheduler,
         cache: StepCache,
         args: tuple[Any, ...],
         cache_sharding: Any,
         expert: int = 0,
-    ) -> jax.stages.Compiled:
-        """The step program under a step cache: it also carries the cache state and returns which
-        branches computed (and, calibrating, their magnitude ratios)."""
+    ) -> jax.stages.Lowered:
+        """The step program under a step cache, lowered: it also carries the cache state and returns
+        which branches computed (and, calibrating, their magnitude ratios)."""
         model = self.experts[expert]
 
         def step(
@@ -193,16 +193,25 @@ class Sampler:
             state = scheduler.step(state, velocity, index)[0]
             return state, jnp.all(jnp.isfinite(state.sample)), cache_state, computed, ratios
 
-        def lower() -> jax.stages.Lowered:
-            out = None
-            if model.settings.mesh is not None:
-                rep = replicated(model.settings.mesh)
-                out = (rep, rep, cache_sharding, rep, rep)
-            # keep_unused: each policy leaves one of schedule / threshold unread; kept, the program's
-            # inputs stay the arguments (what memory_analysis' readers pair them with)
-            return jax.jit(step, out_shardings=out, keep_unused=True).lower(*args)
+        out = None
+        if model.settings.mesh is not None:
+            rep = replicated(model.settings.mesh)
+            out = (rep, rep, cache_sharding, rep, rep)
+        # keep_unused: each policy leaves one of schedule / threshold unread; kept, the program's
+        # inputs stay the arguments (what memory_analysis' readers pair them with)
+        return jax.jit(step, out_shardings=out, keep_unused=True).lower(*args)
 
+    def _cached_program(
+        self,
+        scheduler: Scheduler,
+        cache: StepCache,
+        args: tuple[Any, ...],
+        cache_sharding: Any,
+        expert: int = 0,
+    ) -> jax.stages.Compiled:
+        """The step program under a step cache (:meth:`_cached_lower`), compiled once per shape."""
         key = ("cached", expert, *cache.key, scheduler.kind, scheduler.config, scheduler.num_inference_steps)
+        lower = functools.partial(self._cached_lower, scheduler, cache, args, cache_sharding, expert)
         return self._programs.get((*key, signature(args)), lower)
 
     def _placement(self, params: Params) -> jax.sharding.Sharding | None:
@@ -222,10 +231,29 @@ class Sampler:
         scheduler, step_args, expert = self._abstract_step(*args, **kwargs)
         return self._program(scheduler, step_args, expert)
 
-    def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
-        """The step program for inputs shaped like these, lowered only (e.g. for another target)."""
+    def lower(self, *args: Any, cache: CacheConfig | None = None, **kwargs: Any) -> jax.stages.Lowered:
+        """The step program for inputs shaped like these, lowered only (e.g. for another target);
+        with ``cache``, the program that policy runs (its state and schedule abstract inputs too)."""
         scheduler, step_args, expert = self._abstract_step(*args, **kwargs)
-        return self._lower(scheduler, step_args, expert)
+        image = step_args[-1]
+        two = len(self.experts) == 2
+        steps = scheduler.num_inference_steps
+        step_cache = (
+            None
+            if cache is None
+            else resolve(
+                cache,
+                self.model.cfg,
+                steps,
+                step_args[4] is not None,
+                [min(i, 1) for i in range(steps)] if two else None,  # each expert's turn: shapes only
+                image is not None and image.first_frame,
+            )
+        )
+        if step_cache is None:
+            return self._lower(scheduler, step_args, expert)
+        specs, sharding = self._cache_specs(step_cache, step_args[1].sample.shape, expert)
+        return self._cached_lower(scheduler, step_cache, step_args + specs, sharding, expert)
 
     def _abstract_step(
         self,
@@ -387,6 +415,28 @@ class Sampler:
             result.check_finite(self.model.dtype)
         return result
 
+    def _cache_specs(
+        self, cache: StepCache, latents_shape: tuple[int, ...], expert: int = 0
+    ) -> tuple[tuple[Any, ...], Any]:
+        """The cached program's extra inputs, abstract (cache state, the MagCache schedule, the
+        threshold, the expert's first step), and the cache state's sharding: the tokens' layout
+        under a mesh."""
+        model = self.experts[expert]
+        rows = latents_shape[0] * len(cache.branches)
+        shape = (rows, *latents_shape[1:])
+        length = math.prod(s // p for s, p in zip(shape[2:], model.cfg.patch_size, strict=True))
+        tokens = jax.ShapeDtypeStruct((rows, length, model.cfg.inner_dim), model.dtype)
+        layout = model.token_layout(shape)
+        sharding = None if layout is None else NamedSharding(model.settings.mesh, layout.tokens())
+        placement = self._placement(model.params)
+        state = {
+            name: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding or placement)
+            for name, s in state_shapes(cache, tokens).items()
+        }
+        scalars = [(cache.schedule.shape, cache.schedule.dtype), ((), jnp.float32), ((), jnp.int32)]
+        rest = tuple(jax.ShapeDtypeStruct(shape, dtype, sharding=placement) for shape, dtype in scalars)
+        return (state, *rest), sharding
+
     def _cache_inputs(
         self,
         cache: StepCache,
@@ -396,19 +446,12 @@ class Sampler:
         first: int = 0,
     ) -> tuple[tuple[Any, ...], Any]:
         """The cached program's extra inputs for expert ``expert`` from step ``first`` on (zero cache
-        state, the MagCache schedule, the threshold, ``first``) and the cache state's sharding: the
-        tokens' layout under a mesh."""
-        model = self.experts[expert]
-        rows = latents.shape[0] * len(cache.branches)
-        shape = (rows, *latents.shape[1:])
-        length = math.prod(s // p for s, p in zip(shape[2:], model.cfg.patch_size, strict=True))
-        tokens = jax.ShapeDtypeStruct((rows, length, model.cfg.inner_dim), model.dtype)
-        layout = model.token_layout(shape)
-        sharding = None if layout is None else NamedSharding(model.settings.mesh, layout.tokens())
-        placement = sharding or self._placement(model.params)
+        state, the MagCache schedule, the threshold, ``first``; :meth:`_cache_specs`) and the cache
+        state's sharding."""
+        (state, *_), sharding = self._cache_specs(cache, latents.shape, expert)
         zeros = {
-            name: jax.jit(functools.partial(jnp.zeros, s.shape, s.dtype), out_shardings=placement)()
-            for name, s in state_shapes(cache, tokens).items()
+            name: jax.jit(functools.partial(jnp.zeros, s.shape, s.dtype), out_shardings=s.sharding)()
+            for name, s in state.items()
         }
         schedule = place(jnp.asarray(cache.schedule))
         return (zeros, schedule, place(jnp.float32(cache.threshold)), place(jnp.int32(first))), sharding

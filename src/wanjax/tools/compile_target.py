@@ -43,6 +43,7 @@ from wanjax.parallel.rules import param_sharding, replicated
 from wanjax.pipeline.demo import demo_text_encoder_config
 from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+from wanjax.pipeline.step_cache import CacheConfig, resolve
 from wanjax.runtime.libtpu import compiler_environment, installed
 from wanjax.target import Target, building_for, current_target
 from wanjax.tools.flops import clip_vision_flops, dit_step_flops, umt5_flops, vae_decode_flops
@@ -177,6 +178,7 @@ class RunSpec:
     weights_dtype: str = "bf16"
     guidance: bool = True  # the CFG pair in one batch
     max_sequence_length: int = TEXT_LENGTH
+    cache: CacheConfig | None = None  # a step cache: the step is the program that policy runs
 
 
 @dataclasses.dataclass
@@ -501,7 +503,9 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
     for k, name in enumerate(names):
 
         def lower(k: int = k) -> jax.stages.Lowered:
-            return sampler.lower(scheduler, noise, text, uncond, t_params, image=image, expert=k)
+            return sampler.lower(
+                scheduler, noise, text, uncond, t_params, image=image, expert=k, cache=run.cache
+            )
 
         yield Program(name, lower, "denoise", backend, weights_per_chip(t_params), step_flops)
 
@@ -549,6 +553,10 @@ def compile_run(
             f"mesh {run.mesh.flag} uses {run.mesh.num_devices} devices; {tpu.name} has {tpu.chips} chips"
         )
     only = None if only is None else parse_programs(",".join(only))
+    if run.cache is not None:  # its settings checked before any compile (e.g. a curve for MagCache)
+        v = run.variant
+        two = v.boundary_ratio is not None
+        resolve(run.cache, v.transformer, 2, run.guidance, [0, 1] if two else None, v.expand_timesteps)
     target = slice_target(tpu)
     with building_for(target):
         programs = list(run_programs(run, target))
