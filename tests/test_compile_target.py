@@ -347,3 +347,12 @@ def test_a_cache_without_its_curve_is_a_one_line_error_before_any_compile(capsys
     assert main([*args, "--cache", "magcache"]) == 2
     err = capsys.readouterr().err
     assert "magcache needs a ratio curve" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_multi_host_slice_compiles_a_mesh_that_splits_a_physical_axis():
+    """v6e-16 is 4 hosts of 2x2 chips on a 4x4 torus: dp=2,sp=2,tp=4 has no assignment to whole
+    physical axes (jax.make_mesh refused it on every generation but v5e)."""
+    run = RunSpec(registry()["demo"], 64, 64, 5, parse_mesh("dp=2,sp=2,tp=4"), attention="splash_exp2")
+    report = compile_run(run, SLICES["v6e-16"], only=["text_encoder", "step"])
+    assert report.fits, report.table()
+    assert len({d.process_index for d in slice_target(SLICES["v6e-16"]).devices}) == 4
