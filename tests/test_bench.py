@@ -437,3 +437,42 @@ def test_ti2v_arch_encodes_the_image_alone_and_denoises_with_it_as_frame_0(monke
     assert result["stages"]["image"]["tflop_clip"] == 0  # no CLIP: the VAE encode alone
     assert result["stages"]["denoise"]["program_memory"]["total_bytes"] > 0
     assert result["config"]["arch"] == "5B"
+
+
+def test_a_bench_that_cannot_fit_is_refused_naming_the_layers_that_would(monkeypatch):
+    """The 14B's denoise stage (27 GiB of weights) on a machine with 24 GiB free: refused before any
+    weight is drawn, with the most ``--layers`` whose stage plan says fits."""
+    from wanjax.tools import bench_memory
+    from wanjax.tools.plan import HEADROOM
+
+    monkeypatch.setattr(bench_memory, "host_available", lambda: 24 << 30)
+    cfg = bench.BenchConfig(arch="14B")
+    with pytest.raises(WanjaxError) as refused:
+        bench.run_bench(cfg)
+    message = str(refused.value)
+    assert "the denoise stage needs about 27" in message and "24.0 GiB available" in message
+    layers = int(message.rsplit("--layers ", 1)[1])
+    needs = [
+        bench_memory.stage_needs(dataclasses.replace(cfg, layers=n))["denoise"] for n in (layers, layers + 1)
+    ]
+    assert needs[0] <= HEADROOM * (24 << 30) < needs[1]
+    bench.run_bench(dataclasses.replace(cfg, stages=("decode",), height=32, width=32, frames=1, repeats=1))
+
+
+@pytest.mark.slow
+def test_the_bench_cli_refuses_in_one_line_and_writes_nothing(tmp_path):
+    """Through the real command: exit 2, one line, no JSON (A14B's two experts: 54 GiB)."""
+    import subprocess
+    import sys
+
+    from wanjax.tools.bench_memory import host_available
+
+    if (host_available() or 0) > 50 << 30:
+        pytest.skip("this machine has the memory to run it")
+    out = tmp_path / "bench.json"
+    args = [sys.executable, "-m", "wanjax.cli", "bench", "--arch", "A14B", "--json", str(out)]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "the denoise stage needs about 5" in lines[0] and "--layers" in lines[0]
+    assert not out.exists()

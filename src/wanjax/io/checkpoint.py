@@ -503,21 +503,32 @@ def random_params_on_device(spec: Any, dtype: Any, seed: int = 0, sharding: Shar
     for index, source in enumerate(sources):
         # Stacked leaves: every layer's name has the same role, so the first one speaks for all.
         scale, offset = random_scale(source.names[0], source.shape)
-        draw = _random_leaf_program(source.target_shape(), leaf_dtype(source, dtype), sharding(source))
+        draw = _random_leaf_program(
+            source.target_shape(), leaf_dtype(source, dtype), sharding(source), source.stacked
+        )
         leaves.append(draw(seed, index, np.float32(scale), np.float32(offset)))
+        jax.block_until_ready(leaves[-1])  # one leaf's float32 draw in memory at a time
     return jax.block_until_ready(jax.tree.unflatten(treedef, leaves))
 
 
 @functools.lru_cache(maxsize=256)
 def _random_leaf_program(
-    shape: tuple[int, ...], dtype: np.dtype, sharding: jax.sharding.Sharding
+    shape: tuple[int, ...], dtype: np.dtype, sharding: jax.sharding.Sharding, stacked: bool = False
 ) -> Callable[..., jax.Array]:
     """``normal * scale + offset`` of one leaf's shape and dtype, drawn in float32 (then cast) into
-    ``sharding``; one program per (shape, dtype, sharding), shared by every leaf alike."""
+    ``sharding``; one program per (shape, dtype, sharding), shared by every leaf alike. A stacked
+    leaf is drawn one layer at a time (``lax.map``), so its float32 draw never exists whole: drawn at
+    once, UMT5-XXL's stacked kernels (2^30 values each) took ~10 GB apiece beside the weights."""
+
+    def layer(key: jax.Array, layer_shape: tuple[int, ...], scale: jax.Array, offset: jax.Array) -> jax.Array:
+        return (jax.random.normal(key, layer_shape, np.float32) * scale + offset).astype(dtype)
 
     def draw(seed: jax.Array, index: jax.Array, scale: jax.Array, offset: jax.Array) -> jax.Array:
         key = jax.random.fold_in(jax.random.key(seed), index)
-        return (jax.random.normal(key, shape, np.float32) * scale + offset).astype(dtype)
+        if not stacked:
+            return layer(key, shape, scale, offset)
+        keys = jax.random.split(key, shape[0])
+        return jax.lax.map(lambda k: layer(k, shape[1:], scale, offset), keys)
 
     return jax.jit(draw, out_shardings=sharding)
 

@@ -61,10 +61,12 @@ from wanjax.io.quantizable import UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
 from wanjax.jobs.flags import add_flags, from_namespace, option
 from wanjax.jobs.groups import DEFAULT_DTYPE, PromptFlags, VaeFlags
 from wanjax.models import clip_vision, dit, umt5
-from wanjax.models.config import parse_dtype
+from wanjax.models.clip_vision import CLIPVisionConfig
+from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload
 from wanjax.models.registry import Variant, released
 from wanjax.models.settings import RunSettings
+from wanjax.models.umt5 import UMT5Config
 from wanjax.models.vae import WanVAE
 from wanjax.models.vae import checkpoint_spec as vae_spec
 from wanjax.models.vae.config import VAEConfig
@@ -72,6 +74,7 @@ from wanjax.pipeline.residency import Residency
 from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.pipeline.step_cache import POLICIES, CacheConfig, presets
+from wanjax.tools.bench_memory import check_memory
 from wanjax.tools.bench_report import MEMORY_LEGEND, format_table
 from wanjax.tools.flops import (
     Flops,
@@ -186,6 +189,25 @@ class BenchConfig:
     def vae(self) -> VAEConfig:
         """The architecture's VAE (the Wan 2.2 VAE's shapes for TI2V-5B)."""
         return self.variant.vae
+
+    def text_config(self) -> UMT5Config:
+        """The text encoder drawn: ``--layers`` of its layers (at most all), a small vocabulary."""
+        text = self.variant.text_encoder
+        layers = min(self.layers or text.num_layers, text.num_layers)
+        return dataclasses.replace(text, num_layers=layers, vocab_size=BENCH_VOCAB)
+
+    def image_encoder_config(self) -> CLIPVisionConfig | None:
+        """The CLIP encoder drawn (``--layers`` of its layers, at most all); None: the model has none."""
+        clip = self.variant.image_encoder
+        if clip is None:
+            return None
+        layers = min(self.layers or clip.num_hidden_layers, clip.num_hidden_layers)
+        return dataclasses.replace(clip, num_hidden_layers=layers)
+
+    def transformer_config(self) -> TransformerConfig:
+        """The DiT drawn: ``--layers`` blocks (default all)."""
+        base = self.variant.transformer
+        return dataclasses.replace(base, num_layers=self.layers or base.num_layers)
 
     def latent_shape(self) -> tuple[int, int, int, int, int]:
         f = self.vae.spatial_factor
@@ -306,9 +328,7 @@ def _repeat(fn: Callable[[], Any], repeats: int) -> StageResult:
 
 
 def bench_encode(cfg: BenchConfig) -> StageResult:
-    text = cfg.variant.text_encoder
-    layers = min(cfg.layers or text.num_layers, text.num_layers)
-    ucfg = dataclasses.replace(text, num_layers=layers, vocab_size=BENCH_VOCAB)
+    ucfg = cfg.text_config()
     params, weights = bench_params(
         cfg, umt5.checkpoint_spec(ucfg), parse_dtype(cfg.dtype), weights=cfg.weights_dtype
     )
@@ -341,14 +361,12 @@ def bench_image(cfg: BenchConfig) -> StageResult:
     frames = 1 if cfg.variant.expand_timesteps else cfg.frames  # TI2V encodes the image alone
     video = jnp.zeros((1, 3, frames, cfg.height, cfg.width), jnp.float32).at[:, :, 0].set(1.0)
     clip, params, tflop, pixels = None, None, 0.0, None
-    clip_cfg = cfg.variant.image_encoder  # None: conditioned on the image's latents alone
-    if clip_cfg is not None:
-        layers = min(cfg.layers or clip_cfg.num_hidden_layers, clip_cfg.num_hidden_layers)
-        ccfg = dataclasses.replace(clip_cfg, num_hidden_layers=layers)
+    ccfg = cfg.image_encoder_config()  # None: conditioned on the image's latents alone
+    if ccfg is not None:
         params, weights = bench_params(cfg, clip_vision.checkpoint_spec(ccfg), jnp.float32)
         clip = clip_vision.CLIPVisionEncoder(ccfg, params)
         tflop = clip_vision_flops(ccfg, 1).total / 1e12
-        pixels = jax.random.normal(jax.random.key(5), (1, 3, clip_cfg.image_size, clip_cfg.image_size))
+        pixels = jax.random.normal(jax.random.key(5), (1, 3, ccfg.image_size, ccfg.image_size))
 
     def run() -> Any:
         return jax.block_until_ready((None if clip is None else clip.encode(pixels), vae.encode(video)))
@@ -361,8 +379,7 @@ def bench_image(cfg: BenchConfig) -> StageResult:
 
 
 def bench_denoise(cfg: BenchConfig) -> StageResult:
-    base = cfg.variant.transformer
-    tcfg = dataclasses.replace(base, num_layers=cfg.layers or base.num_layers)
+    tcfg = cfg.transformer_config()
     dtype = parse_dtype(cfg.dtype)
     offload = parse_offload(cfg.offload)
     sharding = dit.transformer_sharding(offload=offload)  # blocks: the stacked layers in pinned host
@@ -498,6 +515,7 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     cfg.latent_shape()
     for dtype in (cfg.dtype, cfg.vae_dtype):
         parse_dtype(dtype)
+    check_memory(cfg, wanted)
     random_weights_path(cfg.random_weights)
     if cfg.offload not in OFFLOAD_MODES:
         raise WanjaxError(f"unknown --offload {cfg.offload!r}; choose from {', '.join(OFFLOAD_MODES)}")

@@ -1,0 +1,93 @@
+"""Whether ``wanjax bench``'s stages fit the memory here, asked of :mod:`wanjax.tools.plan` before
+any weight is drawn: a run that cannot fit is refused in one line, not killed by the system."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import jax
+
+from wanjax.errors import WanjaxError
+from wanjax.parallel.mesh import MeshSpec
+from wanjax.tools.plan import HEADROOM, GiB, Model, plan
+
+if TYPE_CHECKING:
+    from wanjax.tools.bench import BenchConfig
+
+__all__ = ["available_memory", "check_memory", "stage_needs"]
+
+
+def host_available() -> int | None:
+    """The memory this machine can still give (``MemAvailable``; None where it does not say)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def available_memory() -> tuple[int | None, str]:
+    """What one device can hold and what it is called: a CPU's free RAM (its device memory and host
+    memory are the same RAM), an accelerator's allocator limit. None where neither is known."""
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        return host_available(), "this machine"
+    return (device.memory_stats() or {}).get("bytes_limit"), f"one {device.device_kind}"
+
+
+def stage_needs(cfg: BenchConfig) -> dict[str, int]:
+    """Bytes each stage needs on one device, by ``plan``: its component's weights (on a CPU all of
+    them, what waits in host memory included) and its activations. Each stage draws its own weights
+    and drops them after, as ``bench`` runs them; the image stage is within the encode stage's."""
+    model = Model(cfg.transformer_config(), cfg.text_config(), cfg.vae, None, cfg.variant.experts)
+    run = plan(
+        model,
+        MeshSpec(),
+        height=cfg.height,
+        width=cfg.width,
+        frames=cfg.frames,
+        device_memory=1,
+        dtype=cfg.dtype,
+        vae_dtype=cfg.vae_dtype,
+        cfg=cfg.guidance_scale > 1,
+        max_sequence_length=cfg.max_sequence_length,
+        offload=cfg.offload,
+        weights_dtype=cfg.weights_dtype,
+    )
+    on_cpu = jax.devices()[0].platform == "cpu"
+    return {name: (s.stored if on_cpu else s.weights) + s.activations for name, s in run.stages.items()}
+
+
+def check_memory(cfg: BenchConfig, stages: Iterable[str]) -> None:
+    """WanjaxError in one line when a stage of ``stages`` needs more than :data:`HEADROOM` of the
+    memory available: what it needs, what there is, and the ``--layers`` that would fit."""
+    available, where = available_memory()
+    if available is None:
+        return
+    usable = HEADROOM * available
+    names = ["encode" if name == "image" else name for name in stages]
+    needs = stage_needs(cfg)
+    stage, need = max(((n, needs[n]) for n in names), key=lambda item: item[1])
+    if need <= usable:
+        return
+    fix = "smaller --height, --width or --frames"
+    if stage != "decode":
+        full = max(cfg.transformer_config().num_layers, cfg.text_config().num_layers)
+        fitting = next(
+            (
+                n
+                for n in range(full - 1, 0, -1)
+                if stage_needs(dataclasses.replace(cfg, layers=n))[stage] <= usable
+            ),
+            None,
+        )
+        fix = f"--layers {fitting}" if fitting else f"{fix}, or --weights_dtype int8"
+    raise WanjaxError(
+        f"bench --arch {cfg.arch}: the {stage} stage needs about {need / GiB:.1f} GiB and {where} has "
+        f"{available / GiB:.1f} GiB available ({HEADROOM:.0%} usable); use {fix}"
+    )
