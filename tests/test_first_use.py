@@ -314,6 +314,21 @@ def test_a_terminal_shows_the_stages_as_they_start_and_a_pipe_only_the_table(dem
     assert not any(line.startswith("[") for line in table) and "denoise: step" not in result.stdout
 
 
+@pytest.mark.slow
+def test_bench_on_a_terminal_announces_its_shape_and_each_stage(tmp_path):
+    args = ["bench", "--arch", "1.3B", "--layers", "1", "--height", "32", "--width", "32", "--frames", "1"]
+    args += ["--stages", "denoise", "decode", "--repeats", "1"]
+    code, shown = _run_in_terminal(_command(*args), {**os.environ, "JAX_PLATFORMS": "cpu"}, tmp_path)
+    assert code == 0, shown
+    lines = shown.split("\n")
+    assert lines[0] == "wanjax bench: --arch 1.3B (1 layer), 1 frames 32x32, 1 timed runs", lines
+    starts = [line.split("] ", 1)[1] for line in lines if line.startswith("[")]
+    assert starts == [
+        "denoise: the transformer: random weights drawn, compiled, timed, 2 steps",
+        "decode: the VAE decoder: random weights drawn, compiled, timed",
+    ], lines
+
+
 def test_status_lines_count_the_steps_with_an_eta_and_stay_silent_when_disabled():
     import io
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TextIO
 
 # What each stage of :func:`wanjax.jobs.generate.run_generate` does, as its line says it
@@ -27,7 +27,8 @@ def headline(model: str, batch: int, video: dict, steps: int | None = None) -> s
 
 class Status:
     """``status(stage, done)``: the ``on_progress`` of a run (see :func:`~wanjax.jobs.generate.run_generate`);
-    ``steps`` is the denoising steps' count. Prints nothing when not ``enabled``."""
+    ``steps`` is the denoising steps' count, ``work`` what each stage does (default
+    :data:`STAGE_WORK`). Prints nothing when not ``enabled``."""
 
     def __init__(
         self,
@@ -36,19 +37,23 @@ class Status:
         stream: TextIO | None = None,
         enabled: bool = True,
         clock: Callable[[], float] = time.perf_counter,
+        work: Mapping[str, str] = STAGE_WORK,
     ):
         self.command, self.steps, self.stream, self.enabled = command, steps, stream or sys.stderr, enabled
+        self.work = work
         self.clock, self.start = clock, clock()
         self.stage: str | None = None
         self.first_step_done: float | None = None  # after step 1 (its time includes the compile)
         self.open_line = False
 
     @classmethod
-    def for_terminal(cls, command: str, steps: int, quiet: bool) -> Status:
+    def for_terminal(
+        cls, command: str, steps: int, quiet: bool, work: Mapping[str, str] = STAGE_WORK
+    ) -> Status:
         """Enabled when stderr is a terminal, the run is not ``quiet`` and this is process 0."""
         from wanjax.parallel.multihost import is_primary
 
-        return cls(command, steps, enabled=not quiet and sys.stderr.isatty() and is_primary())
+        return cls(command, steps, enabled=not quiet and sys.stderr.isatty() and is_primary(), work=work)
 
     def header(self, text: str) -> None:
         self._line(f"wanjax {self.command}: {text}")
@@ -57,7 +62,7 @@ class Status:
         if stage != self.stage:
             self.stage = stage
             counted = f", {self.steps} steps" if stage == "denoise" else ""
-            self._line(f"[{self._elapsed()}] {stage}: {STAGE_WORK.get(stage, stage)}{counted}")
+            self._line(f"[{self._elapsed()}] {stage}: {self.work.get(stage, stage)}{counted}")
         elif stage == "denoise" and done:
             self._step(done)
 

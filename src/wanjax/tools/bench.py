@@ -60,6 +60,7 @@ from wanjax.io.quant import leaf_builder
 from wanjax.io.quantizable import UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
 from wanjax.jobs.flags import add_flags, from_namespace, option
 from wanjax.jobs.groups import DEFAULT_DTYPE, PromptFlags, VaeFlags
+from wanjax.jobs.status import Status
 from wanjax.models import clip_vision, dit, umt5
 from wanjax.models.clip_vision import CLIPVisionConfig
 from wanjax.models.config import TransformerConfig, parse_dtype
@@ -493,6 +494,14 @@ def _stage(name: str, cfg: BenchConfig) -> dict[str, Any]:
     return result.summary()
 
 
+# What each stage does, as its status line says it (on a terminal)
+STAGE_WORK = {
+    "encode": "the text encoder: random weights drawn, compiled, timed",
+    "image": "the image encoder and the VAE encoder: random weights drawn, compiled, timed",
+    "denoise": "the transformer: random weights drawn, compiled, timed",
+    "decode": "the VAE decoder: random weights drawn, compiled, timed",
+}
+
 STAGES: dict[str, Callable[[BenchConfig], StageResult]] = {
     "encode": bench_encode,
     "image": bench_image,
@@ -501,8 +510,9 @@ STAGES: dict[str, Callable[[BenchConfig], StageResult]] = {
 }
 
 
-def run_bench(cfg: BenchConfig) -> dict[str, Any]:
-    """Run the stages of ``cfg``; a JSON-ready dict of the measurements."""
+def run_bench(cfg: BenchConfig, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run the stages of ``cfg``; a JSON-ready dict of the measurements. ``on_stage(name)`` is called
+    as each stage starts."""
     if cfg.arch not in released():
         raise WanjaxError(f"unknown --arch {cfg.arch!r}; choose one of {', '.join(released())}")
     if cfg.num_inference_steps < 1 or cfg.repeats < 1:
@@ -526,7 +536,11 @@ def run_bench(cfg: BenchConfig) -> dict[str, Any]:
     dtype, vae_dtype = (jnp.dtype(parse_dtype(d)).name for d in (cfg.dtype, cfg.vae_dtype))
     image_dtypes = ("float32",) if "image" in wanted else ()
     peaks = {d: device_peak(d) for d in dict.fromkeys((dtype, vae_dtype, *image_dtypes))}
-    stages = {name: _stage(name, cfg) for name in wanted}
+    stages = {}
+    for name in wanted:
+        if on_stage is not None:
+            on_stage(name)
+        stages[name] = _stage(name, cfg)
     pipeline = pipeline_summary(cfg, stages)
     stage_dtypes = {"encode": dtype, "image": "float32", "denoise": dtype, "decode": vae_dtype}
     for name, summary in stages.items():
@@ -604,8 +618,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_request(request: BenchRequest) -> dict[str, Any]:
-    """``wanjax bench``: run, print the table, write the JSON file."""
-    result = run_bench(request.config)
+    """``wanjax bench``: run (a status line per stage on a terminal), print the table, write the JSON file."""
+    cfg = request.config
+    status = Status.for_terminal("bench", cfg.num_inference_steps, quiet=False, work=STAGE_WORK)
+    layers = "all layers" if cfg.layers is None else f"{cfg.layers} layer{'s' if cfg.layers > 1 else ''}"
+    status.header(
+        f"--arch {cfg.arch} ({layers}), {cfg.frames} frames {cfg.width}x{cfg.height}, {cfg.repeats} timed runs"
+    )
+    result = run_bench(cfg, on_stage=lambda name: status(name, 0))
+    status.close()
     print(format_table(result))
     if request.json:
         write_text(request.json, json.dumps(result, indent=2) + "\n")
