@@ -73,8 +73,10 @@ def generate_args(model, out: Path, *flags) -> tuple:
     ("flags", "needles"),
     [
         (("--guidance_scale", "-1"), ("--guidance_scale must be >= 0",)),
-        (("--fps", "0"), ("--fps must be positive",)),
-        (("--fps", "-3"), ("--fps must be positive",)),
+        (("--fps", "0"), ("--fps must be a frame rate from 0.1 to 1000",)),
+        (("--fps", "-3"), ("--fps must be a frame rate from 0.1 to 1000", "got -3")),
+        (("--fps", "1e-300"), ("--fps must be a frame rate from 0.1 to 1000",)),
+        (("--fps", "1e300"), ("--fps must be a frame rate from 0.1 to 1000", "got 1e+300")),
         (("--max_sequence_length", "0"), ("--max_sequence_length must be at least 1",)),
         (("--num_inference_steps", "-2"), ("at least 1",)),
         (("--width", "100"), ("width 100", "multiple of 16", "e.g. 96")),
@@ -119,7 +121,7 @@ def test_invalid_choices_and_unknown_flags_fail_before_any_work(demo_env, tmp_pa
 
 
 def test_debug_shows_the_traceback(demo_env, tmp_path):
-    with pytest.raises(WanjaxError, match="--fps must be positive"):
+    with pytest.raises(WanjaxError, match="--fps must be a frame rate"):
         main([str(a) for a in generate_args("demo", tmp_path, "--fps", "0", "--debug")])
 
 

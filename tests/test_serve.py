@@ -166,6 +166,20 @@ def test_list_pages_and_delete(server):
     [
         ({"negative_prompt": "x"}, "'prompt' is required"),
         ({"prompt": "a", "size": "big"}, "must be WIDTHxHEIGHT"),
+        ({"prompt": "a", "size": "192x128\n"}, "must be WIDTHxHEIGHT"),
+        (
+            {"prompt": "a", "size": "\u0661\u0669\u0662x\u0661\u0662\u0668"},
+            "must be WIDTHxHEIGHT",
+        ),  # Arabic-Indic
+        (
+            {"prompt": "a \ud800"},
+            "prompt is not valid Unicode text: a lone surrogate (U+D800) at character 2",
+        ),
+        ({"prompt": "a", "negative_prompt": "\udfff"}, "negative_prompt is not valid Unicode text"),
+        ({"prompt": "a", "fps": 1e-300}, "fps must be a frame rate from 0.1 to 1000"),
+        ({"prompt": "a", "fps": 0.099}, "fps must be a frame rate from 0.1 to 1000"),
+        ({"prompt": "a", "fps": 1000.5}, "fps must be a frame rate from 0.1 to 1000"),
+        ({"prompt": "a", "fps": 1e300}, "fps must be a frame rate from 0.1 to 1000"),
         ({"prompt": "a", "size": "100x128"}, "multiple of 16"),
         ({"prompt": "a", "frames": 6}, "4n+1"),
         ({"prompt": "a", "frames": 9, "seconds": 1}, "not both"),
@@ -186,8 +200,10 @@ def test_list_pages_and_delete(server):
     ],
 )
 def test_bad_requests_get_400_with_the_reason(server, body, words):
+    stored = len(server.request("GET", "/v1/videos?limit=100")[1]["data"])
     status, error, _ = server.request("POST", "/v1/videos", body)
     assert_error(status, error, 400, words)
+    assert len(server.request("GET", "/v1/videos?limit=100")[1]["data"]) == stored  # nothing stored
     assert "--" not in error["error"]["message"]  # the API's field names, not the CLI's flags
     if error["error"]["param"] is not None:  # the field at fault, as OpenAI's errors name it
         assert error["error"]["param"] in {*body, "size", "prompt"}
@@ -198,6 +214,27 @@ def test_errors_from_the_cli_checks_name_their_field(server):
     for body, param in (({"frames": 6}, "frames"), ({"size": "100x128"}, "size"), ({"seed": -1}, "seed")):
         status, error, _ = server.request("POST", "/v1/videos", {"prompt": "a", **body})
         assert status == 400 and error["error"]["param"] == param, error
+
+
+@pytest.mark.slow
+def test_a_stored_record_with_a_lone_surrogate_does_not_break_the_listing(demo_env, tmp_path):
+    """A record stored before lone surrogates were refused: listed and served, shown as U+FFFD."""
+    store = JobStore(tmp_path)
+    params = dict(negative_prompt="", width=48, height=32, frames=5, fps=16.0, num_inference_steps=2)
+    params |= dict(guidance_scale=5.0, seed=0, image=False, last_image=False)
+    for job_id, prompt in (("poisoned", "a \ud800 cat"), ("plain", "a dog")):
+        store.add(job_id, {**params, "prompt": prompt}, max_queued=5)
+        assert store.start(job_id)
+        store.fail(job_id, "server_error", "failed before the restart")
+    store.close()
+    server = Server(tmp_path, env={"WANJAX_CACHE": str(demo_env)}).start()
+    try:
+        status, page, _ = server.request("GET", "/v1/videos")
+        assert status == 200 and [v["id"] for v in page["data"]] == ["plain", "poisoned"], page
+        status, video, _ = server.request("GET", "/v1/videos/poisoned")
+        assert status == 200 and video["prompt"] == "a \ufffd cat"
+    finally:
+        assert server.stop() == 0, server.stderr
 
 
 def test_the_store_retries_an_interrupted_job_once(tmp_path):
@@ -219,6 +256,9 @@ def test_the_store_retries_an_interrupted_job_once(tmp_path):
 @pytest.mark.slow
 def test_refusals_are_json_with_their_status(server):
     assert_error(*server.request("POST", "/v1/videos", raw=b"{not json")[:2], 400, "not JSON")
+    for media in ("text/plain", "application/x-www-form-urlencoded"):  # JSON inside, another type declared
+        sent = server.request("POST", "/v1/videos", raw=b'{"prompt": "a"}', headers={"Content-Type": media})
+        assert_error(*sent[:2], 415, f"a body of type {media} is not read")
     assert_error(*server.request("GET", "/v1/videos", key=None)[:2], 401, "API key")
     assert_error(*server.request("GET", "/v1/server", key="wrong")[:2], 401, "API key")
     status, body, headers = server.request("POST", "/v1/videos", {"prompt": "a"}, key=None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+from fractions import Fraction
 
 import av
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from PIL import Image
 
 from wanjax.io.atomic import atomic_path, write_text
-from wanjax.io.video import contact_sheet, write_mp4, write_preview
+from wanjax.io.video import contact_sheet, fps_problem, write_mp4, write_preview
 
 
 def gradient_frames(t=9, h=48, w=80):
@@ -36,6 +37,17 @@ def test_mp4_round_trip(tmp_path):
     # Lossy yuv420p: close on average, not bit-exact.
     assert np.abs(decoded.astype(int) - frames).mean() < 4
     assert not list(tmp_path.glob(".*tmp"))
+
+
+@pytest.mark.parametrize(
+    ("fps", "rate"),
+    [(23.976, Fraction(2997, 125)), (24000 / 1001, Fraction(24000, 1001)), (0.5, Fraction(1, 2))],
+)
+def test_fractional_frame_rates_are_written(tmp_path, fps, rate):
+    """A float rate made PyAV fail ("'float' object has no attribute 'numerator'") after every step."""
+    path = write_mp4(gradient_frames(t=3), tmp_path / "v.mp4", fps=fps)
+    with av.open(str(path)) as container:
+        assert container.streams.video[0].average_rate == Fraction(rate)
 
 
 def test_mp4_rejects_float_frames(tmp_path):
@@ -72,3 +84,9 @@ def test_atomic_output_follows_umask(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_frame_rates_at_and_past_their_bounds():
+    assert fps_problem(0.1) is None and fps_problem(1000) is None and fps_problem(16) is None
+    for fps in (0.0999, 1000.001, 0, -1, float("nan"), float("inf")):
+        assert "must be a frame rate from 0.1 to 1000" in fps_problem(fps)

@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 
 from wanjax.io.atomic import atomic_path
+
+FPS_RANGE = (0.1, 1000.0)  # the frame rates a video is written at: a slow slideshow to a fast camera
+
+
+def fps_problem(fps: float) -> str | None:
+    """Why ``fps`` cannot be a video's frame rate (None: it can), to follow the flag or field name."""
+    low, high = FPS_RANGE
+    if not (math.isfinite(fps) and low <= fps <= high):
+        return f"must be a frame rate from {low:g} to {high:g} (e.g. 16), got {fps:g}"
+    return None
+
+
+def frame_rate(fps: float) -> Fraction:
+    """``fps`` as the fraction a container stores (23.976 -> 2997/125; NTSC's 24000/1001 stays)."""
+    return Fraction(fps).limit_denominator(1001)
 
 
 def _check_frames(frames: np.ndarray) -> np.ndarray:
@@ -33,7 +49,7 @@ def write_mp4(
     path = Path(path)
     with atomic_path(path) as tmp, av.open(str(tmp), mode="w", format="mp4") as container:
         container.metadata.update(metadata or {})
-        stream = container.add_stream("libx264", rate=round(fps) if float(fps).is_integer() else fps)
+        stream = container.add_stream("libx264", rate=frame_rate(fps))
         stream.width, stream.height = frames.shape[2], frames.shape[1]
         stream.pix_fmt = "yuv420p"
         stream.options = {"crf": str(crf)}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from wanjax.errors import ConfigError, WanjaxError
+from wanjax.io.video import fps_problem
 from wanjax.jobs.groups import (
     AttentionFlags,
     CacheFlags,
@@ -263,8 +264,8 @@ def _check_numbers(flags: dict[str, Any]) -> None:
     if shift is not None and not (math.isfinite(shift) and shift > 0):
         raise WanjaxError(f"--flow_shift must be positive (3.0 for 480p, 5.0 for 720p), got {shift}")
     fps = flags.get("fps")
-    if fps is not None and not (math.isfinite(fps) and fps > 0):
-        raise WanjaxError(f"--fps must be positive (e.g. 16), got {fps}")
+    if fps is not None and fps_problem(fps):
+        raise WanjaxError(f"--fps {fps_problem(fps)}")
     length = flags.get("max_sequence_length")
     if length is not None and length < 1:
         trained = PromptFlags.max_sequence_length

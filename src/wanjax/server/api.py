@@ -17,12 +17,14 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from wanjax.io.video import fps_problem
 from wanjax.jobs.groups import ImageFlags, OutputFlags, VideoFlags
 from wanjax.jobs.requests import GenerateRequest
 from wanjax.models.registry import Defaults
 from wanjax.server.store import Job
 
-SIZE = re.compile(r"^(\d{1,5})x(\d{1,5})$")
+SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")  # fullmatch: ASCII digits, nothing around them
+SURROGATE = re.compile(r"[\ud800-\udfff]")  # lone: a str holds a pair as one astral character
 DATA_URL = re.compile(r"^data:image/[\w.+-]+;base64,")
 NUMBER_FIELDS = {"fps", "guidance_scale", "seconds"}
 INT_FIELDS = {"frames", "num_inference_steps", "seed"}
@@ -80,6 +82,8 @@ def job_params(
             )
     for name, value in body.items():
         _check_type(name, value)
+        if isinstance(value, str):
+            _check_text(name, value)
     if body.get("model") not in (None, model):
         raise ApiError(400, f"this server runs the model {model!r}, not {body['model']!r}", param="model")
     prompt = body.get("prompt")
@@ -88,13 +92,13 @@ def job_params(
     images = {name: decode_image(name, body[name]) for name in IMAGE_FIELDS if name in body}
     width, height = (None, None) if images else (defaults.width, defaults.height)
     if "size" in body:
-        match = SIZE.match(body["size"])
+        match = SIZE.fullmatch(body["size"])
         if not match:
             raise ApiError(400, f'size {body["size"]!r} must be WIDTHxHEIGHT, e.g. "832x480"', param="size")
         width, height = int(match[1]), int(match[2])
     fps = float(body.get("fps", defaults.fps))
-    if not (math.isfinite(fps) and fps > 0):
-        raise ApiError(400, f"fps must be positive, got {fps}", param="fps")
+    if fps_problem(fps):
+        raise ApiError(400, f"fps {fps_problem(fps)}", param="fps")
     if "frames" in body and "seconds" in body:
         raise ApiError(400, "give frames or seconds, not both", param="seconds")
     frames = body.get("frames", defaults.frames)
@@ -173,6 +177,25 @@ def _check_type(name: str, value: Any) -> None:
     }[expected]
     if not ok:
         raise ApiError(400, f"{name} must be {expected}, got {value!r}", param=name)
+
+
+def _check_text(name: str, value: str) -> None:
+    """Text that UTF-8 can carry: JSON's ``"\\ud800"`` parses to a lone surrogate, which no store,
+    page or client could read back."""
+    lone = SURROGATE.search(value)
+    if lone is not None:
+        raise ApiError(
+            400,
+            f"{name} is not valid Unicode text: a lone surrogate (U+{ord(lone[0]):04X}) at character "
+            f"{lone.start()}; send UTF-8 text",
+            param=name,
+        )
+
+
+def shown(text: str) -> str:
+    """Stored text as a response can carry it: a lone surrogate (a record from before they were
+    refused) as U+FFFD, so one record never breaks a listing."""
+    return SURROGATE.sub("\ufffd", text)
 
 
 def check_limits(params: Mapping[str, Any], limits: Limits) -> None:
@@ -258,8 +281,8 @@ def video_object(job: Job, model: str) -> dict[str, Any]:
         "created_at": int(job.created_at),
         "started_at": None if job.started_at is None else int(job.started_at),
         "completed_at": None if job.completed_at is None else int(job.completed_at),
-        "prompt": p["prompt"],
-        "negative_prompt": p["negative_prompt"],
+        "prompt": shown(p["prompt"]),
+        "negative_prompt": shown(p["negative_prompt"]),
         "size": f"{p['width']}x{p['height']}",
         "frames": p["frames"],
         "fps": p["fps"],

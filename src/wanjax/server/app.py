@@ -116,8 +116,15 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
 
     async def create(request: Request) -> Response:
         body = await read_body(request, limits.max_body_bytes)
-        if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media == "multipart/form-data":
             parsed = form_body(await form_items(request, body))
+        elif media != "application/json":
+            raise ApiError(
+                415,
+                f"a body of type {media or '(none given)'} is not read: send JSON with Content-Type: "
+                "application/json, or multipart/form-data",
+            )
         else:
             try:
                 parsed = json.loads(body)
