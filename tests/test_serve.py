@@ -210,6 +210,16 @@ def test_bad_requests_get_400_with_the_reason(server, body, words):
 
 
 @pytest.mark.slow
+def test_a_second_server_on_the_folder_is_a_one_line_error(server, demo_env):
+    """Two servers on one folder would both run its queue; the second stops before loading a model."""
+    second = Server(server.output_dir, env={"WANJAX_CACHE": str(demo_env)}).launch()
+    assert second.process.wait(120) == 2
+    lines = second.read_stderr().strip().splitlines()
+    assert len(lines) == 1 and f"is in use by another wanjax serve (process {server.process.pid})" in lines[0]
+    assert server.request("GET", "/v1/server")[0] == 200  # the first one serves on
+
+
+@pytest.mark.slow
 def test_errors_from_the_cli_checks_name_their_field(server):
     for body, param in (({"frames": 6}, "frames"), ({"size": "100x128"}, "size"), ({"seed": -1}, "seed")):
         status, error, _ = server.request("POST", "/v1/videos", {"prompt": "a", **body})

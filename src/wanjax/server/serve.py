@@ -9,6 +9,7 @@ a multi-process run serves HTTP; the others run the jobs it sends them (:func:`e
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -47,9 +48,11 @@ def serve(request: ServeRequest) -> int:
         follow(engine, JobChannel())
         return 0
     check_output_dir(flags.output_dir)
-    with bind(flags.host, flags.port) as sock:
+    store = JobStore(flags.output_dir)  # the folder's lock first: a second server stops here
+    with contextlib.ExitStack() as stack:
+        stack.callback(store.close)
+        sock = stack.enter_context(bind(flags.host, flags.port))
         engine = open_engine(request)
-        store = JobStore(flags.output_dir)
         requeued, failed = store.recover()
         engine.remove_partial_files()
         worker = Worker(engine, store, JobChannel() if jax.process_count() > 1 else None)
@@ -59,7 +62,6 @@ def serve(request: ServeRequest) -> int:
             serve_http(engine, store, worker, api_key, sock, url, len(requeued), len(failed))
         finally:
             worker.stop()
-            store.close()
     return 0
 
 

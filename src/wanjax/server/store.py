@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -21,7 +23,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from wanjax.errors import WanjaxError
+
 DATABASE = "jobs.sqlite3"
+LOCK = "serve.lock"  # held by the one server using the folder (the system drops it when that process ends)
 QUEUED, IN_PROGRESS, COMPLETED, FAILED = "queued", "in_progress", "completed", "failed"
 STATUSES = (QUEUED, IN_PROGRESS, COMPLETED, FAILED)
 MAX_ATTEMPTS = 2  # a job running at MAX_ATTEMPTS deaths of the server fails (code "interrupted")
@@ -80,12 +85,35 @@ class QueueFull(Exception):
     """The queue holds its limit of waiting jobs."""
 
 
+def lock_folder(folder: Path) -> Any:
+    """The folder's :data:`LOCK` file, locked for this process alone (``flock``) and naming it; a
+    WanjaxError naming the process that holds it otherwise: two servers on one folder would run the
+    same jobs."""
+    handle = open(folder / LOCK, "a+")  # noqa: SIM115 (held open: the lock lives with the handle)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip()
+        handle.close()
+        by = f" (process {holder})" if holder else ""
+        raise WanjaxError(
+            f"--output_dir {folder} is in use by another wanjax serve{by}; give each server its own folder"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
 class JobStore:
     """The job table in ``directory / DATABASE`` (created when missing)."""
 
     def __init__(self, directory: str | Path) -> None:
         self.path = Path(directory) / DATABASE
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._folder = lock_folder(self.path.parent)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
@@ -97,6 +125,7 @@ class JobStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        self._folder.close()  # the folder's lock with it
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
