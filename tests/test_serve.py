@@ -184,6 +184,10 @@ def test_list_pages_and_delete(server):
         ({"prompt": "a", "frames": 6}, "4n+1"),
         ({"prompt": "a", "frames": 9, "seconds": 1}, "not both"),
         ({"prompt": "a", "frames": 21}, "over this server's limit of 17"),
+        (
+            {"prompt": "a", "seconds": 3},
+            "seconds 3 (49 frames at 16 fps) is over this server's limit of 17 frames (1.00 s",
+        ),
         ({"prompt": "a", "size": "256x256"}, "over this server's limit"),
         ({"prompt": "a", "num_inference_steps": 61}, "limit of 60"),
         ({"prompt": "a", "num_inference_steps": 10**15}, "limit of 60"),
@@ -294,7 +298,9 @@ def test_refusals_are_json_with_their_status(server):
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert not list((server.output_dir / "videos").glob(f"{running['id']}*"))
-    assert server.wait(server.submit(prompt="after the refusals", num_inference_steps=2)["id"])
+    after = server.submit(prompt="after the refusals", num_inference_steps=2, seconds=1)
+    assert after["seconds"] == "1" and after["frames"] == 17  # echoed as asked (16 fps: 17 frames)
+    assert server.wait(after["id"])["seconds"] == "1"
 
 
 @pytest.mark.slow
@@ -445,6 +451,11 @@ def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
         assert_error(
             status, error, 400, "demo-i2v is an image-to-video model: give the first frame with image"
         )
+        assert "Python" not in error["error"]["message"] and "FILE" not in error["error"]["message"]
+        unreadable = base64.b64encode(b"not an image").decode()
+        status, error, _ = server.request("POST", "/v1/videos", {"prompt": PROMPT, "image": unreadable})
+        assert_error(status, error, 400, "image: cannot read image")  # the field, not the server's file
+        assert str(server.output_dir) not in error["error"]["message"] and error["error"]["param"] == "image"
         job = server.wait(server.submit(prompt=PROMPT, image=image, num_inference_steps=2, seed=3)["id"])
         assert job["image"] is True and job["last_image"] is False
         _, sheet, _ = server.request("GET", f"/v1/videos/{job['id']}/content?variant=thumbnail")

@@ -109,6 +109,7 @@ def job_params(
                 400, f"seconds must be a positive number of reasonable size, got {seconds}", param="seconds"
             )
         frames = temporal * max(round(seconds * fps / temporal), 0) + 1
+    requested = {"seconds": float(body["seconds"])} if "seconds" in body else {}
     params = {
         "prompt": prompt,
         "negative_prompt": body.get("negative_prompt", ""),
@@ -120,6 +121,7 @@ def job_params(
         "guidance_scale": float(body.get("guidance_scale", defaults.guidance_scale)),
         "seed": body.get("seed", defaults.seed),
         **{name: name in images for name in IMAGE_FIELDS},
+        **requested,  # echoed as asked (the video object's ``seconds``)
     }
     return params, images
 
@@ -203,6 +205,14 @@ def check_limits(params: Mapping[str, Any], limits: Limits) -> None:
     the limit)."""
     frames, steps = params["frames"], params["num_inference_steps"]
     pixels = 0 if params["width"] is None else params["width"] * params["height"]
+    if frames > limits.max_frames and "seconds" in params:  # in the field the client sent
+        fps = params["fps"]
+        raise ApiError(
+            400,
+            f"seconds {params['seconds']:g} ({frames} frames at {fps:g} fps) is over this server's limit "
+            f"of {limits.max_frames} frames ({(limits.max_frames - 1) / fps:.2f} s at {fps:g} fps)",
+            param="seconds",
+        )
     if frames > limits.max_frames:
         raise ApiError(
             400, f"frames {frames} is over this server's limit of {limits.max_frames}", param="frames"
@@ -246,10 +256,17 @@ def generate_request(
 
 FLAG = re.compile(r"--(\w+)")
 FLAG_FIELDS = {"height": "size (height)", "width": "size (width)"}
+PYTHON_HINT = re.compile(r" \(Python: (?:[^()]|\([^()]*\))*\)")  # the CLI's note for Python users
+METAVAR = re.compile(r"(--\w+) (?:FILE|PATH|N)\b")
 
 
-def api_message(message: str) -> str:
-    """A CLI message with the flags the API takes as fields named as those fields."""
+def api_message(message: str, paths: Mapping[str, Any] | None = None) -> str:
+    """A CLI message in the API's terms: the flags the API takes as fields named as those fields,
+    without the CLI's metavariables (``FILE``) and Python notes, and each of ``paths`` (a job's files
+    on this server, by what the client calls them) as its name."""
+    for name, path in (paths or {}).items():
+        message = message.replace(str(path), name)
+    message = METAVAR.sub(r"\1", PYTHON_HINT.sub("", message))
     api_names = FIELDS | {"height", "width"}
 
     def rename(match: re.Match[str]) -> str:
@@ -261,7 +278,7 @@ def api_message(message: str) -> str:
 
 def message_param(message: str) -> str | None:
     """The field a message (:func:`api_message`) starts with, if any: its ``param``."""
-    first = message.split(maxsplit=1)[0] if message else ""
+    first = message.split(maxsplit=1)[0].rstrip(":") if message else ""
     return "size" if first in ("height", "width") else first if first in FIELDS else None
 
 
@@ -286,7 +303,7 @@ def video_object(job: Job, model: str) -> dict[str, Any]:
         "size": f"{p['width']}x{p['height']}",
         "frames": p["frames"],
         "fps": p["fps"],
-        "seconds": f"{p['frames'] / p['fps']:.2f}",
+        "seconds": f"{p['seconds']:g}" if "seconds" in p else f"{p['frames'] / p['fps']:.2f}",
         "num_inference_steps": p["num_inference_steps"],
         "guidance_scale": p["guidance_scale"],
         "seed": p["seed"],

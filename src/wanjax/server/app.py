@@ -27,7 +27,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wanjax.server.api import ApiError, Limits, form_body, video_object
-from wanjax.server.engine import Engine, Worker
+from wanjax.server.engine import Engine, Worker, delete_job
 from wanjax.server.store import COMPLETED, IN_PROGRESS, QUEUED, Job, JobStore, QueueFull
 
 log = logging.getLogger("wanjax.serve")
@@ -176,10 +176,8 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
 
     async def delete_video(request: Request) -> Response:
         job = find(request.path_params["id"])
-        running = not store.delete(job.id, unless_running=True)
-        if not (running and worker.cancel(job.id)):  # a running one: the worker removes it at its next step
-            store.delete(job.id)  # a job that ended meanwhile
-            await run_in_threadpool(engine.remove_files, job.id)
+        if not await run_in_threadpool(delete_job, store, engine, job.id):
+            find(job.id)  # deleted meanwhile by another request: the same 404
         return JSONResponse({"id": job.id, "object": "video.deleted", "deleted": True})
 
     async def content(request: Request) -> Response:

@@ -217,7 +217,8 @@ class Engine:
             request.check()
             return check_generate(self.pipe, request, self.mesh)
         except WanjaxError as e:
-            message = api_message(one_line(e))
+            named = {**inputs, **{f"the job's {kind}": path for kind, path in files.items()}}
+            message = api_message(one_line(e), named)
             raise ApiError(400, message, param=message_param(message)) from None
 
     def files(self, job_id: str) -> dict[str, Path]:
@@ -318,9 +319,6 @@ class Worker:
         self.engine, self.store, self.channel = engine, store, channel
         self._wake = threading.Event()
         self._stopping = threading.Event()
-        self._cancelled: set[str] = set()
-        self._lock = threading.Lock()
-        self._current: str | None = None
         self._thread = threading.Thread(target=self._loop, name="wanjax-worker", daemon=True)
 
     def start(self) -> None:
@@ -338,14 +336,6 @@ class Worker:
         if self.channel is not None:
             self.channel.send(None)
 
-    def cancel(self, job_id: str) -> bool:
-        """Ask the running job ``job_id`` to stop and be deleted; False when it is not running."""
-        with self._lock:
-            if self._current != job_id:
-                return False
-            self._cancelled.add(job_id)
-            return True
-
     def _loop(self) -> None:
         while not self._stopping.is_set():
             job = self.store.next_queued()
@@ -360,64 +350,61 @@ class Worker:
                 self._stopping.wait(1.0)
 
     def _run(self, job: Job) -> None:
+        """Run one job. Whether it was deleted meanwhile (:meth:`JobStore.remove`) the store says, at
+        each step and at its end, atomically with the step's or the end's record: a deleted job
+        never completes, and its files go with it."""
         if not self.store.start(job.id):
             return  # deleted meanwhile
-        with self._lock:
-            self._current = job.id
-        try:
-            self._attempt(job)
-        finally:
-            with self._lock:
-                self._current = None
-                self._cancelled.discard(job.id)
-
-    def _attempt(self, job: Job) -> None:
         steps = job.params["num_inference_steps"]
         interruptible = self.channel is None  # every process must finish a job it started together
 
         def on_progress(stage: str, done: int) -> None:
-            if interruptible and job.id in self._cancelled:
-                raise Cancelled
             if interruptible and self._stopping.is_set():
                 raise Stopping
             percent = {"encode": 1, "denoise": 2 + 93 * done // max(steps, 1), "decode": 95}[stage]
-            self.store.progress(job.id, stage, done, percent)
+            if not self.store.progress(job.id, stage, done, percent) and interruptible:
+                raise Cancelled
 
         if self.channel is not None:
             self.channel.send(self.engine.job_message(job.id, job.params))
         try:
             result = self.engine.run(job.id, job.params, on_progress)
         except Cancelled:
-            self._discard(job.id)
-            return
+            recorded = False
         except Stopping:
-            self.store.requeue(job.id)
-            return
+            recorded = self.store.requeue(job.id)
         except ApiError as e:  # the model or server changed since it was queued
-            self.store.fail(job.id, "invalid_request", e.message)
+            recorded = self.store.fail(job.id, "invalid_request", e.message)
         except WanjaxError as e:
-            self.store.fail(job.id, "generation_failed", one_line(e))
+            recorded = self.store.fail(job.id, "generation_failed", one_line(e))
         except Exception as e:
             log.error("job %s failed:\n%s", job.id, traceback.format_exc())
-            self.store.fail(job.id, "server_error", f"{type(e).__name__}: {one_line(e)}"[:500])
+            recorded = self.store.fail(job.id, "server_error", f"{type(e).__name__}: {one_line(e)}"[:500])
         else:
-            if job.id in self._cancelled:
-                self._discard(job.id)
-            else:
-                self.store.complete(job.id, **dataclasses.asdict(result))
+            recorded = self.store.complete(job.id, **dataclasses.asdict(result))
+            if recorded:
                 log.info(
                     "job %s completed in %.2f s (%d programs compiled)",
                     job.id,
                     result.run_seconds,
                     result.compiled_programs,
                 )
-            return
-        if job.id in self._cancelled:
+        if not recorded:  # deleted while it ran
             self._discard(job.id)
 
     def _discard(self, job_id: str) -> None:
         self.engine.remove_files(job_id)
         self.store.delete(job_id)
+
+
+def delete_job(store: JobStore, engine: Engine, job_id: str) -> bool:
+    """``DELETE /v1/videos/{id}``: the job is gone for every reader at once; a job not running loses
+    its files now, a running one at its worker's next step or end (:meth:`Worker._run`). False when
+    there is no such job."""
+    outcome = store.remove(job_id)
+    if outcome == "deleted":
+        engine.remove_files(job_id)
+    return outcome is not None
 
 
 def size_text(size: int) -> str:

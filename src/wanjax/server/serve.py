@@ -54,6 +54,8 @@ def serve(request: ServeRequest) -> int:
         sock = stack.enter_context(bind(flags.host, flags.port))
         engine = open_engine(request)
         requeued, failed = store.recover()
+        for job_id in store.purge_cancelled():  # deleted while running when a server died
+            engine.remove_files(job_id)
         engine.remove_partial_files()
         worker = Worker(engine, store, JobChannel() if jax.process_count() > 1 else None)
         api_key = flags.api_key or os.environ.get("WANJAX_API_KEY") or None

@@ -29,6 +29,9 @@ DATABASE = "jobs.sqlite3"
 LOCK = "serve.lock"  # held by the one server using the folder (the system drops it when that process ends)
 QUEUED, IN_PROGRESS, COMPLETED, FAILED = "queued", "in_progress", "completed", "failed"
 STATUSES = (QUEUED, IN_PROGRESS, COMPLETED, FAILED)
+# A running job deleted: gone for every reader at once; the worker removes it and its files at its
+# next step, or when it finishes (or the next server start does, should this one die first).
+CANCELLED = "cancelled"
 MAX_ATTEMPTS = 2  # a job running at MAX_ATTEMPTS deaths of the server fails (code "interrupted")
 
 SCHEMA = """
@@ -175,8 +178,11 @@ class JobStore:
         return job
 
     def get(self, job_id: str) -> Job | None:
+        """The job (None: none, or deleted while it runs)."""
         with self._lock:
-            row = self._db.execute("SELECT * FROM jobs WHERE id=?", (job_id,)).fetchone()
+            row = self._db.execute(
+                "SELECT * FROM jobs WHERE id=? AND status!=?", (job_id, CANCELLED)
+            ).fetchone()
         return None if row is None else _job(row)
 
     def next_queued(self) -> Job | None:
@@ -193,13 +199,16 @@ class JobStore:
         with self._lock:
             bound, args = "", ()
             if after is not None:
-                row = self._db.execute("SELECT seq FROM jobs WHERE id=?", (after,)).fetchone()
+                row = self._db.execute(
+                    "SELECT seq FROM jobs WHERE id=? AND status!=?", (after, CANCELLED)
+                ).fetchone()
                 if row is None:
                     raise LookupError(after)
-                bound, args = ("WHERE seq < ?" if newest_first else "WHERE seq > ?"), (row["seq"],)
+                bound, args = ("AND seq < ?" if newest_first else "AND seq > ?"), (row["seq"],)
             order = "DESC" if newest_first else "ASC"
             rows = self._db.execute(
-                f"SELECT * FROM jobs {bound} ORDER BY seq {order} LIMIT ?", (*args, limit + 1)
+                f"SELECT * FROM jobs WHERE status!=? {bound} ORDER BY seq {order} LIMIT ?",
+                (CANCELLED, *args, limit + 1),
             ).fetchall()
         return [_job(r) for r in rows[:limit]], len(rows) > limit
 
@@ -220,21 +229,25 @@ class JobStore:
             )
         return cursor.rowcount == 1
 
-    def progress(self, job_id: str, stage: str, step: int, progress: int) -> None:
+    def progress(self, job_id: str, stage: str, step: int, progress: int) -> bool:
+        """The running job's progress; False when it is no longer running (deleted meanwhile)."""
         with self._transaction() as db:
-            db.execute(
+            cursor = db.execute(
                 "UPDATE jobs SET stage=?, step=?, progress=? WHERE id=? AND status=?",
                 (stage, step, progress, job_id, IN_PROGRESS),
             )
+        return cursor.rowcount == 1
 
-    def requeue(self, job_id: str) -> None:
-        """A running job back to the queue (the server is stopping; it runs again after a restart)."""
+    def requeue(self, job_id: str) -> bool:
+        """A running job back to the queue (the server is stopping; it runs again after a restart);
+        False when it is no longer running."""
         with self._transaction() as db:
-            db.execute(
+            cursor = db.execute(
                 "UPDATE jobs SET status=?, stage=NULL, step=0, progress=0, started_at=NULL, "
                 "attempts=MAX(attempts-1, 0) WHERE id=? AND status=?",
                 (QUEUED, job_id, IN_PROGRESS),
             )
+        return cursor.rowcount == 1
 
     def complete(
         self,
@@ -243,12 +256,13 @@ class JobStore:
         compile_cache_hits: int,
         compile_seconds: float,
         run_seconds: float,
-    ) -> None:
-        """The job's files are written: it is done."""
+    ) -> bool:
+        """The running job's files are written: it is done. False (nothing changed) when it was
+        deleted meanwhile: its files are the caller's to remove."""
         with self._transaction() as db:
-            db.execute(
+            cursor = db.execute(
                 "UPDATE jobs SET status=?, stage=NULL, progress=100, completed_at=?, compiled_programs=?, "
-                "compile_cache_hits=?, compile_seconds=?, run_seconds=? WHERE id=?",
+                "compile_cache_hits=?, compile_seconds=?, run_seconds=? WHERE id=? AND status=?",
                 (
                     COMPLETED,
                     time.time(),
@@ -257,25 +271,49 @@ class JobStore:
                     compile_seconds,
                     run_seconds,
                     job_id,
+                    IN_PROGRESS,
                 ),
             )
-
-    def fail(self, job_id: str, code: str, message: str) -> None:
-        with self._transaction() as db:
-            db.execute(
-                "UPDATE jobs SET status=?, stage=NULL, completed_at=?, error_code=?, error_message=? "
-                "WHERE id=?",
-                (FAILED, time.time(), code, message, job_id),
-            )
-
-    def delete(self, job_id: str, unless_running: bool = False) -> bool:
-        """Remove a job's record (``unless_running``: only if it is not running); False if none went."""
-        with self._transaction() as db:
-            if unless_running:
-                cursor = db.execute("DELETE FROM jobs WHERE id=? AND status!=?", (job_id, IN_PROGRESS))
-            else:
-                cursor = db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
         return cursor.rowcount == 1
+
+    def fail(self, job_id: str, code: str, message: str) -> bool:
+        """The running job failed; False (nothing changed) when it was deleted meanwhile."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "UPDATE jobs SET status=?, stage=NULL, completed_at=?, error_code=?, error_message=? "
+                "WHERE id=? AND status=?",
+                (FAILED, time.time(), code, message, job_id, IN_PROGRESS),
+            )
+        return cursor.rowcount == 1
+
+    def remove(self, job_id: str) -> str | None:
+        """``DELETE``, in one transaction: a job not running loses its record (``"deleted"``: its files
+        are the caller's to remove); a running one is marked :data:`CANCELLED` (``"cancelled"``: gone
+        for readers; its worker removes it); None when there is no such job."""
+        with self._transaction() as db:
+            cursor = db.execute(
+                "DELETE FROM jobs WHERE id=? AND status NOT IN (?, ?)", (job_id, IN_PROGRESS, CANCELLED)
+            )
+            if cursor.rowcount == 1:
+                return "deleted"
+            cursor = db.execute(
+                "UPDATE jobs SET status=? WHERE id=? AND status=?", (CANCELLED, job_id, IN_PROGRESS)
+            )
+        return "cancelled" if cursor.rowcount == 1 else None
+
+    def delete(self, job_id: str) -> bool:
+        """Remove a job's record, whatever its state; False if there was none."""
+        with self._transaction() as db:
+            cursor = db.execute("DELETE FROM jobs WHERE id=?", (job_id,))
+        return cursor.rowcount == 1
+
+    def purge_cancelled(self) -> list[str]:
+        """The records of jobs deleted while they ran, removed (a server that died before its worker
+        could); their ids, whose files are the caller's to remove."""
+        with self._transaction() as db:
+            ids = [r["id"] for r in db.execute("SELECT id FROM jobs WHERE status=?", (CANCELLED,))]
+            db.execute("DELETE FROM jobs WHERE status=?", (CANCELLED,))
+        return ids
 
 
 def _job(row: sqlite3.Row) -> Job:
