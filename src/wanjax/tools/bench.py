@@ -525,7 +525,6 @@ def run_bench(cfg: BenchConfig, on_stage: Callable[[str], None] | None = None) -
     cfg.latent_shape()
     for dtype in (cfg.dtype, cfg.vae_dtype):
         parse_dtype(dtype)
-    check_memory(cfg, wanted)
     random_weights_path(cfg.random_weights)
     if cfg.offload not in OFFLOAD_MODES:
         raise WanjaxError(f"unknown --offload {cfg.offload!r}; choose from {', '.join(OFFLOAD_MODES)}")
@@ -533,6 +532,7 @@ def run_bench(cfg: BenchConfig, on_stage: Callable[[str], None] | None = None) -
         raise WanjaxError(
             f"unknown --weights_dtype {cfg.weights_dtype!r}; choose from {', '.join(WEIGHTS_DTYPES)}"
         )
+    check_memory(cfg, wanted)  # every flag checked first: plan reads them
     dtype, vae_dtype = (jnp.dtype(parse_dtype(d)).name for d in (cfg.dtype, cfg.vae_dtype))
     image_dtypes = ("float32",) if "image" in wanted else ()
     peaks = {d: device_peak(d) for d in dict.fromkeys((dtype, vae_dtype, *image_dtypes))}
