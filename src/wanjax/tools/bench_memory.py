@@ -66,11 +66,11 @@ def stage_needs(cfg: BenchConfig) -> dict[str, int]:
 def check_memory(cfg: BenchConfig, stages: Iterable[str]) -> None:
     """WanjaxError in one line when a stage of ``stages`` needs more than :data:`HEADROOM` of the
     memory available: what it needs, what there is, and the ``--layers`` that would fit."""
+    names = ["encode" if name == "image" else name for name in stages]
     available, where = available_memory()
-    if available is None:
+    if available is None or not names:
         return
     usable = HEADROOM * available
-    names = ["encode" if name == "image" else name for name in stages]
     needs = stage_needs(cfg)
     stage, need = max(((n, needs[n]) for n in names), key=lambda item: item[1])
     if need <= usable:
