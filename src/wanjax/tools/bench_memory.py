@@ -6,16 +6,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import jax
 
 from wanjax.errors import WanjaxError
 from wanjax.parallel.mesh import MeshSpec
 from wanjax.tools.plan import HEADROOM, GiB, Model, plan
-
-if TYPE_CHECKING:
-    from wanjax.tools.bench import BenchConfig
 
 __all__ = ["available_memory", "check_memory", "stage_needs"]
 
@@ -40,10 +37,11 @@ def available_memory() -> tuple[int | None, str]:
     return (device.memory_stats() or {}).get("bytes_limit"), f"one {device.device_kind}"
 
 
-def stage_needs(cfg: BenchConfig) -> dict[str, int]:
-    """Bytes each stage needs on one device, by ``plan``: its component's weights (on a CPU all of
-    them, what waits in host memory included) and its activations. Each stage draws its own weights
-    and drops them after, as ``bench`` runs them; the image stage is within the encode stage's."""
+def stage_needs(cfg: Any) -> dict[str, int]:
+    """Bytes each stage of ``cfg`` (a :class:`~wanjax.tools.bench.BenchConfig`) needs on one device,
+    by ``plan``: its component's weights (on a CPU all of them, what waits in host memory included)
+    and its activations. Each stage draws its own weights and drops them after, as ``bench`` runs
+    them; the image stage is within the encode stage's."""
     model = Model(cfg.transformer_config(), cfg.text_config(), cfg.vae, None, cfg.variant.experts)
     run = plan(
         model,
@@ -63,7 +61,7 @@ def stage_needs(cfg: BenchConfig) -> dict[str, int]:
     return {name: (s.stored if on_cpu else s.weights) + s.activations for name, s in run.stages.items()}
 
 
-def check_memory(cfg: BenchConfig, stages: Iterable[str]) -> None:
+def check_memory(cfg: Any, stages: Iterable[str]) -> None:
     """WanjaxError in one line when a stage of ``stages`` needs more than :data:`HEADROOM` of the
     memory available: what it needs, what there is, and the ``--layers`` that would fit."""
     names = ["encode" if name == "image" else name for name in stages]
