@@ -42,6 +42,9 @@ from wanjax.tools.flops import attention_flops
 pytestmark = pytest.mark.skipif(not installed(), reason="libtpu (the test extra's jax[tpu]) is not installed")
 
 
+TINY_VIDEO_ON_V6E = ("--height", "64", "--width", "64", "--frames", "5", "--compile", "v6e-8")
+
+
 @pytest.fixture(autouse=True)
 def _no_tune_cache(tmp_path, monkeypatch):
     """Block sizes from the defaults, never from a tune cache this machine happens to have."""
@@ -239,19 +242,7 @@ def test_tune_attention_keeps_only_the_candidates_that_compile_for_the_slice(cap
 @pytest.mark.slow
 def test_plan_compile_can_compile_only_some_programs(tmp_path):
     out = tmp_path / "step.json"
-    args = (
-        "plan",
-        "--model",
-        "demo-a14b",
-        "--height",
-        "64",
-        "--width",
-        "64",
-        "--frames",
-        "5",
-        "--compile",
-        "v6e-8",
-    )
+    args = ("plan", "--model", "demo-a14b", *TINY_VIDEO_ON_V6E)
     result = _cli(*args, "--programs", "step,vea_decode")
     assert (
         result.returncode == 2 and "--programs 'step,vea_decode': choose from text_encoder," in result.stderr
@@ -331,19 +322,7 @@ def test_8_bit_weights_compile_for_a_tpu():
 def test_a_cache_without_its_curve_is_a_one_line_error_before_any_compile(capsys):
     from wanjax.cli.main import main
 
-    args = [
-        "plan",
-        "--model",
-        "demo",
-        "--height",
-        "64",
-        "--width",
-        "64",
-        "--frames",
-        "5",
-        "--compile",
-        "v6e-8",
-    ]
+    args = ["plan", "--model", "demo", *TINY_VIDEO_ON_V6E]
     assert main([*args, "--cache", "magcache"]) == 2
     err = capsys.readouterr().err
     assert "magcache needs a ratio curve" in err and len(err.strip().splitlines()) == 1

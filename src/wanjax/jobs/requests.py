@@ -264,8 +264,8 @@ def _check_numbers(flags: dict[str, Any]) -> None:
     if shift is not None and not (math.isfinite(shift) and shift > 0):
         raise WanjaxError(f"--flow_shift must be positive (3.0 for 480p, 5.0 for 720p), got {shift}")
     fps = flags.get("fps")
-    if fps is not None and fps_problem(fps):
-        raise WanjaxError(f"--fps {fps_problem(fps)}")
+    if fps is not None and (problem := fps_problem(fps)):
+        raise WanjaxError(f"--fps {problem}")
     length = flags.get("max_sequence_length")
     if length is not None and length < 1:
         trained = PromptFlags.max_sequence_length

@@ -235,7 +235,7 @@ class Sampler:
         """The step program for inputs shaped like these, lowered only (e.g. for another target);
         with ``cache``, the program that policy runs (its state and schedule abstract inputs too)."""
         scheduler, step_args, expert = self._abstract_step(*args, **kwargs)
-        image = step_args[-1]
+        _, state, _, _, uncond, _, image = step_args
         two = len(self.experts) == 2
         steps = scheduler.num_inference_steps
         step_cache = (
@@ -245,14 +245,14 @@ class Sampler:
                 cache,
                 self.model.cfg,
                 steps,
-                step_args[4] is not None,
+                uncond is not None,
                 [min(i, 1) for i in range(steps)] if two else None,  # each expert's turn: shapes only
                 image is not None and image.first_frame,
             )
         )
         if step_cache is None:
             return self._lower(scheduler, step_args, expert)
-        specs, sharding = self._cache_specs(step_cache, step_args[1].sample.shape, expert)
+        specs, sharding = self._cache_specs(step_cache, state.sample.shape, expert)
         return self._cached_lower(scheduler, step_cache, step_args + specs, sharding, expert)
 
     def _abstract_step(

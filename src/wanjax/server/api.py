@@ -97,8 +97,8 @@ def job_params(
             raise ApiError(400, f'size {body["size"]!r} must be WIDTHxHEIGHT, e.g. "832x480"', param="size")
         width, height = int(match[1]), int(match[2])
     fps = float(body.get("fps", defaults.fps))
-    if fps_problem(fps):
-        raise ApiError(400, f"fps {fps_problem(fps)}", param="fps")
+    if problem := fps_problem(fps):
+        raise ApiError(400, f"fps {problem}", param="fps")
     if "frames" in body and "seconds" in body:
         raise ApiError(400, "give frames or seconds, not both", param="seconds")
     frames = body.get("frames", defaults.frames)

@@ -9,14 +9,13 @@ a multi-process run serves HTTP; the others run the jobs it sends them (:func:`e
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import logging
 import os
 import signal
 import socket
 import sys
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,7 +48,7 @@ def serve(request: ServeRequest) -> int:
         return 0
     check_output_dir(flags.output_dir)
     store = JobStore(flags.output_dir)  # the folder's lock first: a second server stops here
-    with contextlib.ExitStack() as stack:
+    with ExitStack() as stack:
         stack.callback(store.close)
         sock = stack.enter_context(bind(flags.host, flags.port))
         engine = open_engine(request)
@@ -153,10 +152,9 @@ def device_memory(given: str | None) -> int | None:
         from wanjax.tools.plan import parse_memory
 
         return parse_memory(given)
-    import jax
+    from wanjax.tools.measure import device_memory_limit
 
-    stats = jax.local_devices()[0].memory_stats() or {}
-    return stats.get("bytes_limit")
+    return device_memory_limit()
 
 
 def serve_http(

@@ -12,6 +12,7 @@ import jax
 
 from wanjax.errors import WanjaxError
 from wanjax.parallel.mesh import MeshSpec
+from wanjax.tools.measure import device_memory_limit
 from wanjax.tools.plan import HEADROOM, GiB, Model, plan
 
 __all__ = ["available_memory", "check_memory", "stage_needs"]
@@ -34,7 +35,7 @@ def available_memory() -> tuple[int | None, str]:
     device = jax.devices()[0]
     if device.platform == "cpu":
         return host_available(), "this machine"
-    return (device.memory_stats() or {}).get("bytes_limit"), f"one {device.device_kind}"
+    return device_memory_limit(), f"one {device.device_kind}"
 
 
 def stage_needs(cfg: Any) -> dict[str, int]:

@@ -331,9 +331,16 @@ def compile_one(program: Program, planned: int | None = None) -> ProgramReport:
     calls = len(_CUSTOM_CALL.findall(text))
     sizes = chip_bytes(compiled)
     report = ProgramReport(
-        program.name, True, None, sizes, planned, program.attention_backend, calls, seconds
+        program.name,
+        True,
+        None,
+        sizes,
+        planned,
+        program.attention_backend,
+        calls,
+        seconds,
+        analytic_flops=program.flops,
     )
-    report.analytic_flops = program.flops
     with contextlib.suppress(UnknownTripCount):
         count = count_flops(text)
         report.flops_per_chip = count.flops

@@ -63,6 +63,12 @@ def device_peak(dtype: str = "bfloat16") -> tuple[float, str]:
     return float("nan"), f"{kind}: unknown peak"
 
 
+def device_memory_limit() -> int | None:
+    """The first local device's allocator limit (``memory_stats()["bytes_limit"]``; None where the
+    device keeps no statistics: CPU)."""
+    return (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
+
+
 def allocator_peak_bytes() -> int | None:
     """The default device allocator's peak (``memory_stats()["peak_bytes_in_use"]``) since the process
     started: every buffer alive at once, the compiler's and autotuner's scratch included. None where
