@@ -611,7 +611,9 @@ def mosaic_gpu_attention(
     covered = k.shape[1] - k.shape[1] % block_kv
     qs = (q.astype(f32) * d**-0.5).astype(q.dtype)
     padded = jnp.pad(qs, ((0, 0), (0, -lq % (2 * block_q)), (0, 0), (0, 0)))
-    out, (lse,) = kernel(padded, k[:, :covered], v[:, :covered])
+    # the kernel's shared-memory scratch is float16 whatever the inputs (jax 0.11.2 rejects bf16 there)
+    f16 = jnp.float16
+    out, (lse,) = kernel(padded.astype(f16), k[:, :covered].astype(f16), v[:, :covered].astype(f16))
     out, lse = out[:, :lq].astype(f32), lse[:, :, :lq].transpose(0, 2, 1)  # lse: (B, L, H), log2
     if covered == k.shape[1]:
         return out.astype(q.dtype)
@@ -812,9 +814,14 @@ class Parent:
                 )
 
 
+EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b")
+
+
 def failure(status: int | None, tail: list[str]) -> str:
     what = "timed out" if status is None else f"exit status {status}"
-    last = next((line for line in reversed(tail) if line.strip()), "")
+    lines = [line.strip() for line in tail if line.strip()]
+    # the exception's own line: JAX prints a note on its filtered traceback after it
+    last = next((line for line in reversed(lines) if EXCEPTION_LINE.match(line)), lines[-1] if lines else "")
     return f"{what}: {last.strip()[:300]}"
 
 

@@ -28,7 +28,9 @@ def format_table(result: dict[str, Any]) -> str:
         f"{cfg['frames']} frames, {cfg['num_inference_steps']} steps, {cfg['dtype']}, guidance "
         f"{cfg['guidance_scale']}, offload {cfg.get('offload', 'none')}, weights "
         f"{cfg.get('weights_dtype', UNQUANTIZED)}; {result['devices']} x {result['device']}, peak "
-        + "; ".join(f"{p['tflops']:.3g} TFLOP/s ({p['source']})" for p in result["peaks"].values())
+        + "; ".join(
+            dict.fromkeys(f"{p['tflops']:.3g} TFLOP/s ({p['source']})" for p in result["peaks"].values())
+        )
     )
     lines = [
         head,
