@@ -3,6 +3,7 @@
     python benchmarks/quantization_error.py                    # tiny parity DiT, 1.3B dims (4 layers), UMT5
     python benchmarks/quantization_error.py --layers 30        # the whole 1.3B depth (~6 GB RAM, minutes)
     python benchmarks/quantization_error.py --only frames      # the demo pipeline's frames: PSNR vs bf16
+    python benchmarks/quantization_error.py --only lora        # a LoRA merged into 8-bit weights: frames
 
 Each model runs in bf16 activations with bf16 weights (the reference), then with its matmul kernels
 quantised (the same weights: one seed, quantised as they are read); a float32 run shows how far bf16
@@ -166,13 +167,86 @@ def frames() -> None:
     )
 
 
+def demo_lora(folder: Path, relative: float = 0.2, rank: int = 8) -> Path:
+    """A random LoRA (original Wan names) over every block projection of the demo transformer, each
+    update about ``relative`` of its weight's norm."""
+    from safetensors.numpy import load_file, save_file
+
+    from wanjax.models.dit_layouts import WAN_TRANSFORMER
+    from wanjax.pipeline.hub import resolve_model
+
+    state = load_file(resolve_model("demo").path / "transformer" / "diffusion_pytorch_model.safetensors")
+    rng = np.random.default_rng(0)
+    lora = {}
+    for name, w in state.items():
+        if name.startswith("blocks.") and name.endswith(".weight") and w.ndim == 2:
+            down = rng.standard_normal((rank, w.shape[1])).astype(np.float32)
+            up = rng.standard_normal((w.shape[0], rank)).astype(np.float32)
+            up *= relative * np.linalg.norm(w) / np.linalg.norm(up @ down)
+            module = "diffusion_model." + WAN_TRANSFORMER.file_name(name).removesuffix(".weight")
+            lora[f"{module}.lora_down.weight"], lora[f"{module}.lora_up.weight"] = down, up
+    save_file(lora, folder / "lora.safetensors")
+    return folder / "lora.safetensors"
+
+
+def fp8_scaled_demo(folder: Path) -> Path:
+    """The demo transformer as an fp8-scaled single file (ComfyUI's convention: per-tensor scales)."""
+    import ml_dtypes
+    from safetensors.numpy import load_file, save_file
+
+    from wanjax.models.dit_layouts import WAN_TRANSFORMER
+    from wanjax.pipeline.hub import resolve_model
+
+    state = load_file(resolve_model("demo").path / "transformer" / "diffusion_pytorch_model.safetensors")
+    out = {"scaled_fp8": np.zeros(0, ml_dtypes.float8_e4m3fn)}
+    for name, w in state.items():
+        name = WAN_TRANSFORMER.file_name(name)
+        if w.ndim == 2 and name.endswith(".weight"):
+            scale = np.array(np.abs(w).max() / 448, np.float32)
+            out[name] = (w / scale).astype(ml_dtypes.float8_e4m3fn)
+            out[name.removesuffix("weight") + "scale_weight"] = scale
+        else:
+            out[name] = w
+    save_file(out, folder / "demo_fp8_scaled.safetensors")
+    return folder / "demo_fp8_scaled.safetensors"
+
+
+def lora_frames(folder: Path) -> None:
+    """The demo pipeline with a LoRA merged into 8-bit weights: frames' PSNR and largest difference
+    (uint8 levels) against the same LoRA merged into bf16 weights; and an fp8-scaled file's."""
+    from wanjax.pipeline.pipeline import WanPipeline
+
+    lora = [(demo_lora(folder), 1.0)]
+    fp8_file = fp8_scaled_demo(folder)
+    runs = {
+        "bf16 + LoRA": {},
+        "int8 + LoRA": {"weights_dtype": "int8"},
+        "fp8 + LoRA": {"weights_dtype": "fp8"},
+        "fp8-scaled file, bf16 + LoRA": {"transformer": fp8_file},
+        "fp8-scaled file, fp8 + LoRA": {"transformer": fp8_file, "weights_dtype": "fp8"},
+    }
+    videos = {}
+    for name, options in runs.items():
+        pipe = WanPipeline.from_pretrained("demo", "bfloat16", loras=lora, **options)
+        videos[name] = pipe("a red fox in the snow", seed=0).frames
+    for name, reference in (
+        ("int8 + LoRA", "bf16 + LoRA"),
+        ("fp8 + LoRA", "bf16 + LoRA"),
+        ("fp8-scaled file, fp8 + LoRA", "fp8-scaled file, bf16 + LoRA"),
+    ):
+        diff = np.abs(videos[name].astype(np.int16) - videos[reference]).max()
+        print(
+            f"{name + ' vs ' + reference:<62} PSNR {psnr(videos[name], videos[reference]):6.1f} dB, max {diff} levels"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--layers", type=int, default=4, help="blocks of the 1.3B DiT (of 30)")
     parser.add_argument("--umt5_layers", type=int, default=2, help="blocks of the UMT5-XXL encoder (of 24)")
-    parser.add_argument("--only", choices=("tiny", "1.3B", "umt5", "frames"), action="append")
+    parser.add_argument("--only", choices=("tiny", "1.3B", "umt5", "frames", "lora"), action="append")
     args = parser.parse_args()
     only = set(args.only or ("tiny", "1.3B", "umt5"))
     print(
@@ -188,6 +262,9 @@ def main() -> None:
         umt5_xxl(args.umt5_layers)
     if "frames" in only:
         frames()
+    if "lora" in only:
+        with tempfile.TemporaryDirectory() as folder:
+            lora_frames(Path(folder))
 
 
 if __name__ == "__main__":

@@ -139,7 +139,7 @@ def test_the_checks_catch_what_they_should():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     assert layer("wanjax.models.vae.model") == "models" and layer("wanjax.errors") == "base"
     assert "wanjax.io.checkpoint" in GRAPH["wanjax.models.dit"]
-    assert "wanjax.pipeline.components" in GRAPH["wanjax.jobs.preflight"]  # a function-local import
+    assert "wanjax.kernels.precision" in GRAPH["wanjax.jobs.groups"]  # a function-local import
     assert "wanjax.jobs.generate" in GRAPH["wanjax.server.engine"]
     server_to_cli = {"wanjax.server.serve": {"wanjax.cli.parser"}, "wanjax.cli.parser": set()}
     assert imports_across(server_to_cli, APART) == ["wanjax.server.serve imports wanjax.cli.parser"]

@@ -319,3 +319,56 @@ def test_info_on_a_lora_file(tiny_pipeline, capsys):
     assert f"{first}: LoRA, wan-original layout, 6 modules" in out
     assert "ranks: 4" in out and "alphas: 2" in out
     assert "attn1.to_q x2, attn2.to_v x2, ffn.net.0.proj x2" in out
+
+
+# ----------------------------------------------------------------------------------------------
+# LoRAs on 8-bit weights: merged in float32 into the dequantised kernel, requantised per channel
+
+
+@pytest.mark.parametrize("weights", ["int8", "fp8"])
+def test_a_lora_merges_into_8_bit_weights_as_the_merged_model_quantised(files, weights):
+    """Each changed kernel is ``quantize(dequantize(base) + delta)`` (the host rule, to one 8-bit step
+    where the device's float32 sum rounds across a boundary), so its error against the float merge is
+    that of two independent roundings: the base's, and the merged weight's; ``set_loras([])``
+    restores the 8-bit base exactly."""
+    import jax
+
+    from wanjax.io.quant import QuantizedKernel, dequantize, quantize
+
+    root, peft_file, wan_file = files
+    loras = [(peft_file, 0.5), (wan_file, 1.3)]
+    float_model = load_transformer(root, "float32")
+    float_base = snapshot(float_model)
+    float_model.set_loras(loras)
+    float_merged = snapshot(float_model)
+
+    model = load_transformer(root, "float32", weights_dtype=weights)
+    is_kernel = lambda x: isinstance(x, QuantizedKernel)  # noqa: E731
+    before = [np.asarray(x) for x in jax.tree.leaves(model.params)]
+    model.set_loras(loras)
+    sources = jax.tree.leaves(dit.checkpoint_spec(model.cfg), is_leaf=lambda x: isinstance(x, LeafSource))
+    squared = {"merged": 0.0, "base": 0.0, "requantised": 0.0, "weights": 0.0}
+    for source, leaf in zip(sources, jax.tree.leaves(model.params, is_leaf=is_kernel), strict=True):
+        if not isinstance(leaf, QuantizedKernel) or not source.stacked:
+            continue
+        qdtype = np.asarray(leaf.values).dtype
+        ours = dequantize(np.asarray(leaf.values), np.asarray(leaf.scale))
+        for layer, name in enumerate(source.names):
+            merged, base = float_merged[name], float_base[name]
+            if np.array_equal(merged, base):
+                continue
+            base_8bit = dequantize(*quantize(base, qdtype))
+            expected = dequantize(*quantize(base_8bit + (merged - base), qdtype))
+            step = np.asarray(leaf.scale)[layer] * (1 if weights == "int8" else 32)  # e4m3's widest gap
+            assert np.all(np.abs(ours[layer] - expected) <= step), name
+            squared["merged"] += ((ours[layer] - merged) ** 2).sum()
+            squared["base"] += ((base_8bit - base) ** 2).sum()
+            squared["requantised"] += ((dequantize(*quantize(merged, qdtype)) - merged) ** 2).sum()
+            squared["weights"] += (merged**2).sum()
+    assert squared["weights"] > 0
+    error = {k: np.sqrt(v / squared["weights"]) for k, v in squared.items() if k != "weights"}
+    assert error["merged"] <= 1.05 * np.hypot(error["base"], error["requantised"]), error
+
+    model.set_loras([])
+    after = [np.asarray(x) for x in jax.tree.leaves(model.params)]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(after, before, strict=True))

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from wanjax.errors import WanjaxError
+from wanjax.errors import CheckpointError, WanjaxError
+from wanjax.io.weights_file import FORMATS
 from wanjax.jobs.flags import option
 from wanjax.jobs.groups import (
     DEFAULT_DTYPE,
@@ -100,8 +102,8 @@ def cmd_info(request: InfoRequest) -> None:
     """Print components, their configs, tensor counts, sizes and dtypes."""
     from wanjax.pipeline.hub import resolve_model
 
-    if request.model.endswith(".safetensors"):
-        _lora_info(request.model)
+    if request.model.endswith(FORMATS):
+        _file_info(Path(request.model))
         return
     presets = released()
     if request.model in presets and not Path(request.model).exists():
@@ -187,6 +189,29 @@ def _print_registry_match(source: ModelSource) -> None:
         return
     print(f"  variant: {found.name} ({found.title})" if found else "  variant: none in the registry")
     print(f"  {_defaults_line(defaults)}")
+
+
+def _file_info(path: Path) -> None:
+    """A weights file: the component and variant it holds (layout, prefix, storage), else a LoRA."""
+    from wanjax.io.weights_file import open_weights
+    from wanjax.pipeline.sources import describe_file
+
+    try:
+        d = describe_file(path)
+    except CheckpointError as component_error:
+        if path.suffix != ".safetensors" or "layout, but" in str(component_error):
+            raise
+        try:
+            _lora_info(str(path))
+        except CheckpointError:
+            raise component_error from None
+        return
+    prefix = f", names prefixed {d.prefix!r}" if d.prefix else ""
+    print(f"{path}: Wan {d.folder} ({d.variants}), {d.layout} layout{prefix}")
+    params = sum(math.prod(ref.shape) for ref in open_weights(path).values())
+    size = path.stat().st_size / 2**20
+    print(f"  weights: {sum(d.kinds.values())} tensors, {params / 1e6:.2f} M params, file {size:.1f} MiB")
+    print("  stored: " + ", ".join(f"{kind} x{n}" for kind, n in sorted(d.kinds.items())))
 
 
 def _lora_info(path: str) -> None:
@@ -387,7 +412,6 @@ def _compile(request: PlanRequest, tpu: Any, mesh: Any, planned: dict[str, int])
 
 def _weights_summary(refs: dict) -> str:
     """Tensor count, parameters, bytes and the dtype mix, from the files' headers (no tensor read)."""
-    import math
 
     import numpy as np
 

@@ -17,10 +17,13 @@ from typing import Any
 from wanjax.errors import CheckpointError, ConfigError, WanjaxError
 from wanjax.io.checkpoint import TensorRef, check_checkpoint, load_params, open_component
 from wanjax.io.finite import check_finite
+from wanjax.io.key_layouts import DIFFUSERS, KeyLayout, matches, overlap, rename_spec, strip_prefix
 from wanjax.io.quant import leaf_builder
 from wanjax.io.quantizable import UNQUANTIZED
+from wanjax.io.weights_file import open_weights
 
 SpecFn = Callable[[Any, Collection[str]], Any]  # (config, stored tensor names) -> LeafSource tree
+RECOGNISED = 0.5  # a file whose names cover this fraction of a layout's is in that layout
 
 
 def read_config_file(cls: Any, path: Path) -> Any:
@@ -46,7 +49,8 @@ class Component:
     ``config``: a class with ``from_file(path)`` (None: the component has no config file, e.g. the
     tokenizer); ``files``: files the folder must hold besides the config and weights; ``spec``:
     ``(config, names) -> LeafSource tree`` (None: no weights); ``ignore``: stored tensor names that
-    are not an error though no leaf reads them.
+    are not an error though no leaf reads them; ``layouts``: the other namings single files of this
+    component use (:class:`~wanjax.io.key_layouts.KeyLayout`; diffusers' is always known).
     """
 
     folder: str
@@ -56,6 +60,7 @@ class Component:
     spec: SpecFn | None = None
     ignore: Callable[[str], bool] = _uses_everything
     files: tuple[str, ...] = ()
+    layouts: tuple[KeyLayout, ...] = ()
 
     @property
     def has_weights(self) -> bool:
@@ -114,18 +119,110 @@ class Component:
         return cfg
 
     def load(
-        self, path: str | Path, dtype: Any, sharding: Any = None, weights_dtype: str = UNQUANTIZED
+        self,
+        path: str | Path,
+        dtype: Any,
+        sharding: Any = None,
+        weights_dtype: str = UNQUANTIZED,
+        config: Any = None,
     ) -> tuple[Any, Any]:
         """``(config, params)``: every weight read straight into its shards (``sharding(source)``);
         ``weights_dtype`` ``int8``/``fp8`` stores the matmul kernels in 8 bits
-        (:func:`wanjax.io.quant.leaf_builder`), ``bf16`` keeps every weight in ``dtype``."""
+        (:func:`wanjax.io.quant.leaf_builder`), ``bf16`` keeps every weight in ``dtype``. ``path``: a
+        model root, the component's folder, or one weights file (then ``config`` says what it holds)."""
         build = leaf_builder(weights_dtype)  # an unknown name fails before any file is read
-        directory = self.directory(path)
-        cfg = self.read_config(directory)
-        refs = self.open_weights(directory)
-        spec = self.checkpoint_spec(cfg, refs)
+        cfg, stored = self.stored(path, config)
+        refs = stored.open()
+        spec = stored.spec(self, cfg, refs)
         params = load_params(
-            refs, spec, dtype, str(directory), sharding=sharding, ignore=self.ignore, build=build
+            refs, spec, dtype, stored.where, sharding=sharding, ignore=stored.ignore, build=build
         )
-        check_finite(params, str(directory))
+        check_finite(params, stored.where)
         return cfg, params
+
+    # ------------------------------------------------------------------------------------------
+    # Where the weights are: a diffusers folder, or one file in any layout (wanjax.io.key_layouts)
+
+    def stored(self, path: str | Path, config: Any = None) -> tuple[Any, Stored]:
+        """``(config, stored weights)`` of a model root or component folder (its config read unless
+        ``config`` is given), or of one weights file (``config`` required: the base's or the
+        registry's, see :func:`wanjax.pipeline.sources.file_config`)."""
+        path = Path(path)
+        if path.is_file():
+            if config is None:
+                raise ConfigError(
+                    f"{path}: a single {self.folder} file needs a config (pass --model with one)"
+                )
+            return config, self.file_weights(path, config)
+        directory = self.directory(path)
+        cfg = self.read_config(directory) if config is None else config
+        stems = self.weight_stems
+        return cfg, Stored(str(directory), lambda: open_component(directory, stems), DIFFUSERS, self.ignore)
+
+    def file_weights(self, path: Path, cfg: Any) -> Stored:
+        """One weights file's tensors as this config names them: the layout (and prefix) whose
+        renamed spec covers most of the file's names; CheckpointError when none covers half."""
+        refs = open_weights(path)
+        best: tuple[float, KeyLayout, str] | None = None
+        for layout in (DIFFUSERS, *self.layouts):
+            for prefix in layout.prefixes:
+                found, stripped = strip_prefix(refs, (prefix,))
+                if found != prefix:
+                    continue
+                score = overlap(rename_spec(self.checkpoint_spec(cfg, stripped), layout), stripped)
+                if best is None or score > best[0]:
+                    best = (score, layout, prefix)
+        if best is None or best[0] < RECOGNISED:
+            raise CheckpointError(f"{path}: not a Wan {self.folder} file ({self._layout_names()})")
+        _, layout, prefix = best
+        ignore = self.ignore if layout is DIFFUSERS else layout.ignore
+        return Stored(
+            str(path), lambda: strip_prefix(open_weights(path), (prefix,))[1], layout, ignore, prefix
+        )
+
+    def recognise(self, path: Path, candidates: Collection[tuple[str, Any]]) -> tuple[str, Any, Stored]:
+        """``(label, config, stored weights)`` of the first candidate ``(label, config)`` whose tensors,
+        names and shapes, the file holds in some layout; CheckpointError naming the layout when the
+        names are recognised but no candidate's shapes are."""
+        closest: Stored | None = None
+        for label, cfg in candidates:
+            try:
+                stored = self.file_weights(path, cfg)
+            except CheckpointError:
+                continue
+            refs = stored.open()
+            if matches(stored.spec(self, cfg, refs), refs, stored.ignore):
+                return label, cfg, stored
+            closest = closest or stored
+        if closest is None:
+            raise CheckpointError(f"{path}: not a Wan {self.folder} file ({self._layout_names()})")
+        raise CheckpointError(
+            f"{path}: a {self.folder} in the {closest.layout.name} layout, but of no variant wanjax knows "
+            f"({', '.join(dict.fromkeys(label for label, _ in candidates))}); pass --model with a diffusers "
+            f"directory whose {self.folder}/{self.config_file} describes it"
+        )
+
+    def _layout_names(self) -> str:
+        names = ", ".join(layout.name for layout in (DIFFUSERS, *self.layouts))
+        return f"its tensor names are in none of the layouts wanjax reads: {names}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """A component's stored weights: where (shown in errors), how to open them (tensors by name, any
+    file prefix removed), the layout they are named in, which stored tensors no leaf reads, and the
+    prefix the file's names carry."""
+
+    where: str
+    open: Callable[[], dict[str, Any]]
+    layout: KeyLayout
+    ignore: Callable[[str], bool]
+    prefix: str = ""
+
+    def rename(self, spec: Any) -> Any:
+        """A LeafSource tree in diffusers names, named as these weights are."""
+        return rename_spec(spec, self.layout)
+
+    def spec(self, component: Component, cfg: Any, refs: Collection[str]) -> Any:
+        """The component's spec for ``cfg``, named as these weights are."""
+        return self.rename(component.checkpoint_spec(cfg, refs))

@@ -16,8 +16,9 @@ Quantisation is symmetric, per output channel, from the absolute maximum over th
 (:func:`leaf_builder`), one layer at a time: a model never holds its kernels in 16 bits on a device.
 
 Pre-quantised checkpoints: a kernel stored as ``F8_E4M3`` (the plain e4m3fn casts that many
-downloadable "fp8" files are, without scales) is taken as it is under ``fp8`` (``scale = 1``); under
-``int8`` it is requantised from its values, under ``bf16`` it is read into the model dtype.
+downloadable "fp8" files are, without scales) is taken as it is under ``fp8`` (``scale = 1``); an
+fp8-scaled one (:class:`~wanjax.io.weights_file.ScaledRef`) with its own scales; under ``int8`` either
+is requantised from its values, under ``bf16`` read into the model dtype.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from wanjax.io.quantizable import (
     scale_shape,
     weights_dtype,
 )
+from wanjax.io.weights_file import ScaledRef
 
 INT8 = QUANTIZED_DTYPES["int8"]
 FP8 = QUANTIZED_DTYPES["fp8"]
@@ -89,21 +91,22 @@ class QuantizedKernel:
 # Host quantisation
 
 
-def quantize(w: np.ndarray, dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+def quantize(w: Any, dtype: Any, xp: Any = np) -> tuple[Any, Any]:
     """``(values, scale)`` of a kernel ``w (..., in, out)``, per output channel (absmax over ``in``):
     ``w ≈ values * scale[..., None, :]``; ``values`` in ``dtype`` (int8 or float8_e4m3fn), ``scale``
-    float32 of shape ``(..., out)`` (1 for an all-zero channel)."""
+    float32 of shape ``(..., out)`` (1 for an all-zero channel). ``xp``: NumPy (on the host, as a
+    checkpoint is read) or ``jax.numpy`` (on the devices, as a LoRA is merged): the same rule."""
     dtype = np.dtype(dtype)
     if dtype not in QMAX:
         raise ValueError(f"cannot quantise to {dtype}; use one of {', '.join(map(str, QMAX))}")
-    w = np.asarray(w, np.float32)
+    w = xp.asarray(w, np.float32)
     qmax = QMAX[dtype]
-    absmax = np.abs(w).max(axis=INPUT_AXIS, initial=0.0)
-    scale = np.where(absmax > 0, absmax / np.float32(qmax), np.float32(1)).astype(SCALE_DTYPE)
-    q = w / np.expand_dims(scale, INPUT_AXIS)
+    absmax = xp.abs(w).max(axis=INPUT_AXIS, initial=0.0)
+    scale = xp.where(absmax > 0, absmax / np.float32(qmax), np.float32(1)).astype(SCALE_DTYPE)
+    q = w / xp.expand_dims(scale, INPUT_AXIS)
     if dtype == INT8:
-        q = np.rint(q, out=q)
-    return np.clip(q, -qmax, qmax, out=q).astype(dtype), scale
+        q = xp.rint(q)
+    return xp.clip(q, -qmax, qmax).astype(dtype), scale
 
 
 def dequantize(values: np.ndarray, scale: np.ndarray) -> np.ndarray:
@@ -122,6 +125,9 @@ def read_quantized(
     input axis (a scale needs the whole channel). Stacked leaves are read and quantised one layer at
     a time (one layer in float32 on the host). A leaf stored in ``dtype`` already (a float8
     checkpoint) is taken as it is, with scale 1."""
+    scaled = _read_scaled(source, refs, index, dtype)
+    if scaled is not None:
+        return scaled
     stored = {np.dtype(refs[name].dtype) for name in source.names}
     if stored == {dtype} and _is_float8(dtype):
         values = source.read(refs, index, dtype)
@@ -135,6 +141,22 @@ def read_quantized(
         layer_values, layer_scale = quantize(w[0], dtype)
         values[j], scale[j] = layer_values, layer_scale
     return values, scale
+
+
+def _read_scaled(
+    source: LeafSource, refs: Mapping[str, Ref], index: Index, dtype: np.dtype
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(values, scale)`` of an fp8-scaled checkpoint's kernel stored in ``dtype`` already, taken as
+    it is (its 8-bit values and its scales, per tensor or per output channel): None otherwise."""
+    stored = [refs[name] for name in source.names]
+    if not all(isinstance(r, ScaledRef) and r.values.dtype == dtype for r in stored):
+        return None
+    values = source.read({r.name: r.values for r in stored}, index, dtype)  # type: ignore[union-attr]
+    channels = index[-1]  # the kernel's output axis is the stored weight's first
+    if not source.stacked:
+        return values, stored[0].channel_scale(channels)  # type: ignore[union-attr]
+    layers = range(len(stored))[index[0]]
+    return values, np.stack([stored[layer].channel_scale(channels) for layer in layers])  # type: ignore[union-attr]
 
 
 # ----------------------------------------------------------------------------------------------

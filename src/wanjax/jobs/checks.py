@@ -106,7 +106,7 @@ def open_images(
     check_image_input(cfg, *given, model_label(pipe.source), pipe.expand_timesteps)
     if flags.image is None:
         return None, None
-    validation.check_model(pipe.path, (*IMAGE_COMPONENTS, "vae") if cfg.image_tokens else ("vae",))
+    pipe.sources.check((*IMAGE_COMPONENTS, "vae") if cfg.image_tokens else ("vae",))
     step = pipe.geometry.pixel_steps[0]
     opened = []
     for name in ("image", "last_image"):

@@ -7,7 +7,6 @@ import dataclasses
 from pathlib import Path
 
 from wanjax.errors import WanjaxError
-from wanjax.jobs import preflight as validation
 from wanjax.jobs.checks import check_devices, check_output_paths, check_vae_tiling
 from wanjax.jobs.opening import begin, defaults_of, mesh_request, model_label, open_pipeline
 from wanjax.jobs.outputs import clip_infos, video_record, with_output_video, write_outputs
@@ -35,7 +34,7 @@ def decode(request: DecodeRequest) -> RunReport:
     model = request.common.model or earlier.get("model")
     revision = None if request.common.model else earlier.get("revision")
     pipe = open_pipeline(request.common, model, None, mesh, fsdp, revision=revision, vae=request.vae)
-    vae_cfg = validation.check_model(pipe.path, ("vae",))["vae"]
+    vae_cfg = pipe.sources.check(("vae",))["vae"]
     check_vae_tiling(pipe)
     if latents.shape[1] != vae_cfg.z_dim:
         raise WanjaxError(

@@ -52,7 +52,7 @@ def denoise(request: DenoiseRequest) -> RunReport:
         attention=request.attention,
         adapters=request.adapters,
     )
-    cfg = validation.check_model(pipe.path, ("transformer",))["transformer"]
+    cfg = pipe.sources.check(("transformer",))["transformer"]
     if pos.shape[2] != cfg.text_dim:
         raise WanjaxError(
             f"{directory / stages.EMBEDDINGS_FILE}: embeddings of width {pos.shape[2]} but the transformer of "

@@ -7,7 +7,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from wanjax.jobs import preflight as validation
 from wanjax.jobs.checks import check_devices, check_output_paths, open_images, prompt_list, resolve_video
 from wanjax.jobs.opening import begin, defaults_of, mesh_request, model_label, open_pipeline
 from wanjax.jobs.record import finish, image_record, make_report, recorded
@@ -38,7 +37,7 @@ def encode(request: EncodeRequest) -> RunReport:
         memory=request.memory,
         vae=request.vae,
     )
-    validation.check_model(pipe.path, ("tokenizer", "text_encoder"))
+    pipe.sources.check(("tokenizer", "text_encoder"))
     image, last_image = open_images(pipe, request.images, pipe.transformer_config)
     check_devices(mesh, None)
     given = {k: v for k, v in dataclasses.asdict(request.video).items() if v is not None}

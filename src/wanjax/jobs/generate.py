@@ -71,6 +71,7 @@ def open_generate_pipeline(request: GenerateRequest, mesh: MeshSpec | str | None
         vae=request.vae,
         attention=request.attention,
         adapters=request.adapters,
+        files=request.files,
     )
 
 
@@ -112,7 +113,7 @@ class GenerateWork:
 def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec | str | None) -> GenerateWork:
     """Every check of a ``generate`` request against the pipeline's model (one-line WanjaxError), and
     the values the run will use; reads no weight."""
-    configs = validation.check_model(pipe.path, ("tokenizer", "text_encoder", "transformer", "vae"))
+    configs = pipe.sources.check(("tokenizer", "text_encoder", "transformer", "vae"))
     image, last_image = open_images(pipe, request.images, configs["transformer"])
     check_vae_tiling(pipe)
     init_name = request.sampling.init_latents

@@ -328,6 +328,31 @@ class MemoryFlags:
     )
 
 
+def _component_file(component: str) -> Any:
+    return option(
+        None,
+        metavar="FILE",
+        help=f"the {component} from this file (safetensors or GGUF; diffusers', the original Wan or "
+        "ComfyUI's layout; fp8-scaled) instead of --model's",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ComponentFileFlags:
+    """Components read from single files (``--transformer FILE``, ...) over ``--model``, which supplies
+    the rest; without ``--model``, the transformer file's variant (the model registry's) does."""
+
+    transformer: str | None = _component_file("transformer (the high-noise expert of Wan 2.2 A14B)")
+    transformer_2: str | None = _component_file("low-noise expert of a two-expert model")
+    vae: str | None = _component_file("VAE")
+    text_encoder: str | None = _component_file("UMT5 text encoder")
+    image_encoder: str | None = _component_file("CLIP image encoder")
+
+    def given(self) -> dict[str, str]:
+        """The component files given, by component."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name)}
+
+
 @dataclasses.dataclass(frozen=True)
 class LoraFlags:
     """LoRA adapters merged into the transformer, ``--lora PATH[:WEIGHT]``, and into a two-expert

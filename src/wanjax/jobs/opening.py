@@ -11,6 +11,7 @@ from wanjax.jobs.groups import (
     DEFAULT_MODEL,
     AttentionFlags,
     CommonFlags,
+    ComponentFileFlags,
     LoraFlags,
     MemoryFlags,
     ParallelFlags,
@@ -53,13 +54,16 @@ def open_pipeline(
     vae: VaeFlags = VaeFlags(),  # noqa: B008 (frozen)
     attention: AttentionFlags = AttentionFlags(),  # noqa: B008 (frozen)
     adapters: LoraFlags = LoraFlags(),  # noqa: B008 (frozen)
+    files: ComponentFileFlags = ComponentFileFlags(),  # noqa: B008 (frozen)
 ) -> WanPipeline:
-    """The pipeline of ``model`` (a hub model at ``revision``, else ``--revision``); its LoRAs are read
-    and checked against the transformer's config here, before any weight."""
+    """The pipeline of ``model`` (a hub model at ``revision``, else ``--revision``; none with a
+    ``--transformer`` file: its variant's), with the components given as files read from them; its
+    LoRAs are read and checked against the transformer's config here, before any weight."""
     from wanjax.models.vae import Tiling
 
+    given = files.given()
     return WanPipeline.from_pretrained(
-        model or DEFAULT_MODEL,
+        model or (None if "transformer" in given else DEFAULT_MODEL),
         dtype or DEFAULT_DTYPE,
         vae_dtype=vae.vae_dtype,
         vae_weights_dtype=vae.vae_weights_dtype,
@@ -77,6 +81,7 @@ def open_pipeline(
         weights_dtype=memory.weights_dtype,
         loras=adapters.loras(),
         loras_2=adapters.loras_2(),
+        **given,
     )
 
 

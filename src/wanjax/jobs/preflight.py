@@ -10,7 +10,7 @@ values are checked when a request is built: :func:`wanjax.jobs.requests.check_fl
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -71,20 +71,7 @@ def check_distinct(outputs: Mapping[str, str | Path | None]) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Model directories
-
-
-def check_component(root: str | Path, name: str) -> Any:
-    """Check one component of a model directory from its config and safetensors headers only
-    (:meth:`wanjax.io.component.Component.check`); returns its config."""
-    from wanjax.pipeline.components import COMPONENTS
-
-    return COMPONENTS[name].check(root)
-
-
-def check_model(root: str | Path, components: Iterable[str]) -> dict[str, Any]:
-    """:func:`check_component` for each component a command needs; their configs by name."""
-    return {name: check_component(root, name) for name in components}
+# Model checks (the components themselves: WanPipeline.check_components)
 
 
 def check_rope(cfg: Any, geometry: Any, video: Mapping[str, int]) -> None:

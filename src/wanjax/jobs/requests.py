@@ -24,6 +24,7 @@ from wanjax.jobs.groups import (
     AttentionFlags,
     CacheFlags,
     CommonFlags,
+    ComponentFileFlags,
     ImageFlags,
     LoraFlags,
     MemoryFlags,
@@ -87,6 +88,7 @@ class GenerateRequest(Request):
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
     outputs: OutputFlags = dataclasses.field(default_factory=OutputFlags)
+    files: ComponentFileFlags = dataclasses.field(default_factory=ComponentFileFlags)
     adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)
     cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)

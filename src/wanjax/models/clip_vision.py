@@ -373,6 +373,7 @@ def load_image_encoder(
     precision: str | None = None,
     weights_dtype: str = "bf16",
     processor: str | Path | ImageProcessor | None = None,
+    config: CLIPVisionConfig | None = None,
 ) -> CLIPVisionEncoder:
     """Load ``image_encoder/`` from a diffusers-layout Wan image-to-video model.
 
@@ -380,12 +381,13 @@ def load_image_encoder(
     its folder); by default ``image_processor/`` next to the encoder when it exists, else none.
     (diffusers' Wan example loads this encoder in ``float32``; ``bfloat16`` halves its memory.)
     ``weights_dtype`` ``int8``/``fp8``: the linear kernels in 8 bits (:mod:`wanjax.io.quant`).
+    ``path`` may also be one weights file of any layout ``config`` describes.
     """
-    directory = IMAGE_ENCODER.directory(path)
+    directory = Path(IMAGE_ENCODER.stored(path, config)[1].where)
     if processor is None:
         beside = directory.parent / "image_processor"
         processor = beside if (beside / "preprocessor_config.json").is_file() else None
     if processor is not None and not isinstance(processor, ImageProcessor):
         processor = load_image_processor(processor)
-    cfg, params = IMAGE_ENCODER.load(directory, parse_dtype(dtype), sharding, weights_dtype)
+    cfg, params = IMAGE_ENCODER.load(path, parse_dtype(dtype), sharding, weights_dtype, config)
     return CLIPVisionEncoder(cfg, params, processor, precision=precision)

@@ -35,6 +35,7 @@ from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models import lora
 from wanjax.models.config import TransformerConfig
 from wanjax.models.dit_embed import Conditioning, embed, token_pins, unpatchify
+from wanjax.models.dit_layouts import WAN_TRANSFORMER
 from wanjax.models.layers import Params, apply_rope, gelu_tanh, layer_norm, linear, rms_norm, scan_layers
 from wanjax.models.offload import (
     HOST,
@@ -193,6 +194,7 @@ TRANSFORMER = Component(
     spec=lambda cfg, names: checkpoint_spec(cfg),
     # diffusers' _keys_to_ignore_on_load_unexpected: an unused query norm some I2V files carry
     ignore=lambda name: name.endswith("attn2.norm_added_q.weight"),
+    layouts=(WAN_TRANSFORMER,),
 )
 # A Wan 2.2 two-expert model's low-noise expert: the same architecture and layout in its own folder.
 TRANSFORMER_2 = dataclasses.replace(TRANSFORMER, folder="transformer_2")
@@ -549,8 +551,11 @@ def load_transformer(
     precision: str | None = None,
     offload: Offload | str = "none",
     weights_dtype: str = "bf16",
+    config: TransformerConfig | None = None,
 ) -> WanTransformer:
-    """Load ``transformer/`` of a diffusers-layout Wan model (``path`` = model root or that folder).
+    """Load ``transformer/`` of a diffusers-layout Wan model (``path`` = model root or that folder),
+    or one transformer file of any layout and format ``config`` describes (see
+    :meth:`~wanjax.io.component.Component.stored`).
 
     With ``mesh``, each weight is read straight into its shards (the axes of :func:`checkpoint_spec`;
     ``fsdp`` also splits ``embed`` dimensions over the non-tp axes) and the forward runs on the mesh.
@@ -567,7 +572,7 @@ def load_transformer(
     precision = resolve_precision(precision, "transformer")
     settings = RunSettings(dtype, precision, attention=attention_backend, mesh=mesh, offload=offload)
     sharding = transformer_sharding(mesh, fsdp, settings.offload, sharding)
-    cfg, params = TRANSFORMER.load(path, settings.dtype, sharding, weights_dtype)
+    cfg, params = TRANSFORMER.load(path, settings.dtype, sharding, weights_dtype, config)
     return WanTransformer(cfg, params, settings)
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from wanjax.errors import CheckpointError, ConfigError
 from wanjax.io.checkpoint import LeafSource, Transpose, identity
 from wanjax.io.lora import LoraFile, LoraUpdate, read_lora
-from wanjax.io.quant import QuantizedKernel
+from wanjax.io.quant import QuantizedKernel, quantize
 from wanjax.models.offload import DEVICE, memory_kind
 
 Params = Any
@@ -178,20 +178,56 @@ def _merged(base: jax.Array, up: jax.Array, down: jax.Array, bias: jax.Array, tr
     return (base.astype(jnp.float32) + delta).astype(base.dtype)
 
 
-def merge_leaf(base: jax.Array, update: LeafUpdate) -> jax.Array:
-    """``base`` with ``update`` merged: computed on the devices ``base`` lives on, the output laid out
-    as ``base`` (so each device computes only its own slice), back in ``base``'s memory kind."""
-    sharding = base.sharding
-    on_device = sharding.with_memory_kind(DEVICE) if memory_kind(base) != DEVICE else sharding
-    replicated = _replicated_like(sharding)
-    stacked = update.source.stacked
-    lead = base.shape[:1] if stacked else ()
+@functools.partial(jax.jit, static_argnames=("transpose", "qdtype"))
+def _merged_quantized(
+    values: jax.Array, scale: jax.Array, up: jax.Array, down: jax.Array, transpose: bool, qdtype: np.dtype
+) -> tuple[jax.Array, jax.Array]:
+    """An 8-bit kernel with ``up @ down`` merged: dequantised in float32, merged, requantised per
+    output channel by :func:`~wanjax.io.quant.quantize`'s rule."""
+    base = QuantizedKernel(values, scale, np.dtype(np.float32)).dequantize()
+    merged = _merged(base, up, down, jnp.zeros((), jnp.float32), transpose)
+    return quantize(merged, qdtype, xp=jnp)
+
+
+def merge_quantized(base: QuantizedKernel, update: LeafUpdate) -> QuantizedKernel:
+    """An 8-bit kernel with ``update`` merged (in float32, then requantised per output channel: the
+    error is the 8-bit rounding of the merged weight, as if the merged model had been quantised),
+    each output laid out as ``base``'s."""
+    shardings = (base.values.sharding, base.scale.sharding)
+    replicated = _replicated_like(shardings[0])
+    up, down, _ = _factors_of(update, base.shape[:1] if update.source.stacked else ())
+    values, scale = jax.jit(
+        functools.partial(
+            _merged_quantized,
+            transpose=isinstance(update.source.layout, Transpose),
+            qdtype=np.dtype(base.values.dtype),
+        ),
+        out_shardings=shardings,
+    )(base.values, base.scale, jax.device_put(up, replicated), jax.device_put(down, replicated))
+    return QuantizedKernel(values, scale, base.dtype)
+
+
+def _factors_of(update: LeafUpdate, lead: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(up, down, bias)`` of every adapter of a leaf, concatenated along the rank axis (empty for a
+    bias-only update; bias 0 when none)."""
     if update.ups:
         up = np.concatenate(update.ups, axis=-1)
         down = np.concatenate(update.downs, axis=-2)
-    else:  # a bias-only update
+    else:
         up, down = np.zeros((*lead, 0, 0), np.float32), np.zeros((*lead, 0, 0), np.float32)
     bias = update.bias if update.bias is not None else np.zeros((), np.float32)
+    return up, down, bias
+
+
+def merge_leaf(base: jax.Array, update: LeafUpdate) -> jax.Array:
+    """``base`` with ``update`` merged: computed on the devices ``base`` lives on, the output laid out
+    as ``base`` (so each device computes only its own slice), back in ``base``'s memory kind."""
+    if isinstance(base, QuantizedKernel):
+        return merge_quantized(base, update)
+    sharding = base.sharding
+    on_device = sharding.with_memory_kind(DEVICE) if memory_kind(base) != DEVICE else sharding
+    replicated = _replicated_like(sharding)
+    up, down, bias = _factors_of(update, base.shape[:1] if update.source.stacked else ())
     merged = jax.jit(
         functools.partial(_merged, transpose=isinstance(update.source.layout, Transpose)),
         out_shardings=on_device,
@@ -212,21 +248,16 @@ def _replicated_like(sharding: jax.sharding.Sharding) -> jax.sharding.Sharding:
 
 
 def _replace(params: Params, new: dict[Path_, Any]) -> Params:
-    """``params`` with the leaves at ``new``'s paths given by ``new[path](leaf)`` (8-bit kernels are
-    single leaves here: ConfigError, they cannot be merged into)."""
+    """``params`` with the leaves at ``new``'s paths given by ``new[path](leaf)`` (an 8-bit kernel is
+    one leaf here)."""
     if not new:
         return params
-    leaves, treedef = jax.tree_util.tree_flatten_with_path(
-        params, is_leaf=lambda x: isinstance(x, QuantizedKernel)
-    )
-    out = []
-    for path, leaf in leaves:
-        if path in new and isinstance(leaf, QuantizedKernel):
-            raise ConfigError(
-                "LoRAs cannot be merged into 8-bit weights yet; use --weights_dtype bf16 with --lora"
-            )
-        out.append(new[path](leaf) if path in new else leaf)
-    return jax.tree_util.tree_unflatten(treedef, out)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_kernel)
+    return jax.tree_util.tree_unflatten(treedef, [new[p](leaf) if p in new else leaf for p, leaf in leaves])
+
+
+def _is_kernel(x: Any) -> bool:
+    return isinstance(x, QuantizedKernel)
 
 
 def merge(params: Params, plan: dict[Path_, LeafUpdate]) -> Params:
@@ -244,11 +275,11 @@ def restore(params: Params, base: dict[Path_, jax.Array]) -> Params:
     return _replace(params, {path: functools.partial(_placed_as, b) for path, b in base.items()})
 
 
-def _placed_as(array: jax.Array, leaf: jax.Array) -> jax.Array:
-    return jax.device_put(array, leaf.sharding)
+def _placed_as(array: Any, leaf: Any) -> Any:
+    return jax.device_put(array, jax.tree.map(lambda x: x.sharding, leaf))
 
 
-def leaves_at(params: Params, paths: Any) -> dict[Path_, jax.Array]:
-    """The leaves of ``params`` at ``paths``."""
-    leaves = dict(jax.tree_util.tree_flatten_with_path(params)[0])
+def leaves_at(params: Params, paths: Any) -> dict[Path_, Any]:
+    """The leaves of ``params`` at ``paths`` (an 8-bit kernel is one leaf)."""
+    leaves = dict(jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_kernel)[0])
     return {path: leaves[path] for path in paths}

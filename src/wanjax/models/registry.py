@@ -17,6 +17,7 @@ frames at 24 fps, the Wan2.2-TI2V-5B-Diffusers model card). The flow shift is al
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from wanjax.errors import ConfigError
 from wanjax.models.clip_vision import CLIPVisionConfig
@@ -303,6 +304,19 @@ def variant(name: str) -> Variant:
         return registry()[name]
     except KeyError:
         raise ConfigError(f"unknown model variant {name!r}; choose one of {', '.join(registry())}") from None
+
+
+def component_configs(folder: str) -> list[tuple[str, Any]]:
+    """``(variant names, config)`` of every distinct config the registry holds for a component folder
+    (``transformer``, ``transformer_2``, ``vae``, ``text_encoder``, ``image_encoder``), released
+    variants first: what a single file of that component is recognised against."""
+    field = {"transformer_2": "transformer"}.get(folder, folder)
+    names: dict[Any, list[str]] = {}
+    for v in sorted(VARIANTS, key=lambda v: v.demo):
+        cfg = getattr(v, field, None)
+        if cfg is not None and (folder != "transformer_2" or v.experts == 2):
+            names.setdefault(cfg, []).append(v.name)
+    return [(", ".join(labels), cfg) for cfg, labels in names.items()]
 
 
 def transformer_preset(name: str, **overrides) -> TransformerConfig:

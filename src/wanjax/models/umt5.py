@@ -32,6 +32,7 @@ from wanjax.io.component import Component
 from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models.config import TRANSFORMERS_GENERIC_FIELDS, ComponentConfig, parse_dtype
 from wanjax.models.defaults import TEXT_LENGTH
+from wanjax.models.encoder_layouts import WAN_T5_LAYOUT
 from wanjax.models.layers import Params, gelu_tanh, linear, matmul, scan_layers
 from wanjax.models.offload import (
     HOST,
@@ -195,7 +196,12 @@ def _ignored_tensor(name: str) -> bool:
 
 
 TEXT_ENCODER = Component(
-    "text_encoder", config=UMT5Config, weight_stems=("model",), spec=_stored_spec, ignore=_ignored_tensor
+    "text_encoder",
+    config=UMT5Config,
+    weight_stems=("model",),
+    spec=_stored_spec,
+    ignore=_ignored_tensor,
+    layouts=(WAN_T5_LAYOUT,),
 )
 
 
@@ -463,8 +469,10 @@ def load_encoder_params(
     sharding: ShardingFn | None = None,
     weights_dtype: str = "bf16",
     offload: Offload | str = "none",
+    config: UMT5Config | None = None,
 ) -> tuple[UMT5Config, Params]:
-    """Config and params of ``text_encoder/`` (``path`` = model root or that folder), no tokenizer;
+    """Config and params of ``text_encoder/`` (``path`` = model root or that folder, or one weights
+    file ``config`` describes), no tokenizer;
     ``weights_dtype`` ``int8``/``fp8``: the matmul kernels in 8 bits (:mod:`wanjax.io.quant`);
     ``offload`` ``"model"``/``"blocks"``: the stacked layers read straight into pinned host memory."""
     dtype = parse_dtype(dtype)
@@ -474,7 +482,7 @@ def load_encoder_params(
             "use bfloat16 or float32"
         )
     sharding = offload_sharding(sharding, parse_offload(offload), per_step=False)
-    return TEXT_ENCODER.load(path, dtype, sharding, weights_dtype)
+    return TEXT_ENCODER.load(path, dtype, sharding, weights_dtype, config)
 
 
 def load_text_encoder(
@@ -487,6 +495,7 @@ def load_text_encoder(
     precision: str | None = None,
     weights_dtype: str = "bf16",
     offload: Offload | str = "none",
+    config: UMT5Config | None = None,
 ) -> UMT5Encoder:
     """Load ``text_encoder/`` and its tokenizer from a diffusers-layout Wan model.
 
@@ -495,10 +504,12 @@ def load_text_encoder(
     ``precision``: of float32 matmuls (None: the platform's default; see :class:`UMT5Encoder`).
     ``weights_dtype`` (``bf16 | int8 | fp8``): ``int8``/``fp8`` store the matmul kernels in 8 bits
     with per-channel scales, quantised as they are read (:mod:`wanjax.io.quant`). ``offload``: see
-    :class:`UMT5Encoder`.
+    :class:`UMT5Encoder`. ``path`` may also be one weights file of any layout ``config`` describes
+    (``tokenizer`` then required).
     """
     precision = resolve_precision(precision, "text_encoder")
-    directory = TEXT_ENCODER.directory(path)
+    cfg, stored = TEXT_ENCODER.stored(path, config)
+    directory = Path(stored.where)
     if tokenizer is None:
         tokenizer = directory.parent / "tokenizer"
         if not tokenizer.is_dir():
@@ -507,14 +518,13 @@ def load_text_encoder(
             )
     if not isinstance(tokenizer, Tokenizer):
         tokenizer = load_tokenizer(tokenizer)
-    cfg = TEXT_ENCODER.read_config(directory)
     if tokenizer.vocab_size > cfg.vocab_size:
         raise CheckpointError(
             f"{directory}: the tokenizer has {tokenizer.vocab_size} tokens but the encoder embeds only "
             f"{cfg.vocab_size}; they belong to different models"
         )
     cfg, params = load_encoder_params(
-        directory, dtype, sharding=sharding, weights_dtype=weights_dtype, offload=offload
+        path, dtype, sharding=sharding, weights_dtype=weights_dtype, offload=offload, config=cfg
     )
     return UMT5Encoder(
         cfg, params, tokenizer, trim_padding=trim_padding, precision=precision, offload=offload

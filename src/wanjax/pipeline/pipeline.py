@@ -35,25 +35,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wanjax.errors import CheckpointError, WanjaxError
+from wanjax.errors import WanjaxError
 from wanjax.io.lora import LoraFile
 from wanjax.io.quantizable import UNQUANTIZED
 from wanjax.io.quantizable import weights_dtype as weights_storage
 from wanjax.kernels.attention import AttentionSpec
 from wanjax.kernels.precision import Precision, parse_precision, resolve_precision
-from wanjax.models.clip_vision import CLIPVisionEncoder, load_image_encoder
+from wanjax.models.clip_vision import CLIPVisionEncoder
 from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.defaults import TEXT_LENGTH
-from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2, WanTransformer, checkpoint_spec, load_transformer
+from wanjax.models.dit import TRANSFORMER, WanTransformer
 from wanjax.models.image_processor import ImageInput
-from wanjax.models.lora import LoraSpec, load_loras, plan_updates
+from wanjax.models.lora import LoraSpec
 from wanjax.models.offload import Offload, parse_offload
 from wanjax.models.registry import Defaults, Variant, defaults_for, match
-from wanjax.models.umt5 import UMT5Encoder, load_text_encoder
-from wanjax.models.vae import VAE, Tiling, WanVAE, load_vae, parse_chunk
+from wanjax.models.umt5 import UMT5Encoder
+from wanjax.models.vae import Tiling, WanVAE, parse_chunk
 from wanjax.parallel.layouts import spatial_sharding, to_global, to_host
 from wanjax.parallel.mesh import MeshSpec, make_mesh, mesh_spec_from_flags
-from wanjax.parallel.rules import param_sharding, replicated
 from wanjax.pipeline.conditioning import (
     check_image_size,
     conditioning_latents,
@@ -62,12 +61,14 @@ from wanjax.pipeline.conditioning import (
     size_for_image,
 )
 from wanjax.pipeline.hub import ModelSource, resolve_model
-from wanjax.pipeline.inputs import VideoGeometry, check_embeddings, check_image_input
+from wanjax.pipeline.inputs import check_embeddings, check_image_input
+from wanjax.pipeline.loading import PipelineComponents
 from wanjax.pipeline.model_index import read_model_index
 from wanjax.pipeline.residency import Loaded, Residency
 from wanjax.pipeline.results import Denoised, Video
 from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import make_scheduler
+from wanjax.pipeline.sources import ComponentSources, base_model, base_variant, component_files
 from wanjax.pipeline.step_cache import CacheConfig
 from wanjax.runtime.jax_cache import enable_compilation_cache
 from wanjax.runtime.timing import StageTiming
@@ -75,7 +76,7 @@ from wanjax.runtime.timing import StageTiming
 Prompt = str | Sequence[str]
 
 
-class WanPipeline:
+class WanPipeline(PipelineComponents):
     """Wan text or image to video (any variant of :mod:`wanjax.models.registry`). Build it with
     :meth:`from_pretrained`; see the module docstring.
 
@@ -102,8 +103,10 @@ class WanPipeline:
     ``[(file, weight), ...]`` merged into the transformer's weights; ``loras_2``: into a two-expert
     model's ``transformer_2`` (:meth:`set_loras`). ``text_encoder``, ``image_encoder``,
     ``transformer``, ``transformer_2``, ``vae``: components already built (as diffusers' pipelines
-    take them), used instead of reading the checkpoint's; the dtype, mesh and offload options apply to
-    the components the pipeline loads itself.
+    take them), used instead of reading the checkpoint's; or a component's weights in one file (a
+    path: safetensors or GGUF, diffusers' or the original Wan layout, fp8-scaled; see
+    :mod:`wanjax.pipeline.sources`), read instead of the model's with the model's config. The
+    dtype, mesh and offload options apply to the components the pipeline loads itself.
     """
 
     def __init__(
@@ -125,12 +128,23 @@ class WanPipeline:
         weights_dtype: str = UNQUANTIZED,
         loras: Sequence[LoraSpec] = (),
         loras_2: Sequence[LoraSpec] = (),
-        text_encoder: UMT5Encoder | None = None,
-        image_encoder: CLIPVisionEncoder | None = None,
-        transformer: WanTransformer | None = None,
-        transformer_2: WanTransformer | None = None,
-        vae: WanVAE | None = None,
+        text_encoder: UMT5Encoder | str | Path | None = None,
+        image_encoder: CLIPVisionEncoder | str | Path | None = None,
+        transformer: WanTransformer | str | Path | None = None,
+        transformer_2: WanTransformer | str | Path | None = None,
+        vae: WanVAE | str | Path | None = None,
     ):
+        given = {
+            "text_encoder": text_encoder,
+            "image_encoder": image_encoder,
+            "transformer": transformer,
+            "transformer_2": transformer_2,
+            "vae": vae,
+        }
+        self.sources = ComponentSources(source.path, component_files(given))
+        text_encoder, image_encoder, transformer, transformer_2, vae = (
+            None if name in self.sources.files else value for name, value in given.items()
+        )
         self.source = source
         self.model_index = read_model_index(source.path)  # an entry wanjax does not act on fails here
         self.offload = parse_offload(offload)
@@ -166,7 +180,7 @@ class WanPipeline:
     @classmethod
     def from_pretrained(
         cls,
-        model: str | Path,
+        model: str | Path | None,
         dtype: Any = "bfloat16",
         *,
         jax_cache_dir: str | Path | bool | None = None,
@@ -176,7 +190,8 @@ class WanPipeline:
     ) -> WanPipeline:
         """A pipeline for ``model``: a diffusers-layout directory, a hub repo id in the local Hugging
         Face cache (at ``revision``: a branch, tag or commit; fetched first with ``download=True``), or
-        ``"demo"`` (the built-in smoke model). ``jax_cache_dir``: JAX's persistent compilation cache,
+        ``"demo"`` (the built-in smoke model); None with a ``transformer`` file: the model of the
+        variant the registry recognises it as (its hub repository, or a demo). ``jax_cache_dir``: JAX's persistent compilation cache,
         which is process-wide ``jax.config`` -- ``None`` or ``False`` (default): JAX's configuration
         is left as it is; a path or URL: turned on there; ``True``: turned on in the default directory
         (as the CLI does, see ``docs/environment.md``); ``"off"``: turned off. ``dtype`` and
@@ -184,6 +199,8 @@ class WanPipeline:
         """
         if jax_cache_dir is not None and jax_cache_dir is not False:
             enable_compilation_cache(None if jax_cache_dir is True else jax_cache_dir)
+        if model is None:
+            model = base_model(base_variant(component_files(options)))
         return cls(resolve_model(model, revision=revision, download=download), dtype, **options)
 
     # ------------------------------------------------------------------------------------------
@@ -210,7 +227,7 @@ class WanPipeline:
     @functools.cached_property
     def transformer_config(self) -> TransformerConfig:
         """The transformer's config (read from its ``config.json``, no weights)."""
-        return TRANSFORMER.read_config(TRANSFORMER.directory(self.path))
+        return self.sources.config(TRANSFORMER)
 
     @functools.cached_property
     def variant(self) -> Variant | None:
@@ -254,173 +271,6 @@ class WanPipeline:
     @functools.cached_property
     def mesh(self) -> jax.sharding.Mesh | None:
         return None if self.mesh_spec is None else make_mesh(self.mesh_spec)
-
-    @property
-    def text_encoder(self) -> UMT5Encoder:
-        if self._text_encoder is None:
-            with self.stage_timing("encode").loading():
-                sharding = None
-                if self.mesh is not None:
-                    sharding = param_sharding(self.mesh, self.mesh_spec.fsdp)
-                self._text_encoder = load_text_encoder(
-                    self.path,
-                    self.text_encoder_dtype,
-                    sharding=sharding,
-                    precision=self.precisions["text_encoder"],
-                    weights_dtype=self.weights_dtype,
-                    offload=self.offload,
-                )
-                jax.block_until_ready(self._text_encoder.params)
-        return self._text_encoder
-
-    def _load_transformer(self, folder: Path, loras: list[tuple[LoraFile, float]]) -> WanTransformer:
-        """The transformer in ``folder``, with ``loras`` merged into it."""
-        with self.stage_timing("denoise").loading():
-            model = load_transformer(
-                folder,
-                self.dtype,
-                attention_backend=self.attention_backend,
-                mesh=self.mesh,
-                fsdp=self.mesh_spec is not None and self.mesh_spec.fsdp,
-                precision=self.precisions["transformer"],
-                offload=self.offload,
-                weights_dtype=self.weights_dtype,
-            )
-            jax.block_until_ready(model.params)
-            if loras:
-                model.set_loras(loras)
-                jax.block_until_ready(model.params)
-        return model
-
-    @property
-    def transformer(self) -> WanTransformer:
-        """The transformer (of a two-expert model: the high-noise expert, run first)."""
-        if self._transformer is None:
-            self._transformer = self._load_transformer(TRANSFORMER.directory(self.path), self.loras)
-        return self._transformer
-
-    @property
-    def boundary_ratio(self) -> float | None:
-        """A two-expert model's switch (``model_index.json``'s ``boundary_ratio``): ``transformer``
-        runs the steps whose timestep is at least ``boundary_ratio * num_train_timesteps``,
-        ``transformer_2`` the rest. None: one transformer."""
-        return None if self.model_index is None else self.model_index.boundary_ratio
-
-    @property
-    def experts(self) -> int:
-        """Transformers that take turns: 2 for a two-expert model (Wan 2.2 A14B), else 1."""
-        return 1 if self.boundary_ratio is None else 2
-
-    @property
-    def transformer_2(self) -> WanTransformer | None:
-        """A two-expert model's low-noise expert (``transformer_2/``), None for one transformer.
-        Under ``offload`` other than ``"none"`` it is read, then waits in host memory until its first
-        step (the experts take turns on the device)."""
-        if self.boundary_ratio is None:
-            return None
-        if self._transformer_2 is None:
-            if self._transformer is not None:
-                self.residency.park(self._transformer)  # one expert on the device at a time
-            self._transformer_2 = self._load_transformer(TRANSFORMER_2.directory(self.path), self.loras_2)
-            self.residency.park(self._transformer_2)
-        return self._transformer_2
-
-    def _switch_expert(self, expert: int) -> None:
-        """Before expert ``expert``'s first step: the experts take turns on the device (:attr:`residency`)."""
-        if not self.residency.moves or self._transformer_2 is None:
-            return
-        with self.stage_timing("denoise").loading():
-            self.residency.switch_expert((self.transformer, self._transformer_2), expert)
-
-    def set_loras(self, loras: Sequence[LoraSpec], *, load_into_transformer_2: bool = False) -> None:
-        """Use these LoRA adapters (``[(file, weight), ...]``, replacing any set before; ``[]``: none):
-        read and checked against the transformer's config now, merged into its weights when it is
-        loaded, or at once if it is (from the base weights kept in host memory for the leaves a LoRA
-        changes; the checkpoint is not read again). See :meth:`WanTransformer.set_loras`.
-        ``load_into_transformer_2``: into a two-expert model's low-noise expert instead (as diffusers'
-        ``load_lora_weights(..., load_into_transformer_2=True)``); each expert keeps its own adapters,
-        as Wan 2.2 LoRAs come in high-noise / low-noise pairs. WanjaxError for a model with one
-        transformer."""
-        component, model = (
-            (TRANSFORMER_2, self._transformer_2)
-            if load_into_transformer_2
-            else (TRANSFORMER, self._transformer)
-        )
-        if load_into_transformer_2 and loras and self.boundary_ratio is None:
-            raise WanjaxError(
-                f"{self.path} has one transformer: LoRAs for transformer_2 (the low-noise expert) need a "
-                "two-expert model such as Wan 2.2 A14B; give them as the transformer's LoRAs"
-            )
-        files = load_loras(loras)
-        if files:  # a LoRA for another model fails here
-            plan_updates(checkpoint_spec(component.read_config(component.directory(self.path))), files)
-        if model is not None:
-            with self.stage_timing("denoise").loading():
-                model.set_loras(files)
-        if load_into_transformer_2:
-            self.loras_2 = files
-        else:
-            self.loras = files
-
-    @property
-    def image_encoder(self) -> CLIPVisionEncoder:
-        """An image-to-video model's CLIP image encoder (and its image processor), in float32 as
-        diffusers' Wan examples load it."""
-        if self._image_encoder is None:
-            with self.stage_timing("encode").loading():
-                sharding = None
-                if self.mesh is not None:
-                    sharding = param_sharding(self.mesh, self.mesh_spec.fsdp)
-                self._image_encoder = load_image_encoder(
-                    self.path, "float32", sharding=sharding, precision=self.precisions["text_encoder"]
-                )
-                jax.block_until_ready(self._image_encoder.params)
-        return self._image_encoder
-
-    @property
-    def vae(self) -> WanVAE:
-        if self._vae is None:
-            with self.stage_timing("decode").loading():
-                sharding = None if self.mesh is None else (lambda source: replicated(self.mesh))
-                self._vae = load_vae(
-                    self.path,
-                    self.vae_dtype,
-                    self.vae_weights_dtype,
-                    decode_chunk=self.vae_decode_chunk,
-                    tiling=self.vae_tiling,
-                    sharding=sharding,
-                    precision=self.precisions["vae"],
-                )
-        return self._vae
-
-    @functools.cached_property
-    def geometry(self) -> VideoGeometry:
-        """Latent/video size relation, read from the configs only (no weights)."""
-        try:
-            vae_cfg = VAE.read_config(VAE.directory(self.path))
-            geometry = VideoGeometry(vae_cfg.z_dim, vae_cfg.spatial_factor, vae_cfg.temporal_factor)
-        except CheckpointError:  # a model without vae/: Wan 2.1's VAE
-            geometry = VideoGeometry()
-        try:
-            dit_cfg = self.transformer_config
-        except CheckpointError:
-            return geometry
-        return dataclasses.replace(geometry, patch=tuple(dit_cfg.patch_size[1:]))
-
-    def load(self) -> None:
-        """Read every component's weights now, each stage's in turn (under ``offload`` each then waits
-        where that puts it), so that no later run pays for loading: a server's start."""
-        self._enter("encode")
-        _ = self.text_encoder
-        if self.transformer_config.image_tokens:
-            _ = self.image_encoder
-        self._enter("denoise")
-        _ = self.transformer, self.transformer_2
-        self._enter("decode")
-        _ = self.vae
-
-    # ------------------------------------------------------------------------------------------
-    # Residency (offload "model" and "blocks")
 
     def _enter(self, stage: str) -> None:
         """Before ``stage`` runs, the weights where :attr:`residency` puts them (the transfers count as

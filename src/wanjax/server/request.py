@@ -11,6 +11,7 @@ from wanjax.jobs.groups import (
     AttentionFlags,
     CacheFlags,
     CommonFlags,
+    ComponentFileFlags,
     LoraFlags,
     MemoryFlags,
     ParallelFlags,
@@ -68,6 +69,7 @@ class ServeRequest(Request):
     precision: str | None = precision_flag()
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
+    files: ComponentFileFlags = dataclasses.field(default_factory=ComponentFileFlags)
     adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)
     cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)

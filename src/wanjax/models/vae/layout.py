@@ -12,6 +12,7 @@ from wanjax.io.checkpoint import REPLICATED, LeafSource
 from wanjax.io.component import Component
 from wanjax.models.layers import Params
 from wanjax.models.vae.config import Layer, VAEConfig, decoder_plan, encoder_plan
+from wanjax.models.vae.original_layout import WAN21_VAE_LAYOUT, WAN22_VAE_LAYOUT
 
 __all__ = ["VAE", "checkpoint_spec"]
 
@@ -101,4 +102,5 @@ VAE = Component(
     config=VAEConfig,
     weight_stems=("diffusion_pytorch_model", "model"),
     spec=lambda cfg, names: checkpoint_spec(cfg),
+    layouts=(WAN21_VAE_LAYOUT, WAN22_VAE_LAYOUT),
 )

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 from wanjax.errors import ConfigError, NumericalError
 from wanjax.io.checkpoint import ShardingFn, abstract_params, check_checkpoint, first_device, load_params
 from wanjax.io.finite import check_finite
+from wanjax.io.key_layouts import spec_names
 from wanjax.kernels.precision import resolve_precision
 from wanjax.models.config import parse_dtype
 from wanjax.models.layers import Params
@@ -289,8 +290,10 @@ def load_vae(
     sharding: ShardingFn | None = None,
     compile_in_child: bool | None = None,
     precision: str | None = None,
+    config: VAEConfig | None = None,
 ) -> WanVAE:
-    """Load ``vae/`` of a diffusers-layout Wan 2.1 or 2.2 model (``path`` = model root or that folder).
+    """Load ``vae/`` of a diffusers-layout Wan 2.1 or 2.2 model (``path`` = model root or that folder),
+    or one VAE weights file of any layout ``config`` describes.
 
     ``dtype``: activations; ``weights_dtype``: how the weights are stored (default: ``dtype``);
     weights are cast to ``dtype`` at use. ``decode_chunk``: latent frames per decode step;
@@ -304,27 +307,26 @@ def load_vae(
     first use, after that call's program is compiled.
     """
     precision = resolve_precision(precision, "vae")
-    directory = VAE.directory(path)
-    cfg = VAE.read_config(directory)
+    cfg, stored = VAE.stored(path, config)
     dtype = parse_dtype(dtype)
     weights_dtype = parse_dtype(weights_dtype) if weights_dtype is not None else dtype
-    check_checkpoint(VAE.open_weights(directory), checkpoint_spec(cfg), str(directory))
+    check_checkpoint(stored.open(), stored.rename(checkpoint_spec(cfg)), stored.where, stored.ignore)
 
     def load(part: str) -> Params:
         """One part's weights; the files are mapped only while they are read."""
         other = "encoder" if part == "decoder" else "decoder"
-        other_names = {n for s in jax.tree.leaves(checkpoint_spec(cfg, other)) for n in s.names}
+        other_names = set(spec_names(stored.rename(checkpoint_spec(cfg, other))))
         params = load_params(
-            VAE.open_weights(directory),
-            checkpoint_spec(cfg, part),
+            stored.open(),
+            stored.rename(checkpoint_spec(cfg, part)),
             weights_dtype,
-            str(directory),
+            stored.where,
             sharding=sharding,
-            ignore=other_names.__contains__,
+            ignore=lambda name: name in other_names or stored.ignore(name),
         )
         jax.block_until_ready(params)  # transfers done: the file mapping is released now
         release_free_heap()  # and the heap the reads used (~20 MiB of the real decoder's) returned
-        check_finite(params, f"{directory} ({part})")
+        check_finite(params, f"{stored.where} ({part})")
         return params
 
     def like(part: str) -> Params:

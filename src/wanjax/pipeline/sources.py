@@ -1,0 +1,183 @@
+"""Where a pipeline reads each component from (:class:`ComponentSources`): the model's directory, or
+a component file: one component's weights in a single file (any layout and format, see
+:mod:`wanjax.io.key_layouts` and :mod:`wanjax.io.weights_file`) over a base model that supplies
+what the file does not (configs, tokenizer, scheduler); or, where the registry recognises the
+file's variant, over that variant's own model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from wanjax.errors import CheckpointError, WanjaxError
+from wanjax.io.component import Component
+from wanjax.io.key_layouts import matches
+from wanjax.io.weights_file import open_weights
+from wanjax.models.registry import Variant, component_configs, registry
+from wanjax.pipeline.components import COMPONENTS
+
+FILE_COMPONENTS = ("transformer", "transformer_2", "vae", "text_encoder", "image_encoder")
+
+
+def component_files(given: Mapping[str, Any]) -> dict[str, Path]:
+    """``{folder: file}`` of the components ``given`` as paths (built components, other keys and None
+    left out); CheckpointError for a file that does not exist."""
+    out = {}
+    for folder in FILE_COMPONENTS:
+        value = given.get(folder)
+        if not isinstance(value, str | Path):
+            continue
+        path = Path(value)
+        if not path.is_file():
+            raise CheckpointError(f"{path}: no such file (the --{folder} weights)")
+        out[folder] = path
+    return out
+
+
+def recognise(folder: str, path: Path) -> tuple[str, Any]:
+    """``(variant names, config)`` of a component file the registry recognises by its tensors' names
+    and shapes; CheckpointError otherwise."""
+    label, cfg, _ = COMPONENTS[folder].recognise(path, component_configs(folder))
+    return label, cfg
+
+
+def base_config(component: Component, base: Path | None) -> Any | None:
+    """The base model's config of this component, or None where it has none."""
+    if base is None:
+        return None
+    try:
+        directory = component.directory(base)
+    except CheckpointError:
+        return None
+    return component.read_config(directory)
+
+
+def file_config(folder: str, path: Path, base: Path | None) -> Any:
+    """The config of component ``folder``'s file ``path``: the base model's, checked against the file's
+    tensors (a file of another variant fails here, naming both), else the registry's."""
+    component = COMPONENTS[folder]
+    cfg = base_config(component, base)
+    if cfg is None:
+        return recognise(folder, path)[1]
+    stored = component.file_weights(path, cfg)
+    refs = stored.open()
+    if not matches(stored.spec(component, cfg, refs), refs, stored.ignore):
+        try:
+            label = f"a {recognise(folder, path)[0]} {folder}"
+        except CheckpointError:
+            label = f"a {folder} of another architecture"
+        raise CheckpointError(
+            f"{path}: {label}, which does not fit {base}'s {folder}/{component.config_file}; "
+            "pass the --model it belongs to"
+        )
+    return cfg
+
+
+def base_variant(files: Mapping[str, Path]) -> Variant:
+    """The registry variant a run given component files and no ``--model`` is of: its transformer file
+    recognised (a two-expert variant when a ``transformer_2`` file is given too)."""
+    if "transformer" not in files:
+        raise WanjaxError("without --model, give --transformer FILE (its variant names the base model)")
+    label, _ = recognise("transformer", files["transformer"])
+    experts = 2 if "transformer_2" in files else 1
+    names = label.split(", ")
+    found = [registry()[n] for n in names if registry()[n].experts == experts]
+    if not found:
+        raise WanjaxError(
+            f"{files['transformer']}: a {label} transformer, which has "
+            f"{'one expert: drop --transformer_2' if experts == 2 else 'two experts: give --transformer_2 too'}"
+        )
+    return found[0]
+
+
+def base_model(variant: Variant) -> str:
+    """The model name that supplies a recognised variant's other components: its hub repository, or
+    the built-in demo of that name."""
+    if variant.demo:
+        return variant.name
+    if variant.repo is None:
+        raise WanjaxError(f"{variant.title} has no hub repository; pass --model")
+    return variant.repo
+
+
+@dataclasses.dataclass
+class ComponentSources:
+    """Where each component of a model is read from: ``path``, the model directory, or ``files``, a
+    file given for it (``{folder: file}``); the configs read so far, each read once."""
+
+    path: Path
+    files: dict[str, Path]
+    configs: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def config(self, component: Component) -> Any:
+        """A component's config: the model's ``<folder>/config.json``; for a component given as a
+        file, the same checked against the file, or the registry's where the model has none."""
+        folder = component.folder
+        if folder not in self.configs:
+            file = self.files.get(folder)
+            self.configs[folder] = (
+                component.read_config(component.directory(self.path))
+                if file is None
+                else file_config(folder, file, self.path)
+            )
+        return self.configs[folder]
+
+    def check(self, names: Sequence[str]) -> dict[str, Any]:
+        """Each named component checked where it is read from, from configs and weights' headers only
+        (no weight read); their configs by name."""
+        return {
+            name: self.config(COMPONENTS[name]) if name in self.files else COMPONENTS[name].check(self.path)
+            for name in names
+        }
+
+    def weights(self, component: Component) -> tuple[Path, Any]:
+        """``(path, config)`` a loader reads a component from: its file with its config, or the model
+        (config None: the loader reads the model's)."""
+        file = self.files.get(component.folder)
+        return (self.path, None) if file is None else (file, self.config(component))
+
+
+@dataclasses.dataclass(frozen=True)
+class FileDescription:
+    """What a component file holds: its component, the variants it is of, its layout and name prefix,
+    and its tensors by stored dtype or quantisation (``F8_E4M3 scaled``, GGUF's ``Q4_K``...)."""
+
+    folder: str
+    variants: str
+    layout: str
+    prefix: str
+    kinds: dict[str, int]
+
+
+def stored_kind(ref: Any) -> str:
+    """How one tensor is stored: its GGUF quantisation, ``<8-bit dtype> scaled``, or its dtype."""
+    if hasattr(ref, "quant_type"):
+        return ref.quant_type
+    values = getattr(ref, "values", None)
+    return f"{values.dtype} scaled" if values is not None else str(ref.dtype)
+
+
+def describe_file(path: Path) -> FileDescription:
+    """The component a weights file holds, recognised through the registry (every component that takes
+    files, in turn); CheckpointError naming the first layout recognised, or none."""
+    open_weights(path)  # an unreadable, truncated or foreign-format file fails as itself
+    first_error: CheckpointError | None = None
+    for folder in ("transformer", "vae", "text_encoder", "image_encoder"):
+        try:
+            label, _, stored = COMPONENTS[folder].recognise(path, component_configs(folder))
+        except CheckpointError as e:
+            if first_error is None or ("layout, but" in str(e) and "layout, but" not in str(first_error)):
+                first_error = e
+            continue
+        kinds: dict[str, int] = {}
+        for ref in stored.open().values():
+            kinds[stored_kind(ref)] = kinds.get(stored_kind(ref), 0) + 1
+        return FileDescription(folder, label, stored.layout.name, stored.prefix, kinds)
+    if first_error is not None and "layout, but" in str(first_error):
+        raise first_error
+    raise CheckpointError(
+        f"{path}: not a Wan component file (transformer, VAE, text or image encoder) or LoRA"
+    )

@@ -1,0 +1,76 @@
+"""GGUF files for tests: written with the ``gguf`` package as city96's tools write them, and read back
+as diffusers reads and dequantises them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+
+Q = gguf.GGMLQuantizationType
+# Types gguf can quantise (F32/F16 are casts), and the others by the byte offsets of their float16
+# scales (written as random blocks with those scales set to finite values).
+QUANTISABLE = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1]
+RANDOM_BLOCKS = {
+    Q.Q2_K: (80, 82),
+    Q.Q3_K: (108,),
+    Q.Q4_K: (0, 2),
+    Q.Q5_K: (0, 2),
+    Q.Q6_K: (208,),
+    Q.IQ4_NL: (0,),
+    Q.IQ4_XS: (0,),
+}
+
+
+def random_blocks(qtype: Q, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Random bytes of a ``qtype`` tensor of ``shape`` (byte shape), with finite float16 scales."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    n_blocks = int(np.prod(shape)) // block
+    raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
+    for at in RANDOM_BLOCKS[qtype]:
+        scales = rng.uniform(-0.05, 0.05, n_blocks).astype(np.float16)
+        raw[:, at : at + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
+    return raw.reshape(*shape[:-1], shape[-1] // block * size)
+
+
+def add(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: Q) -> None:
+    """Add a tensor as city96's convert.py does: quantised bytes with ``raw_dtype``."""
+    writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
+
+
+def write(path: Path, tensors: dict, metadata: dict | None = None) -> Path:
+    """A GGUF file of ``{name: (qtype, numpy values or raw bytes)}`` (arch ``wan``, as city96's)."""
+    writer = gguf.GGUFWriter(path, arch="wan")
+    for key, value in (metadata or {}).items():
+        writer.add_array(key, value)
+    for name, (qtype, data) in tensors.items():
+        if qtype in RANDOM_BLOCKS or data.dtype == np.uint8:
+            writer.add_tensor(name, data, raw_dtype=qtype)
+        else:
+            add(writer, name, data, qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def diffusers_values(path: Path) -> dict[str, np.ndarray]:
+    """Every tensor as diffusers reads and dequantises it, in float32 on the CPU."""
+    import torch
+    from diffusers.models.model_loading_utils import load_gguf_checkpoint
+    from diffusers.quantizers.gguf import utils
+
+    out = {}
+    for name, tensor in load_gguf_checkpoint(str(path)).items():
+        if not hasattr(tensor, "quant_type"):  # F32, F16: plain tensors
+            out[name] = tensor.numpy()
+            continue
+        # dequantize_gguf_tensor, but with the dtype it leaves None (float16 scale arithmetic)
+        block, size = utils.GGML_QUANT_SIZES[tensor.quant_type]
+        raw = tensor.as_tensor().view(torch.uint8)
+        shape = (*raw.shape[:-1], raw.shape[-1] // size * block)
+        fn = utils.dequantize_functions[tensor.quant_type]
+        out[name] = fn(raw.reshape(-1, size), block, size, dtype=torch.float32).reshape(shape).numpy()
+    return out
