@@ -43,7 +43,7 @@ DEMO_FLOAT32 = (
     "float32",
 )
 ATTENTION_CHOICES = "(choose from auto, xla, cudnn, splash, splash_exp2)"
-COMMANDS = "generate, encode, denoise, decode, serve, plan, bench, tune-attention, info"
+COMMANDS = "generate, encode, denoise, decode, serve, plan, bench, tune-attention, info, convert"
 
 
 @pytest.mark.parametrize(

@@ -304,3 +304,39 @@ def test_a_file_of_another_model_on_the_command_line_is_one_line(demo_env, tmp_p
         assert main(args) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "not a Wan" in err[0], err
+
+
+def test_convert_writes_a_diffusers_directory_of_the_same_weights(demo_env, tmp_path, capsys):
+    """An fp8-scaled ComfyUI file over the demo: a whole diffusers model whose transformer diffusers
+    loads and whose weights are the file's, dequantised (float32: exactly)."""
+    from wanjax.cli.main import main
+    from wanjax.pipeline.hub import resolve_model
+
+    state = fp8_scaled(
+        {COMFY + WAN_TRANSFORMER.file_name(k): v for k, v in demo_state().items()}, per_channel=False
+    )
+    file = tmp_path / "fp8_scaled.safetensors"
+    save_file(state, file)
+    out = tmp_path / "converted"
+    args = ["convert", str(out), "--model", "demo", "--transformer", str(file), "--dtype", "float32"]
+    assert main(args) == 0
+    demo = resolve_model("demo").path
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in demo.iterdir())
+    cfg = TRANSFORMER.read_config(out / "transformer")
+    ours = load_transformer(out, "float32")
+    from_file = load_transformer(file, "float32", config=cfg)
+    for a, b in zip(leaves(ours.params), leaves(from_file.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    theirs = WanTransformer3DModel.from_pretrained(out / "transformer").state_dict()
+    q = "blocks.0.attn1.to_q.weight"
+    np.testing.assert_array_equal(theirs[q].numpy(), dequantized(state, COMFY + WAN_TRANSFORMER.file_name(q)))
+    assert main(args) == 2  # the output exists now
+    assert "exists; give a new directory" in capsys.readouterr().err
+
+
+def demo_state() -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    from wanjax.pipeline.hub import resolve_model
+
+    return load_file(resolve_model("demo").path / "transformer" / "diffusion_pytorch_model.safetensors")

@@ -1,5 +1,5 @@
 """The ``wanjax`` command line: ``generate``, the stages ``encode | denoise | decode``, ``serve``, ``info``,
-``plan``, ``bench``, ``tune-attention``.
+``plan``, ``bench``, ``tune-attention``, ``convert``.
 
 Each subcommand is one :class:`Subcommand`: the typed request its flags build (the request class
 declares them) and the function that runs the request. User mistakes (bad flags, bad model directories, contradicting stage
@@ -50,7 +50,7 @@ def subcommands() -> dict[str, Subcommand]:
     from wanjax.jobs.requests import DecodeRequest, DenoiseRequest, EncodeRequest, GenerateRequest
     from wanjax.server.request import ServeRequest
     from wanjax.server.serve import serve
-    from wanjax.tools import bench, tune_attention
+    from wanjax.tools import bench, convert, tune_attention
 
     return {
         "generate": Subcommand("prompt to mp4 in one run", GenerateRequest, commands.cmd_generate),
@@ -82,6 +82,11 @@ def subcommands() -> dict[str, Subcommand]:
             tune_attention.run_request,
         ),
         "info": Subcommand("what a diffusers-layout model directory holds", InfoRequest, describe.cmd_info),
+        "convert": Subcommand(
+            "component files (original Wan, ComfyUI, fp8-scaled, GGUF) to a diffusers-layout directory",
+            convert.ConvertRequest,
+            convert.run_request,
+        ),
     }
 
 
