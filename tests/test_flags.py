@@ -13,7 +13,7 @@ from wanjax.cli.main import build_parser, subcommands
 from wanjax.jobs.flags import add_flags, argparse_default, from_namespace, option, options, shown
 from wanjax.jobs.groups import MemoryFlags, VaeFlags
 
-REQUIRED = {"info": ["demo"]}  # a subcommand's required arguments
+REQUIRED = {"info": ["demo"], "convert": ["out"]}  # a subcommand's required arguments
 
 
 def test_every_subcommand_parser_is_built_from_its_schema():

@@ -169,6 +169,7 @@ class Component:
                 found, stripped = strip_prefix(refs, (prefix,))
                 if found != prefix:
                     continue
+                stripped = layout.views(stripped)
                 score = overlap(rename_spec(self.checkpoint_spec(cfg, stripped), layout), stripped)
                 if best is None or score > best[0]:
                     best = (score, layout, prefix)
@@ -177,7 +178,11 @@ class Component:
         _, layout, prefix = best
         ignore = self.ignore if layout is DIFFUSERS else layout.ignore
         return Stored(
-            str(path), lambda: strip_prefix(open_weights(path), (prefix,))[1], layout, ignore, prefix
+            str(path),
+            lambda: layout.views(strip_prefix(open_weights(path), (prefix,))[1]),
+            layout,
+            ignore,
+            prefix,
         )
 
     def recognise(self, path: Path, candidates: Collection[tuple[str, Any]]) -> tuple[str, Any, Stored]:

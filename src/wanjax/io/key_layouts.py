@@ -26,16 +26,24 @@ def _nothing(name: str) -> bool:
     return False
 
 
+def _as_stored(refs: dict[str, Any]) -> dict[str, Any]:
+    return refs
+
+
 @dataclasses.dataclass(frozen=True)
 class KeyLayout:
     """A naming of a component's tensors: ``file_name(diffusers name) -> this layout's name``;
     ``prefixes``: what files in this layout may put before every name (ComfyUI's
-    ``model.diffusion_model.``); ``ignore``: tensors of such files that no params leaf reads."""
+    ``model.diffusion_model.``); ``ignore``: tensors of such files that no params leaf reads;
+    ``views``: the file's tensors (prefix removed) as the names ``file_name`` gives, for a layout
+    that stores some tensors fused or in another shape (each a view reading its part of the stored
+    tensor; the stored tensors otherwise as they are)."""
 
     name: str
     file_name: Callable[[str], str]
     prefixes: tuple[str, ...] = ("",)
     ignore: Callable[[str], bool] = _nothing
+    views: Callable[[dict[str, Any]], dict[str, Any]] = _as_stored
 
 
 DIFFUSERS = KeyLayout("diffusers", lambda name: name)

@@ -31,6 +31,7 @@ from wanjax.io.checkpoint import REPLICATED, LeafSource, ShardingFn, linear_kern
 from wanjax.io.component import Component
 from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models.config import TRANSFORMERS_GENERIC_FIELDS, ComponentConfig, parse_dtype
+from wanjax.models.encoder_layouts import WAN_CLIP_LAYOUT
 from wanjax.models.image_processor import ImageInput, ImageProcessor, load_image_processor
 from wanjax.models.layers import Params, layer_norm, linear, matmul, scan_layers
 from wanjax.models.offload import DEVICE, HOST, move
@@ -206,6 +207,7 @@ IMAGE_ENCODER = Component(
     weight_stems=("model",),
     spec=_stored_spec,
     ignore=_ignored_tensor,
+    layouts=(WAN_CLIP_LAYOUT,),
 )
 
 
