@@ -282,7 +282,10 @@ def test_refusals_are_json_with_their_status(server):
     assert_error(
         *server.request("POST", "/v1/videos", {"prompt": "x" * 2000})[:2], 413, "limit of 1024 bytes"
     )
-    assert_error(*server.request("PUT", "/v1/videos")[:2], 405, "not allowed")
+    status, body, headers = server.request("PUT", "/v1/videos")
+    assert_error(status, body, 405, "not allowed")
+    allow = {m.strip() for m in {k.lower(): v for k, v in headers.items()}["allow"].split(",")}
+    assert allow == {"GET", "HEAD", "POST"}, headers  # every method the path takes
     status, page, _ = server.request("GET", "/", key=None)  # the page needs no key; the API does
     assert status == 200 and b"<html" in page.lower()
 

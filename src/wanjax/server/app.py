@@ -15,6 +15,7 @@ import json
 import logging
 import traceback
 import uuid
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -43,9 +44,11 @@ ERROR_TYPES = {
 }
 
 
-def error_response(error: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if error.status == 401 else None
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The error's JSON body and status; ``headers`` (a 405's ``Allow``) beside ``WWW-Authenticate``
+    on a 401."""
+    headers = {**(headers or {}), **({"WWW-Authenticate": "Bearer"} if error.status == 401 else {})}
+    return JSONResponse(error.body(), status_code=error.status, headers=headers or None)
 
 
 class BearerAuth:
@@ -239,7 +242,8 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
         return error_response(
             ApiError(
                 status, message.get(status, str(exc.detail)), ERROR_TYPES.get(status, "invalid_request_error")
-            )
+            ),
+            headers=dict(exc.headers or {}),  # a 405's Allow: the methods the path takes
         )
 
     async def server_error(request: Request, exc: Exception) -> Response:
@@ -250,10 +254,10 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
         routes=[
             Route("/", index),
             Route("/v1/server", server_info),
-            Route("/v1/videos", create, methods=["POST"]),
-            Route("/v1/videos", list_videos, methods=["GET"]),
-            Route("/v1/videos/{id}", get_video, methods=["GET"]),
-            Route("/v1/videos/{id}", delete_video, methods=["DELETE"]),
+            Route("/v1/videos", by_method(GET=list_videos, POST=create), methods=["GET", "POST"]),
+            Route(
+                "/v1/videos/{id}", by_method(GET=get_video, DELETE=delete_video), methods=["GET", "DELETE"]
+            ),
             Route("/v1/videos/{id}/content", content),
             Route("/v1/videos/{id}/events", events),
         ],
@@ -262,6 +266,18 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)
     return app
+
+
+def by_method(
+    **handlers: Callable[[Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """One endpoint for a path's methods (HEAD as GET), so that a 405 names all of them in ``Allow``."""
+
+    async def handle(request: Request) -> Response:
+        method = "GET" if request.method == "HEAD" else request.method
+        return await handlers[method](request)
+
+    return handle
 
 
 async def form_items(request: Request, body: bytes) -> list[tuple[str, str | bytes]]:
