@@ -71,12 +71,16 @@ def test_a_job_is_the_generate_run_and_its_second_shape_compiles_nothing(server,
     assert done["progress"] == 100 and done["step"] == 3 and done["completed_at"] >= done["created_at"]
     status, video, headers = server.request("GET", f"/v1/videos/{job['id']}/content")
     assert status == 200 and headers["content-type"] == "video/mp4"
-    status, sheet, headers = server.request("GET", f"/v1/videos/{job['id']}/content?variant=thumbnail")
+    status, sheet, headers = server.request("GET", f"/v1/videos/{job['id']}/content?variant=spritesheet")
     assert status == 200 and headers["content-type"] == "image/png"
+    status, thumbnail, headers = server.request("GET", f"/v1/videos/{job['id']}/content?variant=thumbnail")
+    assert status == 200 and headers["content-type"] == "image/webp"
 
     args = ["--prompt", PROMPT, "--negative_prompt", "blurry", "--num_inference_steps", "3", "--seed", "7"]
     args += ["--guidance_scale", "4.0", "--output_video", str(tmp_path / "cli.mp4")]
-    assert generate_in_a_process("--model", "demo", *args, "--preview", str(tmp_path / "cli.png")) == 0
+    args += ["--preview", str(tmp_path / "cli.png"), "--thumbnail", str(tmp_path / "cli.webp")]
+    assert generate_in_a_process("--model", "demo", *args) == 0
+    assert thumbnail == (tmp_path / "cli.webp").read_bytes()  # the first frame, encoded alike
     (tmp_path / "job.png").write_bytes(sheet)
     # The contact sheet holds every raw frame: equal pixels are equal frames.
     np.testing.assert_array_equal(
@@ -128,7 +132,9 @@ def test_the_openai_sdk_drives_it(server, tmp_path):
     assert client.videos.retrieve(video.id).status == "completed"
     data = client.videos.download_content(video.id).read()
     assert data == server.request("GET", f"/v1/videos/{video.id}/content")[1]
-    sheet = client.videos.download_content(video.id, variant="thumbnail").read()
+    thumbnail = client.videos.download_content(video.id, variant="thumbnail").read()
+    assert thumbnail.startswith(b"RIFF") and thumbnail[8:12] == b"WEBP"
+    sheet = client.videos.download_content(video.id, variant="spritesheet").read()
     assert sheet.startswith(b"\x89PNG")
     assert client.videos.list(limit=1).data[0].id == video.id
     assert done["frames"] == 17 and done["num_inference_steps"] == 2
@@ -374,7 +380,7 @@ def test_two_processes_serve_one_model(demo_env, tmp_path):
     try:
         leader.start()
         job = leader.wait(leader.submit(prompt=PROMPT, image=image, num_inference_steps=2, seed=5)["id"])
-        _, sheet, _ = leader.request("GET", f"/v1/videos/{job['id']}/content?variant=thumbnail")
+        _, sheet, _ = leader.request("GET", f"/v1/videos/{job['id']}/content?variant=spritesheet")
     finally:
         assert leader.stop() == 0, leader.stderr
         assert follower.stop(signal_it=False) == 0, follower.stderr  # told to stop by process 0
@@ -461,7 +467,7 @@ def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
         assert str(server.output_dir) not in error["error"]["message"] and error["error"]["param"] == "image"
         job = server.wait(server.submit(prompt=PROMPT, image=image, num_inference_steps=2, seed=3)["id"])
         assert job["image"] is True and job["last_image"] is False
-        _, sheet, _ = server.request("GET", f"/v1/videos/{job['id']}/content?variant=thumbnail")
+        _, sheet, _ = server.request("GET", f"/v1/videos/{job['id']}/content?variant=spritesheet")
         from openai import OpenAI  # OpenAI's SDK: the first frame as a multipart upload, input_reference
 
         client = OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
@@ -471,7 +477,7 @@ def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
             client.videos.create(prompt=PROMPT, input_reference=upload, extra_body=steps).id
         )
         assert uploaded["image"] and uploaded["size"] == job["size"]
-        again = server.request("GET", f"/v1/videos/{uploaded['id']}/content?variant=thumbnail")[1]
+        again = server.request("GET", f"/v1/videos/{uploaded['id']}/content?variant=spritesheet")[1]
         assert again == sheet
         assert (server.output_dir / "inputs" / f"{job['id']}.image").is_file()
         for done in (job, uploaded):

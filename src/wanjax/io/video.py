@@ -72,6 +72,16 @@ def contact_sheet(frames: np.ndarray, columns: int | None = None) -> np.ndarray:
     return sheet
 
 
+def write_thumbnail(frames: np.ndarray, path: str | Path) -> Path:
+    """Write the first frame as a WebP image (the format OpenAI's video thumbnails come in), atomically."""
+    from PIL import Image
+
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        Image.fromarray(_check_frames(frames)[0]).save(tmp, format="WEBP", quality=90)
+    return path
+
+
 def write_preview(frames: np.ndarray, path: str | Path, columns: int | None = None) -> Path:
     """Write a PNG contact sheet of the frames, atomically."""
     from PIL import Image

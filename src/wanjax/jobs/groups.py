@@ -496,3 +496,4 @@ class OutputFlags:
     output_video: str | None = option(None, help="mp4 to write (default YYYYMMDD_HHMMSS.mp4)")
     frames_out: str | None = option(None, help="also save the uint8 [B,T,H,W,3] frames as .npy")
     preview: str | None = option(None, help="also write a PNG contact sheet of the frames")
+    thumbnail: str | None = option(None, help="also write the first frame as a WebP image")

@@ -99,18 +99,22 @@ def clip_infos(batch: int, prompts: str | Sequence[str] | None, values: Mapping[
 def write_outputs(
     frames: np.ndarray, outputs: OutputFlags, fps: float, clips: Sequence[ClipInfo]
 ) -> dict[str, Any]:
-    """The mp4s (one per batch item), the optional raw frames and previews, written by process 0
-    only; returns every file written, by kind (``video`` and ``preview`` are lists)."""
-    from wanjax.io.video import write_mp4, write_preview
+    """The mp4s (one per batch item), the optional raw frames, previews and thumbnails, written by
+    process 0 only; returns every file written, by kind (``video``, ``preview`` and ``thumbnail``
+    are lists)."""
+    from wanjax.io.video import write_mp4, write_preview, write_thumbnail
 
     batch = frames.shape[0]
     videos = numbered(outputs.output_video, batch)
     previews = numbered(outputs.preview, batch) if outputs.preview else []
+    thumbnails = numbered(outputs.thumbnail, batch) if outputs.thumbnail else []
     if is_primary():
         for clip, path, info in zip(frames, videos, clips, strict=True):
             write_mp4(clip, path, fps=fps, metadata=info.metadata())
         for clip, path in zip(frames, previews, strict=False):
             write_preview(clip, path)
+        for clip, path in zip(frames, thumbnails, strict=False):
+            write_thumbnail(clip, path)
         if outputs.frames_out:
             with atomic_path(outputs.frames_out) as tmp, open(tmp, "wb") as f:
                 np.save(f, frames)
@@ -119,6 +123,8 @@ def write_outputs(
         written["frames"] = outputs.frames_out
     if previews:
         written["preview"] = [str(p) for p in previews]
+    if thumbnails:
+        written["thumbnail"] = [str(p) for p in thumbnails]
     return written
 
 

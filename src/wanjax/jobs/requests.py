@@ -44,6 +44,7 @@ OUTPUT_SUFFIXES = {
     "output_video": ".mp4",
     "frames_out": ".npy",
     "preview": ".png",
+    "thumbnail": ".webp",
     "cache_calibrate": ".json",
 }
 

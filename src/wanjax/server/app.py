@@ -186,9 +186,11 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
     async def content(request: Request) -> Response:
         job = find(request.path_params["id"])
         variant = request.query_params.get("variant", "video")
-        kinds = {"video": ("video", "video/mp4"), "thumbnail": ("thumbnail", "image/png")}
+        kinds = {"video": "video/mp4", "thumbnail": "image/webp", "spritesheet": "image/png"}
         if variant not in kinds:
-            raise ApiError(400, f"variant must be video or thumbnail, got {variant!r}", param="variant")
+            raise ApiError(
+                400, f"variant must be video, thumbnail or spritesheet, got {variant!r}", param="variant"
+            )
         if job.status != COMPLETED:
             raise ApiError(
                 409,
@@ -196,14 +198,16 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
                 "conflict_error",
                 code="video_not_ready",
             )
-        kind, media = kinds[variant]
-        path = engine.files(job.id)[kind]
+        path = engine.files(job.id)[variant]
         if not path.is_file():
             raise ApiError(
                 404, f"the {variant} of video {job.id} is missing on the server", "not_found_error"
             )
         return FileResponse(
-            path, media_type=media, filename=f"{job.id}{path.suffix}", content_disposition_type="inline"
+            path,
+            media_type=kinds[variant],
+            filename=f"{job.id}{path.suffix}",
+            content_disposition_type="inline",
         )
 
     async def events(request: Request) -> Response:

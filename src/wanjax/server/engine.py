@@ -53,7 +53,7 @@ from wanjax.server.store import Job, JobStore
 log = logging.getLogger("wanjax.serve")
 VIDEOS = "videos"
 INPUTS = "inputs"
-FILE_SUFFIXES = {"video": ".mp4", "thumbnail": ".png", "record": ".json"}
+FILE_SUFFIXES = {"video": ".mp4", "thumbnail": ".webp", "spritesheet": ".png", "record": ".json"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +208,11 @@ class Engine:
     def work(self, job_id: str, params: Mapping[str, Any]) -> GenerateWork:
         """The checked ``generate`` run of a job writing its files (ApiError 400 for a bad value)."""
         files, inputs = self.files(job_id), self.input_files(job_id)
-        outputs = OutputFlags(output_video=str(files["video"]), preview=str(files["thumbnail"]))
+        outputs = OutputFlags(
+            output_video=str(files["video"]),
+            preview=str(files["spritesheet"]),
+            thumbnail=str(files["thumbnail"]),
+        )
         images = ImageFlags(
             **{name: str(inputs[name]) if params.get(name) else None for name in IMAGE_FIELDS}
         )
@@ -222,7 +226,8 @@ class Engine:
             raise ApiError(400, message, param=message_param(message)) from None
 
     def files(self, job_id: str) -> dict[str, Path]:
-        """A job's files by kind: ``video`` (mp4), ``thumbnail`` (PNG contact sheet), ``record`` (JSON)."""
+        """A job's files by kind: ``video`` (mp4), ``thumbnail`` (the first frame, WebP), ``spritesheet``
+        (PNG contact sheet), ``record`` (JSON)."""
         return {kind: self.videos / f"{job_id}{suffix}" for kind, suffix in FILE_SUFFIXES.items()}
 
     def job_message(self, job_id: str, params: Mapping[str, Any]) -> dict[str, Any]:
