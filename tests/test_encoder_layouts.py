@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 import torch
-from helpers.compare import relative_error
+from helpers.compare import assert_same_params, relative_error
 from helpers.models import randomize_
 from helpers.text_encoder import CASES, padded_batch, save_text_encoder
 from safetensors.torch import load_file, save_file
@@ -91,9 +91,7 @@ def test_wan_file_params_equal_the_diffusers_folders(wan_file):
         path, "float32", config=TEXT_ENCODER.read_config(root / "text_encoder")
     )
     assert file_cfg == cfg
-    assert jax.tree.structure(file_params) == jax.tree.structure(params)
-    for ours, ref in zip(jax.tree.leaves(file_params), jax.tree.leaves(params), strict=True):
-        assert ours.dtype == ref.dtype and np.array_equal(np.asarray(ours), np.asarray(ref))
+    assert_same_params(file_params, params)
 
 
 def test_wan_source_encoder_matches_wanjax(wan_file):
@@ -210,9 +208,7 @@ def test_wan_clip_file_params_equal_the_diffusers_folders(wan_clip_file):
         path, "float32", config=IMAGE_ENCODER.read_config(root / "image_encoder")
     )
     assert file_cfg == cfg
-    assert jax.tree.structure(file_params) == jax.tree.structure(params)
-    for ours, ref in zip(jax.tree.leaves(file_params), jax.tree.leaves(params), strict=True):
-        assert ours.dtype == ref.dtype and np.array_equal(np.asarray(ours), np.asarray(ref))
+    assert_same_params(file_params, params)
 
 
 def test_wan_source_vision_encoder_matches_wanjax(wan_clip_file):

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
-import jax
 import ml_dtypes
 import numpy as np
 import pytest
 import torch
 from diffusers import WanTransformer3DModel
 from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
+from helpers.compare import assert_same_params
 from helpers.models import TINY_DIT
 from safetensors.numpy import save_file
 
@@ -66,18 +66,13 @@ def original_files(tmp_path_factory, tiny_transformer_dir):
     return root, model, files
 
 
-def leaves(params) -> list[np.ndarray]:
-    return [np.asarray(x) for x in jax.tree.leaves(params)]
-
-
 @pytest.mark.parametrize("layout", ["original", "comfy"])
 def test_a_file_in_the_original_layout_loads_bit_identically(original_files, layout):
     root, _, files = original_files
     cfg = TRANSFORMER.read_config(root / "transformer")
     ours = load_transformer(files[layout], "float32", config=cfg)
     reference = load_transformer(root, "float32")
-    for a, b in zip(leaves(ours.params), leaves(reference.params), strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert_same_params(ours.params, reference.params)
 
 
 def test_diffusers_reads_the_same_file(original_files):
@@ -195,8 +190,7 @@ def test_a_gguf_transformer_holds_the_tensors_diffusers_dequantizes(tmp_path, gg
     expected = load_params(
         theirs, rename_spec(checkpoint_spec(cfg), WAN_TRANSFORMER), np.float32, "diffusers"
     )
-    for a, b in zip(leaves(ours.params), leaves(expected), strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert_same_params(ours.params, expected)
     # and diffusers itself loads the file as a Wan transformer
     WanTransformer3DModel.from_single_file(
         str(path),
@@ -325,8 +319,7 @@ def test_convert_writes_a_diffusers_directory_of_the_same_weights(demo_env, tmp_
     cfg = TRANSFORMER.read_config(out / "transformer")
     ours = load_transformer(out, "float32")
     from_file = load_transformer(file, "float32", config=cfg)
-    for a, b in zip(leaves(ours.params), leaves(from_file.params), strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert_same_params(ours.params, from_file.params)
     theirs = WanTransformer3DModel.from_pretrained(out / "transformer").state_dict()
     q = "blocks.0.attn1.to_q.weight"
     np.testing.assert_array_equal(theirs[q].numpy(), dequantized(state, COMFY + WAN_TRANSFORMER.file_name(q)))

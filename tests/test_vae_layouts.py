@@ -7,12 +7,11 @@ from __future__ import annotations
 import inspect
 import re
 
-import jax
-import numpy as np
 import pytest
 import torch
 from diffusers import AutoencoderKLWan
 from diffusers.loaders.single_file_utils import convert_wan_vae_to_diffusers
+from helpers.compare import assert_same_params
 from helpers.models import randomize_
 from helpers.vae import CONFIGS
 from safetensors.torch import save_file
@@ -285,9 +284,7 @@ def test_original_file_loads_like_the_directory(config, tmp_path_factory):
     assert VAE.stored(file, cfg)[1].layout is _layout(cfg)
     _, from_file = VAE.load(file, "float32", config=cfg)
     _, from_dir = VAE.load(directory, "float32")
-    assert jax.tree.structure(from_file) == jax.tree.structure(from_dir)
-    for a, b in zip(jax.tree.leaves(from_file), jax.tree.leaves(from_dir), strict=True):
-        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b))
+    assert_same_params(from_file, from_dir)
 
 
 def test_diffusers_reads_the_wan21_file(tmp_path_factory):

@@ -193,7 +193,6 @@ def _print_registry_match(source: ModelSource) -> None:
 
 def _file_info(path: Path) -> None:
     """A weights file: the component and variant it holds (layout, prefix, storage), else a LoRA."""
-    from wanjax.io.weights_file import open_weights
     from wanjax.pipeline.sources import describe_file
 
     try:
@@ -208,9 +207,8 @@ def _file_info(path: Path) -> None:
         return
     prefix = f", names prefixed {d.prefix!r}" if d.prefix else ""
     print(f"{path}: Wan {d.folder} ({d.variants}), {d.layout} layout{prefix}")
-    params = sum(math.prod(ref.shape) for ref in open_weights(path).values())
     size = path.stat().st_size / 2**20
-    print(f"  weights: {sum(d.kinds.values())} tensors, {params / 1e6:.2f} M params, file {size:.1f} MiB")
+    print(f"  weights: {sum(d.kinds.values())} tensors, {d.params / 1e6:.2f} M params, file {size:.1f} MiB")
     print("  stored: " + ", ".join(f"{kind} x{n}" for kind, n in sorted(d.kinds.items())))
 
 

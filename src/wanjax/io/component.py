@@ -143,60 +143,79 @@ class Component:
     # ------------------------------------------------------------------------------------------
     # Where the weights are: a diffusers folder, or one file in any layout (wanjax.io.key_layouts)
 
+    def location(self, path: str | Path) -> Path:
+        """A weights file as it is; else the component's folder of a model root (or that folder)."""
+        path = Path(path)
+        return path if path.is_file() else self.directory(path)
+
+    def config_at(self, path: str | Path, config: Any = None) -> Any:
+        """``config`` when given, else the config of a model root or component folder; ConfigError for
+        a single weights file, which names none."""
+        if config is not None:
+            return config
+        where = self.location(path)
+        if where.is_file():
+            raise ConfigError(f"{where}: a single {self.folder} file needs a config (pass --model with one)")
+        return self.read_config(where)
+
     def stored(self, path: str | Path, config: Any = None) -> tuple[Any, Stored]:
         """``(config, stored weights)`` of a model root or component folder (its config read unless
         ``config`` is given), or of one weights file (``config`` required: the base's or the
         registry's, see :func:`wanjax.pipeline.sources.file_config`)."""
-        path = Path(path)
-        if path.is_file():
-            if config is None:
-                raise ConfigError(
-                    f"{path}: a single {self.folder} file needs a config (pass --model with one)"
-                )
-            return config, self.file_weights(path, config)
-        directory = self.directory(path)
-        cfg = self.read_config(directory) if config is None else config
+        where, cfg = self.location(path), self.config_at(path, config)
+        if where.is_file():
+            return cfg, self.file_weights(where, cfg)
         stems = self.weight_stems
-        return cfg, Stored(str(directory), lambda: open_component(directory, stems), DIFFUSERS, self.ignore)
+        return cfg, Stored(str(where), lambda: open_component(where, stems), DIFFUSERS, self.ignore)
 
-    def file_weights(self, path: Path, cfg: Any) -> Stored:
+    def file_weights(self, path: Path, cfg: Any, refs: dict[str, Any] | None = None) -> Stored:
         """One weights file's tensors as this config names them: the layout (and prefix) whose
-        renamed spec covers most of the file's names; CheckpointError when none covers half."""
-        refs = open_weights(path)
-        best: tuple[float, KeyLayout, str] | None = None
+        renamed spec covers most of the file's names; CheckpointError when none covers half.
+        ``refs``: the file's tensors, when opened already."""
+        return self.file_fit(path, cfg, refs)[0]
+
+    def file_fit(self, path: Path, cfg: Any, refs: dict[str, Any] | None = None) -> tuple[Stored, bool]:
+        """:meth:`file_weights`, and whether the file holds exactly this config's tensors (names and
+        shapes, ignored ones aside); the file is opened once."""
+        refs = open_weights(path) if refs is None else refs
+        best: tuple[float, KeyLayout, str, dict[str, Any]] | None = None
         for layout in (DIFFUSERS, *self.layouts):
             for prefix in layout.prefixes:
                 found, stripped = strip_prefix(refs, (prefix,))
                 if found != prefix:
                     continue
-                stripped = layout.views(stripped)
-                score = overlap(rename_spec(self.checkpoint_spec(cfg, stripped), layout), stripped)
+                named = layout.views(stripped)
+                score = overlap(rename_spec(self.checkpoint_spec(cfg, named), layout), named)
                 if best is None or score > best[0]:
-                    best = (score, layout, prefix)
+                    best = (score, layout, prefix, named)
         if best is None or best[0] < RECOGNISED:
             raise CheckpointError(f"{path}: not a Wan {self.folder} file ({self._layout_names()})")
-        _, layout, prefix = best
+        _, layout, prefix, named = best
         ignore = self.ignore if layout is DIFFUSERS else layout.ignore
-        return Stored(
+        stored = Stored(
             str(path),
             lambda: layout.views(strip_prefix(open_weights(path), (prefix,))[1]),
             layout,
             ignore,
             prefix,
         )
+        return stored, matches(stored.spec(self, cfg, named), named, ignore)
 
-    def recognise(self, path: Path, candidates: Collection[tuple[str, Any]]) -> tuple[str, Any, Stored]:
+    def recognise(
+        self, path: Path, candidates: Collection[tuple[str, Any]], refs: dict[str, Any] | None = None
+    ) -> tuple[str, Any, Stored]:
         """``(label, config, stored weights)`` of the first candidate ``(label, config)`` whose tensors,
         names and shapes, the file holds in some layout; CheckpointError naming the layout when the
-        names are recognised but no candidate's shapes are."""
+        names are recognised but no candidate's shapes are. ``refs``: the file's tensors, when opened
+        already (the file is opened once)."""
+        refs = open_weights(path) if refs is None else refs
         closest: Stored | None = None
         for label, cfg in candidates:
             try:
-                stored = self.file_weights(path, cfg)
+                stored, fits = self.file_fit(path, cfg, refs)
             except CheckpointError:
                 continue
-            refs = stored.open()
-            if matches(stored.spec(self, cfg, refs), refs, stored.ignore):
+            if fits:
                 return label, cfg, stored
             closest = closest or stored
         if closest is None:

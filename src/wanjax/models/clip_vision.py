@@ -385,7 +385,7 @@ def load_image_encoder(
     ``weights_dtype`` ``int8``/``fp8``: the linear kernels in 8 bits (:mod:`wanjax.io.quant`).
     ``path`` may also be one weights file of any layout ``config`` describes.
     """
-    directory = Path(IMAGE_ENCODER.stored(path, config)[1].where)
+    directory = IMAGE_ENCODER.location(path)
     if processor is None:
         beside = directory.parent / "image_processor"
         processor = beside if (beside / "preprocessor_config.json").is_file() else None

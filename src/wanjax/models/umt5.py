@@ -508,8 +508,7 @@ def load_text_encoder(
     (``tokenizer`` then required).
     """
     precision = resolve_precision(precision, "text_encoder")
-    cfg, stored = TEXT_ENCODER.stored(path, config)
-    directory = Path(stored.where)
+    directory, cfg = TEXT_ENCODER.location(path), TEXT_ENCODER.config_at(path, config)
     if tokenizer is None:
         tokenizer = directory.parent / "tokenizer"
         if not tokenizer.is_dir():

@@ -8,13 +8,14 @@ file's variant, over that variant's own model.
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from wanjax.errors import CheckpointError, WanjaxError
 from wanjax.io.component import Component
-from wanjax.io.key_layouts import matches
 from wanjax.io.weights_file import open_weights
 from wanjax.models.registry import Variant, component_configs, registry
 from wanjax.pipeline.components import COMPONENTS
@@ -62,9 +63,7 @@ def file_config(folder: str, path: Path, base: Path | None) -> Any:
     cfg = base_config(component, base)
     if cfg is None:
         return recognise(folder, path)[1]
-    stored = component.file_weights(path, cfg)
-    refs = stored.open()
-    if not matches(stored.spec(component, cfg, refs), refs, stored.ignore):
+    if not component.file_fit(path, cfg)[1]:
         try:
             label = f"a {recognise(folder, path)[0]} {folder}"
         except CheckpointError:
@@ -143,12 +142,14 @@ class ComponentSources:
 @dataclasses.dataclass(frozen=True)
 class FileDescription:
     """What a component file holds: its component, the variants it is of, its layout and name prefix,
-    and its tensors by stored dtype or quantisation (``F8_E4M3 scaled``, GGUF's ``Q4_K``...)."""
+    its parameters, and its tensors by stored dtype or quantisation (``float8_e4m3fn scaled``, GGUF's
+    ``Q4_K``...)."""
 
     folder: str
     variants: str
     layout: str
     prefix: str
+    params: int
     kinds: dict[str, int]
 
 
@@ -163,19 +164,18 @@ def stored_kind(ref: Any) -> str:
 def describe_file(path: Path) -> FileDescription:
     """The component a weights file holds, recognised through the registry (every component that takes
     files, in turn); CheckpointError naming the first layout recognised, or none."""
-    open_weights(path)  # an unreadable, truncated or foreign-format file fails as itself
+    refs = open_weights(path)  # an unreadable, truncated or foreign-format file fails as itself
     first_error: CheckpointError | None = None
     for folder in ("transformer", "vae", "text_encoder", "image_encoder"):
         try:
-            label, _, stored = COMPONENTS[folder].recognise(path, component_configs(folder))
+            label, _, stored = COMPONENTS[folder].recognise(path, component_configs(folder), refs)
         except CheckpointError as e:
             if first_error is None or ("layout, but" in str(e) and "layout, but" not in str(first_error)):
                 first_error = e
             continue
-        kinds: dict[str, int] = {}
-        for ref in stored.open().values():
-            kinds[stored_kind(ref)] = kinds.get(stored_kind(ref), 0) + 1
-        return FileDescription(folder, label, stored.layout.name, stored.prefix, kinds)
+        kinds = Counter(stored_kind(ref) for ref in refs.values())
+        params = sum(math.prod(ref.shape) for ref in refs.values())
+        return FileDescription(folder, label, stored.layout.name, stored.prefix, params, dict(kinds))
     if first_error is not None and "layout, but" in str(first_error):
         raise first_error
     raise CheckpointError(
