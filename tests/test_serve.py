@@ -157,7 +157,7 @@ def test_list_pages_and_delete(server):
     assert [v["id"] for v in page["data"]][-2:] == ids and not page["has_more"]
 
     files = sorted(p.name for p in (server.output_dir / "videos").glob(f"{ids[0]}.*"))
-    assert files == [f"{ids[0]}.json", f"{ids[0]}.mp4", f"{ids[0]}.png"]
+    assert files == [f"{ids[0]}.{suffix}" for suffix in ("json", "mp4", "png", "webp")]
     status, body, _ = server.request("DELETE", f"/v1/videos/{ids[0]}")
     assert status == 200 and body == {"id": ids[0], "object": "video.deleted", "deleted": True}
     assert not list((server.output_dir / "videos").glob(f"{ids[0]}.*"))
