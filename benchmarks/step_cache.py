@@ -1,15 +1,16 @@
-"""Step caching side by side: off / MagCache / First-Block Cache on the same random DiT, same noise.
+"""Step caching side by side: off / MagCache / First-Block Cache / TeaCache on the same random DiT,
+same noise.
 
 The 1.3B transformer's dimensions (``--layers`` of its 30), random weights (the checkpoint reader's
 random draw), ``--steps`` UniPC steps with CFG, each policy at its default settings (MagCache: the
 published Wan 2.1 1.3B curve and its threshold 0.12, 4 skips, retention 0.2; First-Block Cache:
-diffusers' threshold 0.05). The policies run in turn, ``--rounds`` times, so drift in the machine's
+diffusers' threshold 0.05; TeaCache: the authors' 1.3B coefficients and threshold 0.05). The policies run in turn, ``--rounds`` times, so drift in the machine's
 speed hits all of them alike. Reported per policy: DiT evaluations per video, the median loop's
 seconds and its ratio to uncached, and the final latents' relative difference to the uncached run.
 
 Random weights make the magnitude curve meaningless for quality (MagCache's schedule depends on
 the curve only, so its skips and its wall-time ratio are those of a real run; First-Block Cache's
-decisions depend on the weights and say little here).
+and TeaCache's decisions depend on the weights, the time embedder's for TeaCache, and say little here).
 
     python benchmarks/step_cache.py                       # 2 layers, 240x416x9, 50 steps, 2 rounds
     python benchmarks/step_cache.py --layers 30 --height 480 --width 832 --frames 81   # GPU
@@ -34,6 +35,7 @@ POLICIES = {
     "off": None,
     "magcache": CacheConfig("magcache", mag_ratios="wan2.1-t2v-1.3b"),
     "firstblock": CacheConfig("firstblock"),
+    "teacache": CacheConfig("teacache", coefficients="wan2.1-t2v-1.3b"),
 }
 
 

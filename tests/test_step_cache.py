@@ -8,6 +8,7 @@ VAE, the same frames within 1 uint8 level. Every expected value comes from diffu
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -19,7 +20,7 @@ from helpers.pipelines import LEADER, NEGATIVE, PROMPT
 from wanjax import WanPipeline
 from wanjax.errors import ConfigError
 from wanjax.models.registry import transformer_preset
-from wanjax.pipeline import step_cache
+from wanjax.pipeline import step_cache, teacache
 from wanjax.pipeline.step_cache import CacheConfig, mag_schedule, nearest_interp, read_mag_ratios
 
 HEIGHT, WIDTH, FRAMES, STEPS, GUIDANCE = 48, 64, 9, 12, 5.0
@@ -53,14 +54,12 @@ def diffusers_run(pipe, noise, config, prompts=(PROMPT,)) -> dict:
     from diffusers.hooks import mag_cache
 
     decisions: list[dict[str, bool]] = []
-    final: list[torch.Tensor] = []
     calibration: dict[str, list[float]] = {"cond": [], "uncond": []}
     policy = "magcache" if isinstance(config, mag_cache.MagCacheConfig) else "firstblock"
 
     def on_step(p, i, t, kwargs):
         states = p.transformer.blocks[0]._diffusers_hook.get_hook(LEADER[policy]).state_manager._state_cache
         decisions.append({name: bool(states[name].should_compute) for name in ("cond", "uncond")})
-        final[:] = [kwargs["latents"].clone()]
         return {}
 
     record = mag_cache.MagCacheBlockHook._perform_calibration_step
@@ -72,29 +71,36 @@ def diffusers_run(pipe, noise, config, prompts=(PROMPT,)) -> dict:
     pipe.transformer.enable_cache(config)
     try:
         mag_cache.MagCacheBlockHook._perform_calibration_step = calibrate
-        with torch.no_grad():
-            video = pipe(
-                prompt=list(prompts),
-                negative_prompt=[NEGATIVE] * len(prompts),
-                height=HEIGHT,
-                width=WIDTH,
-                num_frames=FRAMES,
-                num_inference_steps=STEPS,
-                guidance_scale=GUIDANCE,
-                latents=noise,
-                output_type="np",
-                callback_on_step_end=on_step,
-            ).frames
+        latents, frames = run_diffusers(pipe, noise, prompts, on_step)
     finally:
         mag_cache.MagCacheBlockHook._perform_calibration_step = record
         pipe.transformer.disable_cache()
     computed = {name: [d[name] for d in decisions] for name in ("cond", "uncond")}
-    return {
-        "computed": computed,
-        "latents": final[0].numpy(),
-        "frames": to_uint8(video),
-        "ratios": calibration,
-    }
+    return {"computed": computed, "latents": latents, "frames": frames, "ratios": calibration}
+
+
+def run_diffusers(pipe, noise, prompts=(PROMPT,), on_step=None) -> tuple[np.ndarray, np.ndarray]:
+    """diffusers' pipeline at this module's shape: its final latents and uint8 frames."""
+    final: list[torch.Tensor] = []
+
+    def keep(p, i, t, kwargs):
+        final[:] = [kwargs["latents"].clone()]
+        return on_step(p, i, t, kwargs) if on_step else {}
+
+    with torch.no_grad():
+        video = pipe(
+            prompt=list(prompts),
+            negative_prompt=[NEGATIVE] * len(prompts),
+            height=HEIGHT,
+            width=WIDTH,
+            num_frames=FRAMES,
+            num_inference_steps=STEPS,
+            guidance_scale=GUIDANCE,
+            latents=noise,
+            output_type="np",
+            callback_on_step_end=keep,
+        ).frames
+    return final[0].numpy(), to_uint8(video)
 
 
 def decode_in_diffusers(pipe, latents: np.ndarray) -> np.ndarray:
@@ -221,6 +227,77 @@ def test_unguided_runs_one_branch(ours, noise):
 
 
 # ----------------------------------------------------------------------------------------------
+# TeaCache against its authors' code (tests/helpers/teacache_reference.py) around diffusers' blocks
+
+
+def teacache_reference(model_dir, noise, coefficients, thresh: float, ret_steps: bool):
+    """diffusers' pipeline under the authors' TeaCache: decisions, latents, frames, distances."""
+    from helpers.teacache_reference import install
+
+    tea, uninstall = install(model_dir[1].transformer, coefficients, thresh, ret_steps, STEPS)
+    try:
+        latents, frames = run_diffusers(model_dir[1], noise)
+    finally:
+        uninstall()
+    return {"computed": tea.computed(), "latents": latents, "frames": frames, "distances": tea.distances}
+
+
+@pytest.mark.parametrize(
+    "ret_steps", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["temb", "ret_steps"]
+)
+def test_teacache_equals_its_authors_code(model_dir, noise, ours, ret_steps):
+    """Coefficients ``x -> x`` (the plain relative change) and a threshold between the changes the
+    reference measures uncached, so that some steps skip and some compute after skipping."""
+    identity = [1.0, 0.0]
+    measured = teacache_reference(model_dir, noise, identity, 0.0, ret_steps)["distances"]
+    thresh = 2.5 * float(np.median(measured))
+    ref = teacache_reference(model_dir, noise, identity, thresh, ret_steps)
+    latents, report = our_run(
+        ours, noise, CacheConfig("teacache", threshold=thresh, coefficients=identity, ret_steps=ret_steps)
+    )
+    assert report.computed == ref["computed"]
+    flags = ref["computed"]["cond"]
+    assert flags.count(False) >= 3, flags  # the case skips, and computes again after a skip
+    assert any(not before and after for before, after in itertools.pairwise(flags)), flags
+    assert report.as_json()["coefficients"] == "given" and report.as_json()["ret_steps"] == ret_steps
+    assert relative_error(latents, ref["latents"]) <= 1e-5
+    frames = decode_in_diffusers(model_dir[1], latents)
+    assert np.abs(frames.astype(np.int16) - ref["frames"]).max() <= 1
+
+
+def test_teacache_presets_are_the_published_coefficients():
+    """Each preset's two modes as the authors' file holds them (teacache_generate.py @ 7c10efc)."""
+    published = {
+        "wan2.1-t2v-1.3b": (
+            [2.39676752e03, -1.31110545e03, 2.01331979e02, -8.29855975e00, 1.37887774e-01],
+            0.05,
+        ),
+        "wan2.1-t2v-14b": ([-5784.54975374, 5449.50911966, -1811.16591783, 256.27178429, -13.02252404], 0.14),
+        "wan2.1-i2v-14b-480p": (
+            [-3.02331670e02, 2.23948934e02, -5.25463970e01, 5.87348440e00, -2.01973289e-01],
+            0.13,
+        ),
+        "wan2.1-i2v-14b-720p": ([-114.36346466, 65.26524496, -18.82220707, 4.91518089, -0.23412683], 0.20),
+    }
+    assert set(teacache.presets()) == set(published)
+    for name, (coefficients, threshold) in published.items():
+        tea = teacache.read_coefficients(name)
+        assert tea.coefficients == tuple(coefficients) and tea.threshold == threshold
+        assert "7c10efc4702c6b619f47805f7abe4a7a08085aa0" in tea.source
+    ret = teacache.read_coefficients("wan2.1-t2v-14b", ret_steps=True)
+    assert ret.coefficients[0] == -3.03318725e05 and ret.threshold == 0.10
+    assert teacache.read_coefficients(None, transformer_preset("1.3B")).coefficients[0] == 2.39676752e03
+
+
+def test_teacache_forces_the_authors_first_and_last_steps():
+    """A polynomial that is always 0 skips every step but those the authors' counters force."""
+    modulated = np.linspace(1.0, 2.0, 8, dtype=np.float32)[:, None]
+    assert teacache.tea_schedule(modulated, [0.0], 0.5).tolist() == [True, *[False] * 6, True]
+    assert teacache.tea_schedule(modulated, [0.0], 0.5, ret_steps=True).tolist() == [True] * 5 + [False] * 3
+    assert teacache.tea_schedule(modulated, [1.0, 0.0], 0.0).all()  # any change reaches a 0 threshold
+
+
+# ----------------------------------------------------------------------------------------------
 # The curves and the settings
 
 
@@ -266,7 +343,24 @@ def test_a_published_preset_skips_at_its_settings():
 
 def test_bad_settings_are_one_line_errors(tmp_path):
     cases = [
-        (lambda: CacheConfig("teacache"), "unknown cache policy 'teacache'"),
+        (lambda: CacheConfig("tea"), "unknown cache policy 'tea'"),
+        (lambda: CacheConfig("magcache", ret_steps=True), "ret_steps is for the teacache policy"),
+        (lambda: CacheConfig("teacache", mag_ratios=[1.0]), "mag_ratios is for the magcache policy"),
+        (lambda: teacache.read_coefficients("wan9"), "unknown TeaCache preset 'wan9'"),
+        (lambda: teacache.read_coefficients([1.0, None]), "list of numbers"),
+        (lambda: teacache.read_coefficients(None, transformer_preset("tiny")), "none are published for this"),
+        (
+            lambda: step_cache.resolve(
+                CacheConfig("teacache", coefficients=[1.0]), transformer_preset("tiny"), 5, True
+            ),
+            "needs a threshold",
+        ),
+        (
+            lambda: step_cache.resolve(
+                CacheConfig("teacache"), transformer_preset("14B"), 4, True, [0, 0, 1, 1]
+            ),
+            "for a two-expert model use --cache magcache or firstblock",
+        ),
         (lambda: CacheConfig("firstblock", max_skip_steps=2), "max_skip_steps is for the magcache policy"),
         (lambda: CacheConfig("magcache", threshold=-1), "threshold must be >= 0"),
         (lambda: CacheConfig("magcache", retention_ratio=2), "retention_ratio must lie in"),
@@ -348,6 +442,25 @@ def test_cli_cache_flags_calibrate_then_reuse_and_record(demo_env, tmp_path, cap
     assert cache["dit_evaluations"] == 2 * int((expected["cond"] | expected["uncond"]).sum())
     assert "cache: magcache, steps skipped" in capsys.readouterr().out
 
+    (tmp_path / "tea.json").write_text("[1.0, 0.0]")
+    tea = [
+        "--cache",
+        "teacache",
+        "--teacache_coefficients",
+        str(tmp_path / "tea.json"),
+        "--cache_threshold",
+        "1e9",
+    ]
+    assert main([*base, *tea, "--output_video", str(tmp_path / "t.mp4")]) == 0
+    cache = json.loads((tmp_path / "t.json").read_text())["cache"]
+    assert (cache["policy"], cache["coefficients"], cache["ret_steps"]) == (
+        "teacache",
+        f"file {tmp_path / 'tea.json'}",
+        False,
+    )
+    assert cache["branches"]["cond"]["skipped"] == cache["branches"]["uncond"]["skipped"] == list(range(1, 7))
+    assert cache["dit_evaluations"] == 4  # the first and the last step, both branches
+
     stage = tmp_path / "stages"
     assert (
         main(["encode", "--model", "demo", "--prompt", "a cat", "--output_dir", str(stage), *small[-2:]]) == 0
@@ -375,6 +488,9 @@ def test_cli_cache_flags_calibrate_then_reuse_and_record(demo_env, tmp_path, cap
         ["--cache", "firstblock", "--cache_max_skip", "2"],
         ["--cache", "magcache", "--mag_ratios", "nope"],
         ["--cache", "magcache"],  # the demo model has no published curve
+        ["--cache", "teacache"],  # nor coefficients
+        ["--cache", "teacache", "--teacache_coefficients", "nope"],
+        ["--cache", "magcache", "--teacache_ret_steps"],
         ["--cache_calibrate", str(tmp_path / "r.txt")],
         ["--cache", "firstblock", "--cache_calibrate", str(tmp_path / "r.json")],
     ):

@@ -71,9 +71,15 @@ def registry_defaults() -> dict[str, Any]:
 
 
 def _cache_defaults() -> dict[str, Any]:
+    from wanjax.pipeline import teacache
     from wanjax.pipeline.step_cache import FIRST_BLOCK_THRESHOLD, MAG_DEFAULTS, presets
 
-    return {"mag": MAG_DEFAULTS, "firstblock": FIRST_BLOCK_THRESHOLD, "presets": ", ".join(presets())}
+    return {
+        "mag": MAG_DEFAULTS,
+        "firstblock": FIRST_BLOCK_THRESHOLD,
+        "presets": ", ".join(presets()),
+        "tea_presets": ", ".join(teacache.presets()),
+    }
 
 
 # ----------------------------------------------------------------------------------------------
@@ -409,12 +415,13 @@ class CacheFlags:
         "off",
         choices=_cache_policies,
         help="skip the DiT's blocks at steps where they barely change (default {default}): magcache (a "
-        "magnitude-ratio curve) or firstblock (the first block's change)",
+        "magnitude-ratio curve), firstblock (the first block's change) or teacache (the timestep "
+        "embedding's change)",
     )
     cache_threshold: float | None = option(
         None,
-        help="skip while the change stays within this (default: the curve's preset, else magcache "
-        "{mag[threshold]}, firstblock {firstblock})",
+        help="skip while the change stays within this (default: the curve's or coefficients' preset, "
+        "else magcache {mag[threshold]}, firstblock {firstblock})",
         values=_cache_defaults,
     )
     cache_max_skip: int | None = option(
@@ -436,6 +443,17 @@ class CacheFlags:
         metavar="FILE.json",
         help="run uncached and write the measured magcache ratios here (per branch; --mag_ratios reads it)",
     )
+    teacache_coefficients: str | None = option(
+        None,
+        metavar="NAME|FILE.json",
+        help="teacache's rescaling polynomial: a preset ({tea_presets}; default: this model's) or a JSON list",
+        values=_cache_defaults,
+    )
+    teacache_ret_steps: bool = option(
+        False,
+        help="teacache: compare the blocks' modulation, 5 warm-up steps, no forced last step (the "
+        "authors' use_ret_steps)",
+    )
 
     def config(self) -> Any:
         """The :class:`~wanjax.pipeline.step_cache.CacheConfig` (ConfigError naming a bad value);
@@ -454,6 +472,8 @@ class CacheFlags:
             retention_ratio=self.cache_retention,
             mag_ratios=self.mag_ratios,
             calibrate=self.cache_calibrate is not None,
+            coefficients=self.teacache_coefficients,
+            ret_steps=self.teacache_ret_steps,
         )
 
 

@@ -190,16 +190,20 @@ def check_flags(request: Request) -> None:
 
 
 def _check_cache(request: Request) -> None:
-    """The step-cache flags make a valid policy, and a given ``--mag_ratios`` reads."""
+    """The step-cache flags make a valid policy, and a given ``--mag_ratios`` or
+    ``--teacache_coefficients`` reads."""
     flags = getattr(request, "cache", None)
     if flags is None:
         return
     from wanjax.pipeline.step_cache import read_mag_ratios
+    from wanjax.pipeline.teacache import read_coefficients
 
     try:
         config = flags.config()
         if config.mag_ratios is not None:
             read_mag_ratios(config.mag_ratios)
+        if config.coefficients is not None:
+            read_coefficients(config.coefficients)
     except ConfigError as e:
         raise ConfigError(f"--cache {flags.cache}: {e}") from None
 

@@ -34,7 +34,7 @@ from wanjax.kernels.common import AttentionShape
 from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models import lora
 from wanjax.models.config import TransformerConfig
-from wanjax.models.dit_embed import Conditioning, embed, token_pins, unpatchify
+from wanjax.models.dit_embed import Conditioning, embed, embed_time, token_pins, unpatchify
 from wanjax.models.dit_layouts import WAN_TRANSFORMER
 from wanjax.models.layers import Params, apply_rope, gelu_tanh, layer_norm, linear, rms_norm, scan_layers
 from wanjax.models.offload import (
@@ -456,6 +456,10 @@ class WanTransformer:
             settings=self.settings,
             image_embeds=image_embeds,
         )
+
+    def embed_time(self, params: Params, timestep: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """:func:`~wanjax.models.dit_embed.embed_time` (``temb``, ``time_mod``) with this model's settings."""
+        return embed_time(params, self.cfg, timestep, self.settings)
 
     def blocks(
         self, params: Params, x: jax.Array, cond: Conditioning, start: int = 0, stop: int | None = None

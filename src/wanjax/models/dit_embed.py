@@ -27,7 +27,16 @@ from wanjax.models.layers import (
 from wanjax.models.settings import DEFAULT_SETTINGS, RunSettings
 from wanjax.parallel.layouts import TokenLayout, constrain, token_layout
 
-__all__ = ["IMAGE_NORM_EPS", "Conditioning", "embed", "embed_image", "patchify", "token_pins", "unpatchify"]
+__all__ = [
+    "IMAGE_NORM_EPS",
+    "Conditioning",
+    "embed",
+    "embed_image",
+    "embed_time",
+    "patchify",
+    "token_pins",
+    "unpatchify",
+]
 
 
 def patchify(latents: jax.Array, patch: tuple[int, int, int]) -> jax.Array:
@@ -94,7 +103,7 @@ def embed(
     b, _, t, h, w = latents.shape
     pt, ph, pw = cfg.patch_size
     grid = (t // pt, h // ph, w // pw)
-    d, dtype = cfg.inner_dim, settings.dtype
+    dtype = settings.dtype
     _, pin = token_pins(settings.mesh, b, math.prod(grid), cfg.num_attention_heads)
 
     def lin(x: jax.Array, p: Params) -> jax.Array:
@@ -108,11 +117,7 @@ def embed(
         raise ConfigError(
             f"timestep {timestep.shape}: one per sample (B,) or per latent frame (B, {grid[0]})"
         )
-    t_emb = timestep_embedding(timestep.reshape(-1), cfg.freq_dim)
-    te = params["time_embedder"]
-    temb = lin(silu(lin(t_emb, te["linear_1"])), te["linear_2"]).astype(dtype)
-    time_mod = lin(silu(temb), params["time_proj"]).reshape(*timestep.shape, 6, d)
-    temb = temb.reshape(*timestep.shape, d)
+    temb, time_mod = embed_time(params, cfg, timestep, settings)
     tx = params["text_embedder"]
     context = lin(gelu_tanh(lin(prompt_embeds.astype(dtype), tx["linear_1"])), tx["linear_2"])
     context = pin(context, "context")
@@ -123,6 +128,23 @@ def embed(
             raise ConfigError("an image-to-video transformer needs image_embeds (the image encoder's states)")
         image_context = pin(embed_image(params["image_embedder"], cfg, image_embeds, settings), "context")
     return x, Conditioning(context, time_mod, temb, rope, grid, image_context)
+
+
+def embed_time(
+    params: Params, cfg: TransformerConfig, timestep: jax.Array, settings: RunSettings = DEFAULT_SETTINGS
+) -> tuple[jax.Array, jax.Array]:
+    """diffusers' time embedding ``temb (*T, D)`` and the blocks' modulation ``time_mod (*T, 6, D)`` of
+    ``timestep (*T)`` (the original Wan code's ``e`` and ``e0``): the embedder runs in float32, its
+    output is rounded to the activation dtype."""
+
+    def lin(x: jax.Array, p: Params) -> jax.Array:
+        return linear(x, p, precision=settings.precision)
+
+    t_emb = timestep_embedding(timestep.reshape(-1), cfg.freq_dim)
+    te = params["time_embedder"]
+    temb = lin(silu(lin(t_emb, te["linear_1"])), te["linear_2"]).astype(settings.dtype)
+    time_mod = lin(silu(temb), params["time_proj"]).reshape(*timestep.shape, 6, cfg.inner_dim)
+    return temb.reshape(*timestep.shape, cfg.inner_dim), time_mod
 
 
 IMAGE_NORM_EPS = 1e-5  # WanImageEmbedding's FP32LayerNorm: torch's default eps

@@ -120,7 +120,8 @@ DEMO_DEFAULTS = Defaults(height=128, width=192, frames=17, num_inference_steps=1
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    """One Wan variant: its components, experts, conditioning, defaults and MagCache curves."""
+    """One Wan variant: its components, experts, conditioning, defaults, MagCache curves and TeaCache
+    coefficients."""
 
     name: str  # what ``plan --model``, ``bench --arch`` and ``--model`` (demo) call it
     title: str
@@ -134,6 +135,7 @@ class Variant:
     defaults: Defaults = Defaults()
     mag_ratios: str | None = None  # the MagCache curve (pipeline/mag_ratios.json), text only
     mag_ratios_image: str | None = None  # ... with an image as its first frame (TI2V)
+    teacache: str | None = None  # the TeaCache coefficients (pipeline/teacache.json)
     demo: bool = False  # a built-in smoke model (random weights)
 
     @property
@@ -168,6 +170,7 @@ VARIANTS: tuple[Variant, ...] = (
         WAN21_VAE,
         repo="Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
         mag_ratios="wan2.1-t2v-1.3b",
+        teacache="wan2.1-t2v-1.3b",
     ),
     Variant(
         "14B",
@@ -176,6 +179,7 @@ VARIANTS: tuple[Variant, ...] = (
         WAN21_VAE,
         repo="Wan-AI/Wan2.1-T2V-14B-Diffusers",
         mag_ratios="wan2.1-t2v-14b",
+        teacache="wan2.1-t2v-14b",
     ),
     Variant(
         "I2V-14B",

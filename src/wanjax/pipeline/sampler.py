@@ -369,6 +369,7 @@ class Sampler:
                 uncond is not None,
                 experts if two else None,
                 image is not None and image.first_frame,
+                self._time_inputs(scheduler, latents.shape[2], image is not None and image.first_frame),
             )
         )
         finite: list[jax.Array] = []
@@ -414,6 +415,22 @@ class Sampler:
         if check_finite:
             result.check_finite(self.model.dtype)
         return result
+
+    def _time_inputs(
+        self, scheduler: Scheduler, frames: int, first_frame: bool
+    ) -> Callable[[bool], np.ndarray]:
+        """TeaCache's modulated input of each step (one sample's, float32): the time embedding of the
+        step's timestep as the transformer sees it (per latent frame, the first at 0, for TI2V's
+        first frame), or with ``ret_steps`` the blocks' modulation."""
+
+        def inputs(ret_steps: bool) -> np.ndarray:
+            times = jnp.stack([scheduler.model_timestep(i) for i in range(scheduler.num_inference_steps)])
+            if first_frame:
+                times = jnp.repeat(times[:, None], frames, axis=1).at[:, 0].set(0.0)
+            temb, time_mod = jax.jit(self.model.embed_time)(self.experts[0].params, times)
+            return to_host(time_mod if ret_steps else temb).astype(np.float32)
+
+        return inputs
 
     def _cache_specs(
         self, cache: StepCache, latents_shape: tuple[int, ...], expert: int = 0

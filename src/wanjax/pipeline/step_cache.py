@@ -1,8 +1,9 @@
 """Step caching: skip the transformer's blocks at steps where their output barely changes.
 
-Two policies, decision for decision as diffusers' hooks (0.42: ``hooks/mag_cache.py``,
-``hooks/first_block_cache.py``), each CFG branch (``cond``, ``uncond``) with its own state as
-diffusers' ``cache_context("cond" / "uncond")`` keeps it, one decision per branch for its whole batch:
+Three policies, two decision for decision as diffusers' hooks (0.42: ``hooks/mag_cache.py``,
+``hooks/first_block_cache.py``), TeaCache as its authors' Wan 2.1 code; each CFG branch (``cond``,
+``uncond``) with its own state as diffusers' ``cache_context("cond" / "uncond")`` keeps it, one
+decision per branch for its whole batch:
 
 * **MagCache** (``magcache``): a calibrated curve of per-step magnitude ratios of the blocks'
   residual. From step ``int(retention_ratio * N + 0.5)`` on, each step multiplies the running ratio
@@ -17,6 +18,10 @@ diffusers' ``cache_context("cond" / "uncond")`` keeps it, one decision per branc
   (``r_ref``: the first block's residual at the last step that ran every block; the first step always
   computes). A skip returns the first block's output plus the cached residual of the others. The
   decision is data: it is taken on the device (``lax.cond``), with no host round-trip.
+
+* **TeaCache** (``teacache``): the rescaled change of the step's timestep embedding, accumulated;
+  a schedule computed on the host before the loop, one for both branches, a skip taking MagCache's
+  path (:mod:`wanjax.pipeline.teacache`).
 
 Both branches run batched in one forward whenever either computes; a branch that decided to skip
 takes its cached output then too (its result is exactly the skip's, the compute spent on it is thrown
@@ -39,7 +44,7 @@ import dataclasses
 import functools
 import importlib.resources
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +58,7 @@ from wanjax.models.dit import WanTransformer
 from wanjax.models.layers import Params
 from wanjax.models.registry import match
 
-POLICIES: tuple[str, ...] = ("off", "magcache", "firstblock")
+POLICIES: tuple[str, ...] = ("off", "magcache", "firstblock", "teacache")
 BRANCHES: tuple[str, ...] = ("cond", "uncond")  # the rows of a guided batch: [cond; uncond]
 # diffusers' MagCacheConfig and FirstBlockCacheConfig defaults
 MAG_DEFAULTS = {"threshold": 0.06, "max_skip_steps": 3, "retention_ratio": 0.2}
@@ -65,14 +70,19 @@ Curve = Sequence[float] | Mapping[str, Sequence[float]]
 
 @dataclasses.dataclass(frozen=True)
 class CacheConfig:
-    """A step-cache policy (``off | magcache | firstblock``) and its settings; None: the default
-    (a MagCache preset's published settings, else diffusers' defaults: threshold 0.06, 3 steps,
-    retention 0.2; First-Block Cache threshold 0.05).
+    """A step-cache policy (``off | magcache | firstblock | teacache``) and its settings; None: the
+    default (a MagCache preset's published settings, else diffusers' defaults: threshold 0.06, 3 steps,
+    retention 0.2; First-Block Cache threshold 0.05; TeaCache: its coefficients' published threshold).
 
     ``mag_ratios``: a preset name (:func:`presets`), a JSON file (a list of floats, or
     ``{"cond": [...], "uncond": [...]}`` as calibration writes it), a list (both branches, as
     diffusers), or a mapping of per-branch lists; None: the preset of this model's architecture, if
     one is published. ``calibrate``: MagCache only; run uncached and measure the ratios.
+
+    ``coefficients`` (TeaCache, :mod:`wanjax.pipeline.teacache`): a preset name, a JSON file holding
+    a list, or a list (highest power first); None: the preset of this model's architecture.
+    ``ret_steps``: the authors' ``use_ret_steps`` mode (the blocks' modulation as the compared input,
+    five warm-up steps, no forced last step).
     """
 
     policy: str = "off"
@@ -81,6 +91,8 @@ class CacheConfig:
     retention_ratio: float | None = None
     mag_ratios: str | Path | Curve | None = None
     calibrate: bool = False
+    coefficients: str | Path | Sequence[float] | None = None
+    ret_steps: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -98,10 +110,12 @@ class CacheConfig:
         }
         if self.calibrate:
             magcache_only["calibrate"] = True
-        given = [name for name, value in magcache_only.items() if value is not None]
-        if self.policy != "magcache" and given:
-            verb = "is" if len(given) == 1 else "are"
-            raise ConfigError(f"{', '.join(given)} {verb} for the magcache policy, not {self.policy!r}")
+        teacache_only = {"coefficients": self.coefficients, "ret_steps": True if self.ret_steps else None}
+        for policy, fields in (("magcache", magcache_only), ("teacache", teacache_only)):
+            given = [name for name, value in fields.items() if value is not None]
+            if self.policy != policy and given:
+                verb = "is" if len(given) == 1 else "are"
+                raise ConfigError(f"{', '.join(given)} {verb} for the {policy} policy, not {self.policy!r}")
 
     @property
     def enabled(self) -> bool:
@@ -268,6 +282,7 @@ class StepCache:
     calibrate: bool = False
     source: str | None = None
     curves: dict[str, list[float]] | None = None
+    ret_steps: bool = False
 
     @property
     def key(self) -> tuple[str, bool]:
@@ -283,6 +298,8 @@ class StepCache:
                 mag_ratios=self.source,
                 calibrate=self.calibrate,
             )
+        if self.policy == "teacache":
+            out.update(coefficients=self.source, ret_steps=self.ret_steps)
         return out
 
 
@@ -293,6 +310,7 @@ def resolve(
     guided: bool,
     experts: Sequence[int] | None = None,
     first_frame: bool = False,
+    time_inputs: Callable[[bool], np.ndarray] | None = None,
 ) -> StepCache | None:
     """``config`` for a run of ``num_steps`` steps, guided (two branches) or not; None when off.
     ``first_frame``: an image conditions the run as its first latent frame (TI2V; it picks the curve).
@@ -300,10 +318,15 @@ def resolve(
     ``experts``: a two-expert model's expert of each step (None: one transformer). MagCache then runs
     per expert, as diffusers with a ``MagCacheConfig`` on each transformer: the curve (one spanning
     the whole run, as the MagCache authors publish Wan 2.2 A14B's) resampled to the steps, then each
-    expert's steps scheduled from its slice alone, with its own retention and from an empty cache."""
+    expert's steps scheduled from its slice alone, with its own retention and from an empty cache.
+
+    ``time_inputs(ret_steps)``: TeaCache's modulated input of each step (``[num_steps, ...]``, see
+    :mod:`wanjax.pipeline.teacache`); None: every step computes (a program lowered for its shapes)."""
     if not config.enabled:
         return None
     branches = BRANCHES if guided else BRANCHES[:1]
+    if config.policy == "teacache":
+        return _resolve_teacache(config, cfg, num_steps, branches, experts, time_inputs)
     if config.policy == "firstblock":  # every step may compute: the first block's change decides
         threshold = FIRST_BLOCK_THRESHOLD if config.threshold is None else config.threshold
         schedule = np.ones((num_steps, len(branches)), bool)
@@ -338,6 +361,37 @@ def resolve(
         float(retention),
         source=mag.source,
         curves={b: mag.curves[b] for b in branches},
+    )
+
+
+def _resolve_teacache(
+    config: CacheConfig,
+    cfg: TransformerConfig,
+    num_steps: int,
+    branches: tuple[str, ...],
+    experts: Sequence[int] | None,
+    time_inputs: Callable[[bool], np.ndarray] | None,
+) -> StepCache:
+    """TeaCache's one schedule for every branch (:func:`wanjax.pipeline.teacache.tea_schedule`)."""
+    from wanjax.pipeline import teacache
+
+    if experts is not None:
+        raise ConfigError(
+            "teacache's coefficients are fitted for one transformer (Wan 2.1); for a two-expert model "
+            "use --cache magcache or firstblock"
+        )
+    tea = teacache.read_coefficients(config.coefficients, cfg, config.ret_steps)
+    threshold = config.threshold if config.threshold is not None else tea.threshold
+    if threshold is None:
+        raise ConfigError("teacache with coefficients of your own needs a threshold (--cache_threshold)")
+    compute = np.ones(num_steps, bool)
+    if time_inputs is not None:
+        compute = teacache.tea_schedule(
+            time_inputs(config.ret_steps), tea.coefficients, threshold, config.ret_steps
+        )
+    schedule = np.repeat(compute[:, None], len(branches), axis=1)
+    return StepCache(
+        "teacache", branches, float(threshold), schedule, source=tea.source, ret_steps=config.ret_steps
     )
 
 

@@ -170,6 +170,12 @@ class BenchConfig:
         "when --layers keeps its depth)",
         values=_mag_presets,
     )
+    teacache_coefficients: str | None = option(
+        None,
+        metavar="NAME|FILE.json",
+        help="teacache's polynomial: a preset or a JSON list (default: the architecture's; see wanjax generate --help)",
+    )
+    teacache_ret_steps: bool = option(False, help="teacache: the authors' use_ret_steps mode")
 
     def cache_config(self) -> CacheConfig:
         """The step cache the denoise stage runs with."""
@@ -179,6 +185,8 @@ class BenchConfig:
             max_skip_steps=self.cache_max_skip,
             retention_ratio=self.cache_retention,
             mag_ratios=self.mag_ratios,
+            coefficients=self.teacache_coefficients,
+            ret_steps=self.teacache_ret_steps,
         )
 
     @property
