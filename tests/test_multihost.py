@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 from helpers.meshes import write_model
+from helpers.processes import xla_flags
 
 from wanjax.errors import WanjaxError
 from wanjax.parallel.multihost import initialize
@@ -42,7 +43,7 @@ def _free_port() -> int:
 def _start(cwd, name: str, devices: int, *extra: str) -> subprocess.Popen:
     env = {
         **os.environ,
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "XLA_FLAGS": xla_flags(devices),
         "JAX_PLATFORMS": "cpu",
     }
     cmd = [sys.executable, "-m", "wanjax.cli.main", *ARGS, "--output_video", f"{name}.mp4", *extra]

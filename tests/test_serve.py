@@ -20,6 +20,7 @@ import urllib.request
 import av
 import numpy as np
 import pytest
+from helpers.processes import xla_flags
 from helpers.serve_process import Server
 from PIL import Image
 
@@ -373,7 +374,7 @@ def test_two_processes_serve_one_model(demo_env, tmp_path):
         tmp_path / "a.png"
     )
     image = base64.b64encode((tmp_path / "a.png").read_bytes()).decode()
-    env = {"WANJAX_CACHE": str(demo_env), "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    env = {"WANJAX_CACHE": str(demo_env), "XLA_FLAGS": xla_flags(1)}
     flags = ("--mesh", "sp=2", "--coordinator_address", f"127.0.0.1:{port}", "--num_processes", "2")
     follower = Server(tmp_path / "host1", *flags, "--process_id", "1", model="demo-i2v", env=env).launch()
     leader = Server(tmp_path / "host0", *flags, "--process_id", "0", model="demo-i2v", env=env)
@@ -400,7 +401,7 @@ def test_two_processes_serve_one_model(demo_env, tmp_path):
     subprocess.run(
         [sys.executable, "-m", "wanjax.cli", *args],
         cwd=tmp_path,
-        env={**os.environ, **env, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"},
+        env={**os.environ, **env, "XLA_FLAGS": xla_flags(2)},
         check=True,
         capture_output=True,
     )

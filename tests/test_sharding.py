@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from helpers import meshes as mesh_runs
 from helpers.meshes import write_model
+from helpers.processes import xla_flags
 from jax.sharding import PartitionSpec as P
 
 from wanjax.errors import WanjaxError
@@ -247,7 +248,7 @@ def _generate(cwd: Path, model: str, devices: int, name: str, *flags: str) -> tu
     """``wanjax generate`` on ``devices`` fake CPU devices in a new process; its uint8 frames and report."""
     env = {
         **os.environ,
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "XLA_FLAGS": xla_flags(devices),
         "JAX_PLATFORMS": "cpu",
     }
     args = ["--model", model, "--prompt", "cat", "--height", "32", "--width", "64", "--frames", "5"]
