@@ -48,13 +48,6 @@ def server(demo_env, tmp_path_factory):
     assert server.stop() == 0, server.stderr
 
 
-def mp4_frames(data: bytes, tmp_path, name: str) -> np.ndarray:
-    path = tmp_path / name
-    path.write_bytes(data)
-    with av.open(str(path)) as container:
-        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
-
-
 def assert_error(status: int, body, expected: int, words: str) -> None:
     assert status == expected, body
     error = body["error"]
@@ -87,8 +80,7 @@ def test_a_job_is_the_generate_run_and_its_second_shape_compiles_nothing(server,
     np.testing.assert_array_equal(
         np.asarray(Image.open(tmp_path / "job.png")), np.asarray(Image.open(tmp_path / "cli.png"))
     )
-    cli = mp4_frames((tmp_path / "cli.mp4").read_bytes(), tmp_path, "cli_copy.mp4")
-    np.testing.assert_array_equal(mp4_frames(video, tmp_path, "job.mp4"), cli)
+    assert video == (tmp_path / "cli.mp4").read_bytes()  # the job's mp4 is the file generate writes
 
     again = server.wait(server.submit(prompt="another prompt", num_inference_steps=3, seed=8)["id"])
     assert done["compiled_programs"] > 0  # the first job of the shape (or read from the disk cache)

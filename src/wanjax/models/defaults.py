@@ -16,7 +16,7 @@ class Defaults:
     height: int = 480
     width: int = 832
     frames: int = 81
-    fps: float = 16
+    fps: float = 16.0
     num_inference_steps: int = 50
     guidance_scale: float = 5.0
     seed: int = 42

@@ -232,7 +232,7 @@ VARIANTS: tuple[Variant, ...] = (
         WAN22_VAE,
         expand_timesteps=True,
         repo="Wan-AI/Wan2.2-TI2V-5B-Diffusers",
-        defaults=Defaults(height=704, width=1280, frames=121, fps=24),
+        defaults=Defaults(height=704, width=1280, frames=121, fps=24.0),
         mag_ratios="wan2.2-ti2v-5b-t2v",
         mag_ratios_image="wan2.2-ti2v-5b-i2v",
     ),
