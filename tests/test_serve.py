@@ -148,6 +148,12 @@ def test_list_pages_and_delete(server):
     assert [v["id"] for v in page["data"]] == [ids[0]]
     status, page, _ = server.request("GET", "/v1/videos?limit=100&order=asc")
     assert [v["id"] for v in page["data"]][-2:] == ids and not page["has_more"]
+    status, page, _ = server.request("GET", "/v1/videos?limit=0")  # OpenAI's spec allows 0
+    assert status == 200 and page["data"] == [] and page["first_id"] is None and page["has_more"]
+    for bad in ("101", "-1", "1.5", "%D9%A1", "+5"):  # over, negative, not whole, Arabic-Indic 1, signed
+        assert_error(
+            *server.request("GET", f"/v1/videos?limit={bad}")[:2], 400, "limit must be a whole number"
+        )
 
     files = sorted(p.name for p in (server.output_dir / "videos").glob(f"{ids[0]}.*"))
     assert files == [f"{ids[0]}.{suffix}" for suffix in ("json", "mp4", "png", "webp")]

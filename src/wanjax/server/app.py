@@ -150,12 +150,10 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
 
     async def list_videos(request: Request) -> Response:
         query = request.query_params
-        try:
-            limit = int(query.get("limit", "20"))
-        except ValueError:
-            raise ApiError(400, f"limit must be an integer, got {query['limit']!r}", param="limit") from None
-        if not 1 <= limit <= 100:
-            raise ApiError(400, f"limit must be between 1 and 100, got {limit}", param="limit")
+        text = query.get("limit", "20")
+        if not (text.isascii() and text.isdigit()) or int(text) > 100:  # OpenAI's 0..100
+            raise ApiError(400, f"limit must be a whole number from 0 to 100, got {text!r}", param="limit")
+        limit = int(text)
         order = query.get("order", "desc")
         if order not in ("asc", "desc"):
             raise ApiError(400, f"order must be asc or desc, got {order!r}", param="order")
