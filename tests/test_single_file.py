@@ -261,6 +261,47 @@ def test_generate_with_a_transformer_file_makes_the_same_video(demo_env, tmp_pat
         assert np.abs(frames(videos[name]).astype(np.int16) - reference).max() <= 1, name
 
 
+@pytest.mark.slow
+def test_the_three_stages_take_component_files_and_pass_them_on(demo_env, tmp_path):
+    """encode reads the text encoder and transformer files it is given and records them; denoise
+    reads that transformer without being told; decode reads the VAE file it is given: the video is
+    generate's with the same files."""
+    from wanjax.cli.main import main
+    from wanjax.models.encoder_layouts import WAN_T5_LAYOUT
+    from wanjax.models.vae.original_layout import WAN21_VAE_LAYOUT
+    from wanjax.pipeline import stages
+
+    files = {
+        "transformer": demo_transformer_file(tmp_path, prefix=COMFY),
+        "text_encoder": demo_file(tmp_path, "text_encoder", WAN_T5_LAYOUT),
+        "vae": demo_file(tmp_path, "vae", WAN21_VAE_LAYOUT),
+    }
+    flag = {name: (f"--{name}", str(path)) for name, path in files.items()}
+    off, steps, stage = ("--jax_cache_dir", "off"), ("--num_inference_steps", "2"), tmp_path / "stage"
+    encode = [
+        "encode",
+        "--prompt",
+        "a cat",
+        *flag["transformer"],
+        *flag["text_encoder"],
+        "--output_dir",
+        str(stage),
+    ]
+    assert main([*encode, *off]) == 0
+    assert main(["denoise", "--input_dir", str(stage), *steps, *off]) == 0
+    video = tmp_path / "staged.mp4"
+    assert main(["decode", "--input_dir", str(stage), *flag["vae"], "--output_video", str(video), *off]) == 0
+    config = stages.read_config(stage)["stages"]
+    absolute = {name: str(path.resolve()) for name, path in files.items()}
+    assert config["encode"]["component_files"] == {k: absolute[k] for k in ("transformer", "text_encoder")}
+    assert config["denoise"]["component_files"] == config["encode"]["component_files"]  # read from encode's
+    assert config["decode"]["component_files"] == absolute
+    reference = tmp_path / "generate.mp4"
+    generate = ["generate", "--prompt", "a cat", *steps, *off, *[f for pair in flag.values() for f in pair]]
+    assert main([*generate, "--output_video", str(reference)]) == 0
+    assert np.abs(frames(video).astype(np.int16) - frames(reference)).max() <= 1
+
+
 def test_a_transformer_file_of_no_known_variant_is_one_line(demo_env, tmp_path, capsys):
     from wanjax.cli.main import main
 

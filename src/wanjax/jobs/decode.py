@@ -8,7 +8,15 @@ from pathlib import Path
 
 from wanjax.errors import WanjaxError
 from wanjax.jobs.checks import check_devices, check_output_paths, check_vae_tiling
-from wanjax.jobs.opening import begin, defaults_of, mesh_request, model_label, open_pipeline
+from wanjax.jobs.opening import (
+    begin,
+    defaults_of,
+    files_record,
+    mesh_request,
+    model_label,
+    open_pipeline,
+    stage_files,
+)
 from wanjax.jobs.outputs import clip_infos, video_record, with_output_video, write_outputs
 from wanjax.jobs.record import finish, make_report, recorded
 from wanjax.jobs.requests import DecodeRequest
@@ -33,7 +41,10 @@ def decode(request: DecodeRequest) -> RunReport:
     mesh, fsdp = mesh_request(request.parallel)
     model = request.common.model or earlier.get("model")
     revision = None if request.common.model else earlier.get("revision")
-    pipe = open_pipeline(request.common, model, None, mesh, fsdp, revision=revision, vae=request.vae)
+    files = stage_files(request.files, earlier)
+    pipe = open_pipeline(
+        request.common, model, None, mesh, fsdp, revision=revision, vae=request.vae, files=files
+    )
     vae_cfg = pipe.sources.check(("vae",))["vae"]
     check_vae_tiling(pipe)
     if latents.shape[1] != vae_cfg.z_dim:
@@ -69,6 +80,7 @@ def decode(request: DecodeRequest) -> RunReport:
         "frames_out": request.outputs.frames_out,
         "preview": request.outputs.preview,
         "written": outputs,
+        **files_record(files),
         **recorded(request),
     }
     if is_primary():

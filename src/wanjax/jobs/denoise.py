@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from wanjax.errors import WanjaxError
 from wanjax.jobs import preflight as validation
 from wanjax.jobs.checks import check_attention, check_cache, check_devices, check_output_paths, resolve_video
-from wanjax.jobs.opening import begin, mesh_request, model_label, open_pipeline
+from wanjax.jobs.opening import begin, files_record, mesh_request, model_label, open_pipeline, stage_files
 from wanjax.jobs.record import finish, make_report, recorded
 from wanjax.jobs.requests import DenoiseRequest
 from wanjax.jobs.sampling import cache_outputs, denoise_latents, sampling_params, video_args
@@ -40,6 +40,7 @@ def denoise(request: DenoiseRequest) -> RunReport:
     mesh, fsdp = mesh_request(request.parallel)
     model, dtype = request.common.model or earlier.get("model"), request.dtype or earlier.get("dtype")
     revision = None if request.common.model else earlier.get("revision")
+    files = stage_files(request.files, earlier)
     pipe = open_pipeline(
         request.common,
         model,
@@ -51,6 +52,7 @@ def denoise(request: DenoiseRequest) -> RunReport:
         memory=request.memory,
         attention=request.attention,
         adapters=request.adapters,
+        files=files,
     )
     cfg = pipe.sources.check(("transformer",))["transformer"]
     if pos.shape[2] != cfg.text_dim:
@@ -96,6 +98,7 @@ def denoise(request: DenoiseRequest) -> RunReport:
         **video,
         **({"fps": fps} if fps else {}),
         **params,
+        **files_record(files),
         **recorded(request),
     }
     if is_primary():

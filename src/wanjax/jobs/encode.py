@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from wanjax.jobs.checks import check_devices, check_output_paths, open_images, prompt_list, resolve_video
-from wanjax.jobs.opening import begin, defaults_of, mesh_request, model_label, open_pipeline
+from wanjax.jobs.opening import begin, defaults_of, files_record, mesh_request, model_label, open_pipeline
 from wanjax.jobs.record import finish, image_record, make_report, recorded
 from wanjax.jobs.requests import EncodeRequest
 from wanjax.jobs.sampling import video_args
@@ -36,6 +36,7 @@ def encode(request: EncodeRequest) -> RunReport:
         precision=request.precision,
         memory=request.memory,
         vae=request.vae,
+        files=request.files,
     )
     pipe.sources.check(("tokenizer", "text_encoder"))
     image, last_image = open_images(pipe, request.images, pipe.transformer_config)
@@ -67,6 +68,7 @@ def encode(request: EncodeRequest) -> RunReport:
         "max_sequence_length": length,
         **(image_record(request.images) if image is not None else {}),
         **given,
+        **files_record(request.files),
         **recorded(request),
     }
     if is_primary():

@@ -4,7 +4,9 @@ checked against this platform, the model's defaults. No weight is read here."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from wanjax.jobs.groups import (
     DEFAULT_DTYPE,
@@ -39,6 +41,21 @@ def model_label(source: ModelSource) -> str:
     if source.is_demo and source.name in demo_variants():
         return source.name
     return source.name if not Path(source.name).exists() else str(Path(source.name).resolve())
+
+
+FILES_KEY = "component_files"  # where a stage config records the component files its stage read
+
+
+def stage_files(files: ComponentFileFlags, earlier: Mapping[str, Any]) -> ComponentFileFlags:
+    """A stage's component files: those given to it, else those an earlier stage recorded."""
+    recorded = earlier.get(FILES_KEY) or {}
+    return ComponentFileFlags(**{**recorded, **files.given()})
+
+
+def files_record(files: ComponentFileFlags) -> dict[str, dict[str, str]]:
+    """What a stage config records of its component files (absolute paths), if any."""
+    given = {name: str(Path(path).resolve()) for name, path in files.given().items()}
+    return {FILES_KEY: given} if given else {}
 
 
 def open_pipeline(

@@ -109,6 +109,7 @@ class EncodeRequest(Request):
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
     output_dir: str = stage_dir_flag()
+    files: ComponentFileFlags = dataclasses.field(default_factory=ComponentFileFlags)
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
 
@@ -126,6 +127,7 @@ class DenoiseRequest(Request):
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     input_dir: str = stage_dir_flag()
+    files: ComponentFileFlags = dataclasses.field(default_factory=ComponentFileFlags)
     adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)
     cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
@@ -146,6 +148,7 @@ class DecodeRequest(Request):
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
     outputs: OutputFlags = dataclasses.field(default_factory=OutputFlags)
     input_dir: str = stage_dir_flag()
+    files: ComponentFileFlags = dataclasses.field(default_factory=ComponentFileFlags)
     parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
 
 
