@@ -217,6 +217,7 @@ def demo_file(tmp_path, folder: str, layout, prefix: str = "", layers: int | Non
         state = {
             k: v for k, v in state.items() if not k.startswith("blocks.") or int(k.split(".")[1]) < layers
         }
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / f"demo_{folder}.safetensors"
     save_file({prefix + layout.file_name(k): v for k, v in state.items()}, path)
     return path
@@ -300,6 +301,29 @@ def test_the_three_stages_take_component_files_and_pass_them_on(demo_env, tmp_pa
     generate = ["generate", "--prompt", "a cat", *steps, *off, *[f for pair in flag.values() for f in pair]]
     assert main([*generate, "--output_video", str(reference)]) == 0
     assert np.abs(frames(video).astype(np.int16) - frames(reference)).max() <= 1
+
+
+def test_plan_takes_component_files(demo_env, tmp_path, capsys):
+    """plan of a transformer file is the plan of its variant; a file that does not fit the variant
+    asked for is one line, exit 2."""
+    from wanjax.cli.main import main
+
+    size = ["--height", "64", "--width", "64", "--frames", "5", "--num_devices", "1"]
+    assert main(["plan", "--model", "demo", *size]) == 0
+    by_name = capsys.readouterr().out
+    assert main(["plan", "--transformer", str(demo_transformer_file(tmp_path)), *size]) == 0
+    assert capsys.readouterr().out == by_name and by_name.startswith("demo: 64x64")
+    bad = {
+        "--transformer": (
+            demo_transformer_file(tmp_path / "3", layers=3),
+            "which does not fit demo's transformer",
+        ),
+        "--transformer_2": (demo_transformer_file(tmp_path), "demo has no transformer_2"),
+    }
+    for flag, (file, words) in bad.items():
+        assert main(["plan", "--model", "demo", flag, str(file), *size]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
 
 
 def test_a_transformer_file_of_no_known_variant_is_one_line(demo_env, tmp_path, capsys):

@@ -15,6 +15,7 @@ from wanjax.jobs.groups import (
     DEFAULT_DTYPE,
     AttentionFlags,
     CacheFlags,
+    ComponentFileFlags,
     MemoryFlags,
     VaeFlags,
     download_flag,
@@ -50,9 +51,10 @@ class PlanRequest(Request):
     """``wanjax plan``: per-device memory of a run on a mesh."""
 
     command: ClassVar[str] = "plan"
-    model: str = option(
-        "14B",
-        help="a registry variant ({variants}) or a diffusers model directory (default {default})",
+    model: str | None = option(
+        None,
+        help="a registry variant ({variants}) or a diffusers model directory (default 14B, or the "
+        "--transformer file's variant)",
         values=_variants,
     )
     mesh: str | None = option(
@@ -84,6 +86,7 @@ class PlanRequest(Request):
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
+    files: ComponentFileFlags = dataclasses.field(default_factory=ComponentFileFlags)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,7 +287,8 @@ def cmd_plan(request: PlanRequest) -> int:
     from wanjax.parallel.mesh import auto_mesh, parse_mesh
     from wanjax.tools import plan as planning
 
-    model = planning.model_configs(request.model)
+    request = dataclasses.replace(request, model=planning.model_name(request.model, request.files.given()))
+    model = planning.model_configs(request.model, request.files.given())
     memory = planning.parse_memory(request.device_memory)
     requested = parse_mesh(request.mesh, request.use_fsdp) if request.mesh else None
     count = request.num_devices or (requested.num_devices if requested else None)

@@ -81,7 +81,9 @@ def subcommands() -> dict[str, Subcommand]:
             tune_attention.TuneRequest,
             tune_attention.run_request,
         ),
-        "info": Subcommand("what a model directory or a component file holds", InfoRequest, describe.cmd_info),
+        "info": Subcommand(
+            "what a model directory or a component file holds", InfoRequest, describe.cmd_info
+        ),
         "convert": Subcommand(
             "component files (original Wan, ComfyUI, fp8-scaled, GGUF) to a diffusers-layout directory",
             convert.ConvertRequest,

@@ -63,15 +63,18 @@ def file_config(folder: str, path: Path, base: Path | None) -> Any:
     cfg = base_config(component, base)
     if cfg is None:
         return recognise(folder, path)[1]
-    if not component.file_fit(path, cfg)[1]:
+    return check_fit(folder, path, cfg, f"{base}'s {folder}/{component.config_file}")
+
+
+def check_fit(folder: str, path: Path, cfg: Any, what: str) -> Any:
+    """``cfg`` when component ``folder``'s file ``path`` holds its tensors; else CheckpointError naming
+    the file's variant and ``what`` it was to fit."""
+    if not COMPONENTS[folder].file_fit(path, cfg)[1]:
         try:
             label = f"a {recognise(folder, path)[0]} {folder}"
         except CheckpointError:
             label = f"a {folder} of another architecture"
-        raise CheckpointError(
-            f"{path}: {label}, which does not fit {base}'s {folder}/{component.config_file}; "
-            "pass the --model it belongs to"
-        )
+        raise CheckpointError(f"{path}: {label}, which does not fit {what}; pass the --model it belongs to")
     return cfg
 
 

@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import itertools
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +79,38 @@ class Model:
     image: bool = False  # an image-to-video model: the VAE encodes its conditioning in the encode stage
 
 
-def model_configs(model: str) -> Model:
+DEFAULT_MODEL = "14B"
+
+
+def model_name(model: str | None, files: Mapping[str, str | None] | None = None) -> str:
+    """The model a plan is of: ``model``; else the variant the component ``files``' transformer file
+    is of (:func:`wanjax.pipeline.sources.base_variant`), else :data:`DEFAULT_MODEL`."""
+    from wanjax.pipeline import sources
+
+    if model is not None:
+        return model
+    paths = sources.component_files(files or {})
+    return sources.base_variant(paths).name if paths else DEFAULT_MODEL
+
+
+def model_configs(model: str, files: Mapping[str, str | None] | None = None) -> Model:
     """A variant of the registry (:func:`wanjax.models.registry.registry`, the demos included) or a
-    diffusers directory (its configs; a component without one: the released checkpoints')."""
+    diffusers directory (its configs; a component without one: the released checkpoints'), with the
+    component ``files`` given (``{folder: file}``) checked to fit it."""
+    from wanjax.pipeline import sources
+
+    paths = sources.component_files(files or {})
+    found = _model_configs(model)
+    configs = {"transformer": found.transformer, "transformer_2": found.transformer, "vae": found.vae}
+    configs |= {"text_encoder": found.text_encoder, "image_encoder": found.image_encoder}
+    for folder, path in paths.items():
+        if configs[folder] is None or (folder == "transformer_2" and found.experts == 1):
+            raise WanjaxError(f"--{folder} {path}: {model} has no {folder}")
+        sources.check_fit(folder, path, configs[folder], f"{model}'s {folder}")
+    return found
+
+
+def _model_configs(model: str) -> Model:
     presets = registry()
     if model in presets:
         v = presets[model]
