@@ -312,6 +312,46 @@ def test_refusals_are_json_with_their_status(server):
 
 
 @pytest.mark.slow
+def test_the_openapi_description_is_served(server):
+    """``/openapi.json``: the video operations, written from OpenAI's description (no key needed)."""
+    status, doc, headers = server.request("GET", "/openapi.json", key=None)
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert doc["openapi"].startswith("3.1")
+    description = doc["info"]["description"]
+    assert "github.com/openai/openai-openapi" in description
+    assert "f85dbe223d40e1a31cba812ab2d755c7e98a92a3" in description
+    operations = {(method.upper(), path) for path, item in doc["paths"].items() for method in item}
+    assert operations == {
+        ("POST", "/v1/videos"),
+        ("GET", "/v1/videos"),
+        ("GET", "/v1/videos/{video_id}"),
+        ("DELETE", "/v1/videos/{video_id}"),
+        ("GET", "/v1/videos/{video_id}/content"),
+    }
+    assert doc["components"]["securitySchemes"]["ApiKeyAuth"]["scheme"] == "bearer"
+
+
+@pytest.mark.slow
+def test_a_refused_byte_range_is_a_json_error(server):
+    """Starlette answers a ``Range`` it refuses in plain text (found with the OpenAPI description's
+    ``Range``); the API answers its JSON error: 400, or 416 with ``Content-Range``."""
+    job = server.wait(server.submit(prompt=PROMPT, num_inference_steps=2)["id"])
+    url = f"/v1/videos/{job['id']}/content"
+    status, video, _ = server.request("GET", url)
+    assert status == 200
+    status, part, headers = server.request("GET", url, headers={"Range": "bytes=0-9"})
+    assert status == 206 and part == video[:10] and headers["content-range"] == f"bytes 0-9/{len(video)}"
+    for bad in ("bytes=5-2", "items=0-1", "garbage"):
+        assert_error(
+            *server.request("GET", url, headers={"Range": bad})[:2], 400, f"the Range header {bad!r}"
+        )
+    status, body, headers = server.request("GET", url, headers={"Range": f"bytes={len(video)}-"})
+    assert_error(status, body, 416, "starts past the end of the file")
+    assert body["error"]["code"] == "range_not_satisfiable"
+    assert headers["content-range"] == f"bytes */{len(video)}"
+
+
+@pytest.mark.slow
 def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path, tmp_path_factory):
     env = {"WANJAX_CACHE": str(demo_env)}
     flags = ("--jax_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))  # starts empty

@@ -2,9 +2,11 @@
 
 Routes follow OpenAI's video API (``/v1/videos``; see the README's "Serving" section), plus
 ``/v1/server`` (the model, its defaults and the limits), ``/v1/videos/{id}/events`` (server-sent
-events of a job's progress) and the web page at ``/``. Every answer other than success is JSON
-``{"error": {"message", "type", "param", "code"}}`` with a 4xx (5xx for the server's own faults, which
-never stop it). With an API key, every ``/v1`` request needs ``Authorization: Bearer KEY``.
+events of a job's progress), the web page at ``/`` and ``/openapi.json`` (the OpenAPI description of
+the video endpoints, written from OpenAI's: ``openapi.json`` beside this module). Every answer other
+than success is JSON ``{"error": {"message", "type", "param", "code"}}`` with a 4xx (5xx for the
+server's own faults, which never stop it). With an API key, every ``/v1`` request needs
+``Authorization: Bearer KEY``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    MalformedRangeHeader,
+    RangeNotSatisfiable,
+    Response,
+    StreamingResponse,
+)
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -71,6 +81,7 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
     """The server's ASGI app."""
     limits: Limits = engine.limits
     page = resources.files("wanjax.server").joinpath("page.html").read_text()
+    description = resources.files("wanjax.server").joinpath("openapi.json").read_bytes()
 
     def find(job_id: str) -> Job:
         job = store.get(job_id)
@@ -85,6 +96,9 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
 
     async def index(request: Request) -> Response:
         return HTMLResponse(page)
+
+    async def openapi(request: Request) -> Response:
+        return Response(description, media_type="application/json")
 
     async def server_info(request: Request) -> Response:
         d = engine.defaults
@@ -201,7 +215,7 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
             raise ApiError(
                 404, f"the {variant} of video {job.id} is missing on the server", "not_found_error"
             )
-        return FileResponse(
+        return MediaFile(
             path,
             media_type=kinds[variant],
             filename=f"{job.id}{path.suffix}",
@@ -232,7 +246,7 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
 
     async def api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        return error_response(exc)
+        return error_response(exc, exc.headers)
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -255,6 +269,7 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
     app = Starlette(
         routes=[
             Route("/", index),
+            Route("/openapi.json", openapi),
             Route("/v1/server", server_info),
             Route("/v1/videos", by_method(GET=list_videos, POST=create), methods=["GET", "POST"]),
             Route(
@@ -268,6 +283,27 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)
     return app
+
+
+class MediaFile(FileResponse):
+    """A video's file, served with byte ranges as Starlette serves them, but a ``Range`` header it
+    refuses is the API's JSON error (400, or 416 with ``Content-Range``), not Starlette's plain text.
+    (Starlette's own hook, private: tests/test_serve.py's byte-range test notices if it goes.)"""
+
+    @classmethod
+    def _parse_range_header(cls, http_range: str, file_size: int) -> list[tuple[int, int]]:
+        try:
+            return super()._parse_range_header(http_range, file_size)
+        except MalformedRangeHeader as e:
+            raise ApiError(400, f"the Range header {http_range!r} cannot be read: {e.content}") from None
+        except RangeNotSatisfiable:
+            raise ApiError(
+                416,
+                f"the Range header {http_range!r} starts past the end of the file ({file_size} bytes)",
+                "invalid_request_error",
+                code="range_not_satisfiable",
+                headers={"Content-Range": f"bytes */{file_size}"},
+            ) from None
 
 
 def by_method(
