@@ -1,10 +1,11 @@
-"""Step caching side by side: off / MagCache / First-Block Cache / TeaCache on the same random DiT,
-same noise.
+"""Step caching side by side: off / MagCache / First-Block Cache / TeaCache / TaylorSeer on the same
+random DiT, same noise.
 
 The 1.3B transformer's dimensions (``--layers`` of its 30), random weights (the checkpoint reader's
 random draw), ``--steps`` UniPC steps with CFG, each policy at its default settings (MagCache: the
 published Wan 2.1 1.3B curve and its threshold 0.12, 4 skips, retention 0.2; First-Block Cache:
-diffusers' threshold 0.05; TeaCache: the authors' 1.3B coefficients and threshold 0.05). The policies run in turn, ``--rounds`` times, so drift in the machine's
+diffusers' threshold 0.05; TeaCache: the authors' 1.3B coefficients and threshold 0.05; TaylorSeer:
+diffusers' defaults in lite mode, the output predicted). The policies run in turn, ``--rounds`` times, so drift in the machine's
 speed hits all of them alike. Reported per policy: DiT evaluations per video, the median loop's
 seconds and its ratio to uncached, and the final latents' relative difference to the uncached run.
 
@@ -36,6 +37,7 @@ POLICIES = {
     "magcache": CacheConfig("magcache", mag_ratios="wan2.1-t2v-1.3b"),
     "firstblock": CacheConfig("firstblock"),
     "teacache": CacheConfig("teacache", coefficients="wan2.1-t2v-1.3b"),
+    "taylorseer": CacheConfig("taylorseer", options={"use_lite_mode": True}),
 }
 
 

@@ -288,8 +288,9 @@ def test_a_steps_flops_on_one_chip_are_the_analytic_count(backend):
         ("demo", CacheConfig("firstblock")),
         ("demo-a14b", CacheConfig("magcache", mag_ratios=[1.0, 0.9])),
         ("demo", CacheConfig("teacache", coefficients=[1.0, 0.0], threshold=0.1)),
+        ("demo-a14b", CacheConfig("taylorseer", options={"use_lite_mode": True})),
     ],
-    ids=["firstblock", "magcache-per-expert", "teacache"],
+    ids=["firstblock", "magcache-per-expert", "teacache", "taylorseer-per-expert"],
 )
 def test_a_step_cache_compiles_its_own_step_for_a_tpu(name, cache):
     """The step a cached run compiles: it also carries the cache state (the residual of the guided

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
@@ -20,7 +21,7 @@ from helpers.pipelines import LEADER, NEGATIVE, PROMPT
 from wanjax import WanPipeline
 from wanjax.errors import ConfigError
 from wanjax.models.registry import transformer_preset
-from wanjax.pipeline import step_cache, teacache
+from wanjax.pipeline import step_cache, taylorseer, teacache
 from wanjax.pipeline.step_cache import CacheConfig, mag_schedule, nearest_interp, read_mag_ratios
 
 HEIGHT, WIDTH, FRAMES, STEPS, GUIDANCE = 48, 64, 9, 12, 5.0
@@ -298,6 +299,93 @@ def test_teacache_forces_the_authors_first_and_last_steps():
 
 
 # ----------------------------------------------------------------------------------------------
+# TaylorSeer against diffusers' hook
+
+
+def taylorseer_reference(model_dir, noise, options: dict) -> dict:
+    """diffusers' pipeline with ``TaylorSeerCacheConfig(**options)``: per-branch decisions (the
+    output projection's hook updated its factors at this step), latents, frames."""
+    from diffusers import TaylorSeerCacheConfig
+
+    pipe = model_dir[1]
+    decisions: list[dict[str, bool]] = []
+
+    def on_step(p, i, t, kwargs):
+        states = p.transformer.proj_out._diffusers_hook.get_hook(
+            "taylorseer_cache"
+        ).state_manager._state_cache
+        decisions.append(
+            {n: states[n].last_update_step == states[n].current_step for n in ("cond", "uncond")}
+        )
+        return {}
+
+    dtype = options.get("taylor_factors_dtype")
+    config = {**options, "taylor_factors_dtype": getattr(torch, dtype) if dtype else torch.bfloat16}
+    pipe.transformer.enable_cache(TaylorSeerCacheConfig(**config))
+    try:
+        latents, frames = run_diffusers(pipe, noise, on_step=on_step)
+    finally:
+        pipe.transformer.disable_cache()
+    computed = {name: [d[name] for d in decisions] for name in ("cond", "uncond")}
+    return {"computed": computed, "latents": latents, "frames": frames}
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(
+            use_lite_mode=True, taylor_factors_dtype="float32", cache_interval=3, disable_cache_before_step=2
+        ),
+        pytest.param(
+            dict(
+                cache_identifiers=["^proj_out$"],
+                taylor_factors_dtype="float32",
+                max_order=2,
+                disable_cache_after_step=10,
+            ),
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["lite", "identifiers-order-2-cooldown"],
+)
+def test_taylorseer_equals_diffusers(model_dir, noise, ours, options):
+    ref = taylorseer_reference(model_dir, noise, options)
+    latents, report = our_run(ours, noise, CacheConfig("taylorseer", options=options))
+    assert report.computed == ref["computed"]
+    assert ref["computed"]["cond"].count(False) >= 3, ref["computed"]  # the case predicts
+    assert report.as_json()["options"]["cache_interval"] == options.get("cache_interval", 5)
+    assert relative_error(latents, ref["latents"]) <= 1e-5
+    frames = decode_in_diffusers(model_dir[1], latents)
+    assert np.abs(frames.astype(np.int16) - ref["frames"]).max() <= 1
+
+
+@pytest.mark.parametrize("factor_dtype", ["bfloat16", "float32"])
+def test_taylor_factors_and_predictions_are_diffusers(factor_dtype):
+    """Four updates at steps 0, 1, 3, 7 (orders growing to max_order 2) and a prediction after each,
+    on the same tensors: wanjax's arrays equal diffusers' ``TaylorSeerState``'s exactly."""
+    from diffusers.hooks.taylorseer_cache import TaylorSeerState
+
+    reference = TaylorSeerState(taylor_factors_dtype=getattr(torch, factor_dtype), max_order=2)
+    factors = jnp.zeros((3, 2, 5, 7), factor_dtype)
+    orders, last = jnp.int32(0), jnp.int32(0)
+    rng = np.random.default_rng(0)
+    for step in (0, 1, 3, 7):
+        features = rng.standard_normal((2, 5, 7)).astype(np.float32)
+        reference.current_step = step
+        reference.update((torch.from_numpy(features),))
+        factors, orders, last = taylorseer.update(
+            factors, orders, last, jnp.asarray(features), jnp.int32(step)
+        )
+        for k, factor in reference.taylor_factors[0].items():
+            np.testing.assert_array_equal(np.asarray(factors[k].astype(jnp.float32)), factor.float().numpy())
+        reference.current_step = step + 2
+        expected = reference.predict()[0].numpy()
+        got = taylorseer.predict(factors, orders, last, jnp.int32(step + 2), jnp.float32)
+        np.testing.assert_array_equal(np.asarray(got), expected)
+    assert int(orders) == 3
+
+
+# ----------------------------------------------------------------------------------------------
 # The curves and the settings
 
 
@@ -347,6 +435,17 @@ def test_bad_settings_are_one_line_errors(tmp_path):
         (lambda: CacheConfig("magcache", ret_steps=True), "ret_steps is for the teacache policy"),
         (lambda: CacheConfig("teacache", mag_ratios=[1.0]), "mag_ratios is for the magcache policy"),
         (lambda: teacache.read_coefficients("wan9"), "unknown TeaCache preset 'wan9'"),
+        (lambda: CacheConfig("taylorseer"), "set use_lite_mode=true or cache_identifiers"),
+        (lambda: CacheConfig("taylorseer", options={"interval": 3}), "unknown taylorseer option 'interval'"),
+        (lambda: CacheConfig("taylorseer", options={"use_lite_mode": "yes"}), "must be true or false"),
+        (lambda: CacheConfig("taylorseer", options={"cache_interval": 0}), "integer >= 1"),
+        (
+            lambda: CacheConfig(
+                "taylorseer", options={"use_lite_mode": True, "disable_cache_before_step": 0}
+            ),
+            "predicts the first step",
+        ),
+        (lambda: CacheConfig("magcache", options={"max_order": 2}), "options is for the taylorseer policy"),
         (lambda: teacache.read_coefficients([1.0, None]), "list of numbers"),
         (lambda: teacache.read_coefficients(None, transformer_preset("tiny")), "none are published for this"),
         (
@@ -461,6 +560,13 @@ def test_cli_cache_flags_calibrate_then_reuse_and_record(demo_env, tmp_path, cap
     assert cache["branches"]["cond"]["skipped"] == cache["branches"]["uncond"]["skipped"] == list(range(1, 7))
     assert cache["dit_evaluations"] == 4  # the first and the last step, both branches
 
+    taylor = ["--cache", "taylorseer", "--cache_option", "use_lite_mode=true"]
+    taylor += ["--cache_option", "cache_interval=2", "--cache_option", "disable_cache_before_step=1"]
+    assert main([*base, *taylor, "--output_video", str(tmp_path / "ts.mp4")]) == 0
+    cache = json.loads((tmp_path / "ts.json").read_text())["cache"]
+    assert cache["policy"] == "taylorseer" and cache["options"]["cache_interval"] == 2
+    assert cache["branches"]["cond"]["skipped"] == [1, 3, 5, 7]  # diffusers' (step - 1 - 1) % 2 == 0 computes
+
     stage = tmp_path / "stages"
     assert (
         main(["encode", "--model", "demo", "--prompt", "a cat", "--output_dir", str(stage), *small[-2:]]) == 0
@@ -491,6 +597,9 @@ def test_cli_cache_flags_calibrate_then_reuse_and_record(demo_env, tmp_path, cap
         ["--cache", "teacache"],  # nor coefficients
         ["--cache", "teacache", "--teacache_coefficients", "nope"],
         ["--cache", "magcache", "--teacache_ret_steps"],
+        ["--cache", "taylorseer"],  # diffusers' default modules are not Wan's
+        ["--cache", "taylorseer", "--cache_option", "interval=3"],
+        ["--cache", "taylorseer", "--cache_option", "use_lite_mode"],
         ["--cache_calibrate", str(tmp_path / "r.txt")],
         ["--cache", "firstblock", "--cache_calibrate", str(tmp_path / "r.json")],
     ):

@@ -71,7 +71,7 @@ def registry_defaults() -> dict[str, Any]:
 
 
 def _cache_defaults() -> dict[str, Any]:
-    from wanjax.pipeline import teacache
+    from wanjax.pipeline import taylorseer, teacache
     from wanjax.pipeline.step_cache import FIRST_BLOCK_THRESHOLD, MAG_DEFAULTS, presets
 
     return {
@@ -79,6 +79,7 @@ def _cache_defaults() -> dict[str, Any]:
         "firstblock": FIRST_BLOCK_THRESHOLD,
         "presets": ", ".join(presets()),
         "tea_presets": ", ".join(teacache.presets()),
+        "taylor_options": ", ".join(taylorseer.DEFAULTS),
     }
 
 
@@ -415,8 +416,8 @@ class CacheFlags:
         "off",
         choices=_cache_policies,
         help="skip the DiT's blocks at steps where they barely change (default {default}): magcache (a "
-        "magnitude-ratio curve), firstblock (the first block's change) or teacache (the timestep "
-        "embedding's change)",
+        "magnitude-ratio curve), firstblock (the first block's change), teacache (the timestep "
+        "embedding's change) or taylorseer (the output extrapolated between full steps; --cache_option)",
     )
     cache_threshold: float | None = option(
         None,
@@ -449,6 +450,14 @@ class CacheFlags:
         help="teacache's rescaling polynomial: a preset ({tea_presets}; default: this model's) or a JSON list",
         values=_cache_defaults,
     )
+    cache_option: tuple[str, ...] = option(
+        (),
+        repeat=True,
+        metavar="NAME=VALUE",
+        help="taylorseer: one of diffusers' TaylorSeerCacheConfig fields ({taylor_options}); repeatable, "
+        "e.g. --cache_option use_lite_mode=true --cache_option cache_interval=3",
+        values=_cache_defaults,
+    )
     teacache_ret_steps: bool = option(
         False,
         help="teacache: compare the blocks' modulation, 5 warm-up steps, no forced last step (the "
@@ -474,7 +483,19 @@ class CacheFlags:
             calibrate=self.cache_calibrate is not None,
             coefficients=self.teacache_coefficients,
             ret_steps=self.teacache_ret_steps,
+            options=cache_options(self.cache_option) or None,
         )
+
+
+def cache_options(values: tuple[str, ...]) -> dict[str, str]:
+    """``--cache_option NAME=VALUE`` values by name (ConfigError for one without ``=``)."""
+    out = {}
+    for value in values:
+        name, sep, text = value.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--cache_option {value!r} must be NAME=VALUE, e.g. cache_interval=3")
+        out[name.strip()] = text.strip()
+    return out
 
 
 def _whole_tiling() -> str:

@@ -443,12 +443,15 @@ class Sampler:
         shape = (rows, *latents_shape[1:])
         length = math.prod(s // p for s, p in zip(shape[2:], model.cfg.patch_size, strict=True))
         tokens = jax.ShapeDtypeStruct((rows, length, model.cfg.inner_dim), model.dtype)
+        velocity = jax.ShapeDtypeStruct((rows, model.cfg.out_channels, *shape[2:]), model.dtype)
         layout = model.token_layout(shape)
         sharding = None if layout is None else NamedSharding(model.settings.mesh, layout.tokens())
+        if cache.taylor is not None:  # the velocity's factors, replicated as the sampler's state
+            sharding = None if model.settings.mesh is None else replicated(model.settings.mesh)
         placement = self._placement(model.params)
         state = {
             name: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding or placement)
-            for name, s in state_shapes(cache, tokens).items()
+            for name, s in state_shapes(cache, tokens, velocity).items()
         }
         scalars = [(cache.schedule.shape, cache.schedule.dtype), ((), jnp.float32), ((), jnp.int32)]
         rest = tuple(jax.ShapeDtypeStruct(shape, dtype, sharding=placement) for shape, dtype in scalars)

@@ -1,9 +1,9 @@
 """Step caching: skip the transformer's blocks at steps where their output barely changes.
 
-Three policies, two decision for decision as diffusers' hooks (0.42: ``hooks/mag_cache.py``,
-``hooks/first_block_cache.py``), TeaCache as its authors' Wan 2.1 code; each CFG branch (``cond``,
-``uncond``) with its own state as diffusers' ``cache_context("cond" / "uncond")`` keeps it, one
-decision per branch for its whole batch:
+Four policies, three decision for decision as diffusers' hooks (0.42: ``hooks/mag_cache.py``,
+``hooks/first_block_cache.py``, ``hooks/taylorseer_cache.py``), TeaCache as its authors' Wan 2.1
+code; each CFG branch (``cond``, ``uncond``) with its own state as diffusers'
+``cache_context("cond" / "uncond")`` keeps it, one decision per branch for its whole batch:
 
 * **MagCache** (``magcache``): a calibrated curve of per-step magnitude ratios of the blocks'
   residual. From step ``int(retention_ratio * N + 0.5)`` on, each step multiplies the running ratio
@@ -22,6 +22,9 @@ decision per branch for its whole batch:
 * **TeaCache** (``teacache``): the rescaled change of the step's timestep embedding, accumulated;
   a schedule computed on the host before the loop, one for both branches, a skip taking MagCache's
   path (:mod:`wanjax.pipeline.teacache`).
+* **TaylorSeer** (``taylorseer``): a step-index schedule; a computed step runs the whole forward and
+  updates the Taylor factors of its output, a predicted one returns their extrapolation and runs
+  nothing else (:mod:`wanjax.pipeline.taylorseer`).
 
 Both branches run batched in one forward whenever either computes; a branch that decided to skip
 takes its cached output then too (its result is exactly the skip's, the compute spent on it is thrown
@@ -57,8 +60,9 @@ from wanjax.models.config import TransformerConfig
 from wanjax.models.dit import WanTransformer
 from wanjax.models.layers import Params
 from wanjax.models.registry import match
+from wanjax.pipeline import taylorseer
 
-POLICIES: tuple[str, ...] = ("off", "magcache", "firstblock", "teacache")
+POLICIES: tuple[str, ...] = ("off", "magcache", "firstblock", "teacache", "taylorseer")
 BRANCHES: tuple[str, ...] = ("cond", "uncond")  # the rows of a guided batch: [cond; uncond]
 # diffusers' MagCacheConfig and FirstBlockCacheConfig defaults
 MAG_DEFAULTS = {"threshold": 0.06, "max_skip_steps": 3, "retention_ratio": 0.2}
@@ -83,6 +87,9 @@ class CacheConfig:
     a list, or a list (highest power first); None: the preset of this model's architecture.
     ``ret_steps``: the authors' ``use_ret_steps`` mode (the blocks' modulation as the compared input,
     five warm-up steps, no forced last step).
+
+    ``options`` (TaylorSeer, :mod:`wanjax.pipeline.taylorseer`): diffusers' ``TaylorSeerCacheConfig``
+    fields by name, over its defaults.
     """
 
     policy: str = "off"
@@ -93,6 +100,7 @@ class CacheConfig:
     calibrate: bool = False
     coefficients: str | Path | Sequence[float] | None = None
     ret_steps: bool = False
+    options: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -111,11 +119,20 @@ class CacheConfig:
         if self.calibrate:
             magcache_only["calibrate"] = True
         teacache_only = {"coefficients": self.coefficients, "ret_steps": True if self.ret_steps else None}
-        for policy, fields in (("magcache", magcache_only), ("teacache", teacache_only)):
+        only = (
+            ("magcache", magcache_only),
+            ("teacache", teacache_only),
+            ("taylorseer", {"options": self.options}),
+        )
+        for policy, fields in only:
             given = [name for name, value in fields.items() if value is not None]
             if self.policy != policy and given:
                 verb = "is" if len(given) == 1 else "are"
                 raise ConfigError(f"{', '.join(given)} {verb} for the {policy} policy, not {self.policy!r}")
+        if self.policy == "taylorseer":
+            if self.threshold is not None:
+                raise ConfigError("taylorseer has no threshold: its steps are set by its options")
+            taylorseer.settings(self.options)
 
     @property
     def enabled(self) -> bool:
@@ -283,11 +300,12 @@ class StepCache:
     source: str | None = None
     curves: dict[str, list[float]] | None = None
     ret_steps: bool = False
+    taylor: taylorseer.TaylorSeerSettings | None = None
 
     @property
     def key(self) -> tuple[str, bool]:
         """What the step program depends on (the numbers are its arguments)."""
-        return self.policy, self.calibrate
+        return self.policy, self.calibrate, self.taylor
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"policy": self.policy, "threshold": self.threshold}
@@ -300,6 +318,9 @@ class StepCache:
             )
         if self.policy == "teacache":
             out.update(coefficients=self.source, ret_steps=self.ret_steps)
+        if self.taylor is not None:
+            del out["threshold"]
+            out["options"] = self.taylor.as_json()
         return out
 
 
@@ -327,6 +348,12 @@ def resolve(
     branches = BRANCHES if guided else BRANCHES[:1]
     if config.policy == "teacache":
         return _resolve_teacache(config, cfg, num_steps, branches, experts, time_inputs)
+    if config.policy == "taylorseer":  # each expert's hook counts its own calls from 0
+        found = taylorseer.settings(config.options)
+        segments = expert_segments(experts) if experts is not None else [(0, num_steps)]
+        compute = np.concatenate([taylorseer.schedule(b - a, found) for a, b in segments])
+        schedule = np.repeat(compute[:, None], len(branches), axis=1)
+        return StepCache("taylorseer", branches, 0.0, schedule, taylor=found)
     if config.policy == "firstblock":  # every step may compute: the first block's change decides
         threshold = FIRST_BLOCK_THRESHOLD if config.threshold is None else config.threshold
         schedule = np.ones((num_steps, len(branches)), bool)
@@ -407,9 +434,22 @@ def expert_segments(experts: Sequence[int]) -> list[tuple[int, int]]:
 CacheState = dict[str, jax.Array]
 
 
-def state_shapes(cache: StepCache, tokens: jax.ShapeDtypeStruct) -> CacheState:
-    """The cache carried between steps, for the guided batch's ``tokens (rows, L, D)``: the cached
-    residual, and for First-Block Cache the first block's residual at the last computed step."""
+def state_shapes(
+    cache: StepCache, tokens: jax.ShapeDtypeStruct, velocity: jax.ShapeDtypeStruct
+) -> CacheState:
+    """The cache carried between steps, for the guided batch's ``tokens (rows, L, D)`` and
+    ``velocity (rows, C, T, H, W)``: the cached residual, and for First-Block Cache the first block's
+    residual at the last computed step; TaylorSeer's factors of the velocity, how many are valid and
+    the step they were computed at."""
+    if cache.taylor is not None:
+        count = cache.taylor.max_order + 1
+        dtype = taylorseer.factor_dtype(cache.taylor, velocity.dtype)
+        scalar = jax.ShapeDtypeStruct((), jnp.int32)
+        return {
+            "factors": jax.ShapeDtypeStruct((count, *velocity.shape), dtype),
+            "orders": scalar,
+            "last": scalar,
+        }
     names = ("residual", "reference") if cache.policy == "firstblock" else ("residual",)
     return {name: jax.ShapeDtypeStruct(tokens.shape, tokens.dtype) for name in names}
 
@@ -462,6 +502,10 @@ def cached_forward(
     ``planned``: MagCache's ``compute`` row for this step; ``threshold``: First-Block Cache's;
     ``start_index``: the step ``state`` was new at (0; a second expert's first step), which computes."""
     branches = len(cache.branches)
+    if cache.taylor is not None:
+        return _taylor_forward(
+            model, params, latents, timestep, prompt_embeds, image_embeds, state, index, planned
+        )
     tokens, cond = model.embed(params, latents, timestep, prompt_embeds, image_embeds)
     rows = tokens.shape[0]
     out: CacheState = {}
@@ -483,6 +527,33 @@ def cached_forward(
         measured = magnitude_ratio(out["residual"], state["residual"], branches)
         ratios = jnp.where(index == start_index, ratios, measured)
     return model.project(params, hidden, cond), out, compute, ratios
+
+
+def _taylor_forward(
+    model: WanTransformer,
+    params: Params,
+    latents: jax.Array,
+    timestep: jax.Array,
+    prompt_embeds: jax.Array,
+    image_embeds: jax.Array | None,
+    state: CacheState,
+    index: jax.Array,
+    planned: jax.Array,
+) -> tuple[jax.Array, CacheState, jax.Array, jax.Array]:
+    """TaylorSeer's step: the whole forward and its factors updated, or their prediction alone."""
+
+    def compute() -> tuple[jax.Array, CacheState]:
+        velocity = model.apply(params, latents, timestep, prompt_embeds, image_embeds)
+        factors, orders, last = taylorseer.update(
+            state["factors"], state["orders"], state["last"], velocity, index
+        )
+        return velocity, {"factors": factors, "orders": orders, "last": last}
+
+    def predicted() -> tuple[jax.Array, CacheState]:
+        return taylorseer.predict(state["factors"], state["orders"], state["last"], index, model.dtype), state
+
+    velocity, out = jax.lax.cond(planned[0], compute, predicted)
+    return velocity, out, planned, jnp.ones(planned.shape, jnp.float32)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ from wanjax.io.checkpoint import ShardingFn, abstract_params, random_params, ran
 from wanjax.io.quant import leaf_builder
 from wanjax.io.quantizable import UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
 from wanjax.jobs.flags import add_flags, from_namespace, option
-from wanjax.jobs.groups import DEFAULT_DTYPE, PromptFlags, VaeFlags
+from wanjax.jobs.groups import DEFAULT_DTYPE, PromptFlags, VaeFlags, cache_options
 from wanjax.jobs.status import Status
 from wanjax.models import clip_vision, dit, umt5
 from wanjax.models.clip_vision import CLIPVisionConfig
@@ -176,6 +176,12 @@ class BenchConfig:
         help="teacache's polynomial: a preset or a JSON list (default: the architecture's; see wanjax generate --help)",
     )
     teacache_ret_steps: bool = option(False, help="teacache: the authors' use_ret_steps mode")
+    cache_option: tuple[str, ...] = option(
+        (),
+        repeat=True,
+        metavar="NAME=VALUE",
+        help="taylorseer: a TaylorSeerCacheConfig field (see wanjax generate --help)",
+    )
 
     def cache_config(self) -> CacheConfig:
         """The step cache the denoise stage runs with."""
@@ -187,6 +193,7 @@ class BenchConfig:
             mag_ratios=self.mag_ratios,
             coefficients=self.teacache_coefficients,
             ret_steps=self.teacache_ret_steps,
+            options=cache_options(self.cache_option) or None,
         )
 
     @property
