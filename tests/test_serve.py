@@ -182,6 +182,9 @@ def test_list_pages_and_delete(server):
         ),
         ({"prompt": "a", "negative_prompt": "\udfff"}, "negative_prompt is not valid Unicode text"),
         ({"prompt": "a", "fps": 1e-300}, "fps must be a frame rate from 0.1 to 1000"),
+        ({"prompt": "a", "seconds": "\u0664"}, "seconds must be a number"),  # Arabic-Indic 4
+        ({"prompt": "a", "seconds": "1_0"}, "seconds must be a number"),
+        ({"prompt": "a", "seconds": "nan"}, "seconds must be a number"),
         ({"prompt": "a", "fps": 0.099}, "fps must be a frame rate from 0.1 to 1000"),
         ({"prompt": "a", "fps": 1000.5}, "fps must be a frame rate from 0.1 to 1000"),
         ({"prompt": "a", "fps": 1e300}, "fps must be a frame rate from 0.1 to 1000"),

@@ -144,13 +144,18 @@ def form_body(items: Iterable[tuple[str, str | bytes]]) -> dict[str, Any]:
     return body
 
 
+INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
+NUMBER_TEXT = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def parse_number(name: str, text: str, integer: bool = False) -> int | float:
-    try:
-        return int(text) if integer else float(text)
-    except ValueError:
+    """A number field sent as text (multipart, or OpenAI's ``"seconds": "4"``): ASCII digits only, as
+    JSON writes numbers (no spaces, underscores, other scripts' digits, inf or nan)."""
+    if not (INTEGER_TEXT if integer else NUMBER_TEXT).fullmatch(text):
         raise ApiError(
             400, f"{name} must be {'an integer' if integer else 'a number'}, got {text!r}", param=name
-        ) from None
+        )
+    return int(text) if integer else float(text)
 
 
 def decode_image(name: str, value: str | bytes) -> bytes:
