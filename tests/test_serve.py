@@ -185,6 +185,8 @@ def test_list_pages_and_delete(server):
         ({"prompt": "a", "seconds": "\u0664"}, "seconds must be a number"),  # Arabic-Indic 4
         ({"prompt": "a", "seconds": "1_0"}, "seconds must be a number"),
         ({"prompt": "a", "seconds": "nan"}, "seconds must be a number"),
+        ({"prompt": "ab" * 300}, "prompt is 601 tokens; the model reads 512"),  # one a character here
+        ({"prompt": "a", "negative_prompt": "ab" * 300}, "negative_prompt is 601 tokens"),
         ({"prompt": "a", "fps": 0.099}, "fps must be a frame rate from 0.1 to 1000"),
         ({"prompt": "a", "fps": 1000.5}, "fps must be a frame rate from 0.1 to 1000"),
         ({"prompt": "a", "fps": 1e300}, "fps must be a frame rate from 0.1 to 1000"),

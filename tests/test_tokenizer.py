@@ -128,6 +128,12 @@ def test_long_prompt_keeps_eos_last_and_warns(pair):
     assert tokens.ids[0, -1] == 1 and tokens.mask[0].all()
 
 
+def test_length_is_transformers_token_count_of_the_cleaned_prompt(pair):
+    ours, ref = pair
+    for text in (LONG, "cat", "", "  A cat &amp; a dog  "):
+        assert ours.length(text) == len(ref(pipeline_wan.prompt_clean(text))["input_ids"]), text
+
+
 def test_prompt_of_exactly_max_length_does_not_warn(pair):
     ours, ref = pair
     exact = len(ref(pipeline_wan.prompt_clean(LONG))["input_ids"])

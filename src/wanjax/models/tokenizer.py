@@ -102,6 +102,14 @@ class Tokenizer:
         """Number of ids the tokenizer can produce (added tokens included)."""
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    def length(self, text: str, *, clean: bool = True) -> int:
+        """How many tokens ``text`` takes (``</s>`` included), cleaned as :meth:`__call__` cleans it:
+        more than the ``max_length`` it is encoded to, and :meth:`__call__` drops the rest."""
+        text = prompt_clean(text) if clean else text
+        return len(
+            self.backend.encode(text, add_special_tokens=False).ids
+        ) + self.backend.num_special_tokens_to_add(False)
+
     def __call__(
         self, texts: str | Sequence[str], max_length: int = TEXT_LENGTH, *, clean: bool = True
     ) -> TokenBatch:

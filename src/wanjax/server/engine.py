@@ -101,6 +101,7 @@ class Engine:
         check (ApiError 400 with the CLI's message otherwise; nothing kept); reads no weight."""
         params, images = job_params(body, self.defaults, self.pipe.geometry.temporal, self.model)
         check_limits(params, self.limits)  # before anything sized by them is built
+        self.check_prompts(params)
         for name, data in images.items():
             with atomic_path(self.input_files(job_id)[name]) as tmp:
                 tmp.write_bytes(data)
@@ -157,6 +158,26 @@ class Engine:
                 f"the largest request --max_pixels and --max_frames allow ({width}x{height}, "
                 f"{limits.max_frames} frames) {need}; lower them, or use --offload or more devices"
             )
+
+    def check_prompts(self, params: Mapping[str, Any]) -> None:
+        """The prompts fit the text encoder's ``--max_sequence_length`` tokens (``generate`` would cut
+        the rest with a warning; a server refuses); ApiError 400 otherwise."""
+        limit = self.base.text.max_sequence_length
+        for name in ("prompt", "negative_prompt"):
+            tokens = self._tokenizer.length(params[name])
+            if tokens > limit:
+                raise ApiError(
+                    400,
+                    f"{name} is {tokens} tokens; the model reads {limit} (the rest would be dropped): shorten it",
+                    param=name,
+                )
+
+    @functools.cached_property
+    def _tokenizer(self) -> Any:
+        """The model's tokenizer, read once (the prompt check reads no weight)."""
+        from wanjax.models.tokenizer import TOKENIZER, load_tokenizer
+
+        return load_tokenizer(self.pipe.path / TOKENIZER.folder)
 
     def check_memory(self, params: Mapping[str, Any]) -> None:
         """``wanjax plan``'s per-device peak of a video of this size fits the device (when its
