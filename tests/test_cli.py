@@ -13,6 +13,7 @@ import pytest
 from wanjax.cli.main import build_parser, main, subcommands
 from wanjax.jobs import requests
 from wanjax.pipeline import stages
+from wanjax.tools import plan as plan_model
 
 
 def run(capsys, *args) -> tuple[int, str, str]:
@@ -121,8 +122,9 @@ def test_every_flag_lands_in_the_request():
     assert {k: recorded[k] for k in defaults} == defaults
     assert recorded["height"] is None and recorded["use_dp"] is False and recorded["model"] is None
     plan = commands["plan"].request(parser.parse_args(["plan"]))
+    assert plan_model.model_name(plan.model, plan.files.given()) == "14B"  # no --model, no file
     assert (plan.model, plan.height, plan.width, plan.frames, plan.device_memory) == (
-        "14B",
+        None,
         720,
         1280,
         81,
