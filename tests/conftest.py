@@ -5,13 +5,15 @@ from __future__ import annotations
 import gc
 import os
 
+from helpers.processes import TEST_COMPILE_FLAG
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The tiny models' programs take most of the suite's time to compile, and LLVM's optimisation most
 # of that: the suite and the processes it starts compile the CPU code at LLVM -O0 (XLA's own passes
 # and the programs' operations unchanged; 12-26% less time, measured on the fast path and on the VAE
 # and TPU compile-target files). Set the level in XLA_FLAGS to choose another.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_COMPILE_FLAG}".strip()
 # Eight CPU devices in this process, so mesh tests need no subprocess (read when the backend starts,
 # below); the processes the tests start get the caller's XLA_FLAGS back.
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8"
