@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.compare import relative_error, to_uint8
-from helpers.pipelines import LEADER, NEGATIVE, PROMPT
+from helpers.pipelines import LEADER, NEGATIVE, PROMPT, reference_run
 
 from wanjax import WanPipeline
 from wanjax.errors import ConfigError
@@ -82,26 +82,7 @@ def diffusers_run(pipe, noise, config, prompts=(PROMPT,)) -> dict:
 
 def run_diffusers(pipe, noise, prompts=(PROMPT,), on_step=None) -> tuple[np.ndarray, np.ndarray]:
     """diffusers' pipeline at this module's shape: its final latents and uint8 frames."""
-    final: list[torch.Tensor] = []
-
-    def keep(p, i, t, kwargs):
-        final[:] = [kwargs["latents"].clone()]
-        return on_step(p, i, t, kwargs) if on_step else {}
-
-    with torch.no_grad():
-        video = pipe(
-            prompt=list(prompts),
-            negative_prompt=[NEGATIVE] * len(prompts),
-            height=HEIGHT,
-            width=WIDTH,
-            num_frames=FRAMES,
-            num_inference_steps=STEPS,
-            guidance_scale=GUIDANCE,
-            latents=noise,
-            output_type="np",
-            callback_on_step_end=keep,
-        ).frames
-    return final[0].numpy(), to_uint8(video)
+    return reference_run(pipe, HEIGHT, WIDTH, FRAMES, STEPS, noise, on_step, prompts, guidance_scale=GUIDANCE)
 
 
 def decode_in_diffusers(pipe, latents: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +28,12 @@ def reference_run(
     steps: int,
     latents: Any,
     on_step: Callable[..., Any] | None = None,
+    prompts: Sequence[str] = (PROMPT,),
     **kwargs: Any,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """A diffusers pipeline's run of PROMPT / NEGATIVE from ``latents`` (guidance 5.0 unless given):
-    its last step's latents (as the step callback sees them) and its uint8 frames. ``on_step(pipe,
-    i, t, callback_kwargs)`` is called at the end of each step too."""
+    """A diffusers pipeline's run of ``prompts`` (each with NEGATIVE) from ``latents`` (guidance 5.0
+    unless given): its last step's latents (as the step callback sees them) and its uint8 frames.
+    ``on_step(pipe, i, t, callback_kwargs)`` is called at the end of each step too."""
     final = []
 
     def callback(p: Any, i: int, t: Any, kw: dict[str, Any]) -> dict[str, Any]:
@@ -43,8 +44,8 @@ def reference_run(
 
     with torch.no_grad():
         video = pipe(
-            prompt=PROMPT,
-            negative_prompt=NEGATIVE,
+            prompt=list(prompts),
+            negative_prompt=[NEGATIVE] * len(prompts),
             height=height,
             width=width,
             num_frames=frames,

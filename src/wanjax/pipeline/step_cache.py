@@ -44,9 +44,6 @@ never skips and measures, per branch and step, the mean over tokens of ``||r_t||
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib.resources
-import json
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,7 +57,8 @@ from wanjax.models.config import TransformerConfig
 from wanjax.models.dit import WanTransformer
 from wanjax.models.layers import Params
 from wanjax.models.registry import match
-from wanjax.pipeline import taylorseer
+from wanjax.pipeline import taylorseer, teacache
+from wanjax.pipeline.cache_files import number_list, packaged_presets, read_json_file
 
 POLICIES: tuple[str, ...] = ("off", "magcache", "firstblock", "teacache", "taylorseer")
 BRANCHES: tuple[str, ...] = ("cond", "uncond")  # the rows of a guided batch: [cond; uncond]
@@ -143,14 +141,12 @@ class CacheConfig:
 # MagCache curves
 
 
-@functools.lru_cache(maxsize=1)
 def presets() -> dict[str, dict[str, Any]]:
     """The published MagCache curves by name (``wan2.1-t2v-1.3b``, ...): each with its ``ratios``
     (interleaved cond/uncond, as the MagCache authors publish them), their recommended
     ``threshold``, ``max_skip_steps``, ``retention_ratio``, and the ``source`` (repository, file,
     line, commit) they were copied from."""
-    text = importlib.resources.files(__package__).joinpath(PRESETS_FILE).read_text()
-    return {name: entry for name, entry in json.loads(text).items() if not name.startswith("_")}
+    return packaged_presets(PRESETS_FILE)
 
 
 def preset_for(cfg: TransformerConfig, two_experts: bool = False, first_frame: bool = False) -> str | None:
@@ -173,17 +169,7 @@ def _branch_curves(ratios: Any, where: str) -> dict[str, list[float]]:
         curves.setdefault("uncond", curves["cond"])
     else:
         curves = {name: ratios for name in BRANCHES}
-    out = {}
-    for name, curve in curves.items():
-        if isinstance(curve, str | bytes) or not isinstance(curve, Sequence) or not curve:
-            raise ConfigError(f"{where}: the ratios must be a non-empty list of numbers")
-        try:
-            out[name] = [float(v) for v in curve]
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: the ratios must be a non-empty list of numbers") from None
-        if not all(np.isfinite(out[name])):
-            raise ConfigError(f"{where}: the ratios must be finite numbers")
-    return out
+    return {name: number_list(curve, where, "ratios") for name, curve in curves.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,20 +212,8 @@ def read_mag_ratios(
             entry["retention_ratio"],
         )
     if isinstance(value, str | Path):
-        path = Path(value)
-        if path.suffix != ".json" and not path.exists():
-            raise ConfigError(
-                f"unknown MagCache preset {str(value)!r}; use one of {', '.join(presets())} or a .json file"
-            )
-        try:
-            data = json.loads(path.read_text())
-        except OSError as e:
-            raise ConfigError(f"cannot read the MagCache ratios {path}: {e.strerror or e}") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(
-                f"{path}: not JSON ({e.msg}, line {e.lineno}); expected a list of floats"
-            ) from None
-        return MagCurves(_branch_curves(data, str(path)), f"file {path}")
+        data = read_json_file(value, presets(), "MagCache", "ratios", "a list of floats")
+        return MagCurves(_branch_curves(data, str(Path(value))), f"file {Path(value)}")
     return MagCurves(_branch_curves(value, "mag_ratios"), "given")
 
 
@@ -400,8 +374,6 @@ def _resolve_teacache(
     time_inputs: Callable[[bool], np.ndarray] | None,
 ) -> StepCache:
     """TeaCache's one schedule for every branch (:func:`wanjax.pipeline.teacache.tea_schedule`)."""
-    from wanjax.pipeline import teacache
-
     if experts is not None:
         raise ConfigError(
             "teacache's coefficients are fitted for one transformer (Wan 2.1); for a two-expert model "

@@ -17,9 +17,6 @@ before the loop from the model's own time embedder.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import importlib.resources
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,7 @@ import numpy as np
 from wanjax.errors import ConfigError
 from wanjax.models.config import TransformerConfig
 from wanjax.models.registry import match
+from wanjax.pipeline.cache_files import number_list, packaged_presets, read_json_file
 
 PRESETS_FILE = "teacache.json"
 MODES = ("time_embedding", "ret_steps")  # the modulated input: temb (e), or time_mod (e0)
@@ -38,12 +36,10 @@ COMPUTES_LAST = {"time_embedding": True, "ret_steps": False}  # cutoff_steps 2N 
 Coefficients = str | Path | Sequence[float]
 
 
-@functools.lru_cache(maxsize=1)
 def presets() -> dict[str, dict[str, Any]]:
     """The published coefficients by model name (``wan2.1-t2v-1.3b``, ...), per mode, with the
     authors' thresholds and the source they were copied from."""
-    text = importlib.resources.files(__package__).joinpath(PRESETS_FILE).read_text()
-    return {name: entry for name, entry in json.loads(text).items() if not name.startswith("_")}
+    return packaged_presets(PRESETS_FILE)
 
 
 def preset_for(cfg: TransformerConfig) -> str | None:
@@ -63,15 +59,7 @@ class TeaCoefficients:
 
 
 def _as_coefficients(value: Any, where: str) -> tuple[float, ...]:
-    if isinstance(value, str | bytes) or not isinstance(value, Sequence) or not value:
-        raise ConfigError(f"{where}: the coefficients must be a non-empty list of numbers")
-    try:
-        out = tuple(float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: the coefficients must be a non-empty list of numbers") from None
-    if not all(np.isfinite(out)):
-        raise ConfigError(f"{where}: the coefficients must be finite numbers")
-    return out
+    return tuple(number_list(value, where, "coefficients"))
 
 
 def read_coefficients(
@@ -95,20 +83,8 @@ def read_coefficients(
             _as_coefficients(published["coefficients"], str(value)), source, published["threshold"]
         )
     if isinstance(value, str | Path):
-        path = Path(value)
-        if path.suffix != ".json" and not path.exists():
-            raise ConfigError(
-                f"unknown TeaCache preset {str(value)!r}; use one of {', '.join(presets())} or a .json file"
-            )
-        try:
-            data = json.loads(path.read_text())
-        except OSError as e:
-            raise ConfigError(f"cannot read the TeaCache coefficients {path}: {e.strerror or e}") from None
-        except json.JSONDecodeError as e:
-            raise ConfigError(
-                f"{path}: not JSON ({e.msg}, line {e.lineno}); expected a list of numbers"
-            ) from None
-        return TeaCoefficients(_as_coefficients(data, str(path)), f"file {path}")
+        data = read_json_file(value, presets(), "TeaCache", "coefficients", "a list of numbers")
+        return TeaCoefficients(_as_coefficients(data, str(Path(value))), f"file {Path(value)}")
     return TeaCoefficients(_as_coefficients(value, "teacache coefficients"), "given")
 
 
