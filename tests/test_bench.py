@@ -439,6 +439,7 @@ def test_ti2v_arch_encodes_the_image_alone_and_denoises_with_it_as_frame_0(monke
     assert result["config"]["arch"] == "5B"
 
 
+@pytest.mark.slow
 def test_a_bench_that_cannot_fit_is_refused_naming_the_layers_that_would(monkeypatch):
     """The 14B's denoise stage (27 GiB of weights) on a machine with 24 GiB free: refused before any
     weight is drawn, with the most ``--layers`` whose stage plan says fits."""

@@ -134,6 +134,7 @@ def test_each_chip_is_the_compilers(generation):
     assert f"exceeds available HBM ({chip.usable_hbm_bytes / 2**30:.2f}G)" in report.error, report.error
 
 
+@pytest.mark.slow
 def test_an_impossible_block_is_the_compilers_one_line_vmem_error(v5e):
     """A 4096 x 4096 block of splash needs far more than v5e's 16 MiB of scoped VMEM."""
     spec = AttentionSpec("splash", block_q=4096, block_kv=4096, block_kv_compute=4096)
@@ -285,12 +286,21 @@ def test_a_steps_flops_on_one_chip_are_the_analytic_count(backend):
 @pytest.mark.parametrize(
     ("name", "cache"),
     [
-        ("demo", CacheConfig("firstblock")),
-        ("demo-a14b", CacheConfig("magcache", mag_ratios=[1.0, 0.9])),
-        ("demo", CacheConfig("teacache", coefficients=[1.0, 0.0], threshold=0.1)),
-        ("demo-a14b", CacheConfig("taylorseer", options={"use_lite_mode": True})),
+        pytest.param("demo", CacheConfig("firstblock"), marks=pytest.mark.slow, id="firstblock"),
+        pytest.param(
+            "demo-a14b",
+            CacheConfig("magcache", mag_ratios=[1.0, 0.9]),
+            marks=pytest.mark.slow,
+            id="magcache-per-expert",
+        ),
+        pytest.param("demo", CacheConfig("teacache", coefficients=[1.0, 0.0], threshold=0.1), id="teacache"),
+        pytest.param(
+            "demo-a14b",
+            CacheConfig("taylorseer", options={"use_lite_mode": True}),
+            marks=pytest.mark.slow,
+            id="taylorseer-per-expert",
+        ),
     ],
-    ids=["firstblock", "magcache-per-expert", "teacache", "taylorseer-per-expert"],
 )
 def test_a_step_cache_compiles_its_own_step_for_a_tpu(name, cache):
     """The step a cached run compiles: it also carries the cache state (the residual of the guided
@@ -307,7 +317,10 @@ def test_a_step_cache_compiles_its_own_step_for_a_tpu(name, cache):
         assert with_cache.flops_per_chip == without.flops_per_chip
 
 
-@pytest.mark.parametrize(("program", "offload"), [("text_encoder", "model"), ("step", "blocks")])
+@pytest.mark.parametrize(
+    ("program", "offload"),
+    [pytest.param("text_encoder", "model", marks=pytest.mark.slow), ("step", "blocks")],
+)
 def test_streamed_offload_compiles_for_a_tpu(program, offload):
     """Found by the compile target: the TPU compiler refused the streamed stacked norms and UMT5's
     relative bias in host memory ("Sublane slicing size must be multiple of element packing factor",
@@ -318,6 +331,7 @@ def test_streamed_offload_compiles_for_a_tpu(program, offload):
     assert report.programs[0].bytes_per_chip["host_arguments"] > 0  # the kernels stay in host memory
 
 
+@pytest.mark.slow
 def test_8_bit_weights_compile_for_a_tpu():
     run = RunSpec(registry()["demo"], 64, 64, 5, parse_mesh("dp=2,sp=1,tp=4"), weights_dtype="int8")
     report = compile_run(run, SLICES["v5e-8"], only=["text_encoder", "step"])

@@ -110,7 +110,8 @@ def test_wanjax_alone_lists_every_subcommand_with_its_line(tmp_path):
         (signal.SIGTERM, 143, "wanjax: terminated by SIGTERM (no partial output files were left)"),
     ],
 )
-@pytest.mark.parametrize("after", [0.3, 2.5])  # while jax is imported; while the run goes
+# while jax is imported; while the run goes (slow: waits 2.5 s)
+@pytest.mark.parametrize("after", [0.3, pytest.param(2.5, marks=pytest.mark.slow)])
 def test_ctrl_c_and_sigterm_end_a_run_with_one_line(demo_env, tmp_path, sig, code, words, after):
     # Ctrl-C as a terminal delivers it, even when the suite runs in the background: a background
     # job ignores SIGINT and its children inherit that; a handled signal is reset to the default
@@ -211,6 +212,7 @@ def _image(folder: Path) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 def test_frames_the_decoder_made_non_finite_exit_1_and_no_video(demo_env, tmp_path):
     """Finite latents the VAE overflows on (float32 noise times 3e37): the frames are checked before
     the uint8 cast, which would hide the NaNs, so the run ends with one line and writes nothing."""

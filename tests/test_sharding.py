@@ -132,6 +132,7 @@ def test_14b_weights_are_sharded_not_replicated():
 # On 8 fake devices
 
 
+@pytest.mark.slow
 def test_large_leaves_are_sharded_and_bytes_fall_with_tp(model_dir):
     meshes = ["dp=8,sp=1,tp=1", "dp=4,sp=1,tp=2", "dp=2,sp=1,tp=4", "dp=1,sp=1,tp=8"]
     report = mesh_runs.params(model_dir, meshes)
