@@ -20,6 +20,7 @@ class Defaults:
     num_inference_steps: int = 50
     guidance_scale: float = 5.0
     seed: int = 42
+    strength: float = 0.8  # video-to-video: diffusers' WanVideoToVideoPipeline default
 
 
 TEXT_LENGTH = 512  # Wan's text_len: the prompt tokens every Wan DiT was trained on (the authors' configs)

@@ -119,7 +119,7 @@ def conditioning_latents(
     video[0, :, 0] = video_frame(image, height, width)
     if last_image is not None:
         video[0, :, -1] = video_frame(last_image, height, width)
-    latents = _encode(vae, video, place)
+    latents = encode_video(vae, video, place)
     mask = condition_mask(num_frames, temporal, latents.shape[3:], last_image is not None)
     return np.concatenate([mask, latents], axis=1)
 
@@ -129,9 +129,9 @@ def first_frame_latents(
 ) -> np.ndarray:
     """``(1, z, 1, h, w)`` float32: the normalised VAE latents of ``image`` alone, as one frame (Wan 2.2
     TI2V's ``expand_timesteps``: they stand in for the first latent frame)."""
-    return _encode(vae, video_frame(image, height, width)[None, :, None], place)
+    return encode_video(vae, video_frame(image, height, width)[None, :, None], place)
 
 
-def _encode(vae: Any, video: np.ndarray, place: Callable[[np.ndarray], Any]) -> np.ndarray:
+def encode_video(vae: Any, video: np.ndarray, place: Callable[[np.ndarray], Any]) -> np.ndarray:
     """The normalised VAE latents (the posterior's mode) of a ``(1, 3, T, H, W)`` video in [-1, 1]."""
     return to_host(vae.normalize_latents(vae.encode(place(video)))).astype(np.float32)

@@ -153,3 +153,20 @@ def check_embeddings(
             f"negative_prompt_embeds {tuple(negative_prompt_embeds.shape)} and prompt_embeds "
             f"{tuple(prompt_embeds.shape)} differ in shape"
         )
+
+
+def check_video_to_video(cfg: TransformerConfig, image: bool) -> None:
+    """WanjaxError unless a video-to-video run can go: a text-to-video model, no image."""
+    if cfg.image_to_video or image:
+        raise WanjaxError(
+            "video to video runs on a text-to-video model, without an image; give a video or an image"
+        )
+
+
+def check_video_latents(cfg: TransformerConfig, image: bool, video_latents: Any, latents: Any) -> None:
+    """:func:`check_video_to_video`, and source latents of the noise's shape (one source for every
+    batch item, or one each)."""
+    check_video_to_video(cfg, image)
+    source, noise = tuple(video_latents.shape), tuple(latents.shape)
+    if source[1:] != noise[1:] or source[0] not in (1, noise[0]):
+        raise WanjaxError(f"the source video's latents {list(source)} do not match the noise {list(noise)}")

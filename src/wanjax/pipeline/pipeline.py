@@ -29,7 +29,7 @@ import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +61,12 @@ from wanjax.pipeline.conditioning import (
     size_for_image,
 )
 from wanjax.pipeline.hub import ModelSource, resolve_model
-from wanjax.pipeline.inputs import check_embeddings, check_image_input
+from wanjax.pipeline.inputs import (
+    check_embeddings,
+    check_image_input,
+    check_video_latents,
+    check_video_to_video,
+)
 from wanjax.pipeline.loading import PipelineComponents
 from wanjax.pipeline.model_index import read_model_index
 from wanjax.pipeline.residency import Loaded, Residency
@@ -70,14 +75,18 @@ from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import make_scheduler
 from wanjax.pipeline.sources import ComponentSources, base_model, base_variant, component_files
 from wanjax.pipeline.step_cache import CacheConfig
+from wanjax.pipeline.video_input import VideoInput, frames_that_fit, source_latents, video_frames
 from wanjax.runtime.jax_cache import enable_compilation_cache
 from wanjax.runtime.timing import StageTiming
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 Prompt = str | Sequence[str]
 
 
 class WanPipeline(PipelineComponents):
-    """Wan text or image to video (any variant of :mod:`wanjax.models.registry`). Build it with
+    """Wan text, image or video to video (any variant of :mod:`wanjax.models.registry`). Build it with
     :meth:`from_pretrained`; see the module docstring.
 
     ``dtype``: transformer (and, unless ``text_encoder_dtype`` says otherwise, text encoder)
@@ -325,6 +334,8 @@ class WanPipeline(PipelineComponents):
         guidance_scale_2: float | None = None,
         boundary_ratio: float | None = None,
         on_step: Callable[[int], None] | None = None,
+        video_latents: np.ndarray | None = None,
+        strength: float | None = None,
     ) -> Denoised:
         """Denoise ``latents`` (float32 noise) with classifier-free guidance (skipped when
         ``guidance_scale <= 1``): the transformer's normalised latents, float32, and how the run went
@@ -339,7 +350,10 @@ class WanPipeline(PipelineComponents):
         low-noise expert (default ``guidance_scale``, as diffusers), ``boundary_ratio`` in place of
         the checkpoint's (:attr:`boundary_ratio`); the result's ``expert_steps`` tell which expert
         ran each step. ``on_step(done)`` is called after each step with the number of steps done (an
-        exception it raises stops the denoising)."""
+        exception it raises stops the denoising). Video to video (a text-to-video model):
+        ``video_latents``, the source video's normalised latents (:meth:`prepare_video`), noised with
+        ``latents`` to the first of the last ``int(steps * strength)`` steps, which alone run
+        (``strength`` default: :attr:`defaults`'), as diffusers' ``WanVideoToVideoPipeline``."""
         from tqdm import tqdm
 
         self._enter("denoise")
@@ -357,6 +371,11 @@ class WanPipeline(PipelineComponents):
                 else "an image was given but this is a text-to-video model"
             )
         check_embeddings(model, prompt_embeds, negative_prompt_embeds, latents, guidance_scale)
+        if video_latents is None and strength is not None:
+            raise WanjaxError("a strength is for video to video: give the source video's latents too")
+        if video_latents is not None:
+            check_video_latents(model.cfg, image is not None, video_latents, latents)
+            strength = self.defaults.strength if strength is None else strength
         cfg_pair = negative_prompt_embeds is not None and guidance_scale > 1  # run as one batch
         rows = latents.shape[0] * (2 if cfg_pair else 1)
         layout = model.token_layout((rows, *latents.shape[1:]))
@@ -365,23 +384,26 @@ class WanPipeline(PipelineComponents):
             self._sampler = Sampler(model, second)
         timing = self.stage_timing("denoise")
         with timing.running():
-            steps = make_scheduler(self.path, num_inference_steps, flow_shift, kind=scheduler, seed=seed)
+            steps = make_scheduler(
+                self.path, num_inference_steps, flow_shift, kind=scheduler, seed=seed, strength=strength
+            )
+            if video_latents is not None:
+                latents = steps.noised(to_host(video_latents), to_host(latents))
             cond = jnp.asarray(prompt_embeds).astype(model.dtype)
             uncond = (
                 None
                 if negative_prompt_embeds is None
                 else jnp.asarray(negative_prompt_embeds).astype(model.dtype)
             )
-            with tqdm(
-                total=num_inference_steps, desc="denoise", unit="step", disable=None if progress else True
-            ) as bar:
+            runs = num_inference_steps - steps.start
+            with tqdm(total=runs, desc="denoise", unit="step", disable=None if progress else True) as bar:
                 result = self._sampler(
                     steps,
                     jnp.asarray(latents, jnp.float32),
                     cond,
                     uncond,
                     guidance_scale,
-                    on_step=lambda i, seconds: (bar.update(), on_step and on_step(i + 1)),
+                    on_step=lambda i, seconds: (bar.update(), on_step and on_step(i + 1 - steps.start)),
                     check_finite=True,
                     cache=cache,
                     image=image,
@@ -413,9 +435,7 @@ class WanPipeline(PipelineComponents):
         images = [image] if last_image is None else [image, last_image]
         with self.stage_timing("encode").running():
             states = None if encoder is None else encoder.encode_images(images)
-            place = jnp.asarray  # the video, split over the mesh as the decoder's latents
-            if self.mesh is not None:
-                place = lambda video: to_global(video, spatial_sharding(self.mesh, video.shape))  # noqa: E731
+            place = self._video_placement()
             if expand:
                 latents = first_frame_latents(vae, image, height, width, place)
             else:
@@ -425,6 +445,22 @@ class WanPipeline(PipelineComponents):
             conditioning = ImageConditioning(jnp.asarray(latents), states, expand).repeat(batch)
             jax.block_until_ready(conditioning)
         return conditioning
+
+    def prepare_video(self, frames: Sequence[Image.Image], height: int, width: int) -> np.ndarray:
+        """Video to video's source: the normalised VAE latents ``(1, z, T', h, w)`` of ``frames``
+        (e.g. :func:`~wanjax.pipeline.video_input.video_frames`) resized to ``width x height``, as
+        diffusers' ``WanVideoToVideoPipeline`` prepares them (:mod:`wanjax.pipeline.video_input`)."""
+        self.geometry.check(height, width, len(frames))
+        self._enter("encode")
+        vae = self.vae
+        with self.stage_timing("encode").running():
+            return source_latents(vae, frames, height, width, self._video_placement())
+
+    def _video_placement(self) -> Callable[[np.ndarray], jax.Array]:
+        """Where a video is VAE-encoded: split over the mesh as the decoder's latents, or one device."""
+        if self.mesh is None:
+            return jnp.asarray
+        return lambda video: to_global(video, spatial_sharding(self.mesh, video.shape))
 
     def video_size(
         self,
@@ -477,6 +513,9 @@ class WanPipeline(PipelineComponents):
         image: ImageInput | None = None,
         last_image: ImageInput | None = None,
         guidance_scale_2: float | None = None,
+        video: VideoInput | None = None,
+        strength: float | None = None,
+        fps: float | None = None,
     ) -> Video:
         """Generate videos: a :class:`~wanjax.pipeline.results.Video` whose ``frames`` are
         ``uint8 [B, num_frames, height, width, 3]``, one video per prompt.
@@ -490,8 +529,19 @@ class WanPipeline(PipelineComponents):
         (:meth:`video_size`); ``num_frames``, ``num_inference_steps``, ``guidance_scale`` and ``seed``
         left out: the model's too. ``guidance_scale_2``: a two-expert model's low-noise expert's
         guidance (default ``guidance_scale``).
+
+        ``video``: video to video (a text-to-video model): a file (read at ``fps``, default the
+        model's), images or ``uint8 [T, H, W, 3]`` frames, its first ``num_frames`` (left out: the
+        model's, or as many as the video has, ``4n+1``) re-noised to ``strength`` (default the
+        model's, 0.8 as diffusers') and denoised; ``latents`` is then the noise, and the size left
+        out keeps the video's aspect as an image's does.
         """
         d = self.defaults
+        frames = None
+        if video is not None:
+            check_video_to_video(self.transformer_config, image is not None)
+            frames = self.video_input(video, num_frames, fps)
+            num_frames = len(frames)
         num_frames = d.frames if num_frames is None else num_frames
         num_inference_steps = d.num_inference_steps if num_inference_steps is None else num_inference_steps
         guidance_scale = d.guidance_scale if guidance_scale is None else guidance_scale
@@ -507,7 +557,7 @@ class WanPipeline(PipelineComponents):
             str(self.path),
             self.expand_timesteps,
         )
-        height, width = self.video_size(image, height, width)
+        height, width = self.video_size(image if frames is None else frames[0], height, width)
         self.geometry.check(height, width, num_frames)
         prompt_embeds, negative_prompt_embeds = self.encode_prompt(
             prompt, negative_prompt, max_sequence_length
@@ -521,9 +571,11 @@ class WanPipeline(PipelineComponents):
                 f"latents {tuple(latents.shape)} do not match {batch} prompt(s) at {width}x{height}, "
                 f"{num_frames} frames (expected {expected}); pass the matching height/width/num_frames"
             )
-        conditioning = None
+        conditioning = source = None
         if image is not None:
             conditioning = self.prepare_image(image, batch, height, width, num_frames, last_image)
+        if frames is not None:
+            source = self.prepare_video(frames, height, width)
         denoised = self.denoise(
             prompt_embeds,
             negative_prompt_embeds,
@@ -537,6 +589,23 @@ class WanPipeline(PipelineComponents):
             seed=seed,
             image=conditioning,
             guidance_scale_2=guidance_scale_2,
+            video_latents=source,
+            strength=strength,
         )
-        frames = self.decode(denoised.latents)
-        return Video(frames, denoised, dict(self.timings))
+        return Video(self.decode(denoised.latents), denoised, dict(self.timings))
+
+    def video_input(
+        self, video: VideoInput, num_frames: int | None = None, fps: float | None = None
+    ) -> list[Image.Image]:
+        """The frames video to video reads from ``video`` (see :meth:`__call__`): ``num_frames`` of
+        them (WanjaxError when it has fewer), or left out the model's default number or as many as it
+        has (``4n+1``)."""
+        wanted = self.defaults.frames if num_frames is None else num_frames
+        frames = video_frames(video, fps or self.defaults.fps, wanted)
+        fit = frames_that_fit(len(frames), self.geometry.temporal)
+        if num_frames is not None and len(frames) < num_frames:
+            raise WanjaxError(
+                f"the video gives {len(frames)} frames at {fps or self.defaults.fps:g} fps, fewer than the "
+                f"{num_frames} asked for: ask for {fit} frames or fewer"
+            )
+        return frames[:fit]

@@ -151,7 +151,7 @@ class Sampler:
         self._programs = ProgramCache()
 
     def _program(self, scheduler: Scheduler, args: tuple[Any, ...], expert: int = 0) -> jax.stages.Compiled:
-        key = (expert, scheduler.kind, scheduler.config, scheduler.num_inference_steps, signature(args))
+        key = (expert, *schedule_key(scheduler), signature(args))
         return self._programs.get(key, lambda: self._lower(scheduler, args, expert))
 
     def _lower(self, scheduler: Scheduler, args: tuple[Any, ...], expert: int = 0) -> jax.stages.Lowered:
@@ -210,7 +210,7 @@ class Sampler:
         expert: int = 0,
     ) -> jax.stages.Compiled:
         """The step program under a step cache (:meth:`_cached_lower`), compiled once per shape."""
-        key = ("cached", expert, *cache.key, scheduler.kind, scheduler.config, scheduler.num_inference_steps)
+        key = ("cached", expert, *cache.key, *schedule_key(scheduler))
         lower = functools.partial(self._cached_lower, scheduler, cache, args, cache_sharding, expert)
         return self._programs.get((*key, signature(args)), lower)
 
@@ -307,8 +307,9 @@ class Sampler:
         guidance_scale_2: float | None = None,
         on_expert: Callable[[int], None] | None = None,
     ) -> Denoised:
-        """Run all scheduler steps from ``latents`` (float32 noise): the final latents, the step
-        timings and what the run decided (:class:`Denoised`). ``image``: an image-to-video model's
+        """Run the scheduler's steps (from its ``start``) from ``latents`` (float32: noise, or source
+        latents noised to the first step): the final latents, the step timings and what the run
+        decided (:class:`Denoised`). ``image``: an image-to-video model's
         conditioning (:class:`ImageConditioning`).
 
         ``cache``: a step-cache policy (:mod:`wanjax.pipeline.step_cache`); what it decided is the
@@ -335,6 +336,11 @@ class Sampler:
                 "two experts need a boundary_ratio, one expert none"
                 if two
                 else "a boundary_ratio needs the second expert (model_2)"
+            )
+        if cache is not None and scheduler.start:
+            raise ConfigError(
+                "a step cache runs a whole schedule, not one started part-way (a strength under 1): "
+                "leave the cache off"
             )
         experts = expert_schedule(scheduler, boundary_ratio)
         scales = (guidance_scale, guidance_scale if guidance_scale_2 is None else guidance_scale_2)
@@ -375,7 +381,7 @@ class Sampler:
         finite: list[jax.Array] = []
         decisions: list[tuple[jax.Array, jax.Array]] = []
         program, extra, current = None, (), None
-        for i in range(scheduler.num_inference_steps):
+        for i in range(scheduler.start, scheduler.num_inference_steps):
             k = experts[i]
             if k != current:  # this expert's first step: its weights, then its program
                 if on_expert is not None:
@@ -401,7 +407,7 @@ class Sampler:
             finite.append(ok)
             jax.block_until_ready(state.sample)
             elapsed = time.perf_counter() - start
-            if i == 0:
+            if i == scheduler.start:
                 times.first = elapsed
             else:
                 times.steady.append(elapsed)
@@ -411,7 +417,7 @@ class Sampler:
         final = state.sample
         if image is not None and image.first_frame:
             final = image.impose(final)
-        result = Denoised(final, times, report, tuple(experts), finite_flags=tuple(finite))
+        result = Denoised(final, times, report, tuple(experts[scheduler.start :]), finite_flags=tuple(finite))
         if check_finite:
             result.check_finite(self.model.dtype)
         return result
@@ -475,6 +481,12 @@ class Sampler:
         }
         schedule = place(jnp.asarray(cache.schedule))
         return (zeros, schedule, place(jnp.float32(cache.threshold)), place(jnp.int32(first))), sharding
+
+
+def schedule_key(scheduler: Scheduler) -> tuple[Any, ...]:
+    """What of a scheduler a compiled step holds as constants (its coefficient table: a run started
+    part-way warms up from its ``start``)."""
+    return scheduler.kind, scheduler.config, scheduler.num_inference_steps, scheduler.start
 
 
 def expert_schedule(scheduler: Scheduler, boundary_ratio: float | None) -> list[int]:

@@ -79,6 +79,7 @@ def make_scheduler(
     flow_shift: float | None = None,
     kind: str = "unipc",
     seed: int = 0,
+    strength: float | None = None,
 ) -> Scheduler:
     """Build a scheduler for ``num_inference_steps`` steps.
 
@@ -87,6 +88,8 @@ def make_scheduler(
     :data:`DISTILL_SHIFT`, what the distilled models are run with). ``kind``: ``"unipc"``, ``"euler"``,
     ``"auto"`` (from the config's ``_class_name``) or ``"distill"`` (the few-step re-noising sampler of
     step-distilled models and LoRAs, :mod:`~wanjax.pipeline.scheduler.distill`; ``seed`` picks its noise).
+    ``strength``: run only the last ``int(N * strength)`` steps, from source latents noised to the first
+    one's sigma (``noised``), as diffusers' video-to-video (:mod:`~wanjax.pipeline.scheduler.strength`).
     """
     if kind not in SCHEDULER_KINDS:
         raise ConfigError(
@@ -107,7 +110,7 @@ def make_scheduler(
             )
         kind = by_class[config.class_name]
     if kind == "unipc":
-        return UniPCFlowScheduler(config, num_inference_steps)
+        return UniPCFlowScheduler(config, num_inference_steps, strength)
     if kind == "distill":
-        return FlowDistillScheduler(config, num_inference_steps, seed)
-    return FlowEulerScheduler(config, num_inference_steps)
+        return FlowDistillScheduler(config, num_inference_steps, seed, strength)
+    return FlowEulerScheduler(config, num_inference_steps, strength)

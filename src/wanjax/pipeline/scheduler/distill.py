@@ -24,6 +24,7 @@ import numpy as np
 from wanjax.pipeline.scheduler.config import SchedulerConfig
 from wanjax.pipeline.scheduler.ops import scalar_times
 from wanjax.pipeline.scheduler.sigmas import check_steps
+from wanjax.pipeline.scheduler.strength import PartialStart, start_step
 
 __all__ = ["DISTILL_SHIFT", "DistillState", "FlowDistillScheduler", "distill_schedule"]
 
@@ -46,13 +47,15 @@ def distill_schedule(num_inference_steps: int, shift: float, num_train_timesteps
     return timesteps.astype(np.float32), np.concatenate([shifted, np.zeros(1, np.float32)]).astype(np.float32)
 
 
-class FlowDistillScheduler:
+class FlowDistillScheduler(PartialStart):
     """The re-noising few-step sampler (see the module docstring) for a fixed step count; ``seed``
     picks the re-noise draws (it is part of the state, not of the compiled program)."""
 
     kind: Literal["distill"] = "distill"
 
-    def __init__(self, config: SchedulerConfig, num_inference_steps: int, seed: int = 0) -> None:
+    def __init__(
+        self, config: SchedulerConfig, num_inference_steps: int, seed: int = 0, strength: float | None = None
+    ) -> None:
         config.validate()
         self.config = config
         self.num_inference_steps = check_steps(num_inference_steps)
@@ -60,6 +63,7 @@ class FlowDistillScheduler:
         self.timesteps, self.sigmas = distill_schedule(
             self.num_inference_steps, float(config.flow_shift), config.num_train_timesteps
         )
+        self.start = start_step(self.timesteps, strength)
 
     def model_timestep(self, step_index: jax.Array | int) -> jax.Array:
         """The timestep the model is conditioned on at ``step_index`` (float32 scalar, traceable)."""

@@ -11,6 +11,7 @@ import numpy as np
 from wanjax.pipeline.scheduler.config import SchedulerConfig
 from wanjax.pipeline.scheduler.ops import scalar_times
 from wanjax.pipeline.scheduler.sigmas import check_steps, euler_flow_schedule
+from wanjax.pipeline.scheduler.strength import PartialStart, start_step
 
 __all__ = ["EulerState", "FlowEulerScheduler"]
 
@@ -21,22 +22,26 @@ class EulerState(NamedTuple):
     sample: jax.Array
 
 
-class FlowEulerScheduler:
+class FlowEulerScheduler(PartialStart):
     """diffusers ``FlowMatchEulerDiscreteScheduler`` (static shift) for a fixed step count.
 
     ``timesteps`` are float32 (``sigma * 1000``, not integers); ``sigmas`` float32 with N+1 values.
     Note diffusers shifts its end point twice (``sigma_min`` is a shifted value that is shifted again).
+    ``start``: the first step run (0, or where a ``strength`` starts).
     """
 
     kind: Literal["euler"] = "euler"
 
-    def __init__(self, config: SchedulerConfig, num_inference_steps: int) -> None:
+    def __init__(
+        self, config: SchedulerConfig, num_inference_steps: int, strength: float | None = None
+    ) -> None:
         config.validate()
         self.config = config
         self.num_inference_steps = check_steps(num_inference_steps)
         self.timesteps, self.sigmas = euler_flow_schedule(
             self.num_inference_steps, float(config.flow_shift), config.num_train_timesteps
         )
+        self.start = start_step(self.timesteps, strength)
         self._dt = (self.sigmas[1:] - self.sigmas[:-1]).astype(np.float32)
 
     def model_timestep(self, step_index: jax.Array | int) -> jax.Array:

@@ -15,6 +15,7 @@ import numpy as np
 from wanjax.pipeline.scheduler.config import SchedulerConfig
 from wanjax.pipeline.scheduler.ops import scalar_times, true_div
 from wanjax.pipeline.scheduler.sigmas import check_steps, unipc_flow_schedule
+from wanjax.pipeline.scheduler.strength import PartialStart, start_step
 
 __all__ = ["UNIPC_COEFFICIENTS", "UniPCFlowScheduler", "UniPCState"]
 
@@ -74,7 +75,11 @@ _N_COLS = len(UNIPC_COEFFICIENTS)
 
 
 def _unipc_table(
-    sigmas: np.ndarray, solver_order: int, solver_type: str, disable_corrector: tuple[int, ...]
+    sigmas: np.ndarray,
+    solver_order: int,
+    solver_type: str,
+    disable_corrector: tuple[int, ...],
+    start: int = 0,
 ) -> np.ndarray:
     """Per-step scalar coefficients (float32, shape (N, 12)) of UniPC-bh with predict_x0 and flow sigmas.
 
@@ -84,13 +89,14 @@ def _unipc_table(
         x <- (c_ratio*last - c_alpha_phi1*m1) - c_alpha_b*(c_rho0*((m2 - m1)/c_rk) + c_rho1*(m - m1))
       predictor:
         x' = (p_ratio*x - p_alpha_phi1*m) - p_alpha_b*(0.5*((m1 - m)/p_rk))
-    Unused terms have zero coefficients and unit divisors, so they add exact zeros.
+    Unused terms have zero coefficients and unit divisors, so they add exact zeros. A run that starts
+    at step ``start`` warms up from there (first order, no corrector at ``start``: no earlier output).
     """
     n = len(sigmas) - 1
     sig = [_F32(s) for s in sigmas]
     alpha = [_F32(1) - s for s in sig]
     lam = [_log32(a) - _log32(s) for a, s in zip(alpha, sig, strict=True)]  # lam[n] = +inf
-    order = [min(solver_order, n - i, i + 1) for i in range(n)]  # lower_order_final + warm-up
+    order = [max(1, min(solver_order, n - i, i - start + 1)) for i in range(n)]  # lower_order_final + warm-up
     table = np.zeros((n, _N_COLS), np.float32)
     table[:, _C_RK] = 1
     table[:, _P_RK] = 1
@@ -109,7 +115,7 @@ def _unipc_table(
                 row[_P_RK] = (lam[i - 1] - lam[i]) / h
                 row[_P_B] = alpha[i + 1] * b_h
             # UniC correcting the sample predicted by step i-1 (order of that predictor).
-            if i == 0 or (i - 1) in disable_corrector:
+            if i <= start or (i - 1) in disable_corrector:
                 continue
             q = order[i - 1]
             h = lam[i] - lam[i - 1]
@@ -146,11 +152,12 @@ class UniPCState(NamedTuple):
     x0_prev2: jax.Array
 
 
-class UniPCFlowScheduler:
+class UniPCFlowScheduler(PartialStart):
     """diffusers ``UniPCMultistepScheduler`` (flow sigmas, predict-x0, order <= 2) for a fixed step count.
 
     Attributes: ``timesteps`` (numpy int64, N values, fed to the model), ``sigmas`` (numpy float32,
-    N+1 values, last 0), ``num_inference_steps``, ``config``.
+    N+1 values, last 0), ``num_inference_steps``, ``config``, ``start`` (the first step run: 0, or
+    where a ``strength`` starts, :mod:`~wanjax.pipeline.scheduler.strength`).
 
     One deliberate deviation: with ``solver_type="bh1"`` diffusers' final step computes
     ``(alpha * B_h) * 0`` with ``B_h = -inf`` and returns NaN; here the final step returns the last x0
@@ -159,15 +166,18 @@ class UniPCFlowScheduler:
 
     kind: Literal["unipc"] = "unipc"
 
-    def __init__(self, config: SchedulerConfig, num_inference_steps: int) -> None:
+    def __init__(
+        self, config: SchedulerConfig, num_inference_steps: int, strength: float | None = None
+    ) -> None:
         config.validate()
         self.config = config
         self.num_inference_steps = check_steps(num_inference_steps)
         self.timesteps, self.sigmas = unipc_flow_schedule(
             self.num_inference_steps, float(config.flow_shift), config.num_train_timesteps
         )
+        self.start = start_step(self.timesteps, strength)
         self._table = _unipc_table(
-            self.sigmas, config.solver_order, config.solver_type, tuple(config.disable_corrector)
+            self.sigmas, config.solver_order, config.solver_type, tuple(config.disable_corrector), self.start
         )
 
     @property

@@ -1,0 +1,46 @@
+"""Video input: a file's frames through PyAV, resampled to a frame rate."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PIL import Image
+
+from wanjax.errors import WanjaxError
+
+_EPS = 1e-6  # seconds: a frame stamped this close to a sampling time counts as at it
+
+
+def read_frames(path: str | Path, fps: float, limit: int) -> list[Image.Image]:
+    """Up to ``limit`` RGB frames of the video at ``path``, sampled at ``fps``: frame ``i`` is the one
+    shown at ``i / fps`` seconds (the last one stamped at or before it), so a 30 fps video read at
+    16 fps skips frames and an 8 fps one repeats them. Fewer when the video ends sooner (it lasts
+    until its last frame's time plus one frame). WanjaxError for a file PyAV cannot read or without
+    a video stream."""
+    import av  # imported here: only a video input needs it
+
+    try:
+        container = av.open(str(path))
+    except (av.error.FFmpegError, OSError, ValueError) as e:
+        raise WanjaxError(f"{path} is not a video PyAV can read ({e.__class__.__name__}: {e})") from None
+    with container:
+        if not container.streams.video:
+            raise WanjaxError(f"{path} holds no video stream")
+        stream = container.streams.video[0]
+        rate = float(stream.average_rate or stream.guessed_rate or fps)
+        frames: list[Image.Image] = []
+        previous, previous_time = None, 0.0
+        try:
+            for index, frame in enumerate(container.decode(stream)):
+                time = frame.time if frame.time is not None else index / rate
+                while previous is not None and len(frames) < limit and len(frames) / fps < time - _EPS:
+                    frames.append(previous)
+                if len(frames) >= limit:
+                    break
+                previous, previous_time = frame.to_image(), time
+        except av.error.FFmpegError as e:
+            raise WanjaxError(f"{path}: the video cannot be decoded ({e})") from None
+        end = previous_time + 1 / rate
+        while previous is not None and len(frames) < limit and len(frames) / fps < end - _EPS:
+            frames.append(previous)
+    return frames

@@ -1,0 +1,63 @@
+"""Starting part-way down a schedule, as diffusers' video-to-video does: the step a ``strength`` starts
+at and the source latents noised to that step's sigma."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wanjax.errors import ConfigError
+
+__all__ = ["PartialStart", "check_strength", "noised", "start_step"]
+
+
+def check_strength(strength: float) -> float:
+    """``strength`` as a float; ConfigError unless ``0 < strength <= 1``."""
+    if isinstance(strength, bool) or not isinstance(strength, int | float) or not 0 < strength <= 1:
+        raise ConfigError(f"strength must be a number in (0, 1], got {strength!r}")
+    return float(strength)
+
+
+def start_step(timesteps: np.ndarray, strength: float | None) -> int:
+    """The index of the first step a run of ``strength`` takes (``None``: 0, the whole schedule).
+
+    As diffusers' ``get_timesteps``: ``int(N * strength)`` steps are run, the last ones. Its scheduler
+    then finds its position by looking the first timestep up (``index_for_timestep``, which takes the
+    second of equal timesteps); where that lands elsewhere diffusers would skip a step, so such a
+    strength is refused instead of copied."""
+    if strength is None:
+        return 0
+    n = len(timesteps)
+    runs = min(int(n * check_strength(strength)), n)
+    if runs == 0:
+        raise ConfigError(
+            f"strength {strength:g} of {n} steps runs no step: give a strength of at least {1 / n:.3g} "
+            "or more steps"
+        )
+    start = n - runs
+    equal = np.flatnonzero(timesteps == timesteps[start])
+    if len(equal) > 1 and equal[1] != start:
+        raise ConfigError(
+            f"strength {strength:g} of {n} steps starts at a timestep the schedule repeats "
+            f"({timesteps[start]}); diffusers would skip a step there: choose another strength or step count"
+        )
+    return start
+
+
+def noised(sigmas: np.ndarray, start: int, latents: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """``(1 - sigma) * latents + sigma * noise`` at ``sigmas[start]``, in float32 op by op (diffusers'
+    ``add_noise`` / ``scale_noise`` on flow sigmas)."""
+    sigma = np.float32(sigmas[start])
+    alpha = np.float32(1) - sigma
+    x = np.asarray(latents, np.float32)
+    return alpha * x + sigma * np.asarray(noise, np.float32)
+
+
+class PartialStart:
+    """What a scheduler with ``sigmas`` and a ``start`` step adds: the source latents it starts from."""
+
+    sigmas: np.ndarray
+    start: int
+
+    def noised(self, latents: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """``latents`` noised to the first step's sigma (:func:`noised`)."""
+        return noised(self.sigmas, self.start, latents, noise)
