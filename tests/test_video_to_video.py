@@ -182,3 +182,102 @@ def test_video_to_video_needs_a_text_to_video_model_and_no_image(v2v):
         pipe.denoise(
             np.zeros((1, 512, 24)), None, seed0_noise(9), guidance_scale=1, strength=0.5, progress=False
         )
+
+
+def write_clip(path, frames: list[Image.Image], fps: float = 16.0):
+    return write_mp4(np.stack([np.asarray(f) for f in frames]), path, fps=fps)
+
+
+@pytest.mark.slow
+def test_generate_and_three_stages_with_a_video_equal_diffusers(v2v, tmp_path):
+    """``generate --video --strength --init_latents`` in float32: diffusers' frames from the same
+    decoded frames and noise; ``encode --video`` / ``denoise --strength`` / ``decode``: diffusers'
+    latents, and exactly ``generate``'s frames."""
+    from safetensors.numpy import load_file, save_file
+
+    from wanjax.cli.main import main
+
+    reference, pipe = v2v
+    clip = write_clip(tmp_path / "clip.mp4", source_frames(11, (96, 64)), fps=24)
+    frames = read_frames(clip, 16, 9)  # 11 frames at 24 fps last 0.46 s: 8 frames at 16 fps
+    assert len(frames) == 8
+    latents_ref, frames_ref, _ = diffusers_run(reference, frames[:5], 0.6)
+    noise = tmp_path / "noise.safetensors"
+    save_file({"latents": seed0_noise(5)}, str(noise))
+    quiet = ("--jax_cache_dir", "off", "--quiet")
+    text = ("--model", pipe.path, "--prompt", PROMPT, "--negative_prompt", NEGATIVE, "--dtype", "float32")
+    size = ("--height", HEIGHT, "--width", WIDTH, "--frames", 5)
+    sampling = (
+        "--num_inference_steps",
+        STEPS,
+        "--guidance_scale",
+        5.0,
+        "--init_latents",
+        noise,
+        "--strength",
+        0.6,
+    )
+
+    def cli(*args):
+        assert main([*map(str, args), *quiet]) == 0
+
+    cli("generate", *text, "--video", clip, *size, *sampling, "--frames_out", tmp_path / "g.npy")
+    generated = np.load(tmp_path / "g.npy")
+    assert np.abs(generated.astype(np.int16) - frames_ref).max() <= 2
+    d = tmp_path / "stages"
+    cli("encode", *text, "--video", clip, *size, "--output_dir", d)
+    cli("denoise", "--input_dir", d, "--dtype", "float32", *sampling)
+    assert relative_error(load_file(d / "stage2_latents.safetensors")["latents"], latents_ref) <= 1e-5
+    cli("decode", "--input_dir", d, "--frames_out", d / "f.npy")
+    np.testing.assert_array_equal(np.load(d / "f.npy"), generated)
+
+
+MISTAKES = {
+    "not a video": (("--video", "notes.mp4"), "--video: notes.mp4 is not a video PyAV can read"),
+    "strength zero": (("--video", "clip.mp4", "--strength", "0"), "--strength must be over 0 and at most 1"),
+    "strength over one": (
+        ("--video", "clip.mp4", "--strength", "1.5"),
+        "--strength must be over 0 and at most 1",
+    ),
+    "strength alone": (("--strength", "0.5"), "--strength is for video to video: give the video too"),
+    "too few frames": (
+        ("--video", "clip.mp4", "--frames", "33"),
+        "--video: the video gives 27 frames at 16 fps, fewer than the 33 asked for: ask for 25 frames or fewer",
+    ),
+    "image model": (
+        ("--model", "demo-i2v", "--video", "clip.mp4"),
+        "--video is for a text-to-video model; demo-i2v starts from an image (--image)",
+    ),
+    "video and image": (("--video", "clip.mp4", "--image", "clip.png"), "--video and --image both given"),
+}
+
+
+@pytest.mark.slow
+def test_video_mistakes_are_one_line_exit_2_and_nothing_written(tmp_path, demo_env):
+    """Through the real command, each in its own folder holding the inputs: exit 2, one line naming
+    the problem, no output."""
+    import os
+    import subprocess
+    import sys
+
+    started = {}
+    for name, (args, _) in MISTAKES.items():
+        cwd = tmp_path / name.replace(" ", "_")
+        cwd.mkdir()
+        write_clip(cwd / "clip.mp4", source_frames(40, (64, 48)), fps=24)  # 27 frames at 16 fps
+        source_frames(1)[0].save(cwd / "clip.png")
+        (cwd / "notes.mp4").write_text("not a video")
+        command = [sys.executable, "-m", "wanjax.cli", "generate", "--model", "demo", "--prompt", "a cat"]
+        env = {**os.environ, "JAX_PLATFORMS": "cpu", "WANJAX_CACHE": str(demo_env)}
+        inputs = sorted(p.name for p in cwd.iterdir())
+        proc = subprocess.Popen(
+            [*command, *args, "--output_video", "out/v.mp4"], cwd=cwd, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        started[name] = (proc, cwd, inputs)
+    for name, (proc, cwd, inputs) in started.items():
+        out, err = proc.communicate(timeout=300)
+        lines = err.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, (name, proc.returncode, err)
+        assert lines[0].startswith("wanjax: error: ") and MISTAKES[name][1] in lines[0], (name, lines[0])
+        assert out == "" and sorted(p.name for p in cwd.iterdir()) == inputs, name

@@ -11,7 +11,7 @@ import numpy as np
 
 from wanjax.errors import ConfigError, WanjaxError
 from wanjax.jobs import preflight as validation
-from wanjax.jobs.groups import CacheFlags, ImageFlags, PromptFlags
+from wanjax.jobs.groups import CacheFlags, ImageFlags, PromptFlags, SourceVideoFlags
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.jobs.requests import OUTPUT_SUFFIXES, Request
 from wanjax.kernels.attention import AttentionSpec
@@ -19,7 +19,7 @@ from wanjax.models.config import TransformerConfig
 from wanjax.parallel.mesh import MeshSpec
 from wanjax.pipeline.components import IMAGE_COMPONENTS
 from wanjax.pipeline.conditioning import check_image_size, open_image
-from wanjax.pipeline.inputs import check_image_input
+from wanjax.pipeline.inputs import check_image_input, check_video_to_video
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.pipeline.prompts import read_prompt_file
 from wanjax.pipeline.step_cache import resolve as resolve_cache
@@ -123,6 +123,32 @@ def open_images(
     return opened[0], opened[1]
 
 
+def open_source_video(
+    pipe: WanPipeline, flags: SourceVideoFlags, cfg: TransformerConfig, fps: float, frames: int | None
+) -> list[Image.Image] | None:
+    """``--video``'s frames at ``fps`` (its first ``frames``; left out, the model's default number or
+    as many as it has), after checking that the model re-makes videos; one-line errors for a file
+    that is not a video, or too short or too small for the run."""
+    if flags.video is None:
+        return None
+    try:
+        check_video_to_video(cfg, False)
+    except WanjaxError:
+        raise WanjaxError(
+            f"--video is for a text-to-video model; {model_label(pipe.source)} starts from an image (--image)"
+        ) from None
+    pipe.sources.check(("vae",))
+    path = Path(flags.video)
+    if not path.is_file():
+        raise WanjaxError(f"--video {path}: file not found")
+    try:
+        opened = pipe.video_input(path, frames, fps)
+    except WanjaxError as e:
+        raise WanjaxError(f"--video: {e}") from None
+    check_image_size(opened[0], pipe.geometry.pixel_steps[0], f"--video {path}")
+    return opened
+
+
 def prompt_list(text: PromptFlags) -> list[str]:
     """The prompts of this run: ``--prompt_file``'s (see :func:`read_prompt_file`) or the ``--prompt`` values."""
     if not text.prompt_file:
@@ -140,7 +166,13 @@ def check_cache(
     work; ``first_frame``: an image is the run's first latent frame (TI2V)."""
     steps = params["num_inference_steps"]
     experts = [0] * steps if "boundary_ratio" in params else None  # the curve is what is checked here
+    config = cache.config()
+    if config.enabled and params.get("strength", 1) < 1:
+        raise ConfigError(
+            f"--cache {cache.cache} runs a whole schedule, not video to video's part of one "
+            f"(--strength {params['strength']}): leave the cache off"
+        )
     try:
-        resolve_cache(cache.config(), cfg, steps, guided, experts, first_frame)
+        resolve_cache(config, cfg, steps, guided, experts, first_frame)
     except ConfigError as e:
         raise ConfigError(f"--cache {cache.cache}: {e}") from None

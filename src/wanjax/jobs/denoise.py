@@ -1,5 +1,5 @@
-"""The ``denoise`` job, stage 2: a stage directory's embeddings (and image conditioning) + noise or
-given latents -> ``stage2_latents.safetensors``."""
+"""The ``denoise`` job, stage 2: a stage directory's embeddings (and image conditioning, or a source
+video's latents) + noise or given latents -> ``stage2_latents.safetensors``."""
 
 from __future__ import annotations
 
@@ -7,19 +7,21 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from wanjax.errors import WanjaxError
 from wanjax.jobs import preflight as validation
 from wanjax.jobs.checks import check_attention, check_cache, check_devices, check_output_paths, resolve_video
 from wanjax.jobs.opening import begin, files_record, mesh_request, model_label, open_pipeline, stage_files
 from wanjax.jobs.record import finish, make_report, recorded
 from wanjax.jobs.requests import DenoiseRequest
-from wanjax.jobs.sampling import cache_outputs, denoise_latents, sampling_params, video_args
+from wanjax.jobs.sampling import cache_outputs, denoise_latents, sampling_params, steps_run, video_args
 from wanjax.jobs.status import Status, headline
 from wanjax.models.config import TransformerConfig
 from wanjax.parallel.layouts import to_host
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline import stages
-from wanjax.pipeline.inputs import check_conditioning
+from wanjax.pipeline.inputs import check_conditioning, check_video_latents
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.runtime.timing import RunReport
 
@@ -65,11 +67,13 @@ def denoise(request: DenoiseRequest) -> RunReport:
     init = stages.load_latents(init_name) if init_name else None
     batch = pos.shape[0]
     video = resolve_video(pipe, given, earlier, init, batch, init_name)
-    conditioning = stage_image(pipe, cfg, directory, pipe.geometry.latent_shape(batch, **video_args(video)))
+    latent_shape = pipe.geometry.latent_shape(batch, **video_args(video))
+    conditioning = stage_image(pipe, cfg, directory, latent_shape)
+    source = stage_video(pipe, cfg, directory, latent_shape)
     validation.check_rope(cfg, pipe.geometry, video)
     check_devices(mesh, cfg.num_attention_heads)
     check_attention(pipe, cfg)
-    params = sampling_params(pipe, request.sampling)
+    params = sampling_params(pipe, request.sampling, video=source is not None)
     first_frame = conditioning is not None and pipe.expand_timesteps
     check_cache(request.cache, cfg, params, params["guidance_scale"] > 1, first_frame)
     latents = (
@@ -77,13 +81,22 @@ def denoise(request: DenoiseRequest) -> RunReport:
     )
     if conditioning is not None:
         conditioning = conditioning.repeat(batch)
-    steps = params["num_inference_steps"]
+    steps = steps_run(params)
     status = Status.for_terminal("denoise", steps, request.common.quiet)
     status.header(headline(model_label(pipe.source), batch, video, steps))
     status("denoise", 0)
     on_step = lambda done: status("denoise", done)  # noqa: E731
     denoised = denoise_latents(
-        pipe, pos, neg, latents, params, request.cache, conditioning, on_step, progress=False
+        pipe,
+        pos,
+        neg,
+        latents,
+        params,
+        request.cache,
+        conditioning,
+        on_step,
+        progress=False,
+        video_latents=source,
     )
     final = to_host(denoised.latents)
     path = directory / stages.LATENTS_FILE
@@ -107,6 +120,20 @@ def denoise(request: DenoiseRequest) -> RunReport:
     report.extra["sampling"] = params
     cache_outputs(report, denoised, request.cache)
     return finish(report, request, start)
+
+
+def stage_video(
+    pipe: WanPipeline, cfg: TransformerConfig, directory: Path, latent_shape: tuple[int, ...]
+) -> np.ndarray | None:
+    """The stage directory's source video latents (video to video), checked against the model and the
+    video; None when it holds none."""
+    source = stages.load_video_latents(directory)
+    if source is not None:
+        try:
+            check_video_latents(cfg, False, source.shape, latent_shape)
+        except WanjaxError as e:
+            raise WanjaxError(f"{directory / stages.VIDEO_FILE}: {e} ({model_label(pipe.source)})") from None
+    return source
 
 
 def stage_image(

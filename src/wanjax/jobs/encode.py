@@ -1,5 +1,6 @@
 """The ``encode`` job, stage 1: prompts -> ``stage1_embeddings.safetensors`` (and, with an image, its
-conditioning -> ``stage1_image.safetensors``) in a stage directory (:mod:`wanjax.pipeline.stages`)."""
+conditioning -> ``stage1_image.safetensors``; with a video to re-make, its latents ->
+``stage1_video.safetensors``) in a stage directory (:mod:`wanjax.pipeline.stages`)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,16 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from wanjax.jobs.checks import check_devices, check_output_paths, open_images, prompt_list, resolve_video
+from wanjax.jobs.checks import (
+    check_devices,
+    check_output_paths,
+    open_images,
+    open_source_video,
+    prompt_list,
+    resolve_video,
+)
 from wanjax.jobs.opening import begin, defaults_of, files_record, mesh_request, model_label, open_pipeline
-from wanjax.jobs.record import finish, image_record, make_report, recorded
+from wanjax.jobs.record import finish, image_record, make_report, recorded, source_record
 from wanjax.jobs.requests import EncodeRequest
 from wanjax.jobs.sampling import video_args
 from wanjax.parallel.layouts import to_host
@@ -21,11 +29,16 @@ from wanjax.runtime.timing import RunReport
 
 def encode(request: EncodeRequest) -> RunReport:
     """Stage 1: prompts -> ``stage1_embeddings.safetensors``; with ``--image``, also the image
-    conditioning -> ``stage1_image.safetensors`` (the video's size is then fixed here)."""
+    conditioning -> ``stage1_image.safetensors``, with ``--video`` the video's latents ->
+    ``stage1_video.safetensors`` (the video's size is then fixed here)."""
     start = begin(request.parallel)
     out = Path(request.output_dir)
     image_file = out / stages.IMAGE_FILE if request.images.image else None
-    check_output_paths(request, **{"--output_dir": out / stages.EMBEDDINGS_FILE, "--image": image_file})
+    video_file = out / stages.VIDEO_FILE if request.source.video else None
+    check_output_paths(
+        request,
+        **{"--output_dir": out / stages.EMBEDDINGS_FILE, "--image": image_file, "--video": video_file},
+    )
     mesh, fsdp = mesh_request(request.parallel)
     pipe = open_pipeline(
         request.common,
@@ -39,11 +52,16 @@ def encode(request: EncodeRequest) -> RunReport:
         files=request.files,
     )
     pipe.sources.check(("tokenizer", "text_encoder"))
+    fps = request.video.fps or defaults_of(pipe).fps
+    source = open_source_video(pipe, request.source, pipe.transformer_config, fps, request.video.frames)
     image, last_image = open_images(pipe, request.images, pipe.transformer_config)
     check_devices(mesh, None)
     given = {k: v for k, v in dataclasses.asdict(request.video).items() if v is not None}
     prompts = prompt_list(request.text)
-    if image is not None:  # the conditioning latents fix the video's size
+    if source is not None:  # the source latents fix the video's size
+        given = {**given, "frames": len(source)}
+        given = {**given, **resolve_video(pipe, given, {}, None, len(prompts), None, source[0])}
+    elif image is not None:  # the conditioning latents fix the video's size
         given = {**given, **resolve_video(pipe, given, {}, None, len(prompts), None, image)}
     elif {"height", "width", "frames"} & given.keys():
         defaults = dataclasses.asdict(defaults_of(pipe))
@@ -55,10 +73,12 @@ def encode(request: EncodeRequest) -> RunReport:
     if image is not None:
         conditioning = pipe.prepare_image(image, 1, **video_args(given), last_image=last_image)
         conditioning = jax_tree_to_host(conditioning)
+    video_latents = None if source is None else pipe.prepare_video(source, given["height"], given["width"])
     path = out / stages.EMBEDDINGS_FILE
     if is_primary():
         stages.save_embeddings(out, pos, neg)
         stages.save_image_conditioning(out, conditioning)
+        stages.save_video_latents(out, video_latents)
     params = {
         "model": model_label(pipe.source),
         "revision": request.common.revision,
@@ -67,6 +87,7 @@ def encode(request: EncodeRequest) -> RunReport:
         "negative_prompt": negative,
         "max_sequence_length": length,
         **(image_record(request.images) if image is not None else {}),
+        **(source_record(request.source) if source is not None else {}),
         **given,
         **files_record(request.files),
         **recorded(request),
@@ -74,7 +95,11 @@ def encode(request: EncodeRequest) -> RunReport:
     if is_primary():
         stages.write_config(out, stages.record_stage({}, "encode", params))
     shape = {"batch": int(pos.shape[0]), "tokens": int(pos.shape[1]), "text_dim": int(pos.shape[2])}
-    outputs = {"embeddings": str(path), **({"image": str(image_file)} if image_file else {})}
+    outputs = {
+        "embeddings": str(path),
+        **({"image": str(image_file)} if image_file else {}),
+        **({"video": str(video_file)} if video_file else {}),
+    }
     return finish(make_report("encode", pipe, shape, outputs), request, start)
 
 

@@ -22,14 +22,15 @@ from wanjax.jobs.checks import (
     check_output_paths,
     check_vae_tiling,
     open_images,
+    open_source_video,
     prompt_list,
     resolve_video,
 )
 from wanjax.jobs.opening import begin, defaults_of, mesh_request, model_label, open_pipeline
 from wanjax.jobs.outputs import clip_infos, fresh_video_name, video_record, with_output_video, write_outputs
-from wanjax.jobs.record import finish, image_record, make_report
+from wanjax.jobs.record import finish, image_record, make_report, source_record
 from wanjax.jobs.requests import GenerateRequest
-from wanjax.jobs.sampling import cache_outputs, denoise_latents, sampling_params, video_args
+from wanjax.jobs.sampling import cache_outputs, denoise_latents, sampling_params, steps_run, video_args
 from wanjax.jobs.status import Status, headline
 from wanjax.parallel.mesh import MeshSpec
 from wanjax.pipeline import stages
@@ -51,7 +52,7 @@ def generate(request: GenerateRequest) -> RunReport:
     mesh, fsdp = mesh_request(request.parallel)
     pipe = open_generate_pipeline(request, mesh, fsdp)
     work = check_generate(pipe, request, mesh)
-    status = Status.for_terminal("generate", work.params["num_inference_steps"], request.common.quiet)
+    status = Status.for_terminal("generate", steps_run(work.params), request.common.quiet)
     status.header(work.headline(pipe))
     video = run_generate(pipe, work, status)
     status("write", 0)
@@ -89,6 +90,7 @@ class GenerateWork:
     image: Image.Image | None = None
     last_image: Image.Image | None = None
     init: np.ndarray | None = None
+    source: list[Image.Image] | None = None  # video to video: the frames re-made
 
     @property
     def batch(self) -> int:
@@ -96,7 +98,7 @@ class GenerateWork:
 
     def headline(self, pipe: WanPipeline) -> str:
         """What the run makes, in one line (see :func:`wanjax.jobs.status.headline`)."""
-        return headline(model_label(pipe.source), self.batch, self.video, self.params["num_inference_steps"])
+        return headline(model_label(pipe.source), self.batch, self.video, steps_run(self.params))
 
     def described(self, pipe: WanPipeline) -> dict[str, Any]:
         """The run's parameters as its videos' metadata records them."""
@@ -104,6 +106,7 @@ class GenerateWork:
             "model": model_label(pipe.source),
             "negative_prompt": self.negative,
             **(image_record(self.request.images) if self.image is not None else {}),
+            **(source_record(self.request.source) if self.source is not None else {}),
             **self.video,
             "fps": self.fps,
             **self.params,
@@ -114,16 +117,20 @@ def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec |
     """Every check of a ``generate`` request against the pipeline's model (one-line WanjaxError), and
     the values the run will use; reads no weight."""
     configs = pipe.sources.check(("tokenizer", "text_encoder", "transformer", "vae"))
-    image, last_image = open_images(pipe, request.images, configs["transformer"])
     check_vae_tiling(pipe)
+    fps = request.video.fps or defaults_of(pipe).fps
+    source = open_source_video(pipe, request.source, configs["transformer"], fps, request.video.frames)
+    image, last_image = open_images(pipe, request.images, configs["transformer"])
     init_name = request.sampling.init_latents
     init = stages.load_latents(init_name) if init_name else None
     prompts = batch_prompts(prompt_list(request.text), None if init is None else init.shape[0])
-    video = resolve_video(pipe, dataclasses.asdict(request.video), {}, init, len(prompts), init_name, image)
+    given = dataclasses.asdict(request.video) | ({} if source is None else {"frames": len(source)})
+    shaped_by = image if source is None else source[0]  # what the size left out keeps the aspect of
+    video = resolve_video(pipe, given, {}, init, len(prompts), init_name, shaped_by)
     validation.check_rope(configs["transformer"], pipe.geometry, video)
     check_devices(mesh, configs["transformer"].num_attention_heads)
     check_attention(pipe, configs["transformer"])
-    params = sampling_params(pipe, request.sampling)
+    params = sampling_params(pipe, request.sampling, video=source is not None)
     first_frame = image is not None and pipe.expand_timesteps
     check_cache(request.cache, configs["transformer"], params, params["guidance_scale"] > 1, first_frame)
     return GenerateWork(
@@ -132,10 +139,11 @@ def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec |
         negative_prompt(request.text.negative_prompt),
         video,
         params,
-        request.video.fps or defaults_of(pipe).fps,
+        fps,
         image,
         last_image,
         init,
+        source,
     )
 
 
@@ -153,20 +161,31 @@ def run_generate(
     pos, neg = pipe.encode_prompt(
         work.prompts, [work.negative] * batch, work.request.text.max_sequence_length
     )
-    conditioning = None
+    conditioning = source = None
     if work.image is not None:
         conditioning = pipe.prepare_image(
             work.image, batch, **video_args(work.video), last_image=work.last_image
         )
+    if work.source is not None:
+        source = pipe.prepare_video(work.source, work.video["height"], work.video["width"])
     latents = work.init
     if latents is None:
         latents = pipe.prepare_latents(batch, **video_args(work.video), seed=work.params["seed"])
     report("denoise", 0)
     on_step = lambda done: report("denoise", done)  # noqa: E731
     denoised = denoise_latents(
-        pipe, pos, neg, latents, work.params, work.request.cache, conditioning, on_step, on_progress is None
+        pipe,
+        pos,
+        neg,
+        latents,
+        work.params,
+        work.request.cache,
+        conditioning,
+        on_step,
+        on_progress is None,
+        video_latents=source,
     )
-    report("decode", work.params["num_inference_steps"])
+    report("decode", steps_run(work.params))
     frames = pipe.decode(denoised.latents)
     return Video(frames, denoised, dict(pipe.timings))
 

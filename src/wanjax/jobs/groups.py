@@ -225,6 +225,19 @@ class ImageFlags:
     last_image: str | None = option(None, help="the last frame, for a first-last-frame model (FLF2V)")
 
 
+@dataclasses.dataclass(frozen=True)
+class SourceVideoFlags:
+    """Video to video: the video a text-to-video model re-makes."""
+
+    title: ClassVar[str] = "video to video"
+    video: str | None = option(
+        None,
+        help="a video to re-make with the prompt (any file PyAV reads; its frames at --fps, its first "
+        "--frames or as many as it has), for a text-to-video model; --strength says how much; without "
+        "--height/--width the video keeps its aspect at the model's default area",
+    )
+
+
 def _sampling_defaults() -> dict[str, Any]:
     from wanjax.pipeline.scheduler import DISTILL_SHIFT
 
@@ -271,6 +284,12 @@ class SamplingFlags:
     )
     init_latents: str | None = option(
         None, help="start from this noise (safetensors, key 'latents') instead of --seed"
+    )
+    strength: float | None = option(
+        None,
+        help="video to video: how much of the video is re-made, over 0 to 1: the last "
+        "int(steps x strength) steps run, from the video noised to the first (default {ref.strength})",
+        values=registry_defaults,
     )
 
 

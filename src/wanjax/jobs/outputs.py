@@ -33,6 +33,7 @@ DESCRIBED = (  # the run's parameters an mp4's metadata carries, beside its prom
     "scheduler",
     "flow_shift",
     "init_latents",
+    "strength",
     "height",
     "width",
     "frames",

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wanjax.jobs.groups import ImageFlags
+from wanjax.jobs.groups import ImageFlags, SourceVideoFlags
 from wanjax.jobs.opening import model_label
 from wanjax.jobs.requests import PipelineRequest
 from wanjax.parallel.multihost import is_primary
@@ -26,6 +26,11 @@ def image_record(flags: ImageFlags) -> dict[str, str | None]:
         name: None if (path := getattr(flags, name)) is None else str(Path(path).resolve())
         for name in ("image", "last_image")
     }
+
+
+def source_record(flags: SourceVideoFlags) -> dict[str, str | None]:
+    """Video to video's source as a stage config and a video's metadata record it: an absolute path."""
+    return {"video": None if flags.video is None else str(Path(flags.video).resolve())}
 
 
 def recorded(request: PipelineRequest) -> dict[str, Any]:

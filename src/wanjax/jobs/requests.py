@@ -32,6 +32,7 @@ from wanjax.jobs.groups import (
     ParallelFlags,
     PromptFlags,
     SamplingFlags,
+    SourceVideoFlags,
     VaeFlags,
     VideoFlags,
     dtype_flag,
@@ -84,6 +85,7 @@ class GenerateRequest(Request):
     precision: str | None = precision_flag()
     text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
     images: ImageFlags = dataclasses.field(default_factory=ImageFlags)
+    source: SourceVideoFlags = dataclasses.field(default_factory=SourceVideoFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
@@ -106,6 +108,7 @@ class EncodeRequest(Request):
     precision: str | None = precision_flag()
     text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
     images: ImageFlags = dataclasses.field(default_factory=ImageFlags)
+    source: SourceVideoFlags = dataclasses.field(default_factory=SourceVideoFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
     output_dir: str = stage_dir_flag()
@@ -227,6 +230,10 @@ def _check_prompts(flags: dict[str, Any]) -> None:
     _hint_negative_name(flags.get("negative_prompt"))
     if flags.get("last_image") and not flags.get("image"):
         raise WanjaxError("--last_image needs --image (the first frame) too")
+    if flags.get("video") and flags.get("image"):
+        raise WanjaxError("--video and --image both given: re-make a video (--video) or start from an image")
+    if "video" in flags and flags.get("strength") is not None and not flags["video"]:
+        raise WanjaxError("--strength is for video to video: give the video too (--video FILE)")
 
 
 def _hint_negative_name(text: str | None) -> None:
@@ -288,6 +295,11 @@ def _check_numbers(flags: dict[str, Any]) -> None:
     if length is not None and not 1 <= length <= TEXT_LENGTH:
         raise WanjaxError(
             f"--max_sequence_length must be 1 to {TEXT_LENGTH} (the text tokens Wan was trained on), got {length}"
+        )
+    strength = flags.get("strength")
+    if strength is not None and not 0 < strength <= 1:
+        raise WanjaxError(
+            f"--strength must be over 0 and at most 1 ({Defaults().strength} is the default), got {strength}"
         )
     seed = flags.get("seed")
     if seed is not None and not 0 <= seed < 2**63:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wanjax.errors import WanjaxError
+from wanjax.errors import ConfigError, WanjaxError
 from wanjax.io.atomic import write_text
 from wanjax.jobs.groups import CacheFlags, SamplingFlags
 from wanjax.jobs.opening import defaults_of, model_label
@@ -21,17 +21,24 @@ if TYPE_CHECKING:
     from wanjax.pipeline.sampler import ImageConditioning
 
 
-def sampling_params(pipe: WanPipeline, sampling: SamplingFlags) -> dict[str, Any]:
+def sampling_params(pipe: WanPipeline, sampling: SamplingFlags, video: bool = False) -> dict[str, Any]:
     """Steps, guidance, the scheduler and its flow shift (as the scheduler the run builds says: the
-    checkpoint's, or the distill sampler's, unless given), seed (None with init latents); the flags'
-    values were checked when the request was built."""
+    checkpoint's, or the distill sampler's, unless given), seed (None with init latents), and for
+    video to video (``video``) the strength; the flags' values were checked when the request was
+    built."""
     from wanjax.pipeline.scheduler import make_scheduler
 
     defaults = defaults_of(pipe)
     init = sampling.init_latents
     steps = _given_or(sampling.num_inference_steps, defaults.num_inference_steps)
     kind = sampling.scheduler or "auto"
-    scheduler = make_scheduler(pipe.path, steps, sampling.flow_shift, kind=kind)
+    if sampling.strength is not None and not video:
+        raise WanjaxError("--strength is for video to video: give the video too (--video FILE)")
+    strength = {"strength": _given_or(sampling.strength, defaults.strength)} if video else {}
+    try:
+        scheduler = make_scheduler(pipe.path, steps, sampling.flow_shift, kind=kind, **strength)
+    except ConfigError as e:
+        raise ConfigError(f"--{e}" if strength and str(e).startswith("strength") else str(e)) from None
     experts = {}
     if pipe.boundary_ratio is not None:  # two experts: the switch and the second guidance
         experts = {
@@ -51,7 +58,15 @@ def sampling_params(pipe: WanPipeline, sampling: SamplingFlags) -> dict[str, Any
         "flow_shift": float(scheduler.config.flow_shift),
         "seed": None if init else _given_or(sampling.seed, defaults.seed),
         "init_latents": str(Path(init).resolve()) if init else None,
+        **strength,
     }
+
+
+def steps_run(params: Mapping[str, Any]) -> int:
+    """The denoising steps a run of these parameters takes (fewer than its steps for video to video)."""
+    from wanjax.pipeline.scheduler.strength import steps_run as run
+
+    return run(params["num_inference_steps"], params.get("strength"))
 
 
 def _given_or(value: Any, default: Any) -> Any:
@@ -72,9 +87,10 @@ def denoise_latents(
     image: ImageConditioning | None = None,
     on_step: Callable[[int], None] | None = None,
     progress: bool = True,
+    video_latents: Any = None,
 ) -> Denoised:
-    """The pipeline's denoise with these parameters, step cache and image conditioning (``progress``:
-    its bar on a terminal); with ``--cache_calibrate`` the measured MagCache ratios are written there
+    """The pipeline's denoise with these parameters, step cache and image conditioning, or a source
+    video's latents (``progress``: its bar on a terminal); with ``--cache_calibrate`` the measured MagCache ratios are written there
     (process 0, atomically)."""
     out = pipe.denoise(
         pos,
@@ -91,6 +107,8 @@ def denoise_latents(
         boundary_ratio=params.get("boundary_ratio"),
         on_step=on_step,
         progress=progress,
+        video_latents=video_latents,
+        strength=params.get("strength"),
     )
     report = out.cache_report
     if cache.cache_calibrate and report is not None and is_primary():

@@ -163,10 +163,12 @@ def check_video_to_video(cfg: TransformerConfig, image: bool) -> None:
         )
 
 
-def check_video_latents(cfg: TransformerConfig, image: bool, video_latents: Any, latents: Any) -> None:
+def check_video_latents(
+    cfg: TransformerConfig, image: bool, source_shape: Sequence[int], noise_shape: Sequence[int]
+) -> None:
     """:func:`check_video_to_video`, and source latents of the noise's shape (one source for every
     batch item, or one each)."""
     check_video_to_video(cfg, image)
-    source, noise = tuple(video_latents.shape), tuple(latents.shape)
+    source, noise = tuple(source_shape), tuple(noise_shape)
     if source[1:] != noise[1:] or source[0] not in (1, noise[0]):
         raise WanjaxError(f"the source video's latents {list(source)} do not match the noise {list(noise)}")

@@ -374,7 +374,7 @@ class WanPipeline(PipelineComponents):
         if video_latents is None and strength is not None:
             raise WanjaxError("a strength is for video to video: give the source video's latents too")
         if video_latents is not None:
-            check_video_latents(model.cfg, image is not None, video_latents, latents)
+            check_video_latents(model.cfg, image is not None, video_latents.shape, latents.shape)
             strength = self.defaults.strength if strength is None else strength
         cfg_pair = negative_prompt_embeds is not None and guidance_scale > 1  # run as one batch
         rows = latents.shape[0] * (2 if cfg_pair else 1)

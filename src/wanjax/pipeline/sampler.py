@@ -337,7 +337,7 @@ class Sampler:
                 if two
                 else "a boundary_ratio needs the second expert (model_2)"
             )
-        if cache is not None and scheduler.start:
+        if cache is not None and cache.enabled and scheduler.start:
             raise ConfigError(
                 "a step cache runs a whole schedule, not one started part-way (a strength under 1): "
                 "leave the cache off"

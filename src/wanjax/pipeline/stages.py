@@ -9,6 +9,8 @@ A stage directory holds, with the reference's key names and layouts (so diffuser
   for a transformer that takes them) and
   ``condition_latents`` (``[1, 4 + z, T', H/8, W/8]``: the mask and the VAE latents of the given
   frames), float32, for one video (the denoise stage repeats them over the batch);
+* ``stage1_video.safetensors`` (video to video): ``video_latents``, float32 ``[1, z, T', H/8, W/8]``,
+  the source video's normalised latents (the denoise stage noises them to its strength);
 * ``stage2_latents.safetensors``: ``latents``, float32 ``[B, 16, T', H/8, W/8]``, the transformer's
   normalised latents (diffusers' ``output_type="latent"``);
 * ``generation_config.json``: every parameter (latest values, flat), the model and the wanjax
@@ -36,6 +38,7 @@ from wanjax.pipeline.sampler import ImageConditioning
 
 EMBEDDINGS_FILE = "stage1_embeddings.safetensors"
 IMAGE_FILE = "stage1_image.safetensors"
+VIDEO_FILE = "stage1_video.safetensors"
 LATENTS_FILE = "stage2_latents.safetensors"
 CONFIG_FILE = "generation_config.json"
 STAGES = ("encode", "denoise", "decode")
@@ -44,6 +47,7 @@ _UNFLATTENED = ("arguments", "environment", "written")  # per-stage records, not
 _PRODUCED_BY = {
     EMBEDDINGS_FILE: "encode --output_dir",
     IMAGE_FILE: "encode --image IMAGE --output_dir",
+    VIDEO_FILE: "encode --video VIDEO --output_dir",
     LATENTS_FILE: "denoise --input_dir",
 }
 
@@ -138,6 +142,27 @@ def load_image_conditioning(directory: str | Path) -> ImageConditioning:
         check_finite(path, "image_embeds", embeds)
         embeds = embeds.astype(np.float32)
     return ImageConditioning(latents.astype(np.float32), embeds)
+
+
+def save_video_latents(directory: str | Path, latents: Any | None) -> Path:
+    """Write ``stage1_video.safetensors`` (a source video's latents); with None, remove a stale one."""
+    path = Path(directory) / VIDEO_FILE
+    if latents is None:
+        path.unlink(missing_ok=True)
+        return path
+    return _save(path, {"video_latents": np.asarray(latents, np.float32)})
+
+
+def load_video_latents(directory: str | Path) -> np.ndarray | None:
+    """A stage directory's source video latents (``[1, z, T', h, w]``, finite), None when it has none."""
+    path = Path(directory) / VIDEO_FILE
+    if not path.exists():
+        return None
+    latents = _read(path, ("video_latents",))["video_latents"]
+    if latents.ndim != 5 or latents.shape[0] != 1:
+        raise WanjaxError(f"{path}: video_latents {latents.shape} must be [1, C, T', h, w]")
+    check_finite(path, "video_latents", latents)
+    return latents.astype(np.float32)
 
 
 def save_latents(path: str | Path, latents: Any) -> Path:

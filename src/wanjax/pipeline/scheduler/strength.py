@@ -7,7 +7,7 @@ import numpy as np
 
 from wanjax.errors import ConfigError
 
-__all__ = ["PartialStart", "check_strength", "noised", "start_step"]
+__all__ = ["PartialStart", "check_strength", "noised", "start_step", "steps_run"]
 
 
 def check_strength(strength: float) -> float:
@@ -15,6 +15,14 @@ def check_strength(strength: float) -> float:
     if isinstance(strength, bool) or not isinstance(strength, int | float) or not 0 < strength <= 1:
         raise ConfigError(f"strength must be a number in (0, 1], got {strength!r}")
     return float(strength)
+
+
+def steps_run(num_inference_steps: int, strength: float | None) -> int:
+    """How many of ``num_inference_steps`` a run of ``strength`` takes (diffusers' ``get_timesteps``:
+    the last ``int(N * strength)``; all without a strength)."""
+    if strength is None:
+        return num_inference_steps
+    return min(int(num_inference_steps * check_strength(strength)), num_inference_steps)
 
 
 def start_step(timesteps: np.ndarray, strength: float | None) -> int:
@@ -27,7 +35,7 @@ def start_step(timesteps: np.ndarray, strength: float | None) -> int:
     if strength is None:
         return 0
     n = len(timesteps)
-    runs = min(int(n * check_strength(strength)), n)
+    runs = steps_run(n, strength)
     if runs == 0:
         raise ConfigError(
             f"strength {strength:g} of {n} steps runs no step: give a strength of at least {1 / n:.3g} "
