@@ -86,6 +86,27 @@ def test_a_job_is_the_generate_run_and_its_second_shape_compiles_nothing(server,
     assert done["compiled_programs"] > 0  # the first job of the shape (or read from the disk cache)
     assert again["compiled_programs"] == 0 and again["compile_seconds"] == 0
 
+    # OpenAI's remix (its SDK): video to video of the finished video, as `generate --video` of its mp4
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    remixed = client.videos.remix(job["id"], prompt="the same fox at night", extra_body={"strength": 0.7})
+    remixed = server.wait(remixed.id)
+    assert remixed["remixed_from_video_id"] == job["id"] and remixed["video"] and remixed["strength"] == 0.7
+    assert (remixed["size"], remixed["frames"], remixed["seed"]) == ("192x128", 17, 7)
+    assert remixed["steps"] == remixed["step"] == 2  # the last int(3 x 0.7) steps
+    _, remix_sheet, _ = server.request("GET", f"/v1/videos/{remixed['id']}/content?variant=spritesheet")
+    args[1] = "the same fox at night"
+    args += ["--video", str(tmp_path / "cli.mp4"), "--strength", "0.7"]
+    args[args.index("--preview") + 1] = str(tmp_path / "remix.png")
+    args[args.index("--output_video") + 1] = str(tmp_path / "remix.mp4")
+    args[args.index("--thumbnail") + 1] = str(tmp_path / "remix.webp")
+    assert generate_in_a_process("--model", "demo", *args) == 0
+    (tmp_path / "job_remix.png").write_bytes(remix_sheet)
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(tmp_path / "job_remix.png")), np.asarray(Image.open(tmp_path / "remix.png"))
+    )
+
 
 @pytest.mark.slow
 def test_progress_streams_as_server_sent_events(server):
@@ -313,7 +334,21 @@ def test_refusals_are_json_with_their_status(server):
     assert not list((server.output_dir / "videos").glob(f"{running['id']}*"))
     after = server.submit(prompt="after the refusals", num_inference_steps=2, seconds=1)
     assert after["seconds"] == "1" and after["frames"] == 17  # echoed as asked (16 fps: 17 frames)
+    remix = f"/v1/videos/{after['id']}/remix"
+    assert_error(
+        *server.request("POST", remix, {"prompt": "too soon"})[:2], 409, "once its status is completed"
+    )
     assert server.wait(after["id"])["seconds"] == "1"
+    assert_error(
+        *server.request("POST", "/v1/videos/nope/remix", {"prompt": "a"})[:2], 404, "no video 'nope'"
+    )
+    assert_error(*server.request("POST", remix, {})[:2], 400, "'prompt' is required")
+    sized = server.request("POST", remix, {"prompt": "a", "size": "64x64"})[:2]
+    assert_error(*sized, 400, "'size' is not a remix field (a remix keeps the video's size, frames and fps)")
+    strong = server.request("POST", remix, {"prompt": "a", "strength": 1.5})[:2]
+    assert_error(*strong, 400, "strength must be over 0 and at most 1")
+    alone = server.request("POST", "/v1/videos", {"prompt": "a", "strength": 0.5})[:2]
+    assert_error(*alone, 400, "strength is for video to video: give the video too (video)")
 
 
 @pytest.mark.slow
@@ -332,6 +367,7 @@ def test_the_openapi_description_is_served(server):
         ("GET", "/v1/videos/{video_id}"),
         ("DELETE", "/v1/videos/{video_id}"),
         ("GET", "/v1/videos/{video_id}/content"),
+        ("POST", "/v1/videos/{video_id}/remix"),
     }
     assert doc["components"]["securitySchemes"]["ApiKeyAuth"]["scheme"] == "bearer"
 
@@ -498,7 +534,7 @@ def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
     server = Server(tmp_path / "serve", model="demo-i2v", env={"WANJAX_CACHE": str(demo_env)}).start()
     try:
         _, info, _ = server.request("GET", "/v1/server")
-        assert info["inputs"] == {"image": "required", "last_image": "none"}
+        assert info["inputs"] == {"image": "required", "last_image": "none", "video": "none"}
         assert info["limits"]["max_body_bytes"] == 16 * 2**20
         status, error, _ = server.request("POST", "/v1/videos", {"prompt": PROMPT})
         assert_error(

@@ -18,18 +18,32 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from wanjax.io.video import fps_problem
-from wanjax.jobs.groups import ImageFlags, OutputFlags, VideoFlags
+from wanjax.jobs.groups import ImageFlags, OutputFlags, SourceVideoFlags, VideoFlags
 from wanjax.jobs.requests import GenerateRequest
 from wanjax.models.registry import Defaults
 from wanjax.server.store import Job
 
 SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")  # fullmatch: ASCII digits, nothing around them
 SURROGATE = re.compile(r"[\ud800-\udfff]")  # lone: a str holds a pair as one astral character
-DATA_URL = re.compile(r"^data:image/[\w.+-]+;base64,")
-NUMBER_FIELDS = {"fps", "guidance_scale", "seconds"}
+DATA_URL = re.compile(r"^data:(?:image|video)/[\w.+-]+;base64,")
+NUMBER_FIELDS = {"fps", "guidance_scale", "seconds", "strength"}
 INT_FIELDS = {"frames", "num_inference_steps", "seed"}
-IMAGE_FIELDS = ("image", "last_image")  # base64 (a data: URL or bare), saved as the job's input files
-TEXT_FIELDS = {"prompt", "negative_prompt", "size", "model", *IMAGE_FIELDS}
+IMAGE_FIELDS = ("image", "last_image")
+UPLOADS = {
+    "image": "an image",
+    "last_image": "an image",
+    "video": "a video",
+}  # saved as the job's input files
+TEXT_FIELDS = {"prompt", "negative_prompt", "size", "model", *UPLOADS}
+REMIX_FIELDS = {
+    "prompt",
+    "negative_prompt",
+    "num_inference_steps",
+    "guidance_scale",
+    "seed",
+    "strength",
+    "model",
+}
 FIELDS = NUMBER_FIELDS | INT_FIELDS | TEXT_FIELDS
 LATER = {"lora", "lora_2"}  # the CLI's --lora / --lora_2 are server flags
 OPENAI_NAMES = {"input_reference": "image", "input_reference[image_url]": "image"}  # the first frame
@@ -68,9 +82,10 @@ def job_params(
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """A request body's fields checked for type, with the model's defaults for those left out:
     ``prompt, negative_prompt, width, height, frames, fps, num_inference_steps, guidance_scale, seed``,
-    and ``image``/``last_image`` (whether given); and the images' bytes by field. ``seconds`` becomes
+    ``image``/``last_image``/``video`` (whether given), ``strength`` (a video's: the model's default
+    when left out; None without a video); and the uploads' bytes by field. ``seconds`` becomes
     the nearest frame count the VAE takes (``temporal * n + 1``). Without ``size``, a job with an image
-    leaves ``width``/``height`` None: the image's aspect decides (as ``generate --image``)."""
+    or a video leaves ``width``/``height`` None: its aspect decides (as ``generate --image``)."""
     if not isinstance(body, dict):
         raise ApiError(400, 'the body must be a JSON object, e.g. {"prompt": "a cat on the grass"}')
     if isinstance(body.get("seconds"), str):  # OpenAI's type: "4"
@@ -91,8 +106,8 @@ def job_params(
     prompt = body.get("prompt")
     if prompt is None or not prompt.strip():
         raise ApiError(400, "'prompt' is required: what the video shows", param="prompt")
-    images = {name: decode_image(name, body[name]) for name in IMAGE_FIELDS if name in body}
-    width, height = (None, None) if images else (defaults.width, defaults.height)
+    uploads = {name: decode_upload(name, body[name]) for name in UPLOADS if name in body}
+    width, height = (None, None) if uploads else (defaults.width, defaults.height)
     if "size" in body:
         match = SIZE.fullmatch(body["size"])
         if not match:
@@ -122,10 +137,41 @@ def job_params(
         "num_inference_steps": body.get("num_inference_steps", defaults.num_inference_steps),
         "guidance_scale": float(body.get("guidance_scale", defaults.guidance_scale)),
         "seed": body.get("seed", defaults.seed),
-        **{name: name in images for name in IMAGE_FIELDS},
+        **{name: name in uploads for name in UPLOADS},
+        "strength": float(body.get("strength", defaults.strength))
+        if "video" in uploads
+        else body.get("strength"),
         **requested,  # echoed as asked (the video object's ``seconds``)
     }
-    return params, images
+    return params, uploads
+
+
+def remix_body(source: Job, body: Any, video: bytes) -> dict[str, Any]:
+    """The create body of a remix of the completed job ``source`` (OpenAI's ``POST
+    /v1/videos/{id}/remix``): its video (``video``, the mp4's bytes) re-made with the new ``prompt``
+    at the source's size, frames and fps, and its other values unless the body changes them."""
+    if not isinstance(body, dict):
+        raise ApiError(400, 'the body must be a JSON object, e.g. {"prompt": "the same scene at night"}')
+    for name in body:
+        if name not in REMIX_FIELDS:
+            raise ApiError(
+                400,
+                f"{name!r} is not a remix field (a remix keeps the video's size, frames and fps); the "
+                f"fields are {', '.join(sorted(REMIX_FIELDS))}",
+                param=name,
+            )
+    if "prompt" not in body:
+        raise ApiError(400, "'prompt' is required: what the remixed video shows", param="prompt")
+    p = source.params
+    kept = ("negative_prompt", "frames", "fps", "num_inference_steps", "guidance_scale", "seed")
+    return {**{k: p[k] for k in kept}, "size": f"{p['width']}x{p['height']}", **body, "video": video}
+
+
+def steps_run(params: Mapping[str, Any]) -> int:
+    """The denoising steps a job runs (a video's strength runs the last ones only)."""
+    from wanjax.pipeline.scheduler.strength import steps_run as run
+
+    return run(params["num_inference_steps"], params.get("strength") if params.get("video") else None)
 
 
 def form_body(items: Iterable[tuple[str, str | bytes]]) -> dict[str, Any]:
@@ -158,8 +204,9 @@ def parse_number(name: str, text: str, integer: bool = False) -> int | float:
     return int(text) if integer else float(text)
 
 
-def decode_image(name: str, value: str | bytes) -> bytes:
-    """An image field's bytes: an uploaded file's, or base64, bare or as a ``data:image/...;base64,`` URL."""
+def decode_upload(name: str, value: str | bytes) -> bytes:
+    """An upload field's bytes: an uploaded file's, or base64, bare or as a ``data:image/...;base64,``
+    (``data:video/...``) URL."""
     if isinstance(value, bytes):
         if not value:
             raise ApiError(400, f"{name} is an empty file", param=name)
@@ -170,8 +217,11 @@ def decode_image(name: str, value: str | bytes) -> bytes:
     except (binascii.Error, ValueError):
         data = b""
     if not data:
+        kind = UPLOADS[name].split()[1]
         raise ApiError(
-            400, f"{name} must be an image file in base64 (or a data:image/...;base64, URL)", param=name
+            400,
+            f"{name} must be {UPLOADS[name]} file in base64 (or a data:{kind}/...;base64, URL)",
+            param=name,
         )
     return data
 
@@ -180,7 +230,7 @@ def _check_type(name: str, value: Any) -> None:
     kinds = {"a string": TEXT_FIELDS, "an integer": INT_FIELDS, "a number": NUMBER_FIELDS}
     expected = next(kind for kind, fields in kinds.items() if name in fields)
     ok = {
-        "a string": isinstance(value, str) or (name in IMAGE_FIELDS and isinstance(value, bytes)),
+        "a string": isinstance(value, str) or (name in UPLOADS and isinstance(value, bytes)),
         "an integer": isinstance(value, int) and not isinstance(value, bool),
         "a number": isinstance(value, int | float) and not isinstance(value, bool),
     }[expected]
@@ -240,22 +290,28 @@ def check_limits(params: Mapping[str, Any], limits: Limits) -> None:
 
 
 def generate_request(
-    base: GenerateRequest, params: Mapping[str, Any], images: ImageFlags, outputs: OutputFlags
+    base: GenerateRequest,
+    params: Mapping[str, Any],
+    images: ImageFlags,
+    outputs: OutputFlags,
+    source: SourceVideoFlags | None = None,
 ) -> GenerateRequest:
     """The ``wanjax generate`` request of a job: the server's flags (model, dtype, mesh, ...) with the
-    job's text, images, video and sampling values and its output files."""
+    job's text, images or video to re-make, video and sampling values and its output files."""
     return dataclasses.replace(
         base,
         text=dataclasses.replace(
             base.text, prompt=(params["prompt"],), prompt_file=None, negative_prompt=params["negative_prompt"]
         ),
         images=images,
+        source=source or SourceVideoFlags(),
         video=VideoFlags(params["height"], params["width"], params["frames"], params["fps"]),
         sampling=dataclasses.replace(
             base.sampling,
             num_inference_steps=params["num_inference_steps"],
             guidance_scale=params["guidance_scale"],
             seed=params["seed"],
+            strength=params.get("strength"),
         ),
         outputs=outputs,
     )
@@ -301,7 +357,7 @@ def video_object(job: Job, model: str) -> dict[str, Any]:
         "progress": job.progress,
         "stage": job.stage,
         "step": job.step,
-        "steps": p["num_inference_steps"],
+        "steps": steps_run(p),
         "created_at": int(job.created_at),
         "started_at": None if job.started_at is None else int(job.started_at),
         "completed_at": None if job.completed_at is None else int(job.completed_at),
@@ -314,10 +370,11 @@ def video_object(job: Job, model: str) -> dict[str, Any]:
         "num_inference_steps": p["num_inference_steps"],
         "guidance_scale": p["guidance_scale"],
         "seed": p["seed"],
-        **{name: p.get(name, False) for name in IMAGE_FIELDS},
+        **{name: p.get(name, False) for name in UPLOADS},
+        "strength": p.get("strength"),
         "error": error,
         "expires_at": None,
-        "remixed_from_video_id": None,
+        "remixed_from_video_id": p.get("remixed_from_video_id"),
         "compiled_programs": job.compiled_programs,
         "compile_cache_hits": job.compile_cache_hits,
         "compile_seconds": job.compile_seconds,

@@ -37,7 +37,7 @@ from starlette.responses import (
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from wanjax.server.api import ApiError, Limits, form_body, video_object
+from wanjax.server.api import ApiError, Limits, form_body, remix_body, video_object
 from wanjax.server.engine import Engine, Worker, delete_job
 from wanjax.server.store import COMPLETED, IN_PROGRESS, QUEUED, Job, JobStore, QueueFull
 
@@ -131,24 +131,45 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
             }
         )
 
-    async def create(request: Request) -> Response:
+    async def parsed_body(request: Request) -> Any:
         body = await read_body(request, limits.max_body_bytes)
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media == "multipart/form-data":
-            parsed = form_body(await form_items(request, body))
-        elif media != "application/json":
+            return form_body(await form_items(request, body))
+        if media != "application/json":
             raise ApiError(
                 415,
                 f"a body of type {media or '(none given)'} is not read: send JSON with Content-Type: "
                 "application/json, or multipart/form-data",
             )
-        else:
-            try:
-                parsed = json.loads(body)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ApiError(400, f"the body is not JSON: {e}") from None
+        try:
+            return json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ApiError(400, f"the body is not JSON: {e}") from None
+
+    async def create(request: Request) -> Response:
+        return await submit(await parsed_body(request))
+
+    async def remix(request: Request) -> Response:
+        source = find(request.path_params["id"])
+        if source.status != COMPLETED:
+            raise ApiError(
+                409,
+                f"video {source.id} is {source.status}; it can be remixed once its status is completed",
+                "conflict_error",
+                code="video_not_ready",
+            )
+        body = await parsed_body(request)
+        path = engine.files(source.id)["video"]
+        if not path.is_file():
+            raise ApiError(404, f"the video of {source.id} is missing on the server", "not_found_error")
+        video = await run_in_threadpool(path.read_bytes)
+        return await submit(remix_body(source, body, video), {"remixed_from_video_id": source.id})
+
+    async def submit(body: Any, extra: dict[str, Any] | None = None) -> Response:
+        """Queue the job of a create body (202 with its video object)."""
         job_id = uuid.uuid4().hex
-        params = await run_in_threadpool(engine.accept, job_id, parsed)
+        params = {**await run_in_threadpool(engine.accept, job_id, body), **(extra or {})}
         try:
             job = await run_in_threadpool(store.add, job_id, params, limits.max_queue)
         except QueueFull:
@@ -276,6 +297,7 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
                 "/v1/videos/{id}", by_method(GET=get_video, DELETE=delete_video), methods=["GET", "DELETE"]
             ),
             Route("/v1/videos/{id}/content", content),
+            Route("/v1/videos/{id}/remix", remix, methods=["POST"]),
             Route("/v1/videos/{id}/events", events),
         ],
         exception_handlers={ApiError: api_error, HTTPException: http_error, Exception: server_error},

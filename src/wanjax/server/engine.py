@@ -31,15 +31,17 @@ from PIL import Image
 from wanjax.errors import WanjaxError, one_line
 from wanjax.io.atomic import atomic_path
 from wanjax.jobs.generate import GenerateWork, check_generate, generate_outputs, run_generate
-from wanjax.jobs.groups import ImageFlags, OutputFlags
+from wanjax.jobs.groups import ImageFlags, OutputFlags, SourceVideoFlags
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.jobs.record import finish
 from wanjax.jobs.requests import GenerateRequest
 from wanjax.parallel.mesh import MeshSpec
+from wanjax.pipeline.inputs import check_video_to_video
 from wanjax.pipeline.pipeline import WanPipeline, check_image_input
 from wanjax.runtime.timing import CompileMeter
 from wanjax.server.api import (
     IMAGE_FIELDS,
+    UPLOADS,
     ApiError,
     Limits,
     api_message,
@@ -47,6 +49,7 @@ from wanjax.server.api import (
     generate_request,
     job_params,
     message_param,
+    steps_run,
 )
 from wanjax.server.store import Job, JobStore
 
@@ -116,8 +119,9 @@ class Engine:
         return params
 
     def image_inputs(self) -> dict[str, str]:
-        """Whether the model's jobs take ``image`` and ``last_image``: ``required``, ``optional`` or
-        ``none``, as :func:`~wanjax.pipeline.inputs.check_image_input` decides."""
+        """Whether the model's jobs take ``image``, ``last_image`` and a ``video`` to re-make:
+        ``required``, ``optional`` or ``none``, as :func:`~wanjax.pipeline.inputs.check_image_input`
+        and :func:`~wanjax.pipeline.inputs.check_video_to_video` decide."""
         cfg, expand = self.pipe.transformer_config, self.pipe.expand_timesteps
 
         def takes(image: bool, last_image: bool) -> bool:
@@ -132,7 +136,11 @@ class Engine:
         else:
             first = "optional" if takes(True, False) or takes(True, True) else "none"
         last = "none" if not takes(True, True) else "optional" if takes(True, False) else "required"
-        return {"image": first, "last_image": last}
+        try:
+            check_video_to_video(cfg, False)
+        except WanjaxError:
+            return {"image": first, "last_image": last, "video": "none"}
+        return {"image": first, "last_image": last, "video": "optional"}
 
     def check_startup(self) -> None:
         """The server can run its model: a request of the model's defaults passes every check, and
@@ -237,7 +245,8 @@ class Engine:
         images = ImageFlags(
             **{name: str(inputs[name]) if params.get(name) else None for name in IMAGE_FIELDS}
         )
-        request = generate_request(self.base, params, images, outputs)
+        source = SourceVideoFlags(str(inputs["video"]) if params.get("video") else None)
+        request = generate_request(self.base, params, images, outputs, source)
         try:
             request.check()
             return check_generate(self.pipe, request, self.mesh)
@@ -253,18 +262,16 @@ class Engine:
 
     def job_message(self, job_id: str, params: Mapping[str, Any]) -> dict[str, Any]:
         """What the other processes of a multi-process server need to run a job (they may be on
-        other hosts): its parameters and its images (base64)."""
+        other hosts): its parameters and its uploads (base64)."""
         files = self.input_files(job_id)
         images = {
-            name: base64.b64encode(files[name].read_bytes()).decode()
-            for name in IMAGE_FIELDS
-            if params.get(name)
+            name: base64.b64encode(files[name].read_bytes()).decode() for name in UPLOADS if params.get(name)
         }
         return {"id": job_id, "params": dict(params), "images": images}
 
     def input_files(self, job_id: str) -> dict[str, Path]:
-        """A job's images (as uploaded), by field."""
-        return {name: self.inputs / f"{job_id}.{name}" for name in IMAGE_FIELDS}
+        """A job's uploads (images, a video to re-make) as sent, by field."""
+        return {name: self.inputs / f"{job_id}.{name}" for name in UPLOADS}
 
     def remove_files(self, job_id: str) -> None:
         """A job's outputs and inputs."""
@@ -381,7 +388,7 @@ class Worker:
         never completes, and its files go with it."""
         if not self.store.start(job.id):
             return  # deleted meanwhile
-        steps = job.params["num_inference_steps"]
+        steps = steps_run(job.params)
         interruptible = self.channel is None  # every process must finish a job it started together
 
         def on_progress(stage: str, done: int) -> None:
