@@ -1,8 +1,8 @@
 """OpenAI conformance of ``wanjax serve``: schemathesis against the OpenAPI description it serves.
 
-``src/wanjax/server/openapi.json`` (served at ``GET /openapi.json``) describes the five video
+``src/wanjax/server/openapi.json`` (served at ``GET /openapi.json``) describes the six video
 operations of ``wanjax serve`` (``POST``/``GET /v1/videos``, ``GET``/``DELETE /v1/videos/{video_id}``,
-``GET /v1/videos/{video_id}/content``), written from OpenAI's published description
+``GET /v1/videos/{video_id}/content``, ``POST /v1/videos/{video_id}/remix``), written from OpenAI's published description
 (https://github.com/openai/openai-openapi, commit f85dbe223d40e1a31cba812ab2d755c7e98a92a3) and
 changed only where wanjax deliberately differs (its ``info.description`` and the README's "Serving"
 section list how). This script checks that the server does what that document says:
@@ -62,6 +62,7 @@ OPERATIONS = (  # the document's, in its order
     "GET /v1/videos/{video_id}",
     "DELETE /v1/videos/{video_id}",
     "GET /v1/videos/{video_id}/content",
+    "POST /v1/videos/{video_id}/remix",
 )
 
 

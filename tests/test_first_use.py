@@ -376,3 +376,45 @@ def test_the_decode_stage_on_a_terminal_says_what_it_decodes_and_when_each_part_
         "write: the outputs",
     ]
     assert lines[3] == "wanjax decode: model demo (smoke model: tiny random weights)"
+
+
+def test_a_generate_that_cannot_fit_is_refused_before_any_weight(demo_env, tmp_path, capsys, monkeypatch):
+    """``plan``'s estimate of each stage against the memory here (fixed small): one line naming the
+    stage, what it needs and what there is, exit 2, nothing written; with enough, the run goes."""
+    from wanjax.cli.main import main
+    from wanjax.tools import run_memory
+
+    args = ["generate", "--model", "demo", "--prompt", "a cat", "--output_video", str(tmp_path / "v.mp4")]
+    monkeypatch.setattr(run_memory, "available_memory", lambda: (2 << 20, "this machine"))
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        len(err) == 1
+        and "the decode stage needs about 25.4 MiB and this machine has 2.0 MiB available" in err[0]
+    ), err
+    assert err[0].endswith("; use a smaller --height/--width or fewer --frames") and not list(
+        tmp_path.iterdir()
+    )
+    monkeypatch.setattr(run_memory, "available_memory", lambda: (1 << 30, "this machine"))
+    assert main([*args, "--quiet"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("model", "gib", "fix"),
+    [("1.3B", 10, "--weights_dtype int8"), ("14B", 30, "--weights_dtype int8"), ("14B", 24, "a smaller")],
+)
+def test_the_flag_a_refusal_names_makes_the_run_fit(model, gib, fix):
+    """On a CPU (one RAM for weights waiting and running) 8-bit weights shrink every stage; offload
+    does not: a 14B run at 480p needs 35.5 GiB in bf16, 22.9 in int8."""
+    from wanjax.parallel.mesh import MeshSpec
+    from wanjax.tools.plan import HEADROOM, model_configs
+    from wanjax.tools.run_memory import plan_needs, remedy
+
+    configs, usable = model_configs(model), HEADROOM * gib * 2**30
+    run = {"height": 480, "width": 832, "frames": 81, "dtype": "bfloat16", "vae_dtype": "float32"}
+    run |= {"offload": "none", "weights_dtype": "bf16"}
+    assert max(plan_needs(configs, MeshSpec(), **run).values()) > usable
+    named = remedy(configs, MeshSpec(), run, usable)
+    assert named.startswith(fix)
+    if named == "--weights_dtype int8":
+        assert max(plan_needs(configs, MeshSpec(), **{**run, "weights_dtype": "int8"}).values()) <= usable

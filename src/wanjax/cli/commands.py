@@ -26,8 +26,10 @@ def show(report: RunReport) -> RunReport:
 
 
 def cmd_generate(request: GenerateRequest) -> RunReport:
-    """Prompt to mp4 in one process."""
-    return show(generate(request))
+    """Prompt to mp4 in one process, refused first when ``plan`` says it cannot fit the memory here."""
+    from wanjax.tools.run_memory import check_generate_fits
+
+    return show(generate(request, check_generate_fits))
 
 
 def cmd_encode(request: EncodeRequest) -> RunReport:

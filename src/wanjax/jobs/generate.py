@@ -43,8 +43,11 @@ if TYPE_CHECKING:
     from PIL import Image
 
 
-def generate(request: GenerateRequest) -> RunReport:
-    """Prompt to mp4 in one process."""
+def generate(
+    request: GenerateRequest, preflight: Callable[[WanPipeline, GenerateWork], None] | None = None
+) -> RunReport:
+    """Prompt to mp4 in one process; ``preflight(pipe, work)`` checks the checked run before any
+    weight is read (the command line's: that it fits the memory, :mod:`wanjax.tools.run_memory`)."""
     start = begin(request.parallel)
     request = with_output_video(request, fresh_video_name())
     record = video_record(request)
@@ -52,6 +55,8 @@ def generate(request: GenerateRequest) -> RunReport:
     mesh, fsdp = mesh_request(request.parallel)
     pipe = open_generate_pipeline(request, mesh, fsdp)
     work = check_generate(pipe, request, mesh)
+    if preflight is not None:
+        preflight(pipe, work)
     status = Status.for_terminal("generate", steps_run(work.params), request.common.quiet)
     status.header(work.headline(pipe))
     video = run_generate(pipe, work, status)

@@ -218,8 +218,8 @@ class Engine:
         if estimate.fits:
             return None
         return (
-            f"needs about {size_text(estimate.peak)} a device by wanjax plan's estimate, but a device "
-            f"has {size_text(self.device_memory)} ({planning.HEADROOM:.0%} of it usable)"
+            f"needs about {planning.size_text(estimate.peak)} a device by wanjax plan's estimate, but a "
+            f"device has {planning.size_text(self.device_memory)} ({planning.HEADROOM:.0%} of it usable)"
         )
 
     @functools.cached_property
@@ -438,8 +438,3 @@ def delete_job(store: JobStore, engine: Engine, job_id: str) -> bool:
     if outcome == "deleted":
         engine.remove_files(job_id)
     return outcome is not None
-
-
-def size_text(size: int) -> str:
-    """Bytes as GiB (MiB below one GiB)."""
-    return f"{size / 2**30:.2f} GiB" if size >= 2**30 else f"{size / 2**20:.1f} MiB"

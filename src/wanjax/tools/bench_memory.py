@@ -15,7 +15,7 @@ from wanjax.parallel.mesh import MeshSpec
 from wanjax.tools.measure import device_memory_limit
 from wanjax.tools.plan import HEADROOM, GiB, Model, plan
 
-__all__ = ["available_memory", "check_memory", "stage_needs"]
+__all__ = ["available_memory", "check_memory", "plan_needs", "stage_needs"]
 
 
 def host_available() -> int | None:
@@ -44,13 +44,12 @@ def stage_needs(cfg: Any) -> dict[str, int]:
     and its activations. Each stage draws its own weights and drops them after, as ``bench`` runs
     them; the image stage is within the encode stage's."""
     model = Model(cfg.transformer_config(), cfg.text_config(), cfg.vae, None, cfg.variant.experts)
-    run = plan(
+    return plan_needs(
         model,
         MeshSpec(),
         height=cfg.height,
         width=cfg.width,
         frames=cfg.frames,
-        device_memory=1,
         dtype=cfg.dtype,
         vae_dtype=cfg.vae_dtype,
         cfg=cfg.guidance_scale > 1,
@@ -58,6 +57,13 @@ def stage_needs(cfg: Any) -> dict[str, int]:
         offload=cfg.offload,
         weights_dtype=cfg.weights_dtype,
     )
+
+
+def plan_needs(model: Model, mesh: MeshSpec, **arguments: Any) -> dict[str, int]:
+    """Bytes each stage of a run (``plan``'s ``arguments``) needs on one device: its weights (on a CPU,
+    whose device and host memory are one RAM, all of them, those waiting in host memory included) and
+    its activations."""
+    run = plan(model, mesh, device_memory=1, **arguments)
     on_cpu = jax.devices()[0].platform == "cpu"
     return {name: (s.stored if on_cpu else s.weights) + s.activations for name, s in run.stages.items()}
 

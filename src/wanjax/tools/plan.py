@@ -66,6 +66,13 @@ from wanjax.pipeline.model_index import read_model_index
 
 HEADROOM = 0.9
 GiB = 1 << 30
+
+
+def size_text(size: float) -> str:
+    """Bytes as GiB (MiB below one GiB)."""
+    return f"{size / GiB:.2f} GiB" if size >= GiB else f"{size / 2**20:.1f} MiB"
+
+
 ATTENTION_BLOCK = (512, 1024)  # the xla backend's query/key blocks
 
 
