@@ -207,6 +207,16 @@ def test_image_to_video_and_wan22_on_meshes_match_the_single_device_run(variant,
 
 
 @pytest.mark.slow
+def test_video_to_video_on_meshes_matches_the_single_device_run(tmp_path):
+    """The source video encoded split over the mesh as the decoder's latents, noised and denoised
+    from the second of four steps (strength 0.75), float32."""
+    report = mesh_runs.demo_parity(str(tmp_path / "demo"), "demo", ["dp=2,sp=2,tp=2", "dp=1,sp=8,tp=1"], 0.75)
+    for mesh, r in report.items():
+        assert r["condition_max"] <= 1e-5 and r["experts"][0] == [0, 0, 0], (mesh, r)
+        assert r["latents_rel"] <= 1e-5 and r["frames_max"] <= 1, (mesh, r)
+
+
+@pytest.mark.slow
 def test_small_frames_split_into_strips_decode_as_on_one_device(tmp_path):
     """Latents whose 2-D or one-pixel splits XLA's partitioner decoded wrongly (up to 236 levels off):
     split into strips at least two latent pixels wide, they decode as on one device; so does the

@@ -70,10 +70,11 @@ def parity(root: str, meshes: list[str]) -> dict:
     return out
 
 
-def demo_parity(root: str, variant: str, meshes: list[str]) -> dict:
+def demo_parity(root: str, variant: str, meshes: list[str], strength: float | None = None) -> dict:
     """Demo model ``variant`` (``demo-i2v``, ``demo-a14b``, ``demo-ti2v``: written into ``root``) on each of
-    ``meshes`` vs one device, float32: the image's conditioning (image to video), the final latents
-    (two experts: the steps each ran) and the frames."""
+    ``meshes`` vs one device, float32: the image's conditioning (image to video; with ``strength``,
+    video to video: the source video's latents), the final latents (two experts: the steps each ran)
+    and the frames."""
     from wanjax import WanPipeline
     from wanjax.parallel.layouts import to_host
     from wanjax.pipeline.demo import write_demo_model
@@ -90,8 +91,22 @@ def demo_parity(root: str, variant: str, meshes: list[str]) -> dict:
             found = {"condition": to_host(conditioning.latents)}
             if conditioning.image_embeds is not None:
                 found["states"] = to_host(conditioning.image_embeds)
+        source = None
+        if strength is not None:
+            frames = [np.roll(image, 3 * t, axis=1) for t in range(GEN["num_frames"])]
+            source = pipe.prepare_video(frames, GEN["height"], GEN["width"])
+            found = {"condition": to_host(source)}
         noise = pipe.prepare_latents(1, **GEN)
-        denoised = pipe.denoise(pos, neg, noise, num_inference_steps=4, progress=False, image=conditioning)
+        denoised = pipe.denoise(
+            pos,
+            neg,
+            noise,
+            num_inference_steps=4,
+            progress=False,
+            image=conditioning,
+            video_latents=source,
+            strength=strength,
+        )
         return {
             **found,
             "latents": to_host(denoised.latents),
