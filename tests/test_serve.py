@@ -304,6 +304,11 @@ def test_refusals_are_json_with_their_status(server):
     for media in ("text/plain", "application/x-www-form-urlencoded"):  # JSON inside, another type declared
         sent = server.request("POST", "/v1/videos", raw=b'{"prompt": "a"}', headers={"Content-Type": media})
         assert_error(*sent[:2], 415, f"a body of type {media} is not read")
+    latin1 = b'--B\r\nContent-Disposition: form-data; name="prompt"\r\n\r\ncaf\xe9\r\n--B--\r\n'
+    sent = server.request(
+        "POST", "/v1/videos", raw=latin1, headers={"Content-Type": "multipart/form-data; boundary=B"}
+    )
+    assert_error(*sent[:2], 400, "the field 'prompt' is not utf-8 text; send UTF-8")  # not read as 'café'
     assert_error(*server.request("GET", "/v1/videos", key=None)[:2], 401, "API key")
     assert_error(*server.request("GET", "/v1/server", key="wrong")[:2], 401, "API key")
     status, body, headers = server.request("POST", "/v1/videos", {"prompt": "a"}, key=None)

@@ -23,7 +23,9 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 from starlette.responses import (
     FileResponse,
@@ -340,16 +342,30 @@ def by_method(
     return handle
 
 
+class StrictParser(MultiPartParser):
+    """Starlette's parser, refusing a text field its charset cannot decode (Starlette reads such
+    bytes as Latin-1: text the client never sent)."""
+
+    def on_part_end(self) -> None:
+        part = self._current_part
+        if part.file is None:
+            try:
+                bytes(part.data).decode(self._charset)
+            except (UnicodeDecodeError, LookupError):
+                raise MultiPartException(
+                    f"the field {part.field_name!r} is not {self._charset} text; send UTF-8"
+                ) from None
+        super().on_part_end()
+
+
 async def form_items(request: Request, body: bytes) -> list[tuple[str, str | bytes]]:
     """The fields of a ``multipart/form-data`` body (files as their bytes)."""
-    from starlette.datastructures import UploadFile
-    from starlette.formparsers import MultiPartException, MultiPartParser
 
     async def chunks():
         yield body
 
     try:
-        form = await MultiPartParser(request.headers, chunks(), max_files=4, max_fields=32).parse()
+        form = await StrictParser(request.headers, chunks(), max_files=4, max_fields=32).parse()
     except MultiPartException as e:
         raise ApiError(400, f"the multipart body cannot be read: {e.message}") from None
     return [
