@@ -309,6 +309,13 @@ def test_refusals_are_json_with_their_status(server):
         "POST", "/v1/videos", raw=latin1, headers={"Content-Type": "multipart/form-data; boundary=B"}
     )
     assert_error(*sent[:2], 400, "the field 'prompt' is not utf-8 text; send UTF-8")  # not read as 'café'
+    host, port = server.url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as raw:  # below the app: uvicorn's
+        raw.sendall(b"GET /v1/videos HTTP/1.1\r\nHost: x\r\nX-Bad: a\x00b\r\n\r\n")
+        answer = b"".join(iter(lambda: raw.recv(65536), b""))
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), head
+    assert_error(400, json.loads(body), 400, "the request is not valid HTTP: ")
     assert_error(*server.request("GET", "/v1/videos", key=None)[:2], 401, "API key")
     assert_error(*server.request("GET", "/v1/server", key="wrong")[:2], 401, "API key")
     status, body, headers = server.request("POST", "/v1/videos", {"prompt": "a"}, key=None)

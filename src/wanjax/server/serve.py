@@ -164,6 +164,7 @@ def serve_http(
     import uvicorn
 
     from wanjax.server.app import create_app
+    from wanjax.server.http_protocol import JsonErrorH11Protocol
 
     app = create_app(engine, store, worker, api_key)
 
@@ -177,7 +178,9 @@ def serve_http(
 
     app.router.lifespan_context = lifespan
     logging.basicConfig(level=logging.INFO, format="wanjax serve: %(message)s", stream=sys.stderr)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app, http=JsonErrorH11Protocol, log_level="warning", access_log=False, timeout_graceful_shutdown=5
+    )
     # uvicorn stops on SIGINT/SIGTERM, then raises the signal again under the handlers it found:
     # these, so that the caller's clean-up runs (the running job back to the queue) and the exit is 0.
     for stop in (signal.SIGINT, signal.SIGTERM):
