@@ -165,6 +165,54 @@ def test_page_submits_a_job_shows_its_progress_and_plays_the_video(server, brows
         else:  # a Chromium build without H.264: the blob's type and size above are what can be checked
             print(f"chromium cannot decode {H264}: the mp4 was checked as a blob only")
         _wait(lambda: js("return v.readyState >= 2 || v.error !== null"), 10, "a frame to show")
+        assert js("return v.poster").startswith("blob:")  # the first frame (the WebP thumbnail)
+
+        # the smoke model's banner, the model's size presets, a random seed
+        assert field("smoke").is_displayed() and "smoke-test model" in field("smoke").text
+        presets = driver.execute_script(
+            "return [...document.querySelectorAll('#size_presets option')].map(o => o.value)"
+        )
+        assert presets == info["size_presets"] == ["192x128", "128x192", "144x144"]
+        field("random_seed").click()
+        assert field("seed").get_attribute("value") != str(info["defaults"]["seed"])
+        assert 0 <= int(field("seed").get_attribute("value")) < 2**31
+
+        # each waiting job's place and time, from the finished jobs' seconds per step and the running one's pace
+        waiting = driver.execute_script(
+            """return queueInfo([
+                {id: "a", status: "completed", run_seconds: 10, steps: 5, created_at: 1},
+                {id: "b", status: "in_progress", step: 2, steps: 4, started_at: 100, created_at: 2},
+                {id: "c", status: "queued", steps: 3, created_at: 4},
+                {id: "d", status: "queued", steps: 5, created_at: 3}], 110);"""
+        )
+        assert waiting == {"b": {"eta": 10}, "d": {"position": 1, "eta": 10}, "c": {"position": 2, "eta": 20}}
+
+        # "Run again": the same values as a new job; "Remix": the finished video re-made with the form's prompt
+        def listed():
+            return json.load(urllib.request.urlopen(server + "/v1/videos", timeout=10))["data"]
+
+        card.find_element(By.CSS_SELECTOR, "button.again").click()
+        again = _wait(lambda: [j for j in listed() if j["id"] != job_id], 10, "the job run again")[0]
+        first = next(j for j in listed() if j["id"] == job_id)
+        keys = (
+            "prompt",
+            "negative_prompt",
+            "size",
+            "frames",
+            "num_inference_steps",
+            "guidance_scale",
+            "seed",
+        )
+        assert {k: again[k] for k in keys} == {k: first[k] for k in keys}
+        field("prompt").clear()
+        field("prompt").send_keys("the same fox at night")
+        card.find_element(By.CSS_SELECTOR, "button.remix").click()
+        remixed = _wait(
+            lambda: [j for j in listed() if j["remixed_from_video_id"] == job_id], 10, "the remix"
+        )[0]
+        assert (
+            remixed["prompt"] == "the same fox at night" and remixed["video"] and remixed["size"] == "192x128"
+        )
     except BaseException:  # the page as it was when the test failed
         with contextlib.suppress(Exception):
             _keep_screenshot(driver, tmp_path)

@@ -36,6 +36,7 @@ from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.jobs.record import finish
 from wanjax.jobs.requests import GenerateRequest
 from wanjax.parallel.mesh import MeshSpec
+from wanjax.pipeline.conditioning import size_for_image
 from wanjax.pipeline.inputs import check_video_to_video
 from wanjax.pipeline.pipeline import WanPipeline, check_image_input
 from wanjax.runtime.timing import CompileMeter
@@ -141,6 +142,17 @@ class Engine:
         except WanjaxError:
             return {"image": first, "last_image": last, "video": "none"}
         return {"image": first, "last_image": last, "video": "optional"}
+
+    def size_presets(self) -> list[str]:
+        """``WIDTHxHEIGHT`` sizes of the model's default area: its default, the same turned upright and
+        a square (each side a multiple of the model's size step, as an image's aspect is sized), within
+        ``--max_pixels``."""
+        d, step = self.defaults, self.pipe.geometry.pixel_steps[0]
+        sizes = [
+            size_for_image(aspect, d.width * d.height, step)
+            for aspect in ((d.width, d.height), (d.height, d.width), (1, 1))
+        ]
+        return list(dict.fromkeys(f"{w}x{h}" for h, w in sizes if w * h <= self.limits.max_pixels))
 
     def check_startup(self) -> None:
         """The server can run its model: a request of the model's defaults passes every check, and
