@@ -317,6 +317,27 @@ def test_a_terminal_shows_the_stages_as_they_start_and_a_pipe_only_the_table(dem
 
 
 @pytest.mark.slow
+def test_encode_on_a_terminal_says_what_it_encodes(demo_env, tmp_path):
+    """The header, then a line as each part starts: the text, the video to re-make, the files."""
+    import numpy as np
+
+    from wanjax.io.video import write_mp4
+
+    write_mp4(np.full((9, 32, 48, 3), 90, np.uint8), tmp_path / "clip.mp4")
+    args = ("encode", "--model", "demo", "--prompt", "a cat", "--video", "clip.mp4", "--output_dir", "st")
+    code, shown = _run_in_terminal(_command(*args), _env(demo_env), tmp_path)
+    assert code == 0, shown
+    lines = shown.split("\n")
+    assert lines[0] == "wanjax encode: model demo, 1 prompt, a video to re-make", lines
+    starts = [line.split("] ", 1)[1] for line in lines if line.startswith("[")]
+    assert starts == [
+        "encode: the text encoder (loaded and compiled on first use)",
+        "video: the video to re-make: the VAE encoder",
+        "write: the stage files",
+    ], lines
+
+
+@pytest.mark.slow
 def test_bench_on_a_terminal_announces_its_shape_and_each_stage(tmp_path):
     args = ["bench", "--arch", "1.3B", "--layers", "1", "--height", "32", "--width", "32", "--frames", "1"]
     args += ["--stages", "denoise", "decode", "--repeats", "1"]

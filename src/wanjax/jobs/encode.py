@@ -20,6 +20,7 @@ from wanjax.jobs.opening import begin, defaults_of, files_record, mesh_request, 
 from wanjax.jobs.record import finish, image_record, make_report, recorded, source_record
 from wanjax.jobs.requests import EncodeRequest
 from wanjax.jobs.sampling import video_args
+from wanjax.jobs.status import ENCODE_WORK, Status
 from wanjax.parallel.layouts import to_host
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline import stages
@@ -68,12 +69,22 @@ def encode(request: EncodeRequest) -> RunReport:
         pipe.geometry.check(*(given.get(k, defaults[k]) for k in ("height", "width", "frames")))
     negative = negative_prompt(request.text.negative_prompt)
     length = request.text.max_sequence_length
+    status = Status.for_terminal("encode", 0, request.common.quiet, ENCODE_WORK)
+    given_input = ", an image" if image is not None else ", a video to re-make" if source is not None else ""
+    status.header(
+        f"model {model_label(pipe.source)}, {len(prompts)} prompt{'s' * (len(prompts) > 1)}{given_input}"
+    )
+    status("encode", 0)
     pos, neg = (to_host(e) for e in pipe.encode_prompt(prompts, [negative] * len(prompts), length))
-    conditioning = None
+    conditioning = video_latents = None
     if image is not None:
+        status("image", 0)
         conditioning = pipe.prepare_image(image, 1, **video_args(given), last_image=last_image)
         conditioning = jax_tree_to_host(conditioning)
-    video_latents = None if source is None else pipe.prepare_video(source, given["height"], given["width"])
+    if source is not None:
+        status("video", 0)
+        video_latents = pipe.prepare_video(source, given["height"], given["width"])
+    status("write", 0)
     path = out / stages.EMBEDDINGS_FILE
     if is_primary():
         stages.save_embeddings(out, pos, neg)

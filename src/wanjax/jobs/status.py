@@ -18,6 +18,15 @@ STAGE_WORK = {
 }
 
 
+# What each step of the ``encode`` job does
+ENCODE_WORK = {
+    "encode": "the text encoder (loaded and compiled on first use)",
+    "image": "the image's conditioning: the image encoder and the VAE encoder",
+    "video": "the video to re-make: the VAE encoder",
+    "write": "the stage files",
+}
+
+
 def headline(model: str, batch: int, video: dict, steps: int | None = None) -> str:
     """What a run makes, in one line: the model, the videos (``video``'s frames, width and height)
     and the denoising steps."""
