@@ -263,6 +263,61 @@ def test_generate_with_a_transformer_file_makes_the_same_video(demo_env, tmp_pat
 
 
 @pytest.mark.slow
+def test_generate_with_gguf_and_fp8_scaled_files_makes_their_dequantized_weights_video(demo_env, tmp_path):
+    """End to end: the demo transformer as a Q8_0 GGUF (city96's conventions) and as fp8-scaled
+    safetensors; each video equals the one from a plain file of the weights diffusers dequantizes
+    (GGUF) or the file's ``value x scale`` (fp8): the same frames."""
+    from helpers.gguf_files import Q, diffusers_values, write
+    from safetensors.numpy import load_file
+
+    from wanjax.cli.main import main
+
+    state = load_file(demo_transformer_file(tmp_path / "plain"))  # the original layout's names
+    quantised = {k: (Q.Q8_0 if v.ndim == 2 and k.endswith(".weight") else Q.F32, v) for k, v in state.items()}
+    gguf_file = write(tmp_path / "demo-Q8_0.gguf", quantised)
+    fp8_state = fp8_scaled(state, per_channel=True)
+    fp8_file = tmp_path / "demo-fp8-scaled.safetensors"
+    save_file(fp8_state, fp8_file)
+    scaled = [k for k, v in fp8_state.items() if v.dtype == ml_dtypes.float8_e4m3fn and k.endswith(".weight")]
+    references = {
+        gguf_file: diffusers_values(gguf_file),
+        fp8_file: {**{k: v for k, v in fp8_state.items() if k in state},
+                   **{k: dequantized(fp8_state, k) for k in scaled}},
+    }  # fmt: skip
+    args = [
+        "generate",
+        "--model",
+        "demo",
+        "--prompt",
+        "a cat",
+        "--num_inference_steps",
+        "2",
+        "--jax_cache_dir",
+        "off",
+    ]
+    for file, values in references.items():
+        plain = tmp_path / f"{file.stem}-dequantized.safetensors"
+        save_file({k: np.ascontiguousarray(v, np.float32) for k, v in values.items()}, plain)
+        videos = [tmp_path / f"{file.stem}.mp4", tmp_path / f"{plain.stem}.mp4"]
+        for weights, video in zip((file, plain), videos, strict=True):
+            assert main([*args, "--transformer", str(weights), "--output_video", str(video), "--quiet"]) == 0
+        ours, reference = (frames(v).astype(np.int16) for v in videos)
+        assert np.abs(ours - reference).max() == 0, file.name
+        assert (
+            np.abs(ours - frames_of_the_directory(demo_env, tmp_path, args)).max() > 0
+        )  # quantised: not the same
+
+
+def frames_of_the_directory(demo_env, tmp_path, args) -> np.ndarray:
+    from wanjax.cli.main import main
+
+    video = tmp_path / "directory.mp4"
+    if not video.exists():
+        assert main([*args, "--output_video", str(video), "--quiet"]) == 0
+    return frames(video).astype(np.int16)
+
+
+@pytest.mark.slow
 def test_the_three_stages_take_component_files_and_pass_them_on(demo_env, tmp_path):
     """encode reads the text encoder and transformer files it is given and records them; denoise
     reads that transformer without being told; decode reads the VAE file it is given: the video is
