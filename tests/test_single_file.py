@@ -4,8 +4,6 @@ fp8-scaled weights, checked against diffusers' own conversion (``convert_wan_tra
 
 from __future__ import annotations
 
-import dataclasses
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -32,7 +30,7 @@ DIFFUSERS_UNCONVERTED = {"img_emb.emb_pos": "condition_embedder.image_embedder.p
 
 def diffusers_kwargs(cfg: TransformerConfig) -> dict:
     """A wanjax transformer config as ``WanTransformer3DModel``'s arguments."""
-    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "metadata"}
+    return {k: v for k, v in cfg.to_dict().items() if not k.startswith("_")}
 
 
 def original_state(model: WanTransformer3DModel, prefix: str = "") -> dict[str, np.ndarray]:

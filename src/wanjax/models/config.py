@@ -98,7 +98,8 @@ class ComponentConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig(ComponentConfig):
-    """``transformer/config.json`` of a ``WanTransformer3DModel``."""
+    """``transformer/config.json`` of a ``WanTransformer3DModel`` (or, with ``vace_layers``, a
+    ``WanVACETransformer3DModel``: control blocks whose outputs are added after those layers)."""
 
     patch_size: tuple[int, int, int] = (1, 2, 2)
     num_attention_heads: int = 40
@@ -116,6 +117,8 @@ class TransformerConfig(ComponentConfig):
     added_kv_proj_dim: int | None = None
     rope_max_seq_len: int = 1024
     pos_embed_seq_len: int | None = None
+    vace_layers: tuple[int, ...] | None = None  # VACE: the layers a control block's hint follows
+    vace_in_channels: int | None = None  # VACE: the control latents' channels (96)
 
     @property
     def inner_dim(self) -> int:
@@ -143,6 +146,19 @@ class TransformerConfig(ComponentConfig):
         return self.image_tokens or self.condition_channels > 0
 
     @property
+    def vace(self) -> bool:
+        """A VACE transformer (Wan2.1-VACE): control latents enter through their own blocks."""
+        return self.vace_layers is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """As :meth:`ComponentConfig.to_dict`, without the VACE fields of a model that has none
+        (``WanTransformer3DModel`` takes no such field)."""
+        out = super().to_dict()
+        if not self.vace:
+            out.pop("vace_layers"), out.pop("vace_in_channels")
+        return out
+
+    @property
     def first_last_frame(self) -> bool:
         """A first-last-frame transformer (FLF2V): the states of two images per video, a position
         embedding over both (``pos_embed_seq_len``)."""
@@ -161,6 +177,15 @@ class TransformerConfig(ComponentConfig):
             )
         if self.pos_embed_seq_len is not None and not self.image_tokens:
             raise ConfigError(f"{source}: pos_embed_seq_len is for image-to-video models (first-last frame)")
+        if (self.vace_layers is None) != (self.vace_in_channels is None):
+            raise ConfigError(f"{source}: a VACE model needs both vace_layers and vace_in_channels")
+        if self.vace_layers is not None:
+            layers = list(self.vace_layers)
+            if layers != sorted(set(layers)) or not layers or layers[0] != 0 or layers[-1] >= self.num_layers:
+                raise ConfigError(
+                    f"{source}: vace_layers {layers} must be increasing layers of 0..{self.num_layers - 1} "
+                    "starting with 0"
+                )
         if len(self.patch_size) != 3:
             raise ConfigError(f"{source}: patch_size must have 3 entries, got {self.patch_size}")
         if self.attention_head_dim % 2:

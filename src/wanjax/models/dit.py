@@ -27,15 +27,16 @@ import numpy as np
 from jax.sharding import Mesh
 
 from wanjax.errors import ConfigError
-from wanjax.io.checkpoint import REPLICATED, Axes, LeafSource, ShardingFn, linear_kernel, stacked
-from wanjax.io.component import Component
+from wanjax.io.checkpoint import ShardingFn
 from wanjax.kernels.attention import AttentionSpec, attention
 from wanjax.kernels.common import AttentionShape
 from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models import lora
 from wanjax.models.config import TransformerConfig
-from wanjax.models.dit_embed import Conditioning, embed, embed_time, token_pins, unpatchify
-from wanjax.models.dit_layouts import WAN_TRANSFORMER
+from wanjax.models.dit_embed import Conditioning, embed, embed_time, patchify, token_pins, unpatchify
+from wanjax.models.dit_spec import TRANSFORMER as TRANSFORMER  # re-exported: the component
+from wanjax.models.dit_spec import TRANSFORMER_2 as TRANSFORMER_2
+from wanjax.models.dit_spec import checkpoint_spec as checkpoint_spec
 from wanjax.models.layers import Params, apply_rope, gelu_tanh, layer_norm, linear, rms_norm, scan_layers
 from wanjax.models.offload import (
     HOST,
@@ -51,154 +52,6 @@ from wanjax.models.settings import DEFAULT_SETTINGS, RunSettings
 from wanjax.parallel.attention import sharded_attention
 from wanjax.parallel.layouts import TokenLayout, token_layout
 from wanjax.parallel.rules import param_sharding
-
-# ----------------------------------------------------------------------------------------------
-# Checkpoint layout
-
-
-def _patch_kernel(weight: np.ndarray) -> np.ndarray:
-    """Conv3d weight ``(D, C, pt, ph, pw)`` -> ``(C*pt*ph*pw, D)``; patch vectors ordered (c, t, h, w)."""
-    return weight.reshape(weight.shape[0], -1).T
-
-
-def _squeeze_leading(a: np.ndarray) -> np.ndarray:
-    return a[0]
-
-
-def checkpoint_spec(cfg: TransformerConfig) -> Params:
-    """Which diffusers tensors build each params leaf, and each leaf's logical axes (see
-    :class:`wanjax.io.checkpoint.LeafSource`): Q/K/V and FFN-in column-parallel over ``heads``/``mlp``,
-    the output projections row-parallel, ``embed`` dims FSDP-able."""
-    d, ff, n = cfg.inner_dim, cfg.ffn_dim, cfg.num_layers
-    keep = {"keep_fp32": True}
-
-    def lin(name: str, n_in: int, n_out: int, axes: Axes, bias: Axes, **kw) -> Params:
-        return {
-            "kernel": LeafSource((f"{name}.weight",), (n_out, n_in), linear_kernel, axes=axes, **kw),
-            "bias": LeafSource((f"{name}.bias",), (n_out,), axes=bias, **kw),
-        }
-
-    def block_lin(name: str, n_in: int, n_out: int, axes: tuple[str, str]) -> Params:
-        return {
-            "kernel": stacked(
-                f"blocks.{{i}}.{name}.weight", n, (n_out, n_in), layout=linear_kernel, axes=("layers", *axes)
-            ),
-            "bias": stacked(f"blocks.{{i}}.{name}.bias", n, (n_out,), axes=("layers", axes[1])),
-        }
-
-    def block_vec(name: str, axis: str, **kw) -> LeafSource:
-        return stacked(f"blocks.{{i}}.{name}", n, (d,), axes=("layers", axis), **kw)
-
-    def attn(name: str) -> Params:
-        return {
-            **{
-                proj: block_lin(f"{name}.{proj}", d, d, ("embed", "heads"))
-                for proj in ("to_q", "to_k", "to_v")
-            },
-            "to_out": block_lin(f"{name}.to_out.0", d, d, ("heads", "embed")),
-            "norm_q": {"scale": block_vec(f"{name}.norm_q.weight", "heads")},
-            "norm_k": {"scale": block_vec(f"{name}.norm_k.weight", "heads")},
-        }
-
-    blocks: Params = {
-        "scale_shift_table": stacked(
-            "blocks.{i}.scale_shift_table",
-            n,
-            (1, 6, d),
-            layout=_squeeze_leading,
-            axes=("layers", None, "embed"),
-            **keep,
-        ),
-        "attn1": attn("attn1"),
-        "attn2": attn("attn2"),
-        "ffn": {
-            "proj_in": block_lin("ffn.net.0.proj", d, ff, ("embed", "mlp")),
-            "proj_out": block_lin("ffn.net.2", ff, d, ("mlp", "embed")),
-        },
-    }
-    if cfg.image_tokens:  # the image tokens' own keys and values in the cross-attention
-        blocks["attn2"]["add_k_proj"] = block_lin("attn2.add_k_proj", d, d, ("embed", "heads"))
-        blocks["attn2"]["add_v_proj"] = block_lin("attn2.add_v_proj", d, d, ("embed", "heads"))
-        blocks["attn2"]["norm_added_k"] = {"scale": block_vec("attn2.norm_added_k.weight", "heads")}
-    if cfg.cross_attn_norm:
-        blocks["norm2"] = {
-            "scale": block_vec("norm2.weight", "embed", **keep),
-            "bias": block_vec("norm2.bias", "embed", **keep),
-        }
-    embedder = "condition_embedder"
-    return {
-        "patch_embedding": {
-            "kernel": LeafSource(
-                ("patch_embedding.weight",),
-                (d, cfg.in_channels, *cfg.patch_size),
-                _patch_kernel,
-                axes=(None, "embed"),
-            ),
-            "bias": LeafSource(("patch_embedding.bias",), (d,), axes=REPLICATED),
-        },
-        "time_embedder": {
-            "linear_1": lin(
-                f"{embedder}.time_embedder.linear_1", cfg.freq_dim, d, (None, "mlp"), ("mlp",), **keep
-            ),
-            "linear_2": lin(f"{embedder}.time_embedder.linear_2", d, d, ("mlp", "embed"), (None,), **keep),
-        },
-        "time_proj": lin(f"{embedder}.time_proj", d, 6 * d, ("embed", "mlp"), ("mlp",)),
-        "text_embedder": {
-            "linear_1": lin(f"{embedder}.text_embedder.linear_1", cfg.text_dim, d, (None, "mlp"), ("mlp",)),
-            "linear_2": lin(f"{embedder}.text_embedder.linear_2", d, d, ("mlp", "embed"), (None,)),
-        },
-        "blocks": blocks,
-        "scale_shift_table": LeafSource(
-            ("scale_shift_table",), (1, 2, d), _squeeze_leading, axes=REPLICATED, **keep
-        ),
-        "proj_out": lin("proj_out", d, cfg.out_channels * cfg.patch_volume, ("embed", None), (None,)),
-        **({"image_embedder": _image_embedder_spec(cfg)} if cfg.image_tokens else {}),
-    }
-
-
-def _image_embedder_spec(cfg: TransformerConfig) -> Params:
-    """diffusers' ``WanImageEmbedding``: float32 LayerNorm, GELU MLP (image_dim -> image_dim -> D),
-    float32 LayerNorm; first-last-frame models add a learned position table over both images' tokens."""
-    d, i = cfg.inner_dim, cfg.image_dim
-    name = "condition_embedder.image_embedder"
-
-    def norm(part: str, width: int) -> Params:
-        return {
-            "scale": LeafSource((f"{name}.{part}.weight",), (width,), axes=REPLICATED, keep_fp32=True),
-            "bias": LeafSource((f"{name}.{part}.bias",), (width,), axes=REPLICATED, keep_fp32=True),
-        }
-
-    def lin(part: str, n_in: int, n_out: int, axes: Axes) -> Params:
-        return {
-            "kernel": LeafSource((f"{name}.{part}.weight",), (n_out, n_in), linear_kernel, axes=axes),
-            "bias": LeafSource((f"{name}.{part}.bias",), (n_out,), axes=axes[1:]),
-        }
-
-    spec = {
-        "norm1": norm("norm1", i),
-        "proj_in": lin("ff.net.0.proj", i, i, (None, "mlp")),
-        "proj_out": lin("ff.net.2", i, d, ("mlp", "embed")),
-        "norm2": norm("norm2", d),
-    }
-    if cfg.pos_embed_seq_len is not None:
-        spec["pos_embed"] = LeafSource(
-            (f"{name}.pos_embed",), (1, cfg.pos_embed_seq_len, i), _squeeze_leading, axes=REPLICATED
-        )
-    return spec
-
-
-TRANSFORMER = Component(
-    "transformer",
-    config=TransformerConfig,
-    weight_stems=("diffusion_pytorch_model", "model"),
-    spec=lambda cfg, names: checkpoint_spec(cfg),
-    # diffusers' _keys_to_ignore_on_load_unexpected: an unused query norm some I2V files carry
-    ignore=lambda name: name.endswith("attn2.norm_added_q.weight"),
-    layouts=(WAN_TRANSFORMER,),
-)
-# A Wan 2.2 two-expert model's low-noise expert: the same architecture and layout in its own folder.
-TRANSFORMER_2 = dataclasses.replace(TRANSFORMER, folder="transformer_2")
-
 
 # ----------------------------------------------------------------------------------------------
 # Forward
@@ -321,18 +174,78 @@ def run_blocks(
     settings: RunSettings = DEFAULT_SETTINGS,
 ) -> jax.Array:
     """Blocks ``start .. stop-1`` (default: all) on the tokens ``x (B, L, D)``, pinned to the token
-    layout at every block boundary under the settings' mesh; ``offload="blocks"`` streams their weights."""
+    layout at every block boundary under the settings' mesh; ``offload="blocks"`` streams their weights.
+    With a VACE model's hints in ``cond``, each vace layer's block is followed by ``x + scale * hint``
+    (in float32), as diffusers' ``WanVACETransformer3DModel``."""
     layout, pin = token_pins(settings.mesh, x.shape[0], math.prod(cond.grid), cfg.num_attention_heads)
     attend, precision = _attend_fn(settings, layout), settings.precision
+    hinted = cond.hints is not None
+    layers: Params = params["blocks"]
+    if hinted:  # per layer: which hint follows it and its scale (0 where none does)
+        assert cfg.vace_layers is not None and cond.hint_scale is not None
+        index, on = np.zeros(cfg.num_layers, np.int32), np.zeros(cfg.num_layers, np.float32)
+        index[list(cfg.vace_layers)], on[list(cfg.vace_layers)] = np.arange(len(cfg.vace_layers)), 1
+        scale = jnp.asarray(on) * cond.hint_scale.astype(jnp.float32)[index]
+        layers = {"block": layers, "hint": {"index": jnp.asarray(index), "scale": scale}}
 
-    def layer(h: jax.Array, block: Params) -> jax.Array:
+    def layer(h: jax.Array, item: Params) -> jax.Array:
+        block = item["block"] if hinted else item
         out = _block(
             block, pin(h), cond.context, cond.time_mod, cond.rope, cfg, attend, precision, cond.image_context
         )
+        if hinted:
+            hint = cond.hints[item["hint"]["index"]].astype(jnp.float32) * item["hint"]["scale"]
+            out = (out.astype(jnp.float32) + hint).astype(out.dtype)
         return pin(out)
 
     run_layers = stream_layers if streams_layers(settings.offload) else scan_layers
-    return run_layers(layer, x, params["blocks"], start, stop)
+    return run_layers(layer, x, layers, start, stop)
+
+
+def embed_control(
+    params: Params,
+    cfg: TransformerConfig,
+    x: jax.Array,
+    cond: Conditioning,
+    control: jax.Array,
+    control_scale: jax.Array | None = None,
+    *,
+    settings: RunSettings = DEFAULT_SETTINGS,
+) -> Conditioning:
+    """A VACE model's hints in ``cond``: the control latents ``(B, vace_in_channels, T, H, W)``
+    patch-embedded (padded with zero tokens to ``x``'s length), the first block's input projection
+    plus the tokens ``x`` entering the first block, then each control block (a transformer block on
+    the same conditioning) and its output projection: one hint per vace layer, scaled by
+    ``control_scale`` (one per vace layer, default 1)."""
+    assert cfg.vace_layers is not None
+    if control.ndim != 5 or control.shape[1] != cfg.vace_in_channels:
+        raise ConfigError(
+            f"control latents must be (B, {cfg.vace_in_channels}, T, H, W), got {control.shape}"
+        )
+    layout, pin = token_pins(settings.mesh, x.shape[0], x.shape[1], cfg.num_attention_heads)
+    attend, precision = _attend_fn(settings, layout), settings.precision
+    c = linear(
+        patchify(control.astype(settings.dtype), cfg.patch_size),
+        params["vace_patch_embedding"],
+        precision=precision,
+    )
+    if c.shape[1] > x.shape[1]:
+        raise ConfigError(f"control latents of {c.shape[1]} tokens for latents of {x.shape[1]}")
+    c = jnp.pad(c, ((0, 0), (0, x.shape[1] - c.shape[1]), (0, 0)))
+    c = pin(linear(c, params["vace_proj_in"], precision=precision) + x)
+
+    def block(c: jax.Array, p: Params) -> tuple[jax.Array, jax.Array]:
+        c = pin(
+            _block(p, c, cond.context, cond.time_mod, cond.rope, cfg, attend, precision, cond.image_context)
+        )
+        return c, pin(linear(c, p["proj_out"], precision=precision))
+
+    _, hints = jax.lax.scan(block, c, params["vace_blocks"])
+    n = len(cfg.vace_layers)
+    scale = jnp.ones((n,), jnp.float32) if control_scale is None else jnp.asarray(control_scale, jnp.float32)
+    if scale.shape != (n,):
+        raise ConfigError(f"control_scale must hold one scale per vace layer ({n}), got shape {scale.shape}")
+    return dataclasses.replace(cond, hints=hints, hint_scale=scale)
 
 
 def project(
@@ -362,10 +275,13 @@ def forward(
     *,
     settings: RunSettings = DEFAULT_SETTINGS,
     image_embeds: jax.Array | None = None,
+    control: jax.Array | None = None,
+    control_scale: jax.Array | None = None,
 ) -> jax.Array:
     """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``
-    (and an image-to-video model's ``image_embeds (B, Li, image_dim)``): :func:`embed`,
-    :func:`run_blocks`, :func:`project`, all run as ``settings`` says (static under ``jit``).
+    (and an image-to-video model's ``image_embeds (B, Li, image_dim)``; a VACE model's ``control``
+    latents and ``control_scale``): :func:`embed_inputs`, :func:`run_blocks`, :func:`project`, all
+    run as ``settings`` says (static under ``jit``).
 
     Activations run in ``settings.dtype``; the result is returned in it as the reference does. Under
     ``settings.mesh`` the tokens are split as :func:`wanjax.parallel.layouts.token_layout` says (batch
@@ -374,11 +290,46 @@ def forward(
     weights are brought to the device inside the loop (:func:`~wanjax.models.offload.stream_layers`);
     the other modes run the resident scan. The numerics are the same either way.
     """
-    x, cond = embed(
-        params, cfg, latents, timestep, prompt_embeds, settings=settings, image_embeds=image_embeds
+    x, cond = embed_inputs(
+        params,
+        cfg,
+        latents,
+        timestep,
+        prompt_embeds,
+        settings=settings,
+        image_embeds=image_embeds,
+        control=control,
+        control_scale=control_scale,
     )
     x = run_blocks(params, cfg, x, cond, settings=settings)
     return project(params, cfg, x, cond, settings=settings)
+
+
+def embed_inputs(
+    params: Params,
+    cfg: TransformerConfig,
+    latents: jax.Array,
+    timestep: jax.Array,
+    prompt_embeds: jax.Array,
+    *,
+    settings: RunSettings = DEFAULT_SETTINGS,
+    image_embeds: jax.Array | None = None,
+    control: jax.Array | None = None,
+    control_scale: jax.Array | None = None,
+) -> tuple[jax.Array, Conditioning]:
+    """:func:`~wanjax.models.dit_embed.embed`, and a VACE model's hints (:func:`embed_control`)."""
+    if cfg.vace != (control is not None):
+        raise ConfigError(
+            "a VACE transformer needs control latents (control=...)"
+            if cfg.vace
+            else "control latents are for a VACE transformer"
+        )
+    x, cond = embed(
+        params, cfg, latents, timestep, prompt_embeds, settings=settings, image_embeds=image_embeds
+    )
+    if control is not None:
+        cond = embed_control(params, cfg, x, cond, control, control_scale, settings=settings)
+    return x, cond
 
 
 # ----------------------------------------------------------------------------------------------
@@ -418,12 +369,16 @@ class WanTransformer:
         timestep: jax.Array,
         prompt_embeds: jax.Array,
         image_embeds: jax.Array | None = None,
+        control: jax.Array | None = None,
+        control_scale: jax.Array | None = None,
     ) -> jax.Array:
         self.check_shape(tuple(latents.shape))
         timestep = jnp.asarray(timestep)
         if timestep.ndim < 2:  # a scalar or one per sample; (B, F): one per latent frame
             timestep = jnp.broadcast_to(timestep, (latents.shape[0],))
-        return self._forward(self.params, latents, timestep, prompt_embeds, image_embeds)
+        return self._forward(
+            self.params, latents, timestep, prompt_embeds, image_embeds, control, control_scale
+        )
 
     def apply(
         self,
@@ -432,10 +387,12 @@ class WanTransformer:
         timestep: jax.Array,
         prompt_embeds: jax.Array,
         image_embeds: jax.Array | None = None,
+        control: jax.Array | None = None,
+        control_scale: jax.Array | None = None,
     ) -> jax.Array:
         """The forward (:func:`forward`: :meth:`embed`, :meth:`blocks`, :meth:`project`) for use inside a
         caller's ``jit``; pass ``params`` as a traced argument there."""
-        x, cond = self.embed(params, latents, timestep, prompt_embeds, image_embeds)
+        x, cond = self.embed(params, latents, timestep, prompt_embeds, image_embeds, control, control_scale)
         return self.project(params, self.blocks(params, x, cond), cond)
 
     def embed(
@@ -445,9 +402,11 @@ class WanTransformer:
         timestep: jax.Array,
         prompt_embeds: jax.Array,
         image_embeds: jax.Array | None = None,
+        control: jax.Array | None = None,
+        control_scale: jax.Array | None = None,
     ) -> tuple[jax.Array, Conditioning]:
-        """:func:`embed` with this model's settings (inside a caller's ``jit``, like :meth:`apply`)."""
-        return embed(
+        """:func:`embed_inputs` with this model's settings (inside a caller's ``jit``, like :meth:`apply`)."""
+        return embed_inputs(
             params,
             self.cfg,
             latents,
@@ -455,6 +414,8 @@ class WanTransformer:
             prompt_embeds,
             settings=self.settings,
             image_embeds=image_embeds,
+            control=control,
+            control_scale=control_scale,
         )
 
     def embed_time(self, params: Params, timestep: jax.Array) -> tuple[jax.Array, jax.Array]:

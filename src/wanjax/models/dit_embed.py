@@ -63,7 +63,7 @@ class Conditioning:
     ``context (B, Lc, D)``, the blocks' timestep modulation ``time_mod (B, 6, D)``, the time embedding
     ``temb (B, D)`` the output norm is modulated by (with a timestep per latent frame: ``(B, F, 6, D)``
     and ``(B, F, D)``), the token grid's RoPE tables and (image-to-video)
-    the embedded image tokens."""
+    the embedded image tokens; a VACE model's control hints (:func:`wanjax.models.dit.embed_control`)."""
 
     context: jax.Array
     time_mod: jax.Array
@@ -71,6 +71,8 @@ class Conditioning:
     rope: tuple[jax.Array, jax.Array]
     grid: tuple[int, int, int]
     image_context: jax.Array | None = None  # image-to-video: the embedded image tokens (B, Li, D)
+    hints: jax.Array | None = None  # VACE: the control blocks' outputs (n, B, L, D), one per vace layer
+    hint_scale: jax.Array | None = None  # VACE: each hint's scale (n,), float32
 
 
 def token_pins(
