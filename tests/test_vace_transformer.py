@@ -13,6 +13,7 @@ from helpers.models import TINY_DIT, randomize_
 import wanjax
 from wanjax.errors import ConfigError
 from wanjax.models.config import TransformerConfig
+from wanjax.models.dit import VaceControl
 
 VACE = {**TINY_DIT, "num_layers": 4, "vace_layers": [0, 2], "vace_in_channels": 12}
 SHAPE = (2, 16, 3, 6, 8)  # latents (B, C, T, H, W)
@@ -50,8 +51,7 @@ def test_float32_matches_diffusers(vace, scale):
         jnp.asarray(latents.numpy()),
         jnp.asarray(timestep.numpy()),
         jnp.asarray(text.numpy()),
-        control=jnp.asarray(control.numpy()),
-        control_scale=None if scale is None else jnp.asarray(scale),
+        control=VaceControl(jnp.asarray(control.numpy()), None if scale is None else jnp.asarray(scale)),
     )
     assert relative_error(out, ref) <= 1e-5
     if scale is not None:  # the hints matter: without them the output is another one
@@ -67,9 +67,9 @@ def test_control_latents_are_required_and_checked(vace):
     with pytest.raises(ConfigError, match="a VACE transformer needs control latents"):
         ours(*args)
     with pytest.raises(ConfigError, match=r"control latents must be \(B, 12, T, H, W\)"):
-        ours(*args, control=jnp.zeros((2, 16, *SHAPE[2:])))
+        ours(*args, control=VaceControl(jnp.zeros((2, 16, *SHAPE[2:]))))
     with pytest.raises(ConfigError, match=r"one scale per vace layer \(2\)"):
-        ours(*args, control=jnp.asarray(control.numpy()), control_scale=jnp.ones(3))
+        ours(*args, control=VaceControl(jnp.asarray(control.numpy()), jnp.ones(3)))
 
 
 def test_vace_config_fields_are_checked_and_kept_out_of_plain_configs():

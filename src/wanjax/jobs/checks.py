@@ -149,6 +149,15 @@ def open_source_video(
     return opened
 
 
+def check_not_vace(pipe: WanPipeline, cfg: TransformerConfig) -> None:
+    """A VACE model runs through the Python API only, for now (its control flags are not here yet)."""
+    if cfg.vace:
+        raise WanjaxError(
+            f"{model_label(pipe.source)} is a VACE model: run it from Python for now "
+            "(WanPipeline(...)(prompt, video=..., mask=..., reference_images=...))"
+        )
+
+
 def prompt_list(text: PromptFlags) -> list[str]:
     """The prompts of this run: ``--prompt_file``'s (see :func:`read_prompt_file`) or the ``--prompt`` values."""
     if not text.prompt_file:

@@ -11,7 +11,14 @@ import numpy as np
 
 from wanjax.errors import WanjaxError
 from wanjax.jobs import preflight as validation
-from wanjax.jobs.checks import check_attention, check_cache, check_devices, check_output_paths, resolve_video
+from wanjax.jobs.checks import (
+    check_attention,
+    check_cache,
+    check_devices,
+    check_not_vace,
+    check_output_paths,
+    resolve_video,
+)
 from wanjax.jobs.opening import begin, files_record, mesh_request, model_label, open_pipeline, stage_files
 from wanjax.jobs.record import finish, make_report, recorded
 from wanjax.jobs.requests import DenoiseRequest
@@ -57,6 +64,7 @@ def denoise(request: DenoiseRequest) -> RunReport:
         files=files,
     )
     cfg = pipe.sources.check(("transformer",))["transformer"]
+    check_not_vace(pipe, cfg)
     if pos.shape[2] != cfg.text_dim:
         raise WanjaxError(
             f"{directory / stages.EMBEDDINGS_FILE}: embeddings of width {pos.shape[2]} but the transformer of "

@@ -19,6 +19,7 @@ from wanjax.jobs.checks import (
     check_attention,
     check_cache,
     check_devices,
+    check_not_vace,
     check_output_paths,
     check_vae_tiling,
     open_images,
@@ -123,6 +124,7 @@ def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec |
     the values the run will use; reads no weight."""
     configs = pipe.sources.check(("tokenizer", "text_encoder", "transformer", "vae"))
     check_vae_tiling(pipe)
+    check_not_vace(pipe, configs["transformer"])
     fps = request.video.fps or defaults_of(pipe).fps
     source = open_source_video(pipe, request.source, configs["transformer"], fps, request.video.frames)
     image, last_image = open_images(pipe, request.images, configs["transformer"])

@@ -19,7 +19,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -202,22 +202,29 @@ def run_blocks(
     return run_layers(layer, x, layers, start, stop)
 
 
+class VaceControl(NamedTuple):
+    """A VACE model's control: latents ``(B, vace_in_channels, T, H, W)`` and the scale of each vace
+    layer's hint ``(n,)`` (None: 1)."""
+
+    latents: jax.Array
+    scale: jax.Array | None = None
+
+
 def embed_control(
     params: Params,
     cfg: TransformerConfig,
     x: jax.Array,
     cond: Conditioning,
-    control: jax.Array,
-    control_scale: jax.Array | None = None,
+    vace: VaceControl,
     *,
     settings: RunSettings = DEFAULT_SETTINGS,
 ) -> Conditioning:
-    """A VACE model's hints in ``cond``: the control latents ``(B, vace_in_channels, T, H, W)``
-    patch-embedded (padded with zero tokens to ``x``'s length), the first block's input projection
-    plus the tokens ``x`` entering the first block, then each control block (a transformer block on
-    the same conditioning) and its output projection: one hint per vace layer, scaled by
-    ``control_scale`` (one per vace layer, default 1)."""
+    """A VACE model's hints in ``cond``: the control latents patch-embedded (padded with zero tokens
+    to ``x``'s length), the first block's input projection plus the tokens ``x`` entering the first
+    block, then each control block (a transformer block on the same conditioning) and its output
+    projection: one hint per vace layer, with its scale."""
     assert cfg.vace_layers is not None
+    control, control_scale = vace
     if control.ndim != 5 or control.shape[1] != cfg.vace_in_channels:
         raise ConfigError(
             f"control latents must be (B, {cfg.vace_in_channels}, T, H, W), got {control.shape}"
@@ -244,7 +251,9 @@ def embed_control(
     n = len(cfg.vace_layers)
     scale = jnp.ones((n,), jnp.float32) if control_scale is None else jnp.asarray(control_scale, jnp.float32)
     if scale.shape != (n,):
-        raise ConfigError(f"control_scale must hold one scale per vace layer ({n}), got shape {scale.shape}")
+        raise ConfigError(
+            f"the control scale must hold one scale per vace layer ({n}), got shape {scale.shape}"
+        )
     return dataclasses.replace(cond, hints=hints, hint_scale=scale)
 
 
@@ -275,12 +284,11 @@ def forward(
     *,
     settings: RunSettings = DEFAULT_SETTINGS,
     image_embeds: jax.Array | None = None,
-    control: jax.Array | None = None,
-    control_scale: jax.Array | None = None,
+    control: VaceControl | None = None,
 ) -> jax.Array:
     """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``
-    (and an image-to-video model's ``image_embeds (B, Li, image_dim)``; a VACE model's ``control``
-    latents and ``control_scale``): :func:`embed_inputs`, :func:`run_blocks`, :func:`project`, all
+    (and an image-to-video model's ``image_embeds (B, Li, image_dim)``; a VACE model's ``control``,
+    :class:`VaceControl`): :func:`embed_inputs`, :func:`run_blocks`, :func:`project`, all
     run as ``settings`` says (static under ``jit``).
 
     Activations run in ``settings.dtype``; the result is returned in it as the reference does. Under
@@ -299,7 +307,6 @@ def forward(
         settings=settings,
         image_embeds=image_embeds,
         control=control,
-        control_scale=control_scale,
     )
     x = run_blocks(params, cfg, x, cond, settings=settings)
     return project(params, cfg, x, cond, settings=settings)
@@ -314,8 +321,7 @@ def embed_inputs(
     *,
     settings: RunSettings = DEFAULT_SETTINGS,
     image_embeds: jax.Array | None = None,
-    control: jax.Array | None = None,
-    control_scale: jax.Array | None = None,
+    control: VaceControl | None = None,
 ) -> tuple[jax.Array, Conditioning]:
     """:func:`~wanjax.models.dit_embed.embed`, and a VACE model's hints (:func:`embed_control`)."""
     if cfg.vace != (control is not None):
@@ -328,7 +334,7 @@ def embed_inputs(
         params, cfg, latents, timestep, prompt_embeds, settings=settings, image_embeds=image_embeds
     )
     if control is not None:
-        cond = embed_control(params, cfg, x, cond, control, control_scale, settings=settings)
+        cond = embed_control(params, cfg, x, cond, control, settings=settings)
     return x, cond
 
 
@@ -369,16 +375,13 @@ class WanTransformer:
         timestep: jax.Array,
         prompt_embeds: jax.Array,
         image_embeds: jax.Array | None = None,
-        control: jax.Array | None = None,
-        control_scale: jax.Array | None = None,
+        control: VaceControl | None = None,
     ) -> jax.Array:
         self.check_shape(tuple(latents.shape))
         timestep = jnp.asarray(timestep)
         if timestep.ndim < 2:  # a scalar or one per sample; (B, F): one per latent frame
             timestep = jnp.broadcast_to(timestep, (latents.shape[0],))
-        return self._forward(
-            self.params, latents, timestep, prompt_embeds, image_embeds, control, control_scale
-        )
+        return self._forward(self.params, latents, timestep, prompt_embeds, image_embeds, control)
 
     def apply(
         self,
@@ -387,12 +390,11 @@ class WanTransformer:
         timestep: jax.Array,
         prompt_embeds: jax.Array,
         image_embeds: jax.Array | None = None,
-        control: jax.Array | None = None,
-        control_scale: jax.Array | None = None,
+        control: VaceControl | None = None,
     ) -> jax.Array:
         """The forward (:func:`forward`: :meth:`embed`, :meth:`blocks`, :meth:`project`) for use inside a
         caller's ``jit``; pass ``params`` as a traced argument there."""
-        x, cond = self.embed(params, latents, timestep, prompt_embeds, image_embeds, control, control_scale)
+        x, cond = self.embed(params, latents, timestep, prompt_embeds, image_embeds, control)
         return self.project(params, self.blocks(params, x, cond), cond)
 
     def embed(
@@ -402,8 +404,7 @@ class WanTransformer:
         timestep: jax.Array,
         prompt_embeds: jax.Array,
         image_embeds: jax.Array | None = None,
-        control: jax.Array | None = None,
-        control_scale: jax.Array | None = None,
+        control: VaceControl | None = None,
     ) -> tuple[jax.Array, Conditioning]:
         """:func:`embed_inputs` with this model's settings (inside a caller's ``jit``, like :meth:`apply`)."""
         return embed_inputs(
@@ -415,7 +416,6 @@ class WanTransformer:
             settings=self.settings,
             image_embeds=image_embeds,
             control=control,
-            control_scale=control_scale,
         )
 
     def embed_time(self, params: Params, timestep: jax.Array) -> tuple[jax.Array, jax.Array]:

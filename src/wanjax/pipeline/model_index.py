@@ -18,7 +18,7 @@ from wanjax.io.component import read_config_file
 from wanjax.models.config import ComponentConfig
 
 INDEX_FILE = "model_index.json"
-PIPELINE_CLASSES = ("WanPipeline", "WanImageToVideoPipeline")
+PIPELINE_CLASSES = ("WanPipeline", "WanImageToVideoPipeline", "WanVACEPipeline")
 COMPONENT_ENTRIES = (
     "tokenizer",
     "text_encoder",
@@ -64,7 +64,7 @@ class ModelIndex(ComponentConfig):
     def validate(self, source: str) -> None:
         cls = self.pipeline_class
         if cls is not None and cls not in PIPELINE_CLASSES:
-            raise ConfigError(f"{source}: a {cls}; wanjax runs {' and '.join(PIPELINE_CLASSES)} models")
+            raise ConfigError(f"{source}: a {cls}; wanjax runs {', '.join(PIPELINE_CLASSES)} models")
         for name in (*COMPONENT_ENTRIES, "transformer_2"):
             entry = getattr(self, name)
             if entry is not None and (not isinstance(entry, tuple) or len(entry) != 2):

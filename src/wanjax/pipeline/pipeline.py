@@ -44,7 +44,7 @@ from wanjax.kernels.precision import Precision, parse_precision, resolve_precisi
 from wanjax.models.clip_vision import CLIPVisionEncoder
 from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.defaults import TEXT_LENGTH
-from wanjax.models.dit import TRANSFORMER, WanTransformer
+from wanjax.models.dit import TRANSFORMER, VaceControl, WanTransformer
 from wanjax.models.image_processor import ImageInput
 from wanjax.models.lora import LoraSpec
 from wanjax.models.offload import Offload, parse_offload
@@ -75,7 +75,8 @@ from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import make_scheduler
 from wanjax.pipeline.sources import ComponentSources, base_model, base_variant, component_files
 from wanjax.pipeline.step_cache import CacheConfig
-from wanjax.pipeline.video_input import VideoInput, frames_that_fit, source_latents, video_frames
+from wanjax.pipeline.vace import control_latents
+from wanjax.pipeline.video_input import VideoInput, frames_that_fit, mask_frames, source_latents, video_frames
 from wanjax.runtime.jax_cache import enable_compilation_cache
 from wanjax.runtime.timing import StageTiming
 
@@ -336,6 +337,7 @@ class WanPipeline(PipelineComponents):
         on_step: Callable[[int], None] | None = None,
         video_latents: np.ndarray | None = None,
         strength: float | None = None,
+        vace: VaceControl | None = None,
     ) -> Denoised:
         """Denoise ``latents`` (float32 noise) with classifier-free guidance (skipped when
         ``guidance_scale <= 1``): the transformer's normalised latents, float32, and how the run went
@@ -353,7 +355,8 @@ class WanPipeline(PipelineComponents):
         exception it raises stops the denoising). Video to video (a text-to-video model):
         ``video_latents``, the source video's normalised latents (:meth:`prepare_video`), noised with
         ``latents`` to the first of the last ``int(steps * strength)`` steps, which alone run
-        (``strength`` default: :attr:`defaults`'), as diffusers' ``WanVideoToVideoPipeline``."""
+        (``strength`` default: :attr:`defaults`'), as diffusers' ``WanVideoToVideoPipeline``. A VACE
+        model: ``vace``, its control (:meth:`prepare_vace`), required by such a model."""
         from tqdm import tqdm
 
         self._enter("denoise")
@@ -370,7 +373,16 @@ class WanPipeline(PipelineComponents):
                 if image is None
                 else "an image was given but this is a text-to-video model"
             )
+        if model.cfg.vace != (vace is not None):
+            raise WanjaxError(
+                "a VACE model needs its control (pipe(prompt, video=..., mask=..., reference_images=...))"
+                if vace is None
+                else "a VACE control was given but this is not a VACE model"
+            )
         check_embeddings(model, prompt_embeds, negative_prompt_embeds, latents, guidance_scale)
+        if vace is not None:
+            rows = latents.shape[0]
+            vace = VaceControl(jnp.tile(jnp.asarray(vace.latents), (rows, 1, 1, 1, 1)), vace.scale)
         if video_latents is None and strength is not None:
             raise WanjaxError("a strength is for video to video: give the source video's latents too")
         if video_latents is not None:
@@ -406,7 +418,7 @@ class WanPipeline(PipelineComponents):
                     on_step=lambda i, seconds: (bar.update(), on_step and on_step(i + 1 - steps.start)),
                     check_finite=True,
                     cache=cache,
-                    image=image,
+                    image=image if vace is None else vace,
                     boundary_ratio=boundary,
                     guidance_scale_2=guidance_scale_2,
                     on_expert=self._switch_expert,
@@ -516,6 +528,9 @@ class WanPipeline(PipelineComponents):
         video: VideoInput | None = None,
         strength: float | None = None,
         fps: float | None = None,
+        mask: VideoInput | ImageInput | None = None,
+        reference_images: Sequence[ImageInput] = (),
+        conditioning_scale: float | Sequence[float] = 1.0,
     ) -> Video:
         """Generate videos: a :class:`~wanjax.pipeline.results.Video` whose ``frames`` are
         ``uint8 [B, num_frames, height, width, 3]``, one video per prompt.
@@ -535,14 +550,24 @@ class WanPipeline(PipelineComponents):
         model's, or as many as the video has, ``4n+1``) re-noised to ``strength`` (default the
         model's, 0.8 as diffusers') and denoised; ``latents`` is then the noise, and the size left
         out keeps the video's aspect as an image's does.
+
+        A VACE model (as diffusers' ``WanVACEPipeline``): ``video`` is the control video (read as
+        above; none: black), ``mask`` its mask (a video of as many frames, or one image for all;
+        white: generate, black: keep), ``reference_images`` each prepended as a frame of its own
+        (dropped from the result), ``conditioning_scale`` the control's weight (one, or one per
+        vace layer); :meth:`prepare_vace`.
         """
         d = self.defaults
-        frames = None
+        vace_model, frames = self.transformer_config.vace, None
+        if (mask is not None or reference_images) and not vace_model:
+            raise WanjaxError("a mask and reference images are for a VACE model")
         if video is not None:
-            check_video_to_video(self.transformer_config, image is not None)
+            if not vace_model:
+                check_video_to_video(self.transformer_config, image is not None)
             frames = self.video_input(video, num_frames, fps)
             num_frames = len(frames)
         num_frames = d.frames if num_frames is None else num_frames
+        references = len(reference_images) if vace_model else 0
         num_inference_steps = d.num_inference_steps if num_inference_steps is None else num_inference_steps
         guidance_scale = d.guidance_scale if guidance_scale is None else guidance_scale
         seed = d.seed if seed is None else seed
@@ -563,18 +588,23 @@ class WanPipeline(PipelineComponents):
             prompt, negative_prompt, max_sequence_length
         )
         batch = prompt_embeds.shape[0]
-        expected = self.geometry.latent_shape(batch, height, width, num_frames)
+        noised_frames = num_frames + references * self.geometry.temporal  # one latent frame each
+        expected = self.geometry.latent_shape(batch, height, width, noised_frames)
         if latents is None:
-            latents = self.prepare_latents(batch, height, width, num_frames, seed)
+            latents = self.prepare_latents(batch, height, width, noised_frames, seed)
         elif tuple(latents.shape) != expected:
             raise WanjaxError(
                 f"latents {tuple(latents.shape)} do not match {batch} prompt(s) at {width}x{height}, "
                 f"{num_frames} frames (expected {expected}); pass the matching height/width/num_frames"
             )
-        conditioning = source = None
+        conditioning = source = vace = None
         if image is not None:
             conditioning = self.prepare_image(image, batch, height, width, num_frames, last_image)
-        if frames is not None:
+        if vace_model:
+            vace = self.prepare_vace(
+                frames, mask, reference_images, height, width, num_frames, conditioning_scale, fps
+            )
+        elif frames is not None:
             source = self.prepare_video(frames, height, width)
         denoised = self.denoise(
             prompt_embeds,
@@ -591,8 +621,49 @@ class WanPipeline(PipelineComponents):
             guidance_scale_2=guidance_scale_2,
             video_latents=source,
             strength=strength,
+            vace=vace,
         )
-        return Video(self.decode(denoised.latents), denoised, dict(self.timings))
+        return Video(self.decode(denoised.latents[:, :, references:]), denoised, dict(self.timings))
+
+    def prepare_vace(
+        self,
+        frames: Sequence[Image.Image] | None,
+        mask: VideoInput | ImageInput | None,
+        reference_images: Sequence[ImageInput],
+        height: int,
+        width: int,
+        num_frames: int,
+        conditioning_scale: float | Sequence[float] = 1.0,
+        fps: float | None = None,
+    ) -> VaceControl:
+        """A VACE model's control for one video (:mod:`wanjax.pipeline.vace`): the control latents
+        ``(1, 96, T' + R, h, w)`` of the control ``frames`` (None: black), the ``mask`` (a video of
+        as many frames, or one image for all; None: all generated) and ``R`` reference images, and
+        the scale of each vace layer."""
+        layers = self.transformer_config.vace_layers or ()
+        scale = np.broadcast_to(np.asarray(conditioning_scale, np.float32), (len(layers),))
+        if np.ndim(conditioning_scale) and np.shape(conditioning_scale) != (len(layers),):
+            raise WanjaxError(
+                f"conditioning_scale holds {np.size(conditioning_scale)} values; give one, or one per vace "
+                f"layer ({len(layers)})"
+            )
+        self.geometry.check(height, width, num_frames)
+        masks = None if mask is None else mask_frames(mask, num_frames, fps or self.defaults.fps)
+        self._enter("encode")
+        vae = self.vae
+        with self.stage_timing("encode").running():
+            latents = control_latents(
+                vae,
+                frames,
+                masks,
+                reference_images,
+                height,
+                width,
+                num_frames,
+                self.geometry.temporal,
+                self._video_placement(),
+            )
+        return VaceControl(jnp.asarray(latents), jnp.asarray(scale))
 
     def video_input(
         self, video: VideoInput, num_frames: int | None = None, fps: float | None = None

@@ -30,7 +30,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from wanjax.errors import ConfigError
-from wanjax.models.dit import WanTransformer
+from wanjax.models.dit import VaceControl, WanTransformer
 from wanjax.models.layers import Params
 from wanjax.parallel.layouts import to_global, to_host
 from wanjax.parallel.rules import replicated
@@ -78,18 +78,30 @@ class ImageConditioning:
         return latents.at[:, :, :1].set(self.latents.astype(latents.dtype))
 
 
+StepConditioning = ImageConditioning | VaceControl  # what a step reads besides the text
+
+
+def is_first_frame(conditioning: StepConditioning | None) -> bool:
+    """The conditioning is an image standing in for the first latent frame (Wan 2.2 TI2V)."""
+    return isinstance(conditioning, ImageConditioning) and conditioning.first_frame
+
+
 def guided_batch(
     model: WanTransformer,
     latents: jax.Array,
     timestep: jax.Array,
     prompt_embeds: jax.Array,
     negative_prompt_embeds: jax.Array | None,
-    image: ImageConditioning | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
+    image: StepConditioning | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None, VaceControl | None]:
     """The transformer's inputs for one step: the conditional rows, then (guided) the unconditional
-    ones; with ``image``, its latents joined to the noisy ones and its states for every row."""
+    ones; with ``image``, its latents joined to the noisy ones and its states for every row; with a
+    VACE model's control, its latents for every row (``(x, times, text, image states, control)``)."""
     batch = latents.shape[0]
     times = jnp.full((batch,), timestep)
+    control = None
+    if isinstance(image, VaceControl):
+        control, image = image, None
     if image is None:
         x = latents
     elif image.first_frame:  # the image's latents as frame 0, whose tokens are at timestep 0
@@ -100,10 +112,12 @@ def guided_batch(
     x = x.astype(model.dtype)
     images = None if image is None or image.image_embeds is None else image.image_embeds.astype(model.dtype)
     if negative_prompt_embeds is None:
-        return x, times, prompt_embeds, images
+        return x, times, prompt_embeds, images, control
     embeds = jnp.concatenate([prompt_embeds, negative_prompt_embeds])
     images = None if images is None else jnp.concatenate([images, images])
-    return jnp.concatenate([x, x]), jnp.concatenate([times, times]), embeds, images
+    if control is not None:
+        control = VaceControl(jnp.concatenate([control.latents, control.latents]), control.scale)
+    return jnp.concatenate([x, x]), jnp.concatenate([times, times]), embeds, images, control
 
 
 def guide(
@@ -130,7 +144,7 @@ def guided_velocity(
     prompt_embeds: jax.Array,
     negative_prompt_embeds: jax.Array | None,
     guidance_scale: float | jax.Array,
-    image: ImageConditioning | None = None,
+    image: StepConditioning | None = None,
 ) -> jax.Array:
     """``uncond + g * (cond - uncond)`` in the model dtype (:func:`guide`); only the conditional pass
     without negatives. Both passes run batched in one forward."""
@@ -247,7 +261,7 @@ class Sampler:
                 steps,
                 uncond is not None,
                 [min(i, 1) for i in range(steps)] if two else None,  # each expert's turn: shapes only
-                image is not None and image.first_frame,
+                is_first_frame(image),
             )
         )
         if step_cache is None:
@@ -263,7 +277,7 @@ class Sampler:
         negative_prompt_embeds: jax.Array | jax.ShapeDtypeStruct | None = None,
         params: Params | None = None,
         *,
-        image: ImageConditioning | None = None,
+        image: StepConditioning | None = None,
         expert: int = 0,
     ) -> tuple[Scheduler, tuple[Any, ...], int]:
         """The step's abstract arguments for inputs shaped like these (arrays or
@@ -301,7 +315,7 @@ class Sampler:
         on_step: Callable[[int, float], None] | None = None,
         check_finite: bool = False,
         cache: CacheConfig | None = None,
-        image: ImageConditioning | None = None,
+        image: StepConditioning | None = None,
         *,
         boundary_ratio: float | None = None,
         guidance_scale_2: float | None = None,
@@ -327,7 +341,7 @@ class Sampler:
         in the loop); with ``check_finite`` (or a later :meth:`Denoised.check_finite`) NaN/inf in the final
         latents raise :class:`~wanjax.errors.NumericalError` naming the first step that produced them.
         """
-        joined = image is not None and not image.first_frame
+        joined = isinstance(image, ImageConditioning) and not image.first_frame
         channels = latents.shape[1] + (image.latents.shape[1] if joined else 0)
         self.model.check_shape((latents.shape[0], channels, *latents.shape[2:]))
         two = len(self.experts) == 2
@@ -374,8 +388,8 @@ class Sampler:
                 scheduler.num_inference_steps,
                 uncond is not None,
                 experts if two else None,
-                image is not None and image.first_frame,
-                self._time_inputs(scheduler, latents.shape[2], image is not None and image.first_frame),
+                is_first_frame(image),
+                self._time_inputs(scheduler, latents.shape[2], is_first_frame(image)),
             )
         )
         finite: list[jax.Array] = []
@@ -415,7 +429,7 @@ class Sampler:
                 on_step(i, elapsed)
         report = None if step_cache is None else cache_report(step_cache, decisions, times)
         final = state.sample
-        if image is not None and image.first_frame:
+        if is_first_frame(image):
             final = image.impose(final)
         result = Denoised(final, times, report, tuple(experts[scheduler.start :]), finite_flags=tuple(finite))
         if check_finite:

@@ -54,7 +54,7 @@ import numpy as np
 
 from wanjax.errors import ConfigError
 from wanjax.models.config import TransformerConfig
-from wanjax.models.dit import WanTransformer
+from wanjax.models.dit import VaceControl, WanTransformer
 from wanjax.models.layers import Params
 from wanjax.models.registry import match
 from wanjax.pipeline import taylorseer, teacache
@@ -462,6 +462,7 @@ def cached_forward(
     timestep: jax.Array,
     prompt_embeds: jax.Array,
     image_embeds: jax.Array | None,
+    control: VaceControl | None,
     cache: StepCache,
     state: CacheState,
     index: jax.Array,
@@ -476,9 +477,9 @@ def cached_forward(
     branches = len(cache.branches)
     if cache.taylor is not None:
         return _taylor_forward(
-            model, params, latents, timestep, prompt_embeds, image_embeds, state, index, planned
+            model, params, latents, timestep, prompt_embeds, image_embeds, control, state, index, planned
         )
-    tokens, cond = model.embed(params, latents, timestep, prompt_embeds, image_embeds)
+    tokens, cond = model.embed(params, latents, timestep, prompt_embeds, image_embeds, control)
     rows = tokens.shape[0]
     out: CacheState = {}
     if cache.policy == "firstblock":
@@ -508,6 +509,7 @@ def _taylor_forward(
     timestep: jax.Array,
     prompt_embeds: jax.Array,
     image_embeds: jax.Array | None,
+    control: VaceControl | None,
     state: CacheState,
     index: jax.Array,
     planned: jax.Array,
@@ -515,7 +517,7 @@ def _taylor_forward(
     """TaylorSeer's step: the whole forward and its factors updated, or their prediction alone."""
 
     def compute() -> tuple[jax.Array, CacheState]:
-        velocity = model.apply(params, latents, timestep, prompt_embeds, image_embeds)
+        velocity = model.apply(params, latents, timestep, prompt_embeds, image_embeds, control)
         factors, orders, last = taylorseer.update(
             state["factors"], state["orders"], state["last"], velocity, index
         )

@@ -59,3 +59,19 @@ def source_latents(
     ``width x height`` (``place``: where the VAE encodes the video, e.g. split over a mesh)."""
     video = np.stack([video_frame(frame, height, width) for frame in frames], axis=1)[None]
     return encode_video(vae, video, place)
+
+
+def mask_frames(mask: VideoInput | ImageInput, num_frames: int, fps: float) -> list[Image.Image]:
+    """A mask of ``num_frames`` frames: one image (a PIL image, an image file) for every frame, or a
+    video's frames (as :func:`video_frames`); WanjaxError when a video's count differs."""
+    if isinstance(mask, Image.Image):
+        return [mask] * num_frames
+    if isinstance(mask, str | Path):
+        try:
+            return [open_image(mask)] * num_frames
+        except (WanjaxError, OSError):
+            pass  # not an image: a video
+    frames = video_frames(mask, fps, num_frames)
+    if len(frames) != num_frames:
+        raise WanjaxError(f"the mask has {len(frames)} frames; the video has {num_frames}: give as many")
+    return frames

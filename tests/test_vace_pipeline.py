@@ -1,0 +1,129 @@
+"""VACE against diffusers' ``WanVACEPipeline`` on a tiny random pipeline saved with
+``save_pretrained``, float32: a control video alone, with a mask (inpainting), reference images, and
+all of them, each with a conditioning scale other than 1: diffusers' latents and frames from the
+same inputs and noise; the mask folding and the reference canvas as diffusers builds them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers.compare import relative_error, to_uint8
+from helpers.pipelines import NEGATIVE, PROMPT, save_tiny, tiny_components
+from PIL import Image
+
+from wanjax import WanPipeline
+from wanjax.errors import WanjaxError
+from wanjax.pipeline.vace import fold_mask, reference_canvas
+
+HEIGHT, WIDTH, FRAMES, STEPS = 48, 64, 9, 3
+
+
+@pytest.fixture(scope="module")
+def vace(tmp_path_factory, tokenizer_dir):
+    from diffusers import WanVACEPipeline, WanVACETransformer3DModel
+    from helpers.models import TINY_DIT, randomize_
+    from helpers.pipelines import TEXT
+
+    components = tiny_components(tokenizer_dir)
+    dit = {**TINY_DIT, "text_dim": TEXT["d_model"], "vace_layers": [0, 1], "vace_in_channels": 96}
+    components["transformer"] = randomize_(WanVACETransformer3DModel(**dit), seed=2, std=0.2).eval()
+    root = tmp_path_factory.mktemp("wan_vace")
+    save_tiny(WanVACEPipeline(**components), root, tokenizer_dir)
+    ours = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
+    return WanVACEPipeline.from_pretrained(root), ours
+
+
+def frames(count: int = FRAMES, size: tuple[int, int] = (128, 96)) -> list[Image.Image]:
+    """A moving pattern at twice the video's size (the same aspect: both pipelines resize it alike)."""
+    w, h = size
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    return [
+        Image.fromarray(np.stack([127 + 100 * np.sin(x / 9 + t), 127 + 90 * np.cos(y / 7 - t / 2),
+                                  127 + 60 * np.sin((x + y) / 13)], -1).astype(np.uint8))
+        for t in range(count)
+    ]  # fmt: skip
+
+
+def masks(count: int = FRAMES, size: tuple[int, int] = (128, 96)) -> list[Image.Image]:
+    """White (generate) on a moving right part, black (keep) elsewhere."""
+    out = []
+    for t in range(count):
+        pixels = np.zeros((size[1], size[0], 3), np.uint8)
+        pixels[:, size[0] // 2 + 4 * t :] = 255
+        out.append(Image.fromarray(pixels))
+    return out
+
+
+def references() -> list[Image.Image]:
+    rng = np.random.default_rng(7)
+    return [
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for shape in ((70, 40, 3), (50, 90, 3))
+    ]
+
+
+CASES = {
+    "video": ({"video": frames()}, 0.7),
+    "video+mask": ({"video": frames(), "mask": masks()}, 1.4),
+    "references": ({"reference_images": references()}, 0.6),
+    "video+mask+references": (
+        {"video": frames(), "mask": masks(), "reference_images": references()[:1]},
+        [0.5, 1.2],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_vace_equals_diffusers(vace, case):
+    reference, pipe = vace
+    inputs, scale = CASES[case]
+    refs = len(inputs.get("reference_images", ()))
+    noise = torch.randn(
+        (1, 16, (FRAMES - 1) // 4 + 1 + refs, HEIGHT // 8, WIDTH // 8),
+        generator=torch.Generator().manual_seed(0),
+    )
+    final = []
+    with torch.no_grad():  # one prompt as a string: diffusers' VACE pipeline takes no list
+        frames_ref = reference(
+            prompt=PROMPT, negative_prompt=NEGATIVE, height=HEIGHT, width=WIDTH, num_frames=FRAMES,
+            num_inference_steps=STEPS, guidance_scale=5.0, latents=noise, conditioning_scale=scale,
+            output_type="np", callback_on_step_end=lambda p, i, t, kw: final.append(kw["latents"]) or {}, **inputs,
+        ).frames  # fmt: skip
+    latents_ref, frames_ref = final[-1].numpy(), to_uint8(frames_ref)
+    video = pipe(
+        PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, guidance_scale=5.0, latents=noise.numpy(),
+        conditioning_scale=scale, progress=False, **inputs,
+    )  # fmt: skip
+    assert relative_error(video.denoised.latents, latents_ref) <= 1e-5
+    assert video.frames.shape == frames_ref.shape == (1, FRAMES, HEIGHT, WIDTH, 3)
+    assert np.abs(video.frames.astype(np.int16) - frames_ref).max() <= 2
+
+
+def test_the_mask_folding_and_the_reference_canvas_are_diffusers(vace):
+    reference, _ = vace
+    _, mask, refs = reference.preprocess_conditions(
+        None, masks(), references(), 1, HEIGHT, WIDTH, FRAMES, torch.float32, "cpu"
+    )
+    folded = reference.prepare_masks(mask, [[]])[0].numpy()
+    np.testing.assert_array_equal(fold_mask(mask[0].numpy(), 4), folded)
+    for ours, theirs in zip((reference_canvas(r, HEIGHT, WIDTH) for r in references()), refs[0], strict=True):
+        np.testing.assert_allclose(ours, theirs.numpy(), rtol=0, atol=1e-6)
+
+
+def test_vace_inputs_are_for_a_vace_model(tiny_pipeline_dir):
+    pipe = WanPipeline.from_pretrained(tiny_pipeline_dir, dtype="float32", jax_cache_dir=False)
+    with pytest.raises(WanjaxError, match="a mask and reference images are for a VACE model"):
+        pipe(PROMPT, reference_images=references(), num_inference_steps=1, progress=False)
+
+
+def test_the_command_line_refuses_a_vace_model_in_one_line(vace, tmp_path, capsys):
+    from wanjax.cli.main import main
+
+    root = str(vace[1].path)
+    assert (
+        main(["generate", "--model", root, "--prompt", "a cat", "--output_video", str(tmp_path / "v.mp4")])
+        == 2
+    )
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a VACE model: run it from Python for now" in err[0], err
+    assert not list(tmp_path.iterdir())
