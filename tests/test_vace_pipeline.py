@@ -127,3 +127,23 @@ def test_the_command_line_refuses_a_vace_model_in_one_line(vace, tmp_path, capsy
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is a VACE model: run it from Python for now" in err[0], err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["dp=2,sp=2,tp=2", "dp=1,sp=4,tp=2", "dp=1,sp=8,tp=1"])
+def test_vace_on_a_mesh_equals_one_device(vace, mesh):
+    """The control encoded split over the mesh as the decoder's latents, the control blocks' tokens
+    split as the others' (heads over tp, tokens over sp), float32: the one-device run."""
+    _, one = vace
+    inputs, scale = CASES["video+mask+references"]
+    noise = torch.randn(
+        (1, 16, 4, HEIGHT // 8, WIDTH // 8), generator=torch.Generator().manual_seed(1)
+    ).numpy()
+    args = (PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS)
+    kwargs = dict(guidance_scale=5.0, latents=noise, conditioning_scale=scale, progress=False, **inputs)
+    alone = one(*args, **kwargs)
+    sharded = WanPipeline.from_pretrained(one.path, dtype="float32", jax_cache_dir=False, mesh=mesh)(
+        *args, **kwargs
+    )
+    assert relative_error(sharded.denoised.latents, alone.denoised.latents) <= 1e-5
+    assert np.abs(sharded.frames.astype(np.int16) - alone.frames).max() <= 1
