@@ -110,6 +110,13 @@ def test_the_mask_folding_and_the_reference_canvas_are_diffusers(vace):
         np.testing.assert_allclose(ours, theirs.numpy(), rtol=0, atol=1e-6)
 
 
+def test_a_scale_per_layer_must_match_the_vace_layers(vace):
+    with pytest.raises(
+        WanjaxError, match=r"conditioning_scale holds 3 values; give one, or one per vace layer \(2\)"
+    ):
+        vace[1](PROMPT, num_inference_steps=1, conditioning_scale=[1.0, 1.0, 1.0], progress=False)
+
+
 def test_vace_inputs_are_for_a_vace_model(tiny_pipeline_dir):
     pipe = WanPipeline.from_pretrained(tiny_pipeline_dir, dtype="float32", jax_cache_dir=False)
     with pytest.raises(WanjaxError, match="a mask and reference images are for a VACE model"):

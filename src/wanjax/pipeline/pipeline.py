@@ -641,12 +641,12 @@ class WanPipeline(PipelineComponents):
         as many frames, or one image for all; None: all generated) and ``R`` reference images, and
         the scale of each vace layer."""
         layers = self.transformer_config.vace_layers or ()
-        scale = np.broadcast_to(np.asarray(conditioning_scale, np.float32), (len(layers),))
         if np.ndim(conditioning_scale) and np.shape(conditioning_scale) != (len(layers),):
             raise WanjaxError(
                 f"conditioning_scale holds {np.size(conditioning_scale)} values; give one, or one per vace "
                 f"layer ({len(layers)})"
             )
+        scale = np.broadcast_to(np.asarray(conditioning_scale, np.float32), (len(layers),))
         self.geometry.check(height, width, num_frames)
         masks = None if mask is None else mask_frames(mask, num_frames, fps or self.defaults.fps)
         self._enter("encode")
