@@ -121,6 +121,29 @@ def test_image_to_video_dit_count_equals_traced_matmuls(images):
     assert dit_forward_flops(cfg, latent_shape, text_len, image_len=images * tokens).total == traced
 
 
+def test_vace_dit_count_equals_traced_matmuls():
+    """The control blocks' count too: patch embedding, input projection, blocks and their projections."""
+    cfg = dataclasses.replace(DIT, vace_layers=(0, 2), vace_in_channels=10)
+    params = abstract_params(dit.checkpoint_spec(cfg), jnp.float32)
+    latent_shape, text_len = (2, 4, 2, 4, 6), 7
+
+    def fn(p, x, t, c, control):
+        return dit.forward(p, cfg, x, t, c, settings=XLA_ATTENTION, control=dit.VaceControl(control))
+
+    args = (
+        jax.ShapeDtypeStruct(latent_shape, jnp.float32),
+        jax.ShapeDtypeStruct(latent_shape[:1], jnp.float32),
+        jax.ShapeDtypeStruct((2, text_len, cfg.text_dim), jnp.float32),
+        jax.ShapeDtypeStruct((2, 10, *latent_shape[2:]), jnp.float32),
+    )
+    traced = traced_matmul_flops(jax.make_jaxpr(fn)(params, *args).jaxpr)
+    assert (
+        dit_forward_flops(cfg, latent_shape, text_len).total
+        == traced
+        > dit_forward_flops(DIT, latent_shape, text_len).total
+    )
+
+
 def test_clip_vision_count_equals_traced_matmuls():
     from wanjax.models import clip_vision
 

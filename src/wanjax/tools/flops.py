@@ -70,7 +70,8 @@ def dit_forward_flops(
 ) -> Flops:
     """One DiT forward over latents ``(B, C, T, H, W)`` with ``text_len`` text tokens per sample (and,
     image to video, ``image_len`` image-encoder tokens: the image embedder, and per block their keys,
-    values and the cross-attention over them)."""
+    values and the cross-attention over them; a VACE model: its control patch embedding, the first
+    control block's input projection and each control block with its output projection)."""
     b = latent_shape[0] if batch is None else batch
     tokens = dit_tokens(cfg, latent_shape)
     d, heads, hd = cfg.inner_dim, cfg.num_attention_heads, cfg.attention_head_dim
@@ -101,7 +102,13 @@ def dit_forward_flops(
     )
     if image_len:
         block_attention += attention_flops(b, heads, tokens, image_len, hd)
-    return Flops(embed, 0) + cfg.num_layers * Flops(block_linear, block_attention)
+    total = Flops(embed, 0) + cfg.num_layers * Flops(block_linear, block_attention)
+    if cfg.vace_layers is not None and cfg.vace_in_channels is not None:
+        control = matmul_flops(b * tokens, cfg.vace_in_channels * cfg.patch_volume, d)
+        control += matmul_flops(b * tokens, d, d)  # the first control block's input projection
+        hint = matmul_flops(b * tokens, d, d)  # each control block's output projection
+        total += Flops(control, 0) + len(cfg.vace_layers) * Flops(block_linear + hint, block_attention)
+    return total
 
 
 def dit_step_flops(
