@@ -406,3 +406,31 @@ def test_two_experts_are_both_resident_or_take_turns(tmp_path):
     assert model_configs(str(root)).experts == 1
     i2v = model_configs("I2V-A14B")  # no CLIP: the VAE alone joins the encode stage
     assert i2v.image and i2v.image_encoder is None and i2v.experts == 2
+
+
+def test_a_vace_model_adds_its_control_blocks_weights_and_hints():
+    """VACE-14B over 14B at 720p on tp=8: the control blocks' weights (never streamed: on the device
+    with every offload mode) and the eight hints the blocks keep, each a residual stream's size."""
+    import jax.numpy as jnp
+
+    from wanjax.io.checkpoint import LeafSource
+    from wanjax.tools.plan import VACE_LEAVES, weight_bytes
+
+    mesh, video = (
+        parse_mesh("dp=1,sp=1,tp=8"),
+        dict(height=720, width=1280, frames=81, device_memory=32 * GiB),
+    )
+    plain, vace = (plan(model_configs(name), mesh, **video).stages["denoise"] for name in ("14B", "VACE-14B"))
+    cfg = model_configs("VACE-14B").transformer
+    control = {k: v for k, v in dit.checkpoint_spec(cfg).items() if k in VACE_LEAVES}
+    assert all(
+        isinstance(x, LeafSource)
+        for x in jax.tree.leaves(control, is_leaf=lambda x: isinstance(x, LeafSource))
+    )
+    assert vace.weights - plain.weights == weight_bytes(control, jnp.bfloat16, mesh.sizes).total > 0
+    tokens = 2 * 21 * 45 * 80  # two CFG rows of 21 x 45 x 80 tokens, not split over tp
+    assert vace.activations - plain.activations == 8 * tokens * cfg.inner_dim * 2
+    for offload in ("model", "blocks"):
+        streamed = plan(model_configs("VACE-14B"), mesh, offload=offload, **video).stages["denoise"]
+        plain_streamed = plan(model_configs("14B"), mesh, offload=offload, **video).stages["denoise"]
+        assert streamed.weights - plain_streamed.weights == vace.weights - plain.weights

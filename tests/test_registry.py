@@ -39,7 +39,7 @@ def config_only_checkpoint(parent, v: Variant):
     for component in folders:
         (root / component.folder).mkdir(parents=True)
         (root / component.folder / component.config_file).write_text(json.dumps(v.transformer.to_dict()))
-        index[component.folder] = ["diffusers", "WanTransformer3DModel"]
+        index[component.folder] = ["diffusers", v.transformer_class]
     (root / "scheduler").mkdir()
     (root / "scheduler" / "scheduler_config.json").write_text(json.dumps(DEMO_SCHEDULER))
     (root / "model_index.json").write_text(json.dumps(index))
@@ -64,7 +64,7 @@ def python_call_values(pipe: WanPipeline, image: Image.Image | None) -> dict:
         return Denoised(latents, StepTimes())
 
     pipe.encode_prompt, pipe.prepare_latents, pipe.denoise = encode_prompt, prepare_latents, denoise
-    pipe.prepare_image = lambda *args, **kwargs: None
+    pipe.prepare_image = pipe.prepare_vace = lambda *args, **kwargs: None
     pipe.decode = lambda latents: None
     last = image if pipe.transformer_config.first_last_frame else None
     pipe("a cat", image=image, last_image=last, progress=False)

@@ -55,6 +55,15 @@ WAN22_VAE = VAEConfig(  # its latent statistics, which change no shape, left neu
 WAN21_1_3B = TransformerConfig(num_attention_heads=12, ffn_dim=8960, num_layers=30)
 WAN21_14B = TransformerConfig(num_attention_heads=40, ffn_dim=13824, num_layers=40)
 WAN21_I2V_14B = dataclasses.replace(WAN21_14B, in_channels=36, image_dim=1280, added_kv_proj_dim=5120)
+# VACE (Wan2.1-VACE-*-diffusers' transformer configs): control blocks after every other layer (1.3B)
+# or every fifth (14B), reading 96 channels (two VAE encodings of the control video, the 8x8 mask)
+VACE_CHANNELS = 96
+WAN21_VACE_1_3B = dataclasses.replace(
+    WAN21_1_3B, vace_layers=tuple(range(0, 30, 2)), vace_in_channels=VACE_CHANNELS
+)
+WAN21_VACE_14B = dataclasses.replace(
+    WAN21_14B, vace_layers=tuple(range(0, 40, 5)), vace_in_channels=VACE_CHANNELS
+)
 WAN22_5B = TransformerConfig(
     num_attention_heads=24, ffn_dim=14336, num_layers=30, in_channels=48, out_channels=48
 )
@@ -150,8 +159,15 @@ class Variant:
     @property
     def pipeline_class(self) -> str:
         """diffusers' pipeline class, as ``model_index.json`` names it."""
+        if self.transformer.vace:
+            return "WanVACEPipeline"
         i2v = self.transformer.image_to_video and not self.expand_timesteps
         return "WanImageToVideoPipeline" if i2v else "WanPipeline"
+
+    @property
+    def transformer_class(self) -> str:
+        """diffusers' transformer class, as the transformer's ``config.json`` and ``model_index.json`` name it."""
+        return "WanVACETransformer3DModel" if self.transformer.vace else "WanTransformer3DModel"
 
     def mag_curve(self, first_frame: bool = False) -> str | None:
         """The published MagCache curve of this variant (with an image as first frame, for TI2V)."""
@@ -237,6 +253,20 @@ VARIANTS: tuple[Variant, ...] = (
         mag_ratios_image="wan2.2-ti2v-5b-i2v",
     ),
     Variant(
+        "VACE-1.3B",
+        "Wan 2.1 VACE 1.3B (control video, mask, reference images)",
+        WAN21_VACE_1_3B,
+        WAN21_VAE,
+        repo="Wan-AI/Wan2.1-VACE-1.3B-diffusers",
+    ),
+    Variant(
+        "VACE-14B",
+        "Wan 2.1 VACE 14B (control video, mask, reference images)",
+        WAN21_VACE_14B,
+        WAN21_VAE,
+        repo="Wan-AI/Wan2.1-VACE-14B-diffusers",
+    ),
+    Variant(
         "demo",
         "built-in demo, Wan 2.1 T2V",
         DEMO_TRANSFORMER,
@@ -272,6 +302,15 @@ VARIANTS: tuple[Variant, ...] = (
         DEMO_VAE,
         None,
         boundary_ratio=0.9,
+        demo=True,
+        defaults=DEMO_DEFAULTS,
+    ),
+    Variant(
+        "demo-vace",
+        "built-in demo, Wan 2.1 VACE",
+        dataclasses.replace(DEMO_TRANSFORMER, vace_layers=(0, 2), vace_in_channels=VACE_CHANNELS),
+        DEMO_VAE,
+        None,
         demo=True,
         defaults=DEMO_DEFAULTS,
     ),
@@ -342,6 +381,7 @@ def _architecture(cfg: TransformerConfig) -> tuple:
         cfg.patch_size,
         cfg.image_dim,
         cfg.first_last_frame,
+        cfg.vace_layers,
     )
 
 

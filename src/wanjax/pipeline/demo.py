@@ -142,13 +142,14 @@ def _components(variant: Variant) -> dict[Component, tuple[Any, dict[str, Any], 
     te = demo_text_encoder_config()
     te_config = {**te.to_dict(), "architectures": ["UMT5EncoderModel"], "dtype": "float32"}
     dit = variant.transformer
+    dit_config = {**dit.to_dict(), "_class_name": variant.transformer_class}
     components = {
         TEXT_ENCODER: (te, te_config, ("transformers", "UMT5EncoderModel")),
-        TRANSFORMER: (dit, dit.to_dict(), ("diffusers", "WanTransformer3DModel")),
+        TRANSFORMER: (dit, dit_config, ("diffusers", variant.transformer_class)),
         VAE: (variant.vae, variant.vae.to_dict(), ("diffusers", "AutoencoderKLWan")),
     }
     if variant.boundary_ratio is not None:
-        components[TRANSFORMER_2] = (dit, dit.to_dict(), ("diffusers", "WanTransformer3DModel"))
+        components[TRANSFORMER_2] = (dit, dit_config, ("diffusers", variant.transformer_class))
     if variant.image_encoder is not None:
         clip = variant.image_encoder
         clip_config = {**clip.to_dict(), "architectures": ["CLIPVisionModel"], "dtype": "float32"}

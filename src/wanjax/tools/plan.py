@@ -304,6 +304,24 @@ def weight_bytes(
     return WeightBytes(fixed, layer, num_layers, dequantized)
 
 
+VACE_LEAVES = ("vace_patch_embedding", "vace_proj_in", "vace_blocks")
+
+
+def transformer_bytes(
+    cfg: TransformerConfig, dtype: Any, sizes: dict[str, int], fsdp: bool = False, weights: str = UNQUANTIZED
+) -> WeightBytes:
+    """:func:`weight_bytes` of a transformer: a VACE model's control blocks (their own stack, never
+    streamed) count with the weights that stay on the device."""
+    spec = dit.checkpoint_spec(cfg)
+    control = {name: spec.pop(name) for name in VACE_LEAVES if name in spec}
+    found = weight_bytes(spec, dtype, sizes, fsdp, weights)
+    if not control:
+        return found
+    return dataclasses.replace(
+        found, fixed=found.fixed + weight_bytes(control, dtype, sizes, fsdp, weights).total
+    )
+
+
 def _shard_bytes(
     shape: tuple[int, ...], entries: tuple[Any, ...], dtype: np.dtype, sizes: dict[str, int]
 ) -> int:
@@ -338,7 +356,7 @@ def plan(
     sizes = mesh.sizes
     act, vae_item = np.dtype(parse_dtype(dtype)).itemsize, np.dtype(parse_dtype(vae_dtype)).itemsize
     t = model.transformer
-    d_bytes = weight_bytes(dit.checkpoint_spec(t), parse_dtype(dtype), sizes, mesh.fsdp, weights_dtype)
+    d_bytes = transformer_bytes(t, parse_dtype(dtype), sizes, mesh.fsdp, weights_dtype)
     e_spec = umt5.checkpoint_spec(model.text_encoder)
     e_bytes = weight_bytes(e_spec, parse_dtype(dtype), sizes, mesh.fsdp, weights_dtype)
     v_spec = vae.checkpoint_spec(model.vae, "decoder")
@@ -370,6 +388,10 @@ def plan(
         tokens * d * (2 * act + 2 * 4)  # residual + normed input, float32 norm / modulation temporaries
         + 4 * rows * v.z_dim * latent_t * (height // f) * (width // f) * 4  # scheduler state (replicated)
         + d_bytes.dequantized_layer  # 8-bit weights: one layer's kernels dequantised for its matmuls
+        + len(t.vace_layers or ())
+        * tokens
+        * d
+        * act  # VACE: every control block's hint, kept through the blocks
     )
     attention = (
         tokens * heads_local * t.attention_head_dim * act * 2  # q, attention output
