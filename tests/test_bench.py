@@ -477,3 +477,19 @@ def test_the_bench_cli_refuses_in_one_line_and_writes_nothing(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "the denoise stage needs about 5" in lines[0] and "--layers" in lines[0]
     assert not out.exists()
+
+
+def test_a_vace_arch_runs_its_control_blocks_and_counts_them():
+    """``--arch VACE-1.3B --layers 2``: the first layer's control block with it (random control
+    latents), its FLOPs in the count."""
+    cfg = bench.BenchConfig(
+        arch="VACE-1.3B", layers=2, height=32, width=32, frames=1, stages=("denoise",), repeats=1,
+        num_inference_steps=2, max_sequence_length=16,
+    )  # fmt: skip
+    assert cfg.transformer_config().vace_layers == (0,)
+    denoise = bench.run_bench(cfg)["stages"]["denoise"]
+    expected = dit_step_flops(cfg.transformer_config(), (1, 16, 1, 4, 4), 16).total
+    plain = dit_step_flops(
+        dataclasses.replace(transformer_preset("1.3B"), num_layers=2), (1, 16, 1, 4, 4), 16
+    )
+    assert denoise["tflop"] * 1e12 == pytest.approx(expected) and expected > plain.total

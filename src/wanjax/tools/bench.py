@@ -221,9 +221,14 @@ class BenchConfig:
         return dataclasses.replace(clip, num_hidden_layers=layers)
 
     def transformer_config(self) -> TransformerConfig:
-        """The DiT drawn: ``--layers`` blocks (default all)."""
+        """The DiT drawn: ``--layers`` blocks (default all; a VACE model keeps the control blocks of
+        those layers)."""
         base = self.variant.transformer
-        return dataclasses.replace(base, num_layers=self.layers or base.num_layers)
+        layers = self.layers or base.num_layers
+        if base.vace_layers is None:
+            return dataclasses.replace(base, num_layers=layers)
+        vace = tuple(i for i in base.vace_layers if i < layers)
+        return dataclasses.replace(base, num_layers=layers, vace_layers=vace)
 
     def latent_shape(self) -> tuple[int, int, int, int, int]:
         f = self.vae.spatial_factor
@@ -440,6 +445,9 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
             states_shape = (images, tokens, tcfg.image_dim)
             states = jax.random.normal(jax.random.key(7), states_shape)
         image = ImageConditioning(jax.random.normal(jax.random.key(6), condition, jnp.float32), states)
+    elif tcfg.vace:  # the control latents (a control video's encodings and its folded mask)
+        control = jax.random.normal(jax.random.key(6), (1, tcfg.vace_in_channels, *shape[2:]), jnp.float32)
+        image = dit.VaceControl(control)
 
     def run() -> Any:
         uncond = text if guided else None
