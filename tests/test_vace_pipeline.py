@@ -154,3 +154,60 @@ def test_vace_on_a_mesh_equals_one_device(vace, mesh):
     )
     assert relative_error(sharded.denoised.latents, alone.denoised.latents) <= 1e-5
     assert np.abs(sharded.frames.astype(np.int16) - alone.frames).max() <= 1
+
+
+@pytest.mark.slow
+def test_generate_with_vace_flags_is_the_python_run(vace, tmp_path):
+    """``generate --video --mask --reference_image --conditioning_scale --init_latents``: exactly the
+    frames of ``pipe(...)`` on the same decoded frames, mask image and reference image."""
+    from safetensors.numpy import save_file
+
+    from wanjax.cli.main import main
+    from wanjax.io.video import write_mp4
+    from wanjax.io.video_reader import read_frames
+
+    _, pipe = vace
+    clip = write_mp4(np.stack([np.asarray(f) for f in frames()]), tmp_path / "control.mp4", fps=16)
+    masks()[3].save(tmp_path / "mask.png")
+    references()[1].save(tmp_path / "ref.png")
+    noise = torch.randn(
+        (1, 16, 4, HEIGHT // 8, WIDTH // 8), generator=torch.Generator().manual_seed(2)
+    ).numpy()
+    save_file({"latents": noise}, str(tmp_path / "noise.safetensors"))
+    args = [
+        "generate",
+        "--model",
+        str(pipe.path),
+        "--prompt",
+        PROMPT,
+        "--negative_prompt",
+        NEGATIVE,
+        "--dtype",
+        "float32",
+    ]
+    args += [
+        "--video",
+        str(clip),
+        "--mask",
+        str(tmp_path / "mask.png"),
+        "--reference_image",
+        str(tmp_path / "ref.png"),
+    ]
+    args += [
+        "--conditioning_scale",
+        "0.7",
+        "--height",
+        str(HEIGHT),
+        "--width",
+        str(WIDTH),
+        "--frames",
+        str(FRAMES),
+    ]
+    args += ["--num_inference_steps", str(STEPS), "--init_latents", str(tmp_path / "noise.safetensors")]
+    assert main([*args, "--frames_out", str(tmp_path / "f.npy"), "--jax_cache_dir", "off", "--quiet"]) == 0
+    python = pipe(
+        PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, latents=noise, video=read_frames(clip, 16, FRAMES),
+        mask=Image.open(tmp_path / "mask.png"), reference_images=[Image.open(tmp_path / "ref.png")],
+        conditioning_scale=0.7, progress=False,
+    )  # fmt: skip
+    np.testing.assert_array_equal(np.load(tmp_path / "f.npy"), python.frames)

@@ -249,6 +249,14 @@ MISTAKES = {
         "--video is for a text-to-video model; demo-i2v starts from an image (--image)",
     ),
     "video and image": (("--video", "clip.mp4", "--image", "clip.png"), "--video and --image both given"),
+    "mask for a text-to-video model": (
+        ("--video", "clip.mp4", "--mask", "clip.png"),
+        "--mask, --reference_image and --conditioning_scale are for a VACE model; demo is not one",
+    ),
+    "a reference that is no image": (
+        ("--model", "demo-vace", "--reference_image", "notes.mp4"),
+        "--reference_image ",
+    ),
 }
 
 

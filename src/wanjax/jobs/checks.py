@@ -3,6 +3,7 @@ VAE tiling, the video's size, its images and prompts, the step cache (one-line W
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,7 +12,7 @@ import numpy as np
 
 from wanjax.errors import ConfigError, WanjaxError
 from wanjax.jobs import preflight as validation
-from wanjax.jobs.groups import CacheFlags, ImageFlags, PromptFlags, SourceVideoFlags
+from wanjax.jobs.groups import CacheFlags, ImageFlags, PromptFlags, SourceVideoFlags, VaceFlags
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.jobs.requests import OUTPUT_SUFFIXES, Request
 from wanjax.kernels.attention import AttentionSpec
@@ -23,6 +24,7 @@ from wanjax.pipeline.inputs import check_image_input, check_video_to_video
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.pipeline.prompts import read_prompt_file
 from wanjax.pipeline.step_cache import resolve as resolve_cache
+from wanjax.pipeline.video_input import mask_frames
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -70,11 +72,14 @@ def resolve_video(
     batch: int,
     init_name: str | None,
     image: Image.Image | None = None,
+    references: int = 0,
 ) -> dict[str, int]:
     """Height, width and frames: flag > earlier stage > ``--init_latents`` shape > (height and width)
     the ``--image``'s aspect at the model's default area > model default; checked against the init
-    latents' shape when there are some."""
-    from_init = pipe.geometry.video_size(init.shape) if init is not None else {}
+    latents' shape when there are some (which hold a latent frame per VACE reference image first)."""
+    from_init = {}
+    if init is not None:
+        from_init = pipe.geometry.video_size((*init.shape[:2], init.shape[2] - references, *init.shape[3:]))
     defaults = defaults_of(pipe)
     video: dict[str, int] = {}
     for key in ("height", "width", "frames"):
@@ -88,7 +93,8 @@ def resolve_video(
             image, video.get("height"), video.get("width"), area
         )
     video = {key: video.get(key, getattr(defaults, key)) for key in ("height", "width", "frames")}
-    expected = pipe.geometry.latent_shape(batch, video["height"], video["width"], video["frames"])
+    frames = video["frames"] + references * pipe.geometry.temporal
+    expected = pipe.geometry.latent_shape(batch, video["height"], video["width"], frames)
     if init is not None and tuple(init.shape) != expected:
         raise WanjaxError(
             f"--init_latents {init_name} has shape {list(init.shape)} but {batch} prompt(s) at "
@@ -150,12 +156,54 @@ def open_source_video(
 
 
 def check_not_vace(pipe: WanPipeline, cfg: TransformerConfig) -> None:
-    """A VACE model runs through the Python API only, for now (its control flags are not here yet)."""
+    """The stage commands do not carry a VACE model's control yet: one line naming ``generate``."""
     if cfg.vace:
         raise WanjaxError(
-            f"{model_label(pipe.source)} is a VACE model: run it from Python for now "
-            "(WanPipeline(...)(prompt, video=..., mask=..., reference_images=...))"
+            f"{model_label(pipe.source)} is a VACE model: the stage commands do not carry its control yet; "
+            "use `wanjax generate` (--video, --mask, --reference_image)"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class VaceInputs:
+    """A VACE run's control, opened: the mask's frames (None: all generated), the reference images
+    and the control's weight."""
+
+    masks: list[Image.Image] | None
+    references: list[Image.Image]
+    scale: float
+
+
+def open_vace_inputs(
+    pipe: WanPipeline, flags: VaceFlags, cfg: TransformerConfig, num_frames: int, fps: float
+) -> VaceInputs | None:
+    """``--mask`` (``num_frames`` frames, or one image for all) and each ``--reference_image`` opened,
+    after checking that the model is a VACE model (None for any other, which must be given none);
+    one-line errors naming the flag."""
+    if not cfg.vace:
+        if flags.given:
+            raise WanjaxError(
+                f"--mask, --reference_image and --conditioning_scale are for a VACE model; "
+                f"{model_label(pipe.source)} is not one"
+            )
+        return None
+    masks = None
+    if flags.mask is not None:
+        if not Path(flags.mask).is_file():
+            raise WanjaxError(f"--mask {flags.mask}: file not found")
+        try:
+            masks = mask_frames(flags.mask, num_frames, fps)
+        except WanjaxError as e:
+            raise WanjaxError(f"--mask: {e}") from None
+    references = []
+    for path in flags.reference_image:
+        try:
+            references.append(open_image(path))
+        except WanjaxError as e:
+            raise WanjaxError(f"--reference_image {e}") from None
+        check_image_size(references[-1], 8, f"--reference_image {path}")
+    scale = flags.conditioning_scale
+    return VaceInputs(masks, references, defaults_of(pipe).conditioning_scale if scale is None else scale)
 
 
 def prompt_list(text: PromptFlags) -> list[str]:

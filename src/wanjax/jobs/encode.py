@@ -10,6 +10,7 @@ from typing import Any
 
 from wanjax.jobs.checks import (
     check_devices,
+    check_not_vace,
     check_output_paths,
     open_images,
     open_source_video,
@@ -53,6 +54,7 @@ def encode(request: EncodeRequest) -> RunReport:
         files=request.files,
     )
     pipe.sources.check(("tokenizer", "text_encoder"))
+    check_not_vace(pipe, pipe.transformer_config)
     fps = request.video.fps or defaults_of(pipe).fps
     source = open_source_video(pipe, request.source, pipe.transformer_config, fps, request.video.frames)
     image, last_image = open_images(pipe, request.images, pipe.transformer_config)

@@ -19,17 +19,17 @@ from wanjax.jobs.checks import (
     check_attention,
     check_cache,
     check_devices,
-    check_not_vace,
     check_output_paths,
     check_vae_tiling,
     open_images,
     open_source_video,
+    open_vace_inputs,
     prompt_list,
     resolve_video,
 )
 from wanjax.jobs.opening import begin, defaults_of, mesh_request, model_label, open_pipeline
 from wanjax.jobs.outputs import clip_infos, fresh_video_name, video_record, with_output_video, write_outputs
-from wanjax.jobs.record import finish, image_record, make_report, source_record
+from wanjax.jobs.record import finish, image_record, make_report, source_record, vace_record
 from wanjax.jobs.requests import GenerateRequest
 from wanjax.jobs.sampling import cache_outputs, denoise_latents, sampling_params, steps_run, video_args
 from wanjax.jobs.status import Status, headline
@@ -42,6 +42,8 @@ from wanjax.runtime.timing import RunReport
 
 if TYPE_CHECKING:
     from PIL import Image
+
+    from wanjax.jobs.checks import VaceInputs
 
 
 def generate(
@@ -96,7 +98,8 @@ class GenerateWork:
     image: Image.Image | None = None
     last_image: Image.Image | None = None
     init: np.ndarray | None = None
-    source: list[Image.Image] | None = None  # video to video: the frames re-made
+    source: list[Image.Image] | None = None  # video to video: the frames re-made (VACE: the control video)
+    vace: VaceInputs | None = None  # a VACE model's mask, references and weight
 
     @property
     def batch(self) -> int:
@@ -113,6 +116,7 @@ class GenerateWork:
             "negative_prompt": self.negative,
             **(image_record(self.request.images) if self.image is not None else {}),
             **(source_record(self.request.source) if self.source is not None else {}),
+            **(vace_record(self.request.vace) if self.vace is not None else {}),
             **self.video,
             "fps": self.fps,
             **self.params,
@@ -124,7 +128,6 @@ def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec |
     the values the run will use; reads no weight."""
     configs = pipe.sources.check(("tokenizer", "text_encoder", "transformer", "vae"))
     check_vae_tiling(pipe)
-    check_not_vace(pipe, configs["transformer"])
     fps = request.video.fps or defaults_of(pipe).fps
     source = open_source_video(pipe, request.source, configs["transformer"], fps, request.video.frames)
     image, last_image = open_images(pipe, request.images, configs["transformer"])
@@ -133,11 +136,15 @@ def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec |
     prompts = batch_prompts(prompt_list(request.text), None if init is None else init.shape[0])
     given = dataclasses.asdict(request.video) | ({} if source is None else {"frames": len(source)})
     shaped_by = image if source is None else source[0]  # what the size left out keeps the aspect of
-    video = resolve_video(pipe, given, {}, init, len(prompts), init_name, shaped_by)
+    references = len(request.vace.reference_image) if configs["transformer"].vace else 0
+    video = resolve_video(pipe, given, {}, init, len(prompts), init_name, shaped_by, references)
+    vace = open_vace_inputs(pipe, request.vace, configs["transformer"], video["frames"], fps)
     validation.check_rope(configs["transformer"], pipe.geometry, video)
     check_devices(mesh, configs["transformer"].num_attention_heads)
     check_attention(pipe, configs["transformer"])
-    params = sampling_params(pipe, request.sampling, video=source is not None)
+    params = sampling_params(pipe, request.sampling, video=source is not None and vace is None)
+    if vace is not None:
+        params["conditioning_scale"] = vace.scale
     first_frame = image is not None and pipe.expand_timesteps
     check_cache(request.cache, configs["transformer"], params, params["guidance_scale"] > 1, first_frame)
     return GenerateWork(
@@ -151,6 +158,7 @@ def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec |
         last_image,
         init,
         source,
+        vace,
     )
 
 
@@ -168,16 +176,25 @@ def run_generate(
     pos, neg = pipe.encode_prompt(
         work.prompts, [work.negative] * batch, work.request.text.max_sequence_length
     )
-    conditioning = source = None
+    conditioning = source = vace = None
     if work.image is not None:
         conditioning = pipe.prepare_image(
             work.image, batch, **video_args(work.video), last_image=work.last_image
         )
-    if work.source is not None:
-        source = pipe.prepare_video(work.source, work.video["height"], work.video["width"])
+    height, width, frames = work.video["height"], work.video["width"], work.video["frames"]
+    references = 0
+    if work.vace is not None:
+        inputs = work.vace
+        vace = pipe.prepare_vace(
+            work.source, inputs.masks, inputs.references, height, width, frames, inputs.scale
+        )
+        references = len(inputs.references)
+    elif work.source is not None:
+        source = pipe.prepare_video(work.source, height, width)
     latents = work.init
-    if latents is None:
-        latents = pipe.prepare_latents(batch, **video_args(work.video), seed=work.params["seed"])
+    if latents is None:  # a VACE model's references: a latent frame each, before the video's
+        noised = frames + references * pipe.geometry.temporal
+        latents = pipe.prepare_latents(batch, height, width, noised, seed=work.params["seed"])
     report("denoise", 0)
     on_step = lambda done: report("denoise", done)  # noqa: E731
     denoised = denoise_latents(
@@ -191,10 +208,10 @@ def run_generate(
         on_step,
         on_progress is None,
         video_latents=source,
+        vace=vace,
     )
     report("decode", steps_run(work.params))
-    frames = pipe.decode(denoised.latents)
-    return Video(frames, denoised, dict(pipe.timings))
+    return Video(pipe.decode(denoised.latents[:, :, references:]), denoised, dict(pipe.timings))
 
 
 def generate_outputs(pipe: WanPipeline, work: GenerateWork, video: Video) -> RunReport:

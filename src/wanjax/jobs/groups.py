@@ -238,6 +238,32 @@ class SourceVideoFlags:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class VaceFlags:
+    """A VACE model's control: --video is its control video; its mask and reference images."""
+
+    title: ClassVar[str] = "VACE (control video, mask, reference images)"
+    mask: str | None = option(
+        None,
+        help="VACE: the mask of --video, a video of as many frames or one image for all (white: "
+        "generate, black: keep the video's pixels)",
+    )
+    reference_image: tuple[str, ...] = option(
+        (),
+        repeat=True,
+        metavar="IMAGE",
+        help="VACE: a reference image (of what the video shows), fitted onto a white frame of its own "
+        "before the video's (dropped from the result); repeatable",
+    )
+    conditioning_scale: float | None = option(
+        None, help="VACE: the control's weight (default {ref.conditioning_scale})", values=registry_defaults
+    )
+
+    @property
+    def given(self) -> bool:
+        return self.mask is not None or bool(self.reference_image) or self.conditioning_scale is not None
+
+
 def _sampling_defaults() -> dict[str, Any]:
     from wanjax.pipeline.scheduler import DISTILL_SHIFT
 

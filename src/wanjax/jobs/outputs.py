@@ -34,6 +34,7 @@ DESCRIBED = (  # the run's parameters an mp4's metadata carries, beside its prom
     "flow_shift",
     "init_latents",
     "strength",
+    "conditioning_scale",
     "height",
     "width",
     "frames",

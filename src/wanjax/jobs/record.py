@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from wanjax.jobs.groups import ImageFlags, SourceVideoFlags
+from wanjax.jobs.groups import ImageFlags, SourceVideoFlags, VaceFlags
 from wanjax.jobs.opening import model_label
 from wanjax.jobs.requests import PipelineRequest
 from wanjax.parallel.multihost import is_primary
@@ -31,6 +31,14 @@ def image_record(flags: ImageFlags) -> dict[str, str | None]:
 def source_record(flags: SourceVideoFlags) -> dict[str, str | None]:
     """Video to video's source as a stage config and a video's metadata record it: an absolute path."""
     return {"video": None if flags.video is None else str(Path(flags.video).resolve())}
+
+
+def vace_record(flags: VaceFlags) -> dict[str, Any]:
+    """A VACE run's mask and reference images as a video's metadata records them: absolute paths."""
+    return {
+        "mask": None if flags.mask is None else str(Path(flags.mask).resolve()),
+        "reference_images": [str(Path(p).resolve()) for p in flags.reference_image],
+    }
 
 
 def recorded(request: PipelineRequest) -> dict[str, Any]:

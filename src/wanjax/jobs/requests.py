@@ -33,6 +33,7 @@ from wanjax.jobs.groups import (
     PromptFlags,
     SamplingFlags,
     SourceVideoFlags,
+    VaceFlags,
     VaeFlags,
     VideoFlags,
     dtype_flag,
@@ -86,6 +87,7 @@ class GenerateRequest(Request):
     text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
     images: ImageFlags = dataclasses.field(default_factory=ImageFlags)
     source: SourceVideoFlags = dataclasses.field(default_factory=SourceVideoFlags)
+    vace: VaceFlags = dataclasses.field(default_factory=VaceFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
@@ -109,6 +111,7 @@ class EncodeRequest(Request):
     text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
     images: ImageFlags = dataclasses.field(default_factory=ImageFlags)
     source: SourceVideoFlags = dataclasses.field(default_factory=SourceVideoFlags)
+    vace: VaceFlags = dataclasses.field(default_factory=VaceFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
     output_dir: str = stage_dir_flag()
@@ -230,6 +233,10 @@ def _check_prompts(flags: dict[str, Any]) -> None:
     _hint_negative_name(flags.get("negative_prompt"))
     if flags.get("last_image") and not flags.get("image"):
         raise WanjaxError("--last_image needs --image (the first frame) too")
+    if (flags.get("mask") or flags.get("reference_image")) and flags.get("image"):
+        raise WanjaxError(
+            "--mask and --reference_image are a VACE model's; --image is an image-to-video model's"
+        )
     if flags.get("video") and flags.get("image"):
         raise WanjaxError("--video and --image both given: re-make a video (--video) or start from an image")
     if "video" in flags and flags.get("strength") is not None and not flags["video"]:
@@ -296,6 +303,9 @@ def _check_numbers(flags: dict[str, Any]) -> None:
         raise WanjaxError(
             f"--max_sequence_length must be 1 to {TEXT_LENGTH} (the text tokens Wan was trained on), got {length}"
         )
+    scale = flags.get("conditioning_scale")
+    if scale is not None and not math.isfinite(scale):
+        raise WanjaxError(f"--conditioning_scale must be a finite number (1.0 is the default), got {scale}")
     strength = flags.get("strength")
     if strength is not None and not 0 < strength <= 1:
         raise WanjaxError(

@@ -88,6 +88,7 @@ def denoise_latents(
     on_step: Callable[[int], None] | None = None,
     progress: bool = True,
     video_latents: Any = None,
+    vace: Any = None,
 ) -> Denoised:
     """The pipeline's denoise with these parameters, step cache and image conditioning, or a source
     video's latents (``progress``: its bar on a terminal); with ``--cache_calibrate`` the measured MagCache ratios are written there
@@ -109,6 +110,7 @@ def denoise_latents(
         progress=progress,
         video_latents=video_latents,
         strength=params.get("strength"),
+        vace=vace,
     )
     report = out.cache_report
     if cache.cache_calibrate and report is not None and is_primary():

@@ -21,6 +21,7 @@ class Defaults:
     guidance_scale: float = 5.0
     seed: int = 42
     strength: float = 0.8  # video-to-video: diffusers' WanVideoToVideoPipeline default
+    conditioning_scale: float = 1.0  # VACE: the control's weight, diffusers' WanVACEPipeline default
 
 
 TEXT_LENGTH = 512  # Wan's text_len: the prompt tokens every Wan DiT was trained on (the authors' configs)
