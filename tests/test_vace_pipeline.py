@@ -211,3 +211,50 @@ def test_generate_with_vace_flags_is_the_python_run(vace, tmp_path):
         conditioning_scale=0.7, progress=False,
     )  # fmt: skip
     np.testing.assert_array_equal(np.load(tmp_path / "f.npy"), python.frames)
+
+
+def test_a_clip_extended_once_is_diffusers_vace_run_on_the_last_frames(vace):
+    """The new clip: diffusers' VACE run whose control video is the last 5 frames then gray ones, its
+    mask black on them and white after (as diffusers' VACE examples build them); the result: the
+    given frames cross-faded with the clip's first 5, then the clip's new frames."""
+    reference, pipe = vace
+    start = np.stack([np.asarray(f) for f in frames(6, (WIDTH, HEIGHT))])
+    noise = torch.randn((1, 16, 3, HEIGHT // 8, WIDTH // 8), generator=torch.Generator().manual_seed(3))
+    control = [Image.fromarray(f) for f in start[-5:]] + [
+        Image.new("RGB", (WIDTH, HEIGHT), (128, 128, 128))
+    ] * 4
+    mask = [Image.new("L", (WIDTH, HEIGHT), 0)] * 5 + [Image.new("L", (WIDTH, HEIGHT), 255)] * 4
+    final = []
+    with torch.no_grad():
+        frames_ref = reference(
+            prompt=PROMPT, negative_prompt=NEGATIVE, video=control, mask=mask, height=HEIGHT, width=WIDTH,
+            num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=5.0, latents=noise, output_type="np",
+            callback_on_step_end=lambda p, i, t, kw: final.append(kw["latents"]) or {},
+        ).frames  # fmt: skip
+    out = pipe.extend(
+        PROMPT, start, clips=1, overlap=5, num_frames=FRAMES, height=HEIGHT, width=WIDTH, negative_prompt=NEGATIVE,
+        num_inference_steps=STEPS, guidance_scale=5.0, latents=noise.numpy(), progress=False,
+    )  # fmt: skip
+    clip = out.clips[0]
+    assert relative_error(clip.denoised.latents, final[-1].numpy()) <= 1e-5
+    assert np.abs(clip.frames.astype(np.int16) - to_uint8(frames_ref)).max() <= 2
+    assert out.frames.shape == (1, 6 + 4, HEIGHT, WIDTH, 3)
+    np.testing.assert_array_equal(out.frames[0, :1], start[:1])
+    np.testing.assert_array_equal(out.frames[0, 6:], clip.frames[0, 5:])
+    w = np.arange(1, 6, dtype=np.float32)[:, None, None, None] / 6
+    blended = np.rint((1 - w) * start[1:] + w * clip.frames[0, :5].astype(np.float32))
+    np.testing.assert_array_equal(out.frames[0, 1:6], blended.astype(np.uint8))
+
+
+def test_three_clips_compile_their_programs_once(vace):
+    """A video of three clips from the prompt: the first clip compiles its programs, the next two
+    (the same shapes, with control frames) none; 9 + 4 + 4 frames."""
+    _, pipe = vace
+    out = pipe.extend(
+        [PROMPT, "the fox turns", "the fox runs"], None, clips=3, overlap=5, num_frames=FRAMES, height=HEIGHT,
+        width=WIDTH, num_inference_steps=2, progress=False,
+    )  # fmt: skip
+    compiled = out.programs_compiled
+    assert compiled[1:] == [0, 0] and out.frames.shape[1] == FRAMES + 2 * (FRAMES - 5)
+    with pytest.raises(WanjaxError, match="2 prompts for 3 clips"):
+        pipe.extend([PROMPT, PROMPT], None, clips=3)

@@ -60,6 +60,7 @@ from wanjax.pipeline.conditioning import (
     open_image,
     size_for_image,
 )
+from wanjax.pipeline.extension import Extension, extend
 from wanjax.pipeline.hub import ModelSource, resolve_model
 from wanjax.pipeline.inputs import (
     check_embeddings,
@@ -624,6 +625,10 @@ class WanPipeline(PipelineComponents):
             vace=vace,
         )
         return Video(self.decode(denoised.latents[:, :, references:]), denoised, dict(self.timings))
+
+    def extend(self, prompt: Prompt, video: VideoInput | None = None, **kwargs: Any) -> Extension:
+        """A VACE model's long video: ``video`` continued clip by clip (:func:`wanjax.pipeline.extension.extend`)."""
+        return extend(self, prompt, video, **kwargs)
 
     def prepare_vace(
         self,

@@ -1,0 +1,110 @@
+"""Long videos by extension, on a VACE model: each new clip starts from the last frames so far.
+
+A clip of ``num_frames`` frames is generated with the last ``overlap`` frames of the video so far as
+its first frames, kept (mask black on them, as diffusers' VACE examples mark given frames), the rest
+generated from gray frames (mask white, the examples' ``(128, 128, 128)``). The clip's first
+``overlap`` frames reproduce the given ones up to the VAE's round trip; they are cross-faded into the
+video (weight ``(i + 1) / (overlap + 1)`` for the clip's frame ``i``) and the rest appended. Every clip
+has the same shapes, so the programs compiled for the first serve the others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from PIL import Image
+
+from wanjax.errors import WanjaxError
+from wanjax.pipeline.results import Video
+from wanjax.pipeline.video_input import VideoInput, video_frames
+
+if TYPE_CHECKING:
+    from wanjax.pipeline.pipeline import WanPipeline
+
+__all__ = ["GRAY", "Extension", "append_clip", "extend", "extension_inputs"]
+
+GRAY = (128, 128, 128)  # the frames to generate, as diffusers' VACE examples give them
+OVERLAP = 5  # frames a clip shares with the video so far: the first two latent frames
+
+
+@dataclasses.dataclass(frozen=True)
+class Extension:
+    """An extended video: ``frames`` ``uint8 [1, T, H, W, 3]`` and each generated clip's run."""
+
+    frames: np.ndarray
+    clips: list[Video]
+
+    @property
+    def programs_compiled(self) -> list[int]:
+        """The programs each clip compiled (the first compiles, the others reuse them)."""
+        return [sum(t.programs for t in clip.timings.values()) for clip in self.clips]
+
+
+def extension_inputs(last: np.ndarray, num_frames: int) -> tuple[list[Image.Image], list[Image.Image]]:
+    """A clip's control frames and masks: the ``last`` frames ``uint8 [k, H, W, 3]`` kept, gray frames
+    to generate after them."""
+    k, height, width = last.shape[:3]
+    if not 0 < k < num_frames:
+        raise WanjaxError(f"an overlap of {k} frames must be at least 1 and under the clip's {num_frames}")
+    gray = Image.new("RGB", (width, height), GRAY)
+    control = [Image.fromarray(f) for f in last] + [gray] * (num_frames - k)
+    black, white = Image.new("L", (width, height), 0), Image.new("L", (width, height), 255)
+    return control, [black] * k + [white] * (num_frames - k)
+
+
+def append_clip(video: np.ndarray, clip: np.ndarray, overlap: int) -> np.ndarray:
+    """``video`` ``[T, H, W, 3]`` with ``clip``'s first ``overlap`` frames cross-faded into its last
+    ones and the rest of ``clip`` appended."""
+    weights = (np.arange(1, overlap + 1, dtype=np.float32) / np.float32(overlap + 1))[:, None, None, None]
+    shared = (1 - weights) * video[-overlap:].astype(np.float32) + weights * clip[:overlap].astype(np.float32)
+    blended = np.clip(np.rint(shared), 0, 255).astype(np.uint8)
+    return np.concatenate([video[:-overlap], blended, clip[overlap:]])
+
+
+def extend(
+    pipe: WanPipeline,
+    prompt: str | Sequence[str],
+    video: VideoInput | None = None,
+    *,
+    clips: int = 1,
+    overlap: int = OVERLAP,
+    num_frames: int | None = None,
+    height: int | None = None,
+    width: int | None = None,
+    fps: float | None = None,
+    seed: int | None = None,
+    **call: Any,
+) -> Extension:
+    """``video`` (a file read at ``fps``, images or frames; None: the first clip from the prompt alone)
+    continued by ``clips`` clips of ``num_frames`` frames (default the model's), each with its prompt
+    (one for all, or one per clip) and the seed ``seed + i``; ``call``: the rest of
+    :meth:`WanPipeline.__call__`'s arguments, for every clip."""
+    if not pipe.transformer_config.vace:
+        raise WanjaxError("extending a video needs a VACE model (its control frames and mask)")
+    prompts = [prompt] * clips if isinstance(prompt, str) else list(prompt)
+    if len(prompts) != clips or clips < 1:
+        raise WanjaxError(f"{len(prompts)} prompts for {clips} clips: give one, or one per clip")
+    d = pipe.defaults
+    frames, fps = num_frames or d.frames, fps or d.fps
+    seed = d.seed if seed is None else seed
+    given = None if video is None else video_frames(video, fps, 1 << 30)
+    height, width = pipe.video_size(None if given is None else given[0], height, width)
+    runs: list[Video] = []
+    out = None
+    if given is not None:
+        resized = [f.convert("RGB").resize((width, height), Image.Resampling.LANCZOS) for f in given]
+        out = np.stack([np.asarray(f) for f in resized])
+    for i, text in enumerate(prompts):
+        control = {}
+        if out is not None:
+            control["video"], control["mask"] = extension_inputs(out[-overlap:], frames)
+        run = pipe(
+            text, num_frames=frames, height=height, width=width, seed=seed + i, fps=fps, **control, **call
+        )
+        runs.append(run)
+        clip = run.frames[0]
+        out = clip if out is None else append_clip(out, clip, overlap)
+    return Extension(out[None], runs)
