@@ -258,3 +258,36 @@ def test_three_clips_compile_their_programs_once(vace):
     assert compiled[1:] == [0, 0] and out.frames.shape[1] == FRAMES + 2 * (FRAMES - 5)
     with pytest.raises(WanjaxError, match="2 prompts for 3 clips"):
         pipe.extend([PROMPT, PROMPT], None, clips=3)
+
+
+@pytest.mark.slow
+def test_generate_clips_and_extend_make_the_python_long_video(vace, tmp_path):
+    """``generate --clips 2`` (a prompt per clip) is ``pipe.extend``'s video, its record says the
+    second clip compiled nothing; ``--extend`` of that video with one more clip continues it."""
+    import json
+
+    from wanjax.cli.main import main
+    from wanjax.io.video_reader import read_frames
+
+    _, pipe = vace
+    common = ["--model", str(pipe.path), "--dtype", "float32", "--height", str(HEIGHT), "--width", str(WIDTH)]
+    common += ["--frames", str(FRAMES), "--num_inference_steps", "2", "--jax_cache_dir", "off", "--quiet"]
+    first = tmp_path / "two.mp4"
+    args = ["generate", *common, "--prompt", PROMPT, "--prompt", "the fox turns", "--clips", "2"]
+    assert main([*args, "--output_video", str(first), "--frames_out", str(tmp_path / "two.npy")]) == 0
+    python = pipe.extend([PROMPT, "the fox turns"], None, clips=2, num_frames=FRAMES, height=HEIGHT, width=WIDTH,
+                         num_inference_steps=2, negative_prompt="", progress=False)  # fmt: skip
+    # within 1 level: generate runs on the 8 test devices (--mesh auto), the Python pipeline on one
+    assert np.abs(np.load(tmp_path / "two.npy").astype(np.int16) - python.frames).max() <= 1
+    record = json.loads(first.with_suffix(".json").read_text())
+    assert record["clips"]["count"] == 2 and record["clips"]["programs_compiled"][1] == 0
+    assert record["video"]["frames"] == FRAMES + FRAMES - 5
+    args = ["generate", *common, "--prompt", "the fox sleeps", "--extend", str(first), "--overlap", "3"]
+    assert (
+        main([*args, "--frames_out", str(tmp_path / "three.npy"), "--output_video", str(tmp_path / "x.mp4")])
+        == 0
+    )
+    longer = pipe.extend("the fox sleeps", read_frames(first, 16, 1 << 30), overlap=3, num_frames=FRAMES, height=HEIGHT,
+                         width=WIDTH, num_inference_steps=2, negative_prompt="", progress=False)  # fmt: skip
+    assert np.abs(np.load(tmp_path / "three.npy").astype(np.int16) - longer.frames).max() <= 1
+    assert longer.frames.shape[1] == FRAMES + FRAMES - 5 + FRAMES - 3

@@ -257,6 +257,15 @@ MISTAKES = {
         ("--model", "demo-vace", "--reference_image", "notes.mp4"),
         "--reference_image ",
     ),
+    "clips for a text-to-video model": (
+        ("--clips", "2"),
+        "--extend and --clips continue a video with a VACE model's control; demo is not one",
+    ),
+    "overlap alone": (("--model", "demo-vace", "--overlap", "3"), "--overlap is for --extend or --clips"),
+    "extend with a control video": (
+        ("--model", "demo-vace", "--extend", "clip.mp4", "--video", "clip.mp4"),
+        "--extend and --clips make each clip's control; leave --video, --mask and --reference_image out",
+    ),
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from wanjax.pipeline import stages
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.pipeline.prompts import negative_prompt
 from wanjax.pipeline.results import Video
-from wanjax.runtime.timing import RunReport
+from wanjax.runtime.timing import RunReport, StageTiming
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -100,10 +101,12 @@ class GenerateWork:
     init: np.ndarray | None = None
     source: list[Image.Image] | None = None  # video to video: the frames re-made (VACE: the control video)
     vace: VaceInputs | None = None  # a VACE model's mask, references and weight
+    extension: Extending | None = None  # a long video made clip by clip
 
     @property
     def batch(self) -> int:
-        return len(self.prompts)
+        """Videos made: one per prompt, or one long video whose clips take the prompts in turn."""
+        return 1 if self.extension is not None else len(self.prompts)
 
     def headline(self, pipe: WanPipeline) -> str:
         """What the run makes, in one line (see :func:`wanjax.jobs.status.headline`)."""
@@ -136,8 +139,13 @@ def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec |
     prompts = batch_prompts(prompt_list(request.text), None if init is None else init.shape[0])
     given = dataclasses.asdict(request.video) | ({} if source is None else {"frames": len(source)})
     shaped_by = image if source is None else source[0]  # what the size left out keeps the aspect of
+    extension = check_extension(pipe, request, configs["transformer"], fps, prompts, init)
+    if extension is not None and extension.video is not None:
+        shaped_by = extension.video[0]
     references = len(request.vace.reference_image) if configs["transformer"].vace else 0
     video = resolve_video(pipe, given, {}, init, len(prompts), init_name, shaped_by, references)
+    if extension is not None and extension.overlap >= video["frames"]:
+        raise WanjaxError(f"--overlap {extension.overlap} must be under the clip's {video['frames']} frames")
     vace = open_vace_inputs(pipe, request.vace, configs["transformer"], video["frames"], fps)
     validation.check_rope(configs["transformer"], pipe.geometry, video)
     check_devices(mesh, configs["transformer"].num_attention_heads)
@@ -159,7 +167,55 @@ def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec |
         init,
         source,
         vace,
+        extension,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Extending:
+    """A long video made clip by clip on a VACE model (:mod:`wanjax.pipeline.extension`): the video
+    continued (None: from the first prompt), the clips and the frames each shares with the video so far."""
+
+    video: list[Image.Image] | None
+    clips: int
+    overlap: int
+
+
+def check_extension(
+    pipe: WanPipeline, request: GenerateRequest, cfg: Any, fps: float, prompts: list[str], init: Any
+) -> Extending | None:
+    """``--extend``/``--clips``/``--overlap`` checked (one-line WanjaxError): a VACE model, no control of
+    the user's beside them, a prompt or one per clip; the video to continue read at ``fps``."""
+    from wanjax.pipeline.extension import OVERLAP
+    from wanjax.pipeline.video_input import video_frames
+
+    flags = request.vace
+    if not flags.extending:
+        if flags.overlap is not None:
+            raise WanjaxError("--overlap is for --extend or --clips")
+        return None
+    if not cfg.vace:
+        raise WanjaxError(
+            f"--extend and --clips continue a video with a VACE model's control; {model_label(pipe.source)} is not one"
+        )
+    if request.source.video or flags.mask or flags.reference_image:
+        raise WanjaxError(
+            "--extend and --clips make each clip's control; leave --video, --mask and --reference_image out"
+        )
+    if init is not None:
+        raise WanjaxError("--init_latents is one clip's noise; leave it out with --extend or --clips")
+    clips = flags.clips or 1
+    if len(prompts) not in (1, clips):
+        raise WanjaxError(f"{len(prompts)} prompts for {clips} clips: give one, or one per clip")
+    frames = None
+    if flags.extend is not None:
+        if not Path(flags.extend).is_file():
+            raise WanjaxError(f"--extend {flags.extend}: file not found")
+        try:
+            frames = video_frames(flags.extend, fps, 1 << 30)
+        except WanjaxError as e:
+            raise WanjaxError(f"--extend: {e}") from None
+    return Extending(frames, clips, flags.overlap or OVERLAP)
 
 
 def run_generate(
@@ -172,6 +228,8 @@ def run_generate(
     report = on_progress or (lambda stage, done: None)
     pipe.reset_timings()
     report("encode", 0)
+    if work.extension is not None:
+        return run_extension(pipe, work, report)
     batch = work.batch
     pos, neg = pipe.encode_prompt(
         work.prompts, [work.negative] * batch, work.request.text.max_sequence_length
@@ -214,16 +272,55 @@ def run_generate(
     return Video(pipe.decode(denoised.latents[:, :, references:]), denoised, dict(pipe.timings))
 
 
+def run_extension(pipe: WanPipeline, work: GenerateWork, report: Callable[[str, int], None]) -> Video:
+    """A long video's clips in turn (:meth:`WanPipeline.extend`): its frames, the last clip's
+    denoising and the clips' timings summed."""
+    e, params = work.extension, work.params
+    assert e is not None and work.vace is not None
+    out = pipe.extend(
+        work.prompts if len(work.prompts) > 1 else work.prompts[0],
+        e.video,
+        clips=e.clips,
+        overlap=e.overlap,
+        num_frames=work.video["frames"],
+        height=work.video["height"],
+        width=work.video["width"],
+        fps=work.fps,
+        seed=params["seed"],
+        negative_prompt=work.negative,
+        num_inference_steps=params["num_inference_steps"],
+        guidance_scale=params["guidance_scale"],
+        flow_shift=params["flow_shift"],
+        scheduler=params["scheduler"],
+        max_sequence_length=work.request.text.max_sequence_length,
+        conditioning_scale=work.vace.scale,
+        progress=False,
+    )
+    report("decode", steps_run(params))
+    timings = {}
+    for clip in out.clips:
+        for stage, t in clip.timings.items():
+            total = timings.setdefault(stage, StageTiming())
+            for field in ("load", "compile", "run", "programs", "cache_hits"):
+                setattr(total, field, getattr(total, field) + getattr(t, field))
+    return Video(out.frames, out.clips[-1].denoised, timings, tuple(out.programs_compiled))
+
+
 def generate_outputs(pipe: WanPipeline, work: GenerateWork, video: Video) -> RunReport:
     """Write a generate run's videos (and frames, previews: process 0) and its report (not yet
     finished: :func:`finish`)."""
     request, batch = work.request, work.batch
     clips = clip_infos(batch, work.prompts, work.described(pipe))
     outputs = write_outputs(video.frames, request.outputs, work.fps, clips)
-    size = {"batch": batch, **work.video, "fps": work.fps}
+    size = {"batch": batch, **work.video, "frames": int(video.frames.shape[1]), "fps": work.fps}
     report = make_report("generate", pipe, size, outputs, video.denoised)
     report.extra.update(sampling=work.params, prompts=work.prompts, negative_prompt=work.negative)
     cache_outputs(report, video.denoised, request.cache)
+    if video.clip_programs:  # a long video: its clips, and what each compiled (the first, all)
+        report.extra["clips"] = {
+            "count": len(video.clip_programs),
+            "programs_compiled": list(video.clip_programs),
+        }
     return report
 
 

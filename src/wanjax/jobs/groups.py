@@ -238,6 +238,12 @@ class SourceVideoFlags:
     )
 
 
+def _extension() -> dict[str, Any]:
+    from wanjax.pipeline.extension import OVERLAP
+
+    return {"overlap": OVERLAP}
+
+
 @dataclasses.dataclass(frozen=True)
 class VaceFlags:
     """A VACE model's control: --video is its control video; its mask and reference images."""
@@ -258,10 +264,31 @@ class VaceFlags:
     conditioning_scale: float | None = option(
         None, help="VACE: the control's weight (default {ref.conditioning_scale})", values=registry_defaults
     )
+    extend: str | None = option(
+        None,
+        help="VACE: a video to continue (any file PyAV reads, at --fps): --clips clips of --frames frames, "
+        "each starting from the last --overlap frames so far, appended",
+    )
+    clips: int | None = option(
+        None,
+        help="VACE: clips made one after another, each continuing the video so far (default 1; several "
+        "prompts: one per clip)",
+    )
+    overlap: int | None = option(
+        None,
+        help="VACE: the frames each clip shares with the video so far (default {overlap})",
+        values=_extension,
+    )
 
     @property
     def given(self) -> bool:
-        return self.mask is not None or bool(self.reference_image) or self.conditioning_scale is not None
+        named = (self.mask, self.conditioning_scale, self.extend, self.clips, self.overlap)
+        return any(value is not None for value in named) or bool(self.reference_image)
+
+    @property
+    def extending(self) -> bool:
+        """The run makes a long video clip by clip (``--extend``, ``--clips``)."""
+        return self.extend is not None or (self.clips or 1) > 1
 
 
 def _sampling_defaults() -> dict[str, Any]:

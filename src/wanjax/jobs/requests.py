@@ -303,6 +303,9 @@ def _check_numbers(flags: dict[str, Any]) -> None:
         raise WanjaxError(
             f"--max_sequence_length must be 1 to {TEXT_LENGTH} (the text tokens Wan was trained on), got {length}"
         )
+    for name in ("clips", "overlap"):
+        if flags.get(name) is not None and flags[name] < 1:
+            raise WanjaxError(f"--{name} must be at least 1, got {flags[name]}")
     scale = flags.get("conditioning_scale")
     if scale is not None and not math.isfinite(scale):
         raise WanjaxError(f"--conditioning_scale must be a finite number (1.0 is the default), got {scale}")

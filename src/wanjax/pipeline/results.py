@@ -59,6 +59,7 @@ class Video:
     frames: np.ndarray
     denoised: Denoised
     timings: dict[str, StageTiming]
+    clip_programs: tuple[int, ...] = ()  # a long video made clip by clip: the programs each compiled
 
     @property
     def latents(self) -> jax.Array:
