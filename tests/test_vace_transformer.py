@@ -86,3 +86,52 @@ def test_vace_config_fields_are_checked_and_kept_out_of_plain_configs():
     )
     vace = TransformerConfig.from_dict(dict(VACE))
     assert vace.vace and vace.to_dict()["vace_layers"] == [0, 2]
+
+
+def test_a_lora_reaches_the_control_blocks_too(vace, tmp_path):
+    """A LoRA in diffusers' layout on a main block and on a control block: each kernel moves by
+    ``weight x B @ A`` (the loader maps the control blocks' names as any block's)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    root, _, _ = vace
+    rng = np.random.default_rng(4)
+    d, rank = VACE["num_attention_heads"] * VACE["attention_head_dim"], 4
+    factors = {}
+    for module in ("blocks.1.attn1.to_q", "vace_blocks.0.attn1.to_q"):
+        factors[module] = (
+            rng.standard_normal((rank, d), np.float32),
+            rng.standard_normal((d, rank), np.float32),
+        )
+    tensors = {
+        f"transformer.{m}.lora_{n}.weight": f
+        for m, (a, b) in factors.items()
+        for n, f in (("A", a), ("B", b))
+    }
+    save_file(tensors, str(tmp_path / "lora.safetensors"))
+    model = wanjax.load_transformer(root, dtype="float32")
+    before = {
+        "blocks.1.attn1.to_q": np.asarray(model.params["blocks"]["attn1"]["to_q"]["kernel"][1]),
+        "vace_blocks.0.attn1.to_q": np.asarray(model.params["vace_blocks"]["attn1"]["to_q"]["kernel"][0]),
+    }
+    model.set_loras([(tmp_path / "lora.safetensors", 0.5)])
+    after = {
+        "blocks.1.attn1.to_q": np.asarray(model.params["blocks"]["attn1"]["to_q"]["kernel"][1]),
+        "vace_blocks.0.attn1.to_q": np.asarray(model.params["vace_blocks"]["attn1"]["to_q"]["kernel"][0]),
+    }
+    for module, (a, b) in factors.items():
+        np.testing.assert_allclose(after[module] - before[module], 0.5 * (b @ a).T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("offload", ["model", "blocks"])
+def test_offloaded_control_blocks_give_the_resident_output(vace, offload):
+    """Offloaded (the main blocks streamed under ``blocks``; the control blocks stay on the device)."""
+    root, _, (latents, timestep, text, control) = vace
+    args = (jnp.asarray(latents.numpy()), jnp.asarray(timestep.numpy()), jnp.asarray(text.numpy()))
+    resident = wanjax.load_transformer(root, dtype="float32")(
+        *args, control=VaceControl(jnp.asarray(control.numpy()))
+    )
+    moved = wanjax.load_transformer(root, dtype="float32", offload=offload)
+    moved.to_device()
+    out = moved(*args, control=VaceControl(jnp.asarray(control.numpy())))
+    assert relative_error(out, resident) <= 1e-6

@@ -51,8 +51,8 @@ _METADATA_KEY = "lora_adapter_metadata"
 
 # The Linear layers of diffusers' WanTransformer3DModel that a LoRA may target.
 _MODULE = re.compile(
-    r"blocks\.\d+\.(attn1\.(to_q|to_k|to_v|to_out\.0)|attn2\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)"
-    r"|ffn\.net\.(0\.proj|2))"
+    r"(vace_)?blocks\.\d+\.(attn1\.(to_q|to_k|to_v|to_out\.0)|attn2\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)"
+    r"|ffn\.net\.(0\.proj|2)|proj_in|proj_out)"  # vace_blocks: a VACE model's control blocks
     r"|condition_embedder\.((time|text)_embedder\.linear_[12]|time_proj|image_embedder\.ff\.net\.(0\.proj|2))"
     r"|proj_out"
 )
