@@ -123,17 +123,36 @@ def test_vace_inputs_are_for_a_vace_model(tiny_pipeline_dir):
         pipe(PROMPT, reference_images=references(), num_inference_steps=1, progress=False)
 
 
-def test_the_command_line_refuses_a_vace_model_in_one_line(vace, tmp_path, capsys):
+@pytest.mark.slow
+def test_the_three_stages_with_vace_flags_are_generate(vace, tmp_path):
+    """``encode --video --mask --reference_image`` writes the control (and its reference frames'
+    count), ``denoise`` reads it, ``decode`` drops the reference frames: ``generate``'s frames."""
     from wanjax.cli.main import main
+    from wanjax.io.video import write_mp4
+    from wanjax.pipeline import stages
 
-    root = str(vace[1].path)
-    assert (
-        main(["generate", "--model", root, "--prompt", "a cat", "--output_video", str(tmp_path / "v.mp4")])
-        == 2
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "is a VACE model: run it from Python for now" in err[0], err
-    assert not list(tmp_path.iterdir())
+    _, pipe = vace
+    clip = write_mp4(np.stack([np.asarray(f) for f in frames()]), tmp_path / "control.mp4", fps=16)
+    masks()[2].save(tmp_path / "mask.png")
+    references()[0].save(tmp_path / "ref.png")
+    model = ["--model", str(pipe.path), "--dtype", "float32", "--jax_cache_dir", "off", "--quiet"]
+    inputs = ["--prompt", PROMPT, "--video", str(clip), "--mask", str(tmp_path / "mask.png")]
+    inputs += ["--reference_image", str(tmp_path / "ref.png"), "--conditioning_scale", "0.6"]
+    size = ["--height", str(HEIGHT), "--width", str(WIDTH), "--frames", str(FRAMES)]
+    sampling = ["--num_inference_steps", str(STEPS), "--seed", "5"]
+    assert main(["generate", *model, *inputs, *size, *sampling, "--frames_out", str(tmp_path / "g.npy")]) == 0
+    d = tmp_path / "stages"
+    assert main(["encode", *model, *inputs, *size, "--output_dir", str(d)]) == 0
+    assert stages.load_vace(d).latents.shape == (
+        1,
+        96,
+        4,
+        HEIGHT // 8,
+        WIDTH // 8,
+    )  # 3 latent frames + 1 reference
+    assert main(["denoise", "--input_dir", str(d), *model[2:], *sampling]) == 0
+    assert main(["decode", "--input_dir", str(d), "--frames_out", str(d / "f.npy"), "--quiet"]) == 0
+    np.testing.assert_array_equal(np.load(d / "f.npy"), np.load(tmp_path / "g.npy"))
 
 
 @pytest.mark.slow

@@ -155,15 +155,6 @@ def open_source_video(
     return opened
 
 
-def check_not_vace(pipe: WanPipeline, cfg: TransformerConfig) -> None:
-    """The stage commands do not carry a VACE model's control yet: one line naming ``generate``."""
-    if cfg.vace:
-        raise WanjaxError(
-            f"{model_label(pipe.source)} is a VACE model: the stage commands do not carry its control yet; "
-            "use `wanjax generate` (--video, --mask, --reference_image)"
-        )
-
-
 @dataclasses.dataclass(frozen=True)
 class VaceInputs:
     """A VACE run's control, opened: the mask's frames (None: all generated), the reference images

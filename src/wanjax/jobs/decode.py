@@ -53,6 +53,7 @@ def decode(request: DecodeRequest) -> RunReport:
             f"{model_label(pipe.source)} decodes {vae_cfg.z_dim}; they come from another model"
         )
     check_devices(mesh, None)
+    latents = latents[:, :, int(earlier.get("reference_frames", 0)) :]  # a VACE run's references: not video
     size = pipe.geometry.video_size(latents.shape)
     given = dataclasses.asdict(request.video)
     for key in ("height", "width", "frames"):

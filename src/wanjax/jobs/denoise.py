@@ -15,7 +15,6 @@ from wanjax.jobs.checks import (
     check_attention,
     check_cache,
     check_devices,
-    check_not_vace,
     check_output_paths,
     resolve_video,
 )
@@ -33,6 +32,7 @@ from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.runtime.timing import RunReport
 
 if TYPE_CHECKING:
+    from wanjax.models.dit import VaceControl
     from wanjax.pipeline.sampler import ImageConditioning
 
 
@@ -64,7 +64,8 @@ def denoise(request: DenoiseRequest) -> RunReport:
         files=files,
     )
     cfg = pipe.sources.check(("transformer",))["transformer"]
-    check_not_vace(pipe, cfg)
+    control = stage_vace(pipe, cfg, directory)
+    references = int(earlier.get("reference_frames", 0))
     if pos.shape[2] != cfg.text_dim:
         raise WanjaxError(
             f"{directory / stages.EMBEDDINGS_FILE}: embeddings of width {pos.shape[2]} but the transformer of "
@@ -74,8 +75,15 @@ def denoise(request: DenoiseRequest) -> RunReport:
     init_name = request.sampling.init_latents
     init = stages.load_latents(init_name) if init_name else None
     batch = pos.shape[0]
-    video = resolve_video(pipe, given, earlier, init, batch, init_name)
+    video = resolve_video(pipe, given, earlier, init, batch, init_name, None, references)
     latent_shape = pipe.geometry.latent_shape(batch, **video_args(video))
+    noised = video["frames"] + references * pipe.geometry.temporal  # a latent frame per VACE reference
+    noised_shape = pipe.geometry.latent_shape(1, video["height"], video["width"], noised)
+    if control is not None and control.latents.shape[2:] != noised_shape[2:]:
+        raise WanjaxError(
+            f"{directory / stages.VACE_FILE}: control latents {list(control.latents.shape)} do not fit the "
+            f"video ({video['width']}x{video['height']}, {video['frames']} frames); re-run `wanjax encode`"
+        )
     conditioning = stage_image(pipe, cfg, directory, latent_shape)
     source = stage_video(pipe, cfg, directory, latent_shape)
     validation.check_rope(cfg, pipe.geometry, video)
@@ -84,9 +92,9 @@ def denoise(request: DenoiseRequest) -> RunReport:
     params = sampling_params(pipe, request.sampling, video=source is not None)
     first_frame = conditioning is not None and pipe.expand_timesteps
     check_cache(request.cache, cfg, params, params["guidance_scale"] > 1, first_frame)
-    latents = (
-        init if init is not None else pipe.prepare_latents(batch, **video_args(video), seed=params["seed"])
-    )
+    if init is None:
+        init = pipe.prepare_latents(batch, video["height"], video["width"], noised, seed=params["seed"])
+    latents = init
     if conditioning is not None:
         conditioning = conditioning.repeat(batch)
     steps = steps_run(params)
@@ -105,6 +113,7 @@ def denoise(request: DenoiseRequest) -> RunReport:
         on_step,
         progress=False,
         video_latents=source,
+        vace=control,
     )
     final = to_host(denoised.latents)
     path = directory / stages.LATENTS_FILE
@@ -128,6 +137,22 @@ def denoise(request: DenoiseRequest) -> RunReport:
     report.extra["sampling"] = params
     cache_outputs(report, denoised, request.cache)
     return finish(report, request, start)
+
+
+def stage_vace(pipe: WanPipeline, cfg: TransformerConfig, directory: Path) -> VaceControl | None:
+    """The stage directory's VACE control, which a VACE model needs and no other model takes."""
+    control = stages.load_vace(directory)
+    if cfg.vace and control is None:
+        raise WanjaxError(
+            f"{directory}: no {stages.VACE_FILE}, and {model_label(pipe.source)} is a VACE model; "
+            f"run `wanjax encode --model ... --output_dir {directory}` with it first"
+        )
+    if control is not None and not cfg.vace:
+        raise WanjaxError(
+            f"{directory / stages.VACE_FILE}: a VACE model's control, but {model_label(pipe.source)} is not "
+            "one; denoise with the VACE model that encoded it (--model)"
+        )
+    return control
 
 
 def stage_video(

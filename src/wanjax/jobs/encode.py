@@ -8,17 +8,18 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from wanjax.errors import WanjaxError
 from wanjax.jobs.checks import (
     check_devices,
-    check_not_vace,
     check_output_paths,
     open_images,
     open_source_video,
+    open_vace_inputs,
     prompt_list,
     resolve_video,
 )
 from wanjax.jobs.opening import begin, defaults_of, files_record, mesh_request, model_label, open_pipeline
-from wanjax.jobs.record import finish, image_record, make_report, recorded, source_record
+from wanjax.jobs.record import finish, image_record, make_report, recorded, source_record, vace_record
 from wanjax.jobs.requests import EncodeRequest
 from wanjax.jobs.sampling import video_args
 from wanjax.jobs.status import ENCODE_WORK, Status
@@ -54,7 +55,11 @@ def encode(request: EncodeRequest) -> RunReport:
         files=request.files,
     )
     pipe.sources.check(("tokenizer", "text_encoder"))
-    check_not_vace(pipe, pipe.transformer_config)
+    cfg = pipe.transformer_config
+    if request.vace.extending or request.vace.overlap is not None:
+        raise WanjaxError(
+            "--extend, --clips and --overlap make a long video in `wanjax generate`; the stages make one clip"
+        )
     fps = request.video.fps or defaults_of(pipe).fps
     source = open_source_video(pipe, request.source, pipe.transformer_config, fps, request.video.frames)
     image, last_image = open_images(pipe, request.images, pipe.transformer_config)
@@ -66,9 +71,12 @@ def encode(request: EncodeRequest) -> RunReport:
         given = {**given, **resolve_video(pipe, given, {}, None, len(prompts), None, source[0])}
     elif image is not None:  # the conditioning latents fix the video's size
         given = {**given, **resolve_video(pipe, given, {}, None, len(prompts), None, image)}
+    elif cfg.vace:  # the control latents fix the video's size
+        given = {**given, **resolve_video(pipe, given, {}, None, len(prompts), None, None)}
     elif {"height", "width", "frames"} & given.keys():
         defaults = dataclasses.asdict(defaults_of(pipe))
         pipe.geometry.check(*(given.get(k, defaults[k]) for k in ("height", "width", "frames")))
+    vace = open_vace_inputs(pipe, request.vace, cfg, given.get("frames", 0), fps)  # None: not VACE
     negative = negative_prompt(request.text.negative_prompt)
     length = request.text.max_sequence_length
     status = Status.for_terminal("encode", 0, request.common.quiet, ENCODE_WORK)
@@ -78,12 +86,24 @@ def encode(request: EncodeRequest) -> RunReport:
     )
     status("encode", 0)
     pos, neg = (to_host(e) for e in pipe.encode_prompt(prompts, [negative] * len(prompts), length))
-    conditioning = video_latents = None
+    conditioning = video_latents = control = None
     if image is not None:
         status("image", 0)
         conditioning = pipe.prepare_image(image, 1, **video_args(given), last_image=last_image)
         conditioning = jax_tree_to_host(conditioning)
-    if source is not None:
+    if vace is not None:
+        status("vace", 0)
+        args = (
+            source,
+            vace.masks,
+            vace.references,
+            given["height"],
+            given["width"],
+            given["frames"],
+            vace.scale,
+        )
+        control = jax_tree_to_host(pipe.prepare_vace(*args))
+    elif source is not None:
         status("video", 0)
         video_latents = pipe.prepare_video(source, given["height"], given["width"])
     status("write", 0)
@@ -92,6 +112,7 @@ def encode(request: EncodeRequest) -> RunReport:
         stages.save_embeddings(out, pos, neg)
         stages.save_image_conditioning(out, conditioning)
         stages.save_video_latents(out, video_latents)
+        stages.save_vace(out, control)
     params = {
         "model": model_label(pipe.source),
         "revision": request.common.revision,
@@ -101,6 +122,8 @@ def encode(request: EncodeRequest) -> RunReport:
         "max_sequence_length": length,
         **(image_record(request.images) if image is not None else {}),
         **(source_record(request.source) if source is not None else {}),
+        **(vace_record(request.vace) if vace is not None else {}),
+        **({"reference_frames": len(vace.references), "conditioning_scale": vace.scale} if vace else {}),
         **given,
         **files_record(request.files),
         **recorded(request),
@@ -111,7 +134,8 @@ def encode(request: EncodeRequest) -> RunReport:
     outputs = {
         "embeddings": str(path),
         **({"image": str(image_file)} if image_file else {}),
-        **({"video": str(video_file)} if video_file else {}),
+        **({"video": str(video_file)} if video_file and control is None else {}),
+        **({"vace": str(out / stages.VACE_FILE)} if control is not None else {}),
     }
     return finish(make_report("encode", pipe, shape, outputs), request, start)
 

@@ -23,6 +23,7 @@ ENCODE_WORK = {
     "encode": "the text encoder (loaded and compiled on first use)",
     "image": "the image's conditioning: the image encoder and the VAE encoder",
     "video": "the video to re-make: the VAE encoder",
+    "vace": "the VACE control (video, mask, reference images): the VAE encoder",
     "write": "the stage files",
 }
 

@@ -11,6 +11,9 @@ A stage directory holds, with the reference's key names and layouts (so diffuser
   frames), float32, for one video (the denoise stage repeats them over the batch);
 * ``stage1_video.safetensors`` (video to video): ``video_latents``, float32 ``[1, z, T', H/8, W/8]``,
   the source video's normalised latents (the denoise stage noises them to its strength);
+* ``stage1_vace.safetensors`` (a VACE model): ``control_latents``, float32 ``[1, 96, T' + R, H/8, W/8]``
+  (the control video's encodings, its folded mask, ``R`` reference images' latent frames first) and
+  ``control_scale`` (one per vace layer); the config's ``reference_frames`` is ``R`` (the decode drops them);
 * ``stage2_latents.safetensors``: ``latents``, float32 ``[B, 16, T', H/8, W/8]``, the transformer's
   normalised latents (diffusers' ``output_type="latent"``);
 * ``generation_config.json``: every parameter (latest values, flat), the model and the wanjax
@@ -34,11 +37,13 @@ from safetensors.numpy import save
 from wanjax.errors import NumericalError, WanjaxError
 from wanjax.io.atomic import atomic_path, write_text
 from wanjax.io.checkpoint import open_safetensors
+from wanjax.models.dit import VaceControl
 from wanjax.pipeline.sampler import ImageConditioning
 
 EMBEDDINGS_FILE = "stage1_embeddings.safetensors"
 IMAGE_FILE = "stage1_image.safetensors"
 VIDEO_FILE = "stage1_video.safetensors"
+VACE_FILE = "stage1_vace.safetensors"
 LATENTS_FILE = "stage2_latents.safetensors"
 CONFIG_FILE = "generation_config.json"
 STAGES = ("encode", "denoise", "decode")
@@ -48,6 +53,7 @@ _PRODUCED_BY = {
     EMBEDDINGS_FILE: "encode --output_dir",
     IMAGE_FILE: "encode --image IMAGE --output_dir",
     VIDEO_FILE: "encode --video VIDEO --output_dir",
+    VACE_FILE: "encode --model VACE_MODEL --output_dir",
     LATENTS_FILE: "denoise --input_dir",
 }
 
@@ -163,6 +169,33 @@ def load_video_latents(directory: str | Path) -> np.ndarray | None:
         raise WanjaxError(f"{path}: video_latents {latents.shape} must be [1, C, T', h, w]")
     check_finite(path, "video_latents", latents)
     return latents.astype(np.float32)
+
+
+def save_vace(directory: str | Path, control: VaceControl | None) -> Path:
+    """Write ``stage1_vace.safetensors`` (a VACE model's control); with None, remove a stale one."""
+    path = Path(directory) / VACE_FILE
+    if control is None:
+        path.unlink(missing_ok=True)
+        return path
+    tensors = {"control_latents": np.asarray(control.latents, np.float32)}
+    return _save(path, {**tensors, "control_scale": np.asarray(control.scale, np.float32)})
+
+
+def load_vace(directory: str | Path) -> VaceControl | None:
+    """A stage directory's VACE control (``[1, C, T, h, w]`` latents and their scales, finite), None
+    when it has none."""
+    path = Path(directory) / VACE_FILE
+    if not path.exists():
+        return None
+    found = _read(path, ("control_latents", "control_scale"))
+    latents, scale = found["control_latents"], found["control_scale"]
+    if latents.ndim != 5 or latents.shape[0] != 1 or scale.ndim != 1:
+        raise WanjaxError(
+            f"{path}: control_latents {latents.shape} must be [1, C, T', h, w], control_scale [n]"
+        )
+    for name, array in found.items():
+        check_finite(path, name, array)
+    return VaceControl(latents.astype(np.float32), scale.astype(np.float32))
 
 
 def save_latents(path: str | Path, latents: Any) -> Path:
