@@ -546,7 +546,13 @@ def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
     server = Server(tmp_path / "serve", model="demo-i2v", env={"WANJAX_CACHE": str(demo_env)}).start()
     try:
         _, info, _ = server.request("GET", "/v1/server")
-        assert info["inputs"] == {"image": "required", "last_image": "none", "video": "none"}
+        assert info["inputs"] == {
+            "image": "required",
+            "last_image": "none",
+            "video": "none",
+            "mask": "none",
+            "reference_images": "none",
+        }
         assert info["limits"]["max_body_bytes"] == 16 * 2**20
         status, error, _ = server.request("POST", "/v1/videos", {"prompt": PROMPT})
         assert_error(
@@ -593,3 +599,47 @@ def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
     with av.open(str(tmp_path / "cli.mp4")) as container:
         stream = container.streams.video[0]
         assert job["size"] == f"{stream.width}x{stream.height}" != "192x128"  # the image's aspect
+
+
+@pytest.mark.slow
+def test_a_vace_job_takes_a_control_video_a_mask_and_references(demo_env, tmp_path):
+    """A VACE server: the control video, its mask and reference images as uploads (base64 in JSON)
+    make the video ``generate`` makes from those files; the inputs it takes say so."""
+    from wanjax.io.video import write_mp4
+
+    rng = np.random.default_rng(1)
+    write_mp4(rng.integers(0, 255, (9, 64, 96, 3), dtype=np.uint8), tmp_path / "control.mp4", fps=16)
+    mask = np.zeros((64, 96, 3), np.uint8)
+    mask[:, 48:] = 255
+    Image.fromarray(mask).save(tmp_path / "mask.png")
+    Image.fromarray(rng.integers(0, 255, (40, 30, 3), dtype=np.uint8)).save(tmp_path / "ref.png")
+
+    def data(name: str, kind: str) -> str:
+        return f"data:{kind};base64," + base64.b64encode((tmp_path / name).read_bytes()).decode()
+
+    server = Server(tmp_path / "serve", model="demo-vace", env={"WANJAX_CACHE": str(demo_env)}).start()
+    try:
+        _, info, _ = server.request("GET", "/v1/server")
+        assert info["inputs"] == {"image": "none", "last_image": "none", "video": "optional", "mask": "optional",
+                                  "reference_images": "optional"}  # fmt: skip
+        fields = dict(prompt=PROMPT, num_inference_steps=2, seed=3, conditioning_scale=0.7, frames=9)
+        uploads = dict(video=data("control.mp4", "video/mp4"), mask=data("mask.png", "image/png"),
+                       reference_images=[data("ref.png", "image/png")])  # fmt: skip
+        many = server.request("POST", "/v1/videos", {**fields, "reference_images": [uploads["mask"]] * 5})
+        assert_error(*many[:2], 400, "reference_images must be a list of up to 4 images")
+        job = server.wait(server.submit(**fields, **uploads)["id"])
+        assert (job["mask"], job["reference_images"], job["conditioning_scale"]) == (True, 1, 0.7)
+        assert job["strength"] is None  # the video is the control, not a video to re-make
+        _, sheet, _ = server.request("GET", f"/v1/videos/{job['id']}/content?variant=spritesheet")
+    finally:
+        assert server.stop() == 0, server.stderr
+    args = ["--prompt", PROMPT, "--num_inference_steps", "2", "--seed", "3", "--conditioning_scale", "0.7"]
+    args += ["--frames", "9", "--video", str(tmp_path / "control.mp4"), "--mask", str(tmp_path / "mask.png")]
+    args += ["--reference_image", str(tmp_path / "ref.png"), "--preview", str(tmp_path / "cli.png")]
+    assert (
+        generate_in_a_process("--model", "demo-vace", *args, "--output_video", str(tmp_path / "cli.mp4")) == 0
+    )
+    (tmp_path / "job.png").write_bytes(sheet)
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(tmp_path / "job.png")), np.asarray(Image.open(tmp_path / "cli.png"))
+    )

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from wanjax.io.video import fps_problem
-from wanjax.jobs.groups import ImageFlags, OutputFlags, SourceVideoFlags, VideoFlags
+from wanjax.jobs.groups import ImageFlags, OutputFlags, SourceVideoFlags, VaceFlags, VideoFlags
 from wanjax.jobs.requests import GenerateRequest
 from wanjax.models.registry import Defaults
 from wanjax.server.store import Job
@@ -26,15 +26,29 @@ from wanjax.server.store import Job
 SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")  # fullmatch: ASCII digits, nothing around them
 SURROGATE = re.compile(r"[\ud800-\udfff]")  # lone: a str holds a pair as one astral character
 DATA_URL = re.compile(r"^data:(?:image|video)/[\w.+-]+;base64,")
-NUMBER_FIELDS = {"fps", "guidance_scale", "seconds", "strength"}
+NUMBER_FIELDS = {"fps", "guidance_scale", "seconds", "strength", "conditioning_scale"}
 INT_FIELDS = {"frames", "num_inference_steps", "seed"}
 IMAGE_FIELDS = ("image", "last_image")
 UPLOADS = {
     "image": "an image",
     "last_image": "an image",
     "video": "a video",
+    "mask": "an image or a video",
 }  # saved as the job's input files
+REFERENCES = "reference_images"  # a VACE model's: a list of images, each saved as an input file
+MAX_REFERENCES = 4
 TEXT_FIELDS = {"prompt", "negative_prompt", "size", "model", *UPLOADS}
+LIST_FIELDS = {REFERENCES}
+INPUT_NAMES = (*UPLOADS, *(f"{REFERENCES}.{i}" for i in range(MAX_REFERENCES)))  # a job's input files
+
+
+def upload_names(params: Mapping[str, Any]) -> list[str]:
+    """The input files a job holds: its uploads, and each reference image (``reference_images.i``)."""
+    return [n for n in UPLOADS if params.get(n)] + [
+        f"{REFERENCES}.{i}" for i in range(params.get(REFERENCES, 0))
+    ]
+
+
 REMIX_FIELDS = {
     "prompt",
     "negative_prompt",
@@ -44,7 +58,7 @@ REMIX_FIELDS = {
     "strength",
     "model",
 }
-FIELDS = NUMBER_FIELDS | INT_FIELDS | TEXT_FIELDS
+FIELDS = NUMBER_FIELDS | INT_FIELDS | TEXT_FIELDS | LIST_FIELDS
 LATER = {"lora", "lora_2"}  # the CLI's --lora / --lora_2 are server flags
 OPENAI_NAMES = {"input_reference": "image", "input_reference[image_url]": "image"}  # the first frame
 
@@ -78,8 +92,8 @@ class Limits:
 
 
 def job_params(
-    body: Any, defaults: Defaults, temporal: int, model: str
-) -> tuple[dict[str, Any], dict[str, bytes]]:
+    body: Any, defaults: Defaults, temporal: int, model: str, video_to_video: bool = True
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """A request body's fields checked for type, with the model's defaults for those left out:
     ``prompt, negative_prompt, width, height, frames, fps, num_inference_steps, guidance_scale, seed``,
     ``image``/``last_image``/``video`` (whether given), ``strength`` (a video's: the model's default
@@ -99,14 +113,17 @@ def job_params(
             )
     for name, value in body.items():
         _check_type(name, value)
-        if isinstance(value, str):
-            _check_text(name, value)
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str):
+                _check_text(name, text)
     if body.get("model") not in (None, model):
         raise ApiError(400, f"this server runs the model {model!r}, not {body['model']!r}", param="model")
     prompt = body.get("prompt")
     if prompt is None or not prompt.strip():
         raise ApiError(400, "'prompt' is required: what the video shows", param="prompt")
     uploads = {name: decode_upload(name, body[name]) for name in UPLOADS if name in body}
+    for i, value in enumerate(body.get(REFERENCES, ())):  # each its own input file
+        uploads[f"{REFERENCES}.{i}"] = decode_upload(REFERENCES, value)
     width, height = (None, None) if uploads else (defaults.width, defaults.height)
     if "size" in body:
         match = SIZE.fullmatch(body["size"])
@@ -138,8 +155,10 @@ def job_params(
         "guidance_scale": float(body.get("guidance_scale", defaults.guidance_scale)),
         "seed": body.get("seed", defaults.seed),
         **{name: name in uploads for name in UPLOADS},
+        REFERENCES: len(body.get(REFERENCES, ())),
+        "conditioning_scale": body.get("conditioning_scale"),
         "strength": float(body.get("strength", defaults.strength))
-        if "video" in uploads
+        if "video" in uploads and video_to_video
         else body.get("strength"),
         **requested,  # echoed as asked (the video object's ``seconds``)
     }
@@ -177,10 +196,13 @@ def steps_run(params: Mapping[str, Any]) -> int:
 def form_body(items: Iterable[tuple[str, str | bytes]]) -> dict[str, Any]:
     """A ``multipart/form-data`` request (what OpenAI's SDK sends) as the JSON body it stands for: the
     numbers parsed from their text, a file as an image field's bytes, OpenAI's ``input_reference``
-    (a file, or ``input_reference[image_url]``) as ``image``."""
+    (a file, or ``input_reference[image_url]``) as ``image``; ``reference_images`` repeated, as a list."""
     body: dict[str, Any] = {}
     for name, value in items:
         name = OPENAI_NAMES.get(name, name)
+        if name in LIST_FIELDS:
+            body.setdefault(name, []).append(value)
+            continue
         if name in body:
             raise ApiError(400, f"{name} is given twice", param=name)
         numeric = name in INT_FIELDS or name in NUMBER_FIELDS
@@ -227,12 +249,19 @@ def decode_upload(name: str, value: str | bytes) -> bytes:
 
 
 def _check_type(name: str, value: Any) -> None:
-    kinds = {"a string": TEXT_FIELDS, "an integer": INT_FIELDS, "a number": NUMBER_FIELDS}
+    kinds = {
+        "a string": TEXT_FIELDS,
+        "an integer": INT_FIELDS,
+        "a number": NUMBER_FIELDS,
+        f"a list of up to {MAX_REFERENCES} images": LIST_FIELDS,
+    }
     expected = next(kind for kind, fields in kinds.items() if name in fields)
+    images = isinstance(value, list) and 0 < len(value) <= MAX_REFERENCES
     ok = {
         "a string": isinstance(value, str) or (name in UPLOADS and isinstance(value, bytes)),
         "an integer": isinstance(value, int) and not isinstance(value, bool),
         "a number": isinstance(value, int | float) and not isinstance(value, bool),
+        f"a list of up to {MAX_REFERENCES} images": images and all(isinstance(v, str | bytes) for v in value),
     }[expected]
     if not ok:
         raise ApiError(400, f"{name} must be {expected}, got {value!r}", param=name)
@@ -295,6 +324,7 @@ def generate_request(
     images: ImageFlags,
     outputs: OutputFlags,
     source: SourceVideoFlags | None = None,
+    vace: VaceFlags | None = None,
 ) -> GenerateRequest:
     """The ``wanjax generate`` request of a job: the server's flags (model, dtype, mesh, ...) with the
     job's text, images or video to re-make, video and sampling values and its output files."""
@@ -305,6 +335,7 @@ def generate_request(
         ),
         images=images,
         source=source or SourceVideoFlags(),
+        vace=vace or VaceFlags(),
         video=VideoFlags(params["height"], params["width"], params["frames"], params["fps"]),
         sampling=dataclasses.replace(
             base.sampling,
@@ -318,7 +349,7 @@ def generate_request(
 
 
 FLAG = re.compile(r"--(\w+)")
-FLAG_FIELDS = {"height": "size (height)", "width": "size (width)"}
+FLAG_FIELDS = {"height": "size (height)", "width": "size (width)", "reference_image": REFERENCES}
 PYTHON_HINT = re.compile(r" \(Python: (?:[^()]|\([^()]*\))*\)")  # the CLI's note for Python users
 METAVAR = re.compile(r"(--\w+) (?:FILE|PATH|N)\b")
 
@@ -330,7 +361,7 @@ def api_message(message: str, paths: Mapping[str, Any] | None = None) -> str:
     for name, path in (paths or {}).items():
         message = message.replace(str(path), name)
     message = METAVAR.sub(r"\1", PYTHON_HINT.sub("", message))
-    api_names = FIELDS | {"height", "width"}
+    api_names = FIELDS | set(FLAG_FIELDS)
 
     def rename(match: re.Match[str]) -> str:
         name = match[1]
@@ -371,6 +402,8 @@ def video_object(job: Job, model: str) -> dict[str, Any]:
         "guidance_scale": p["guidance_scale"],
         "seed": p["seed"],
         **{name: p.get(name, False) for name in UPLOADS},
+        REFERENCES: p.get(REFERENCES, 0),
+        "conditioning_scale": p.get("conditioning_scale"),
         "strength": p.get("strength"),
         "error": error,
         "expires_at": None,

@@ -31,7 +31,7 @@ from PIL import Image
 from wanjax.errors import WanjaxError, one_line
 from wanjax.io.atomic import atomic_path
 from wanjax.jobs.generate import GenerateWork, check_generate, generate_outputs, run_generate
-from wanjax.jobs.groups import ImageFlags, OutputFlags, SourceVideoFlags
+from wanjax.jobs.groups import ImageFlags, OutputFlags, SourceVideoFlags, VaceFlags
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.jobs.record import finish
 from wanjax.jobs.requests import GenerateRequest
@@ -42,7 +42,8 @@ from wanjax.pipeline.pipeline import WanPipeline, check_image_input
 from wanjax.runtime.timing import CompileMeter
 from wanjax.server.api import (
     IMAGE_FIELDS,
-    UPLOADS,
+    INPUT_NAMES,
+    REFERENCES,
     ApiError,
     Limits,
     api_message,
@@ -51,6 +52,7 @@ from wanjax.server.api import (
     job_params,
     message_param,
     steps_run,
+    upload_names,
 )
 from wanjax.server.store import Job, JobStore
 
@@ -103,7 +105,8 @@ class Engine:
         """A request body as job ``job_id``'s parameters (its images saved as the job's input files),
         after every check a ``generate`` run of it would pass, the server's limits and the memory
         check (ApiError 400 with the CLI's message otherwise; nothing kept); reads no weight."""
-        params, images = job_params(body, self.defaults, self.pipe.geometry.temporal, self.model)
+        v2v = not self.pipe.transformer_config.vace  # a VACE model's video is its control
+        params, images = job_params(body, self.defaults, self.pipe.geometry.temporal, self.model, v2v)
         check_limits(params, self.limits)  # before anything sized by them is built
         self.check_prompts(params)
         for name, data in images.items():
@@ -140,8 +143,9 @@ class Engine:
         try:
             check_video_to_video(cfg, False)
         except WanjaxError:
-            return {"image": first, "last_image": last, "video": "none"}
-        return {"image": first, "last_image": last, "video": "optional"}
+            return {"image": first, "last_image": last, "video": "none", "mask": "none", REFERENCES: "none"}
+        vace = "optional" if cfg.vace else "none"
+        return {"image": first, "last_image": last, "video": "optional", "mask": vace, REFERENCES: vace}
 
     def size_presets(self) -> list[str]:
         """``WIDTHxHEIGHT`` sizes of the model's default area: its default, the same turned upright and
@@ -258,7 +262,12 @@ class Engine:
             **{name: str(inputs[name]) if params.get(name) else None for name in IMAGE_FIELDS}
         )
         source = SourceVideoFlags(str(inputs["video"]) if params.get("video") else None)
-        request = generate_request(self.base, params, images, outputs, source)
+        references = tuple(str(inputs[f"{REFERENCES}.{i}"]) for i in range(params.get(REFERENCES, 0)))
+        mask = str(inputs["mask"]) if params.get("mask") else None
+        vace = VaceFlags(
+            mask=mask, reference_image=references, conditioning_scale=params.get("conditioning_scale")
+        )
+        request = generate_request(self.base, params, images, outputs, source, vace)
         try:
             request.check()
             return check_generate(self.pipe, request, self.mesh)
@@ -276,14 +285,13 @@ class Engine:
         """What the other processes of a multi-process server need to run a job (they may be on
         other hosts): its parameters and its uploads (base64)."""
         files = self.input_files(job_id)
-        images = {
-            name: base64.b64encode(files[name].read_bytes()).decode() for name in UPLOADS if params.get(name)
-        }
+        images = {name: base64.b64encode(files[name].read_bytes()).decode() for name in upload_names(params)}
         return {"id": job_id, "params": dict(params), "images": images}
 
     def input_files(self, job_id: str) -> dict[str, Path]:
-        """A job's uploads (images, a video to re-make) as sent, by field."""
-        return {name: self.inputs / f"{job_id}.{name}" for name in UPLOADS}
+        """A job's uploads (images, a video, a mask, reference images) as sent, by name
+        (:data:`~wanjax.server.api.INPUT_NAMES`)."""
+        return {name: self.inputs / f"{job_id}.{name}" for name in INPUT_NAMES}
 
     def remove_files(self, job_id: str) -> None:
         """A job's outputs and inputs."""
