@@ -21,11 +21,12 @@ from wanjax.jobs.groups import (
 )
 from wanjax.jobs.requests import GenerateRequest, Request
 
-TEXT_BODY, IMAGE_BODY = 64 * 1024, 16 * 2**20  # the default request body limits
+# the default request body limit: every model takes an upload (an image, a video to re-make or a control)
+UPLOAD_BODY = 16 * 2**20
 
 
 def _body_limits() -> dict[str, int]:
-    return {"text_kib": TEXT_BODY // 1024, "image_mib": IMAGE_BODY // 2**20}
+    return {"upload_mib": UPLOAD_BODY // 2**20}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +48,7 @@ class ServerFlags:
     max_steps: int = option(100, help="denoising steps at most (default {default})")
     max_body_bytes: int | None = option(
         None,
-        help="request body size at most (default {text_kib} KiB; {image_mib} MiB for a model taking images)",
+        help="request body size at most (default {upload_mib} MiB: images and videos are uploaded in it)",
         values=_body_limits,
     )
     device_memory: str | None = option(

@@ -23,10 +23,9 @@ from wanjax.errors import ConfigError, WanjaxError
 from wanjax.jobs.generate import open_generate_pipeline
 from wanjax.jobs.opening import begin, defaults_of, mesh_request
 from wanjax.parallel.multihost import is_primary
-from wanjax.server.request import IMAGE_BODY, TEXT_BODY, ServeRequest
+from wanjax.server.request import UPLOAD_BODY, ServeRequest
 
 if TYPE_CHECKING:
-    from wanjax.pipeline.pipeline import WanPipeline
     from wanjax.server.engine import Engine
 
 log = logging.getLogger("wanjax.serve")
@@ -82,17 +81,12 @@ def open_engine(request: ServeRequest) -> Engine:
         max_pixels=flags.max_pixels or defaults.height * defaults.width,
         max_steps=flags.max_steps,
         max_queue=flags.max_queue,
-        max_body_bytes=flags.max_body_bytes or (IMAGE_BODY if takes_images(pipe) else TEXT_BODY),
+        max_body_bytes=flags.max_body_bytes or UPLOAD_BODY,
     )
     engine = Engine(pipe, base, mesh, flags.output_dir, limits, device_memory(flags.device_memory))
     engine.check_startup()
     pipe.load()  # the weights now: the first job pays no loading
     return engine
-
-
-def takes_images(pipe: WanPipeline) -> bool:
-    """Whether the model's jobs may carry an image (image to video, Wan 2.2 TI2V)."""
-    return pipe.transformer_config.image_to_video or pipe.expand_timesteps
 
 
 def check_output_dir(directory: str) -> None:
