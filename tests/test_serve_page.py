@@ -255,3 +255,32 @@ def test_an_image_to_video_page_uploads_the_first_frame(browser, demo_env, tmp_p
         assert job["image"] is True and job["size"] != "192x128" and field("error").text == ""
     finally:
         server.stop()
+
+
+def test_a_page_uploads_a_video_to_re_make(server, browser, tmp_path):
+    """A text-to-video server: the page's video field and strength make a video to video job."""
+    import numpy as np
+    from selenium.webdriver.common.by import By
+
+    from wanjax.io.video import write_mp4
+
+    rng = np.random.default_rng(3)
+    write_mp4(rng.integers(0, 255, (17, 64, 96, 3), dtype=np.uint8), tmp_path / "clip.mp4", fps=16)
+    driver = browser
+    driver.get(server + "/")
+    field = lambda name: driver.find_element(By.ID, name)  # noqa: E731
+    _wait(lambda: field("num_inference_steps").get_attribute("value"), 30, "the defaults in the form")
+    assert field("video_label").is_displayed() and field("strength_label").is_displayed()
+    assert not field("mask_label").is_displayed()  # not a VACE model
+    field("prompt").send_keys("the same clip at dusk")
+    field("video").send_keys(str(tmp_path / "clip.mp4"))
+    field("strength").send_keys("0.5")
+    field("num_inference_steps").clear()
+    field("num_inference_steps").send_keys("4")
+    field("submit").click()
+
+    def listed():
+        return json.load(urllib.request.urlopen(server + "/v1/videos", timeout=10))["data"]
+
+    job = _wait(listed, 20, "the job")[0]
+    assert job["video"] is True and job["strength"] == 0.5 and job["steps"] == 2, job
