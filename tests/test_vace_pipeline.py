@@ -275,6 +275,13 @@ def test_three_clips_compile_their_programs_once(vace):
     )  # fmt: skip
     compiled = out.programs_compiled
     assert compiled[1:] == [0, 0] and out.frames.shape[1] == FRAMES + 2 * (FRAMES - 5)
+    # continuity, reported: the kept frames' difference and the VAE's own round trip of them (random
+    # weights keep nothing: with them the first is far above the second, so it is reported, not bounded)
+    assert len(out.overlap_error) == len(out.round_trip_error) == 2
+    assert all(e > 0 for e in out.overlap_error) and all(
+        r is not None and r >= 0 for r in out.round_trip_error
+    )
+    print("overlap mean abs", out.overlap_error, "round trip mean abs", out.round_trip_error)
     with pytest.raises(WanjaxError, match="2 prompts for 3 clips"):
         pipe.extend([PROMPT, PROMPT], None, clips=3)
 

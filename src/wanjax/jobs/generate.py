@@ -303,7 +303,7 @@ def run_extension(pipe: WanPipeline, work: GenerateWork, report: Callable[[str, 
             total = timings.setdefault(stage, StageTiming())
             for field in ("load", "compile", "run", "programs", "cache_hits"):
                 setattr(total, field, getattr(total, field) + getattr(t, field))
-    return Video(out.frames, out.clips[-1].denoised, timings, tuple(out.programs_compiled))
+    return Video(out.frames, out.clips[-1].denoised, timings, out.report())
 
 
 def generate_outputs(pipe: WanPipeline, work: GenerateWork, video: Video) -> RunReport:
@@ -316,11 +316,8 @@ def generate_outputs(pipe: WanPipeline, work: GenerateWork, video: Video) -> Run
     report = make_report("generate", pipe, size, outputs, video.denoised)
     report.extra.update(sampling=work.params, prompts=work.prompts, negative_prompt=work.negative)
     cache_outputs(report, video.denoised, request.cache)
-    if video.clip_programs:  # a long video: its clips, and what each compiled (the first, all)
-        report.extra["clips"] = {
-            "count": len(video.clip_programs),
-            "programs_compiled": list(video.clip_programs),
-        }
+    if video.clips:  # a long video: what each clip compiled (the first, all) and how it continued
+        report.extra["clips"] = video.clips
     return report
 
 

@@ -32,15 +32,29 @@ OVERLAP = 5  # frames a clip shares with the video so far: the first two latent 
 
 @dataclasses.dataclass(frozen=True)
 class Extension:
-    """An extended video: ``frames`` ``uint8 [1, T, H, W, 3]`` and each generated clip's run."""
+    """An extended video: ``frames`` ``uint8 [1, T, H, W, 3]``, each generated clip's run and, for each
+    clip that continued the video, how far its first frames are from the frames they were given
+    (mean absolute difference, levels) beside the VAE's own round trip of those frames (None unless
+    the overlap is ``4n + 1`` frames, what the VAE encodes and decodes back as many of)."""
 
     frames: np.ndarray
     clips: list[Video]
+    overlap_error: list[float] = dataclasses.field(default_factory=list)
+    round_trip_error: list[float | None] = dataclasses.field(default_factory=list)
 
     @property
     def programs_compiled(self) -> list[int]:
         """The programs each clip compiled (the first compiles, the others reuse them)."""
         return [sum(t.programs for t in clip.timings.values()) for clip in self.clips]
+
+    def report(self) -> dict[str, Any]:
+        """What a run records of its clips."""
+        return {
+            "count": len(self.clips),
+            "programs_compiled": self.programs_compiled,
+            "overlap_mean_abs": self.overlap_error,
+            "round_trip_mean_abs": self.round_trip_error,
+        }
 
 
 def extension_inputs(last: np.ndarray, num_frames: int) -> tuple[list[Image.Image], list[Image.Image]]:
@@ -93,6 +107,8 @@ def extend(
     given = None if video is None else video_frames(video, fps, 1 << 30)
     height, width = pipe.video_size(None if given is None else given[0], height, width)
     runs: list[Video] = []
+    overlap_error: list[float] = []
+    round_trip_error: list[float | None] = []
     out = None
     if given is not None:
         resized = [f.convert("RGB").resize((width, height), Image.Resampling.LANCZOS) for f in given]
@@ -106,5 +122,21 @@ def extend(
         )
         runs.append(run)
         clip = run.frames[0]
+        if out is not None:
+            given_frames = out[-overlap:]
+            overlap_error.append(mean_abs(clip[: len(given_frames)], given_frames))
+            round_trip_error.append(round_trip(pipe, given_frames, height, width))
         out = clip if out is None else append_clip(out, clip, overlap)
-    return Extension(out[None], runs)
+    return Extension(out[None], runs, overlap_error, round_trip_error)
+
+
+def mean_abs(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a.astype(np.float32) - b.astype(np.float32)).mean())
+
+
+def round_trip(pipe: WanPipeline, frames: np.ndarray, height: int, width: int) -> float | None:
+    """The mean absolute difference of ``frames`` and their VAE round trip (None unless ``4n + 1`` of them)."""
+    if (len(frames) - 1) % pipe.geometry.temporal:
+        return None
+    latents = pipe.prepare_video([Image.fromarray(f) for f in frames], height, width)
+    return mean_abs(pipe.decode(latents)[0], frames)

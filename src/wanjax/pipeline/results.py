@@ -59,7 +59,7 @@ class Video:
     frames: np.ndarray
     denoised: Denoised
     timings: dict[str, StageTiming]
-    clip_programs: tuple[int, ...] = ()  # a long video made clip by clip: the programs each compiled
+    clips: dict[str, Any] | None = None  # a long video made clip by clip: what each clip did (extension.py)
 
     @property
     def latents(self) -> jax.Array:
