@@ -171,6 +171,11 @@ def _variant_info(v: Variant) -> None:
         f"  transformer: {t.num_layers} layers, {t.num_attention_heads}x{t.attention_head_dim} heads, "
         f"ffn {t.ffn_dim}, {t.in_channels} -> {t.out_channels} channels"
     )
+    if t.vace_layers is not None:
+        layers = ", ".join(map(str, t.vace_layers))
+        print(
+            f"  VACE: {len(t.vace_layers)} control blocks, after layers {layers}; {t.vace_in_channels} control channels"
+        )
     if v.image_encoder is not None:
         print(
             f"  image encoder: CLIP, {v.image_encoder.num_hidden_layers} layers of {v.image_encoder.hidden_size}"
