@@ -239,10 +239,10 @@ def decode_upload(name: str, value: str | bytes) -> bytes:
     except (binascii.Error, ValueError):
         data = b""
     if not data:
-        kind = UPLOADS[name].split()[1]
+        what = {**UPLOADS, REFERENCES: "an image"}[name]  # reference_images: each an image
         raise ApiError(
             400,
-            f"{name} must be {UPLOADS[name]} file in base64 (or a data:{kind}/...;base64, URL)",
+            f"{name} must be {what} file in base64 (or a data:{what.split()[1]}/...;base64, URL)",
             param=name,
         )
     return data
