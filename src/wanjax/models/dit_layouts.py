@@ -1,13 +1,13 @@
 """The Wan transformer's tensor names in the original release's layout (``Wan-AI/Wan2.1-T2V-14B``'s
 ``diffusion_pytorch_model*.safetensors``, ComfyUI's repackaged ``wan2.1_t2v_1.3B_bf16.safetensors``,
 city96's GGUFs; ComfyUI's saved checkpoints add ``model.diffusion_model.``): the inverse of diffusers'
-``convert_wan_transformer_to_diffusers`` for Wan 2.1 T2V/I2V/FLF2V and Wan 2.2 A14B/TI2V-5B."""
+``convert_wan_transformer_to_diffusers`` for Wan 2.1 T2V/I2V/FLF2V/VACE and Wan 2.2 A14B/TI2V-5B."""
 
 from __future__ import annotations
 
 from wanjax.io.key_layouts import KeyLayout, substitutions
 
-_B = r"blocks\.(\d+)\."
+_B = r"((?:vace_)?blocks\.\d+)\."  # a block, or a VACE control block
 _EMB = r"condition_embedder\."
 _IMG = _EMB + r"image_embedder\."
 
@@ -27,18 +27,20 @@ WAN_TRANSFORMER = KeyLayout(
             (_IMG + r"pos_embed", "img_emb.emb_pos"),
             (r"scale_shift_table", "head.modulation"),
             (r"proj_out\.(.+)", r"head.head.\1"),
-            (_B + r"scale_shift_table", r"blocks.\1.modulation"),
-            (_B + r"attn1\.to_([qkv])\.(.+)", r"blocks.\1.self_attn.\2.\3"),
-            (_B + r"attn1\.to_out\.0\.(.+)", r"blocks.\1.self_attn.o.\2"),
-            (_B + r"attn1\.norm_([qk])\.(.+)", r"blocks.\1.self_attn.norm_\2.\3"),
-            (_B + r"attn2\.to_([qkv])\.(.+)", r"blocks.\1.cross_attn.\2.\3"),
-            (_B + r"attn2\.to_out\.0\.(.+)", r"blocks.\1.cross_attn.o.\2"),
-            (_B + r"attn2\.norm_([qk])\.(.+)", r"blocks.\1.cross_attn.norm_\2.\3"),
-            (_B + r"attn2\.add_([kv])_proj\.(.+)", r"blocks.\1.cross_attn.\2_img.\3"),
-            (_B + r"attn2\.norm_added_k\.(.+)", r"blocks.\1.cross_attn.norm_k_img.\2"),
-            (_B + r"norm2\.(.+)", r"blocks.\1.norm3.\2"),  # the cross-attention's norm is norm3 there
-            (_B + r"ffn\.net\.0\.proj\.(.+)", r"blocks.\1.ffn.0.\2"),
-            (_B + r"ffn\.net\.2\.(.+)", r"blocks.\1.ffn.2.\2"),
+            (_B + r"scale_shift_table", r"\1.modulation"),
+            (_B + r"attn1\.to_([qkv])\.(.+)", r"\1.self_attn.\2.\3"),
+            (_B + r"attn1\.to_out\.0\.(.+)", r"\1.self_attn.o.\2"),
+            (_B + r"attn1\.norm_([qk])\.(.+)", r"\1.self_attn.norm_\2.\3"),
+            (_B + r"attn2\.to_([qkv])\.(.+)", r"\1.cross_attn.\2.\3"),
+            (_B + r"attn2\.to_out\.0\.(.+)", r"\1.cross_attn.o.\2"),
+            (_B + r"attn2\.norm_([qk])\.(.+)", r"\1.cross_attn.norm_\2.\3"),
+            (_B + r"attn2\.add_([kv])_proj\.(.+)", r"\1.cross_attn.\2_img.\3"),
+            (_B + r"attn2\.norm_added_k\.(.+)", r"\1.cross_attn.norm_k_img.\2"),
+            (_B + r"norm2\.(.+)", r"\1.norm3.\2"),  # the cross-attention's norm is norm3 there
+            (_B + r"ffn\.net\.0\.proj\.(.+)", r"\1.ffn.0.\2"),
+            (_B + r"ffn\.net\.2\.(.+)", r"\1.ffn.2.\2"),
+            (_B + r"proj_in\.(.+)", r"\1.before_proj.\2"),  # VACE: the first control block's input
+            (_B + r"proj_out\.(.+)", r"\1.after_proj.\2"),  # VACE: each control block's output
         ]
     ),
     prefixes=("", "model.diffusion_model."),

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -20,9 +20,6 @@ from PIL import Image
 from wanjax.errors import WanjaxError
 from wanjax.pipeline.results import Video
 from wanjax.pipeline.video_input import VideoInput, video_frames
-
-if TYPE_CHECKING:
-    from wanjax.pipeline.pipeline import WanPipeline
 
 __all__ = ["GRAY", "Extension", "append_clip", "extend", "extension_inputs"]
 
@@ -79,7 +76,7 @@ def append_clip(video: np.ndarray, clip: np.ndarray, overlap: int) -> np.ndarray
 
 
 def extend(
-    pipe: WanPipeline,
+    pipe: Any,  # a WanPipeline of a VACE model (the pipeline module imports this one)
     prompt: str | Sequence[str],
     video: VideoInput | None = None,
     *,
@@ -134,7 +131,7 @@ def mean_abs(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.abs(a.astype(np.float32) - b.astype(np.float32)).mean())
 
 
-def round_trip(pipe: WanPipeline, frames: np.ndarray, height: int, width: int) -> float | None:
+def round_trip(pipe: Any, frames: np.ndarray, height: int, width: int) -> float | None:
     """The mean absolute difference of ``frames`` and their VAE round trip (None unless ``4n + 1`` of them)."""
     if (len(frames) - 1) % pipe.geometry.temporal:
         return None
