@@ -479,6 +479,7 @@ def test_the_bench_cli_refuses_in_one_line_and_writes_nothing(tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_vace_arch_runs_its_control_blocks_and_counts_them():
     """``--arch VACE-1.3B --layers 2``: the first layer's control block with it (random control
     latents), its FLOPs in the count."""

@@ -399,6 +399,7 @@ def test_the_decode_stage_on_a_terminal_says_what_it_decodes_and_when_each_part_
     assert lines[3] == "wanjax decode: model demo (smoke model: tiny random weights)"
 
 
+@pytest.mark.slow
 def test_a_generate_that_cannot_fit_is_refused_before_any_weight(demo_env, tmp_path, capsys, monkeypatch):
     """``plan``'s estimate of each stage against the memory here (fixed small): one line naming the
     stage, what it needs and what there is, exit 2, nothing written; with enough, the run goes."""

@@ -232,6 +232,7 @@ def test_generate_with_vace_flags_is_the_python_run(vace, tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "f.npy"), python.frames)
 
 
+@pytest.mark.slow
 def test_a_clip_extended_once_is_diffusers_vace_run_on_the_last_frames(vace):
     """The new clip: diffusers' VACE run whose control video is the last 5 frames then gray ones, its
     mask black on them and white after (as diffusers' VACE examples build them); the result: the
