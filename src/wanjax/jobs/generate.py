@@ -269,7 +269,7 @@ def run_generate(
         vace=vace,
     )
     report("decode", steps_run(work.params))
-    return Video(pipe.decode(denoised.latents[:, :, references:]), denoised, dict(pipe.timings))
+    return Video(pipe.decode(denoised.latents[:, :, references:]), denoised, pipe.timings_so_far())
 
 
 def run_extension(pipe: WanPipeline, work: GenerateWork, report: Callable[[str, int], None]) -> Video:

@@ -224,6 +224,10 @@ class WanPipeline(PipelineComponents):
     def stage_timing(self, stage: str) -> StageTiming:
         return self.timings.setdefault(stage, StageTiming())
 
+    def timings_so_far(self) -> dict[str, StageTiming]:
+        """A copy of the stage timings, which later work on this pipeline leaves as they are."""
+        return {stage: dataclasses.replace(t) for stage, t in self.timings.items()}
+
     @functools.cached_property
     def mesh_spec(self) -> MeshSpec | None:
         """The mesh requested at construction, resolved against the devices (``None``: one device)."""
@@ -624,7 +628,7 @@ class WanPipeline(PipelineComponents):
             strength=strength,
             vace=vace,
         )
-        return Video(self.decode(denoised.latents[:, :, references:]), denoised, dict(self.timings))
+        return Video(self.decode(denoised.latents[:, :, references:]), denoised, self.timings_so_far())
 
     def extend(self, prompt: Prompt, video: VideoInput | None = None, **kwargs: Any) -> Extension:
         """A VACE model's long video: ``video`` continued clip by clip (:func:`wanjax.pipeline.extension.extend`)."""
