@@ -142,4 +142,7 @@ def test_info_of_a_vace_variant_names_its_control_blocks(capsys):
     assert main(["info", "VACE-1.3B"]) == 0
     out = capsys.readouterr().out
     assert "Wan-AI/Wan2.1-VACE-1.3B-diffusers" in out
-    assert "VACE: 15 control blocks, after layers 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28; 96" in out
+    assert (
+        "VACE: 15 control blocks, after layers 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28; 96"
+        in out
+    )
