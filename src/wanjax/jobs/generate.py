@@ -297,12 +297,10 @@ def run_extension(pipe: WanPipeline, work: GenerateWork, report: Callable[[str, 
         progress=False,
     )
     report("decode", steps_run(params))
-    timings = {}
+    timings: dict[str, StageTiming] = {}
     for clip in out.clips:
         for stage, t in clip.timings.items():
-            total = timings.setdefault(stage, StageTiming())
-            for field in ("load", "compile", "run", "programs", "cache_hits"):
-                setattr(total, field, getattr(total, field) + getattr(t, field))
+            timings[stage] = timings.get(stage, StageTiming()) + t
     return Video(out.frames, out.clips[-1].denoised, timings, out.report())
 
 

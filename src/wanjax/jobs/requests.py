@@ -239,8 +239,6 @@ def _check_prompts(flags: dict[str, Any]) -> None:
         )
     if flags.get("video") and flags.get("image"):
         raise WanjaxError("--video and --image both given: re-make a video (--video) or start from an image")
-    if "video" in flags and flags.get("strength") is not None and not flags["video"]:
-        raise WanjaxError("--strength is for video to video: give the video too (--video FILE)")
 
 
 def _hint_negative_name(text: str | None) -> None:

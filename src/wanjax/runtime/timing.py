@@ -89,6 +89,12 @@ class StageTiming:
     programs: int = 0
     cache_hits: int = 0
 
+    def __add__(self, other: StageTiming) -> StageTiming:
+        """Both runs' seconds and programs together (e.g. a long video's clips)."""
+        return StageTiming(
+            *(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self))
+        )
+
     @contextlib.contextmanager
     def loading(self) -> Iterator[None]:
         start = time.perf_counter()

@@ -39,13 +39,21 @@ REFERENCES = "reference_images"  # a VACE model's: a list of images, each saved 
 MAX_REFERENCES = 4
 TEXT_FIELDS = {"prompt", "negative_prompt", "size", "model", *UPLOADS}
 LIST_FIELDS = {REFERENCES}
-INPUT_NAMES = (*UPLOADS, *(f"{REFERENCES}.{i}" for i in range(MAX_REFERENCES)))  # a job's input files
+REFERENCES_KIND = f"a list of up to {MAX_REFERENCES} images"
+
+
+def reference_input(i: int) -> str:
+    """The input file name of a job's reference image ``i``."""
+    return f"{REFERENCES}.{i}"
+
+
+INPUT_NAMES = (*UPLOADS, *map(reference_input, range(MAX_REFERENCES)))  # a job's input files
 
 
 def upload_names(params: Mapping[str, Any]) -> list[str]:
-    """The input files a job holds: its uploads, and each reference image (``reference_images.i``)."""
+    """The input files a job holds: its uploads, and each reference image (:func:`reference_input`)."""
     return [n for n in UPLOADS if params.get(n)] + [
-        f"{REFERENCES}.{i}" for i in range(params.get(REFERENCES, 0))
+        reference_input(i) for i in range(params.get(REFERENCES, 0))
     ]
 
 
@@ -123,7 +131,7 @@ def job_params(
         raise ApiError(400, "'prompt' is required: what the video shows", param="prompt")
     uploads = {name: decode_upload(name, body[name]) for name in UPLOADS if name in body}
     for i, value in enumerate(body.get(REFERENCES, ())):  # each its own input file
-        uploads[f"{REFERENCES}.{i}"] = decode_upload(REFERENCES, value)
+        uploads[reference_input(i)] = decode_upload(REFERENCES, value)
     width, height = (None, None) if uploads else (defaults.width, defaults.height)
     if "size" in body:
         match = SIZE.fullmatch(body["size"])
@@ -253,7 +261,7 @@ def _check_type(name: str, value: Any) -> None:
         "a string": TEXT_FIELDS,
         "an integer": INT_FIELDS,
         "a number": NUMBER_FIELDS,
-        f"a list of up to {MAX_REFERENCES} images": LIST_FIELDS,
+        REFERENCES_KIND: LIST_FIELDS,
     }
     expected = next(kind for kind, fields in kinds.items() if name in fields)
     images = isinstance(value, list) and 0 < len(value) <= MAX_REFERENCES
@@ -261,7 +269,7 @@ def _check_type(name: str, value: Any) -> None:
         "a string": isinstance(value, str) or (name in UPLOADS and isinstance(value, bytes)),
         "an integer": isinstance(value, int) and not isinstance(value, bool),
         "a number": isinstance(value, int | float) and not isinstance(value, bool),
-        f"a list of up to {MAX_REFERENCES} images": images and all(isinstance(v, str | bytes) for v in value),
+        REFERENCES_KIND: images and all(isinstance(v, str | bytes) for v in value),
     }[expected]
     if not ok:
         raise ApiError(400, f"{name} must be {expected}, got {value!r}", param=name)

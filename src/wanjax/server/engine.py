@@ -51,6 +51,7 @@ from wanjax.server.api import (
     generate_request,
     job_params,
     message_param,
+    reference_input,
     steps_run,
     upload_names,
 )
@@ -262,7 +263,7 @@ class Engine:
             **{name: str(inputs[name]) if params.get(name) else None for name in IMAGE_FIELDS}
         )
         source = SourceVideoFlags(str(inputs["video"]) if params.get("video") else None)
-        references = tuple(str(inputs[f"{REFERENCES}.{i}"]) for i in range(params.get(REFERENCES, 0)))
+        references = tuple(str(inputs[reference_input(i)]) for i in range(params.get(REFERENCES, 0)))
         mask = str(inputs["mask"]) if params.get("mask") else None
         vace = VaceFlags(
             mask=mask, reference_image=references, conditioning_scale=params.get("conditioning_scale")
