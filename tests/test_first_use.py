@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from wanjax.cli.main import subcommands
+from wanjax.cli.signals import STOPPED
 
 GENERATE = ("generate", "--model", "demo", "--output_video", "out/v.mp4")
 
@@ -101,6 +102,50 @@ def test_wanjax_alone_lists_every_subcommand_with_its_line(tmp_path):
     assert list(listed) == list(subcommands())
     for name, command in subcommands().items():
         assert listed[name].endswith(command.help)
+
+
+# Python imports this before the console script runs: it sends the signal to its own process when the
+# module named in WANJAX_TEST_SIGNAL_AT starts loading (as a Ctrl-C at exactly that moment would).
+SIGNAL_AT_IMPORT = """
+import os, signal, sys
+
+
+class SignalAtImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == os.environ["WANJAX_TEST_SIGNAL_AT"]:
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), int(os.environ["WANJAX_TEST_SIGNAL"]))
+        return None
+
+
+sys.meta_path.insert(0, SignalAtImport())
+"""
+
+
+@pytest.mark.parametrize(
+    "module, sig, code",
+    [("wanjax.cli.main", signal.SIGINT, 130), ("jax", signal.SIGTERM, 143), ("jax", signal.SIGINT, 130)],
+)
+def test_a_signal_while_the_command_line_loads_is_one_line(demo_env, tmp_path, module, sig, code):
+    """From the console script's first module on: the command line's own modules (before its
+    handlers were in place, a KeyboardInterrupt traceback), then JAX's."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SIGNAL_AT_IMPORT)
+    env = {**_env(demo_env), "PYTHONPATH": str(hook), "WANJAX_TEST_SIGNAL_AT": module}
+    env["WANJAX_TEST_SIGNAL"] = str(int(sig))
+    run = tmp_path / "run"
+    run.mkdir()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in the test below
+    try:
+        result = subprocess.run(
+            _command(*GENERATE, "--prompt", "a cat"), cwd=run, env=env, capture_output=True, text=True
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert (result.returncode, result.stdout) == (code, ""), result.stderr
+    assert result.stderr.strip() == STOPPED[sig][1]
+    assert _files(run) == []
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,10 @@ CLI's ``--help``) does not load the transformer, the text encoder, the tokenizer
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
 
 from wanjax.version import __version__
+
+TYPE_CHECKING = False  # not typing's: the console script's first import stays short (cli/launch.py)
 
 _EXPORTS = {
     "CacheConfig": "wanjax.pipeline.step_cache",
@@ -59,6 +60,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from wanjax.errors import CheckpointError, ConfigError, WanjaxError
     from wanjax.models.config import TransformerConfig
     from wanjax.models.dit import WanTransformer

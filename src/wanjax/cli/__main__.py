@@ -2,6 +2,6 @@
 
 import sys
 
-from wanjax.cli.main import main
+from wanjax.cli.launch import run
 
-sys.exit(main())
+sys.exit(run())

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from wanjax.cli.parser import CliParser, UsageError
+from wanjax.cli.signals import STOPPED, exit_at_once
 from wanjax.errors import WanjaxError, one_line
 from wanjax.jobs.flags import add_flags, from_flags
 
@@ -117,20 +118,6 @@ class Terminated(BaseException):
     """SIGTERM arrived (a service manager or ``kill``) while a command ran: stop as Ctrl-C does."""
 
 
-STOPPED = {
-    signal.SIGINT: (130, "wanjax: interrupted (no partial output files were left)"),
-    signal.SIGTERM: (143, "wanjax: terminated by SIGTERM (no partial output files were left)"),
-}
-
-
-def _exit_at_once(signum: int, frame: Any) -> None:
-    """Ctrl-C or SIGTERM before the command runs (JAX being imported, flags checked): nothing is
-    written yet, and an exception raised inside a C extension's import would abort the process."""
-    code, line = STOPPED[signum]
-    print(line, file=sys.stderr, flush=True)
-    os._exit(code)
-
-
 def _terminate(signum: int, frame: Any) -> None:
     raise Terminated
 
@@ -153,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with one line (``serve`` handles SIGTERM itself once it runs: it finishes the running job)."""
     program = argv is None  # the process is wanjax's (not a caller's in-process call)
     argv = sys.argv[1:] if argv is None else list(argv)
-    previous = _on_signals(dict.fromkeys(STOPPED, _exit_at_once))
+    previous = _on_signals(dict.fromkeys(STOPPED, exit_at_once))
     try:
         return _main(argv)
     except BrokenPipeError:  # the reader went away (`wanjax info demo | head`): not an error
