@@ -226,6 +226,16 @@ def test_plan_compile_from_the_command_line_writes_its_report(tmp_path):
     assert [p["name"] for p in document["programs"]] == ["text_encoder", "step", "vae_decode"]
     step = document["programs"][1]
     assert step["compiled"] and step["tpu_custom_calls"] > 0 and step["planned_bytes_per_chip"] > 0
+    # the estimate beside each program is the slice's: feature maps padded to the TPU's lanes
+    from wanjax.target import TPU_LANES
+    from wanjax.tools.plan import model_configs, plan
+
+    size = dict(height=64, width=64, frames=5, device_memory=1 << 30)
+    on_tpu, here = (
+        plan(model_configs("demo"), parse_mesh("dp=2,sp=1,tp=4"), **size, lanes=lanes).on_device("decode")
+        for lanes in (TPU_LANES, 1)
+    )
+    assert document["programs"][2]["planned_bytes_per_chip"] == on_tpu > here
 
 
 @pytest.mark.slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
@@ -78,6 +79,28 @@ def test_vae_decode_activations_include_the_causal_cache():
     kwargs = dict(height=720, width=1280, frames=81, device_memory=32 * GiB)
     eight = plan(model, parse_mesh("dp=2,sp=1,tp=4"), **kwargs)
     assert eight.stages["decode"].activations > vae_cache_bytes(model.vae, 720, 1280) / 8
+
+
+def test_a_tpus_lanes_pad_the_vae_feature_maps():
+    """A TPU pads an array's channels to its 128 lanes: the Wan 2.1 decoder's 96- and 192-channel maps
+    (the 720p cache's largest) count a third more; 384 channels and a 128-wide VAE nothing."""
+    from wanjax.models.vae.config import VAEConfig
+    from wanjax.target import TPU_LANES
+    from wanjax.tools.plan import lane_padded, vae_cache_bytes
+
+    assert [lane_padded(c, TPU_LANES) for c in (3, 96, 128, 192, 384)] == [128, 128, 128, 256, 384]
+    wan = VAEConfig()
+    ratio = vae_cache_bytes(wan, 720, 1280, lanes=TPU_LANES) / vae_cache_bytes(wan, 720, 1280)
+    assert 1.2 < ratio < 4 / 3
+    wide = dataclasses.replace(
+        wan, base_dim=128, z_dim=128, latents_mean=(0.0,) * 128, latents_std=(1.0,) * 128
+    )
+    assert vae_cache_bytes(wide, 240, 416, lanes=TPU_LANES) == vae_cache_bytes(wide, 240, 416)
+    model, mesh = model_configs("14B"), parse_mesh("dp=2,sp=1,tp=4")
+    kwargs = dict(height=720, width=1280, frames=81, device_memory=32 * GiB)
+    tpu, gpu = (plan(model, mesh, **kwargs, lanes=lanes) for lanes in (TPU_LANES, 1))
+    assert tpu.stages["denoise"] == gpu.stages["denoise"]
+    assert 1.2 < tpu.stages["decode"].activations / gpu.stages["decode"].activations < 4 / 3
 
 
 def test_vae_strips_are_the_pipelines():

@@ -19,7 +19,9 @@ from typing import Any
 
 import jax
 
-__all__ = ["Target", "building_for", "current_target"]
+__all__ = ["TPU_LANES", "Target", "building_for", "current_target"]
+
+TPU_LANES = 128  # a TPU vector register's lanes: its memory pads an array's last dimension to them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +50,12 @@ class Target:
     def host(cls) -> Target:
         """This process's default devices."""
         return cls.of(jax.devices())
+
+    @property
+    def lanes(self) -> int:
+        """The multiple the target's memory pads an array's last dimension to (a TPU's lanes; 1 elsewhere):
+        a 96-channel feature map takes as much HBM as a 128-channel one on a TPU."""
+        return TPU_LANES if self.platform == "tpu" else 1
 
     @property
     def interprets_pallas(self) -> bool:

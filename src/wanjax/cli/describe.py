@@ -297,10 +297,10 @@ def cmd_plan(request: PlanRequest) -> int:
     memory = planning.parse_memory(request.device_memory)
     requested = parse_mesh(request.mesh, request.use_fsdp) if request.mesh else None
     count = request.num_devices or (requested.num_devices if requested else None)
-    tpu = None
+    tpu = target = None
     _check_cache_flags(request)
     if request.compile is not None:
-        tpu = _compile_slice(request)
+        tpu, target = _compile_slice(request)
         memory, count = tpu.chip.usable_hbm_bytes, count or tpu.chips
     if count is None:
         import jax
@@ -312,6 +312,8 @@ def cmd_plan(request: PlanRequest) -> int:
         )
     size = dict(height=request.height, width=request.width, frames=request.frames)
     kwargs = dict(**size, device_memory=memory, dtype=request.dtype, vae_dtype=request.vae_dtype)
+    if target is not None:
+        kwargs["lanes"] = target.lanes  # the slice's memory layout, not this host's
     offload, weights = request.memory.offload, request.memory.weights_dtype
     mode = dict(offload=offload, weights_dtype=weights)
     print(
@@ -345,7 +347,8 @@ def cmd_plan(request: PlanRequest) -> int:
     print(planning.mode_table(modes, (offload, weights)))
     if tpu is not None:
         focused = planning.plan(model, focus, **kwargs, **mode)
-        return _compile(request, tpu, focus, {name: focused.on_device(name) for name in focused.stages})
+        planned = {name: focused.on_device(name) for name in focused.stages}
+        return _compile(request, tpu, target, focus, planned)
     if fits:
         return 0
     cheapest = planning.cheapest_fitting(model, meshes, weights, **kwargs)
@@ -370,9 +373,10 @@ def _check_cache_flags(request: PlanRequest) -> None:
         )
 
 
-def _compile_slice(request: PlanRequest) -> Any:
-    """The slice of ``--compile``, checked with the flags that go with it (before any work)."""
-    from wanjax.tools.compile_target import parse_programs, parse_slice
+def _compile_slice(request: PlanRequest) -> tuple[Any, Any]:
+    """The slice of ``--compile`` and its compile-only target, checked with the flags that go with
+    it (before any work)."""
+    from wanjax.tools.compile_target import parse_programs, parse_slice, slice_target
 
     tpu = parse_slice(request.compile or "")
     if request.model not in registry():
@@ -383,18 +387,18 @@ def _compile_slice(request: PlanRequest) -> Any:
         parse_programs(request.programs)
     if request.num_devices not in (None, tpu.chips):
         raise WanjaxError(f"--num_devices {request.num_devices}: {tpu.name} has {tpu.chips} chips")
-    return tpu
+    return tpu, slice_target(tpu)
 
 
-def _compile(request: PlanRequest, tpu: Any, mesh: Any, planned: dict[str, int]) -> int:
+def _compile(request: PlanRequest, tpu: Any, target: Any, mesh: Any, planned: dict[str, int]) -> int:
     """``plan --compile``: every program of the run on ``mesh`` compiled for ``tpu``; exit 1 unless
     each compiles and fits."""
     from wanjax.io.atomic import write_text
     from wanjax.jobs.opening import attention_spec
     from wanjax.target import building_for
-    from wanjax.tools.compile_target import RunSpec, compile_run, slice_target
+    from wanjax.tools.compile_target import RunSpec, compile_run
 
-    with building_for(slice_target(tpu)):
+    with building_for(target):
         attention = attention_spec(request.attention)  # checked for the TPU, not this machine
     run = RunSpec(
         registry()[request.model],

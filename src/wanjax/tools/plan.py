@@ -63,6 +63,7 @@ from wanjax.parallel.mesh import MeshSpec, auto_mesh
 from wanjax.parallel.rules import leaf_spec, num_shards, per_device_param_bytes
 from wanjax.pipeline.demo import demo_text_encoder_config
 from wanjax.pipeline.model_index import read_model_index
+from wanjax.target import current_target
 
 HEADROOM = 0.9
 GiB = 1 << 30
@@ -345,10 +346,13 @@ def plan(
     max_sequence_length: int = TEXT_LENGTH,
     offload: str = "none",
     weights_dtype: str = UNQUANTIZED,
+    lanes: int | None = None,
 ) -> Plan:
     """The plan of one run on ``mesh``; ``offload`` (:data:`OFFLOAD_MODES`) and ``weights_dtype``
-    (:data:`~wanjax.io.quantizable.WEIGHTS_DTYPES`) as the flags of those names."""
+    (:data:`~wanjax.io.quantizable.WEIGHTS_DTYPES`) as the flags of those names; ``lanes``: the
+    target's (:attr:`~wanjax.target.Target.lanes`; the devices built for when not given)."""
     offload = parse_offload(offload)
+    lanes = current_target().lanes if lanes is None else lanes
     if weights_dtype not in WEIGHTS_DTYPES:
         raise WanjaxError(
             f"unknown --weights_dtype {weights_dtype!r}; use one of {', '.join(WEIGHTS_DTYPES)}"
@@ -411,11 +415,12 @@ def plan(
     te_act += e_bytes.dequantized_layer
 
     # VAE decoder, split into strips as the pipeline splits its latents.
-    c0 = (v.decoder_base_dim or v.base_dim) * v.dim_mult[0]
+    c0 = lane_padded((v.decoder_base_dim or v.base_dim) * v.dim_mult[0], lanes)
     spatial = strip_count(mesh.sizes, (height // v.spatial_factor, width // v.spatial_factor))
     pixels = (height // v.patch) * (width // v.patch)  # the decoder's output: 2x2 patches in Wan 2.2
-    cache = batch * vae_cache_bytes(v, height, width, vae_dtype)
-    vae_act = vae_live_bytes(cache, batch * pixels * c0 * vae_item, spatial)
+    cache = batch * vae_cache_bytes(v, height, width, vae_dtype, lanes)
+    video = batch * frames * height * width * 3  # the decoded uint8 frames, the program's output
+    vae_act = vae_live_bytes(cache, batch * pixels * c0 * vae_item, spatial) + video // spatial
 
     stages = {
         "encode": e_bytes.stage(te_act, streams_layers(offload, per_step=False)),
@@ -430,7 +435,9 @@ def plan(
         )
     shared = 0
     if model.image:
-        shared = add_image_stage(stages, model, sizes, mesh, height, width, frames, vae_dtype, v_weights)
+        shared = add_image_stage(
+            stages, model, sizes, mesh, (height, width, frames), vae_dtype, v_weights, lanes
+        )
     return Plan(mesh, stages, device_memory, layout, offload, weights_dtype, model.experts, shared)
 
 
@@ -448,11 +455,10 @@ def add_image_stage(
     model: Model,
     sizes: dict[str, int],
     mesh: MeshSpec,
-    height: int,
-    width: int,
-    frames: int,
+    size: tuple[int, int, int],
     vae_dtype: str,
     decoder_weights: int,
+    lanes: int,
 ) -> int:
     """An image-to-video model's extras, as ``WanPipeline`` runs them: in the encode stage the CLIP
     encoder (float32, sharded as UMT5; for a transformer taking its tokens) and the VAE, loaded there
@@ -460,6 +466,7 @@ def add_image_stage(
     split spatially over the devices as the decoder's latents) into latents. The stages after hold
     the VAE too. Returns the bytes that puts in more than one stage's ``stored`` (the VAE, held by
     all three stages: :attr:`Plan.shared`)."""
+    height, width, frames = size
     clip = model.image_encoder
     clip_bytes = clip_act = 0
     if clip is not None:
@@ -471,8 +478,8 @@ def add_image_stage(
     item = np.dtype(parse_dtype(vae_dtype)).itemsize
     spatial = strip_count(mesh.sizes, (height, width))  # the conditioning video's strips
     video = frames * height * width * 3 * 4  # the float32 conditioning video
-    frame = (height // v.patch) * (width // v.patch) * v.encoder_dims[0] * item
-    cache = vae_encoder_cache_bytes(v, height, width, vae_dtype)
+    frame = (height // v.patch) * (width // v.patch) * lane_padded(v.encoder_dims[0], lanes) * item
+    cache = vae_encoder_cache_bytes(v, height, width, vae_dtype, lanes)
     encode_act = video // spatial + vae_live_bytes(cache, frame, spatial)
     vae_weights = decoder_weights + encoder_weights
     text = stages["encode"]
@@ -496,26 +503,43 @@ def vae_live_bytes(cache: int, frame: int, strips: int) -> int:
     six (input, output, residual, the norm's output, a conv's padded input and float32 result) and,
     when split, one whole frame the partitioner gathers (the scheduling dependency of the VAE's
     ``after``). Against XLA:CPU's buffer plans (BENCHMARKS.md) the 832x480 decode on one device:
-    6.09 GiB planned, 6.01 compiled; 720p on 8 devices: 2.09 vs 1.93."""
+    6.09 GiB planned, 6.01 compiled; 720p on 8 devices: 2.09 vs 1.93; against the TPU compiler's
+    temporaries (channels padded to the lanes), 720p on 8 chips: 2.70 vs 2.89 (v6e), 3.01 (v5e)."""
     return (6 * frame + cache) // strips + (frame if strips > 1 else 0)
 
 
+def lane_padded(channels: int, lanes: int) -> int:
+    """``channels`` rounded up to a multiple of ``lanes`` (:attr:`~wanjax.target.Target.lanes`)."""
+    return -(-channels // lanes) * lanes
+
+
+def feature_bytes(tree: Any, lanes: int) -> int:
+    """Bytes of the feature maps in ``tree`` (channels last) with their channels padded to ``lanes``."""
+    total = 0
+    for a in jax.tree.leaves(tree):
+        shape = (*a.shape[:-1], lane_padded(a.shape[-1], lanes)) if a.ndim else ()
+        total += math.prod(shape) * np.dtype(a.dtype).itemsize
+    return total
+
+
 @functools.lru_cache(maxsize=16)
-def vae_cache_bytes(cfg: VAEConfig, height: int, width: int, dtype: str = "float32") -> int:
+def vae_cache_bytes(cfg: VAEConfig, height: int, width: int, dtype: str = "float32", lanes: int = 1) -> int:
     """Bytes of the decoder's causal cache for one ``height`` x ``width`` video in the accelerators'
     formulation (a three-frame ring of every causal conv's input), from the abstract first chunk
-    (``jax.eval_shape``: no weights, no compute)."""
+    (``jax.eval_shape``: no weights, no compute); channels padded to ``lanes``."""
     dt = parse_dtype(dtype)
     params = abstract_params(vae.checkpoint_spec(cfg, "decoder"), dt)
     f = cfg.spatial_factor
     z = jax.ShapeDtypeStruct((1, 1, height // f, width // f, cfg.z_dim), dt)
     nm = Numerics(dt, ACCELERATOR_CONV)
     _, cache = jax.eval_shape(lambda p, z: decoder_chunk(p, cfg, z, {}, True, nm, 1), params, z)
-    return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(cache))
+    return feature_bytes(cache, lanes)
 
 
 @functools.lru_cache(maxsize=16)
-def vae_encoder_cache_bytes(cfg: VAEConfig, height: int, width: int, dtype: str = "float32") -> int:
+def vae_encoder_cache_bytes(
+    cfg: VAEConfig, height: int, width: int, dtype: str = "float32", lanes: int = 1
+) -> int:
     """Bytes of the encoder's causal cache for one ``height`` x ``width`` video (as
     :func:`vae_cache_bytes`, from the abstract first chunk)."""
     dt = parse_dtype(dtype)
@@ -523,7 +547,7 @@ def vae_encoder_cache_bytes(cfg: VAEConfig, height: int, width: int, dtype: str 
     video = jax.ShapeDtypeStruct((1, 1, height, width, cfg.in_channels), dt)
     nm = Numerics(dt, ACCELERATOR_CONV)
     _, cache = jax.eval_shape(lambda p, x: encoder_chunk(p, cfg, x, {}, True, nm, 1), params, video)
-    return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in jax.tree.leaves(cache))
+    return feature_bytes(cache, lanes)
 
 
 def candidate_meshes(num_devices: int, fsdp: bool = False) -> list[MeshSpec]:
