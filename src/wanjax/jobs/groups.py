@@ -292,9 +292,9 @@ class VaceFlags:
 
 
 def _sampling_defaults() -> dict[str, Any]:
-    from wanjax.pipeline.scheduler import DISTILL_SHIFT
+    from wanjax.pipeline.scheduler import DISTILL_SHIFT, DMD_SHIFT
 
-    return {**registry_defaults(), "distill_shift": f"{DISTILL_SHIFT:g}"}
+    return {**registry_defaults(), "distill_shift": f"{DISTILL_SHIFT:g}", "dmd_shift": f"{DMD_SHIFT:g}"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,13 +326,14 @@ class SamplingFlags:
     scheduler: str | None = option(
         None,
         choices=_scheduler_kinds,
-        help="sampler (default auto: the checkpoint's scheduler config, UniPC for Wan 2.1); unipc, euler: "
-        "regardless of it; distill: the few-step re-noising sampler of step-distilled models and LoRAs "
-        "(LightX2V: --num_inference_steps 4 --guidance_scale 1)",
+        help="sampler (default auto: the checkpoint's scheduler config, UniPC for Wan 2.1; a FastWan "
+        "checkpoint's DMD); unipc, euler: regardless of it; distill: the few-step re-noising sampler of "
+        "step-distilled models and LoRAs (LightX2V: --num_inference_steps 4 --guidance_scale 1); dmd: "
+        "FastWan's 3 steps; rcm: TurboWan's 1 to 4 steps (--guidance_scale 1)",
     )
     flow_shift: float | None = option(
         None,
-        help="flow shift (default: the checkpoint's, 3.0; distill {distill_shift})",
+        help="flow shift (default: the checkpoint's, 3.0; distill {distill_shift}; dmd {dmd_shift}; rcm has none)",
         values=_sampling_defaults,
     )
     init_latents: str | None = option(

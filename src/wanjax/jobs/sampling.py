@@ -31,12 +31,13 @@ def sampling_params(pipe: WanPipeline, sampling: SamplingFlags, video: bool = Fa
     defaults = defaults_of(pipe)
     init = sampling.init_latents
     steps = _given_or(sampling.num_inference_steps, defaults.num_inference_steps)
-    kind = sampling.scheduler or "auto"
+    kind = sampling.scheduler or defaults.scheduler
     if sampling.strength is not None and not video:
         raise WanjaxError("--strength is for video to video: give the video too (--video FILE)")
     strength = {"strength": _given_or(sampling.strength, defaults.strength)} if video else {}
     try:
-        scheduler = make_scheduler(pipe.path, steps, sampling.flow_shift, kind=kind, **strength)
+        image = pipe.transformer_config.image_to_video
+        scheduler = make_scheduler(pipe.path, steps, sampling.flow_shift, kind=kind, image=image, **strength)
     except ConfigError as e:
         raise ConfigError(f"--{e}" if strength and str(e).startswith("strength") else str(e)) from None
     experts = {}

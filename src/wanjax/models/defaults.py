@@ -22,6 +22,7 @@ class Defaults:
     seed: int = 42
     strength: float = 0.8  # video-to-video: diffusers' WanVideoToVideoPipeline default
     conditioning_scale: float = 1.0  # VACE: the control's weight, diffusers' WanVACEPipeline default
+    scheduler: str = "auto"  # the checkpoint's scheduler config; a distilled model's own sampler
 
 
 TEXT_LENGTH = 512  # Wan's text_len: the prompt tokens every Wan DiT was trained on (the authors' configs)

@@ -124,6 +124,8 @@ _DEMO_CONDITIONED = DEMO_TRANSFORMER.out_channels + 4 + DEMO_VAE.z_dim  # noise,
 
 
 HD = Defaults(height=720, width=1280)
+DMD_PIPELINE_CLASS = "WanDMDPipeline"  # FastVideo's pipeline class in a FastWan checkpoint's model_index.json
+FASTWAN = dict(num_inference_steps=3, guidance_scale=1.0, scheduler="dmd")  # DmdDenoisingStage: no CFG
 DEMO_DEFAULTS = Defaults(height=128, width=192, frames=17, num_inference_steps=10)
 
 
@@ -152,6 +154,11 @@ class Variant:
         return 1 if self.boundary_ratio is None else 2
 
     @property
+    def dmd(self) -> bool:
+        """A FastWan model (its checkpoint a ``WanDMDPipeline``), run by FastWan's DMD sampler."""
+        return self.defaults.scheduler == "dmd"
+
+    @property
     def image(self) -> bool:
         """The VAE encodes an image's conditioning in the encode stage (image to video, TI2V)."""
         return self.transformer.image_to_video or self.expand_timesteps
@@ -161,6 +168,8 @@ class Variant:
         """diffusers' pipeline class, as ``model_index.json`` names it."""
         if self.transformer.vace:
             return "WanVACEPipeline"
+        if self.dmd:
+            return DMD_PIPELINE_CLASS
         i2v = self.transformer.image_to_video and not self.expand_timesteps
         return "WanImageToVideoPipeline" if i2v else "WanPipeline"
 
@@ -251,6 +260,26 @@ VARIANTS: tuple[Variant, ...] = (
         defaults=Defaults(height=704, width=1280, frames=121, fps=24.0),
         mag_ratios="wan2.2-ti2v-5b-t2v",
         mag_ratios_image="wan2.2-ti2v-5b-i2v",
+    ),
+    # FastWan (FastVideo): DMD-distilled, 3 steps without guidance; defaults from FastVideo's presets
+    # (hao-ai-lab/FastVideo @ 2f3d407, fastvideo/pipelines/basic/wan/presets.py L213-229, L253-269).
+    # FastVideo runs the 1.3B with its sparse attention (VSA); wanjax runs full attention.
+    Variant(
+        "FastWan-1.3B",
+        "FastWan 2.1 T2V 1.3B (3-step DMD)",
+        WAN21_1_3B,
+        WAN21_VAE,
+        repo="FastVideo/FastWan2.1-T2V-1.3B-Diffusers",
+        defaults=Defaults(height=448, width=832, frames=61, **FASTWAN),
+    ),
+    Variant(
+        "FastWan-5B",
+        "FastWan 2.2 TI2V 5B (3-step DMD, full attention)",
+        WAN22_5B,
+        WAN22_VAE,
+        expand_timesteps=True,
+        repo="FastVideo/FastWan2.2-TI2V-5B-FullAttn-Diffusers",
+        defaults=Defaults(height=704, width=1280, frames=121, fps=24.0, **FASTWAN),
     ),
     Variant(
         "VACE-1.3B",
@@ -403,15 +432,18 @@ def match(
     *,
     expand_timesteps: bool | None = None,
     demo: bool = False,
+    dmd: bool = False,
 ) -> Variant | None:
     """The variant of this transformer architecture and expert count (and ``expand_timesteps`` unless
-    None) among the released ones (``demo``: the demo models), or None; ``name``, the model's hub id
-    or folder, picks between variants of one architecture."""
+    None) among the released ones (``demo``: the demo models; ``dmd``: FastWan's, a ``WanDMDPipeline``
+    checkpoint), or None; ``name``, the model's hub id or folder, picks between variants of one
+    architecture."""
     arch = _architecture(cfg)
     same = [
         v
         for v in registry().values()
         if v.demo == demo
+        and v.dmd == dmd
         and v.experts == experts
         and expand_timesteps in (None, v.expand_timesteps)
         and _architecture(v.transformer) == arch
@@ -426,15 +458,18 @@ def defaults_for(
     name: str = "",
     *,
     demo: bool = False,
+    dmd: bool = False,
 ) -> Defaults:
     """The defaults of a checkpoint: its variant's (:func:`match`), else those of the variants of its
     kind (experts, TI2V, image tokens, first and last frame, conditioning latents; ``name`` picks
     among them), else diffusers' ``WanPipeline`` defaults."""
-    found = match(cfg, experts, name, expand_timesteps=expand_timesteps, demo=demo)
+    found = match(cfg, experts, name, expand_timesteps=expand_timesteps, demo=demo, dmd=dmd)
     if found is None:
         kind = _kind(cfg, experts, expand_timesteps)
-        pool = [v for v in registry().values() if v.demo == demo]
+        pool = [v for v in registry().values() if v.demo == demo and v.dmd == dmd]
         found = _by_name(
             [v for v in pool if _kind(v.transformer, v.experts, v.expand_timesteps) == kind], name
         )
-    return Defaults() if found is None else found.defaults
+    if found is None:
+        return Defaults(**FASTWAN) if dmd else Defaults()
+    return found.defaults

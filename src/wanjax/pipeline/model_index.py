@@ -16,9 +16,10 @@ from typing import Any, ClassVar
 from wanjax.errors import ConfigError
 from wanjax.io.component import read_config_file
 from wanjax.models.config import ComponentConfig
+from wanjax.models.registry import DMD_PIPELINE_CLASS
 
 INDEX_FILE = "model_index.json"
-PIPELINE_CLASSES = ("WanPipeline", "WanImageToVideoPipeline", "WanVACEPipeline")
+PIPELINE_CLASSES = ("WanPipeline", "WanImageToVideoPipeline", "WanVACEPipeline", DMD_PIPELINE_CLASS)
 COMPONENT_ENTRIES = (
     "tokenizer",
     "text_encoder",
@@ -55,6 +56,12 @@ class ModelIndex(ComponentConfig):
     @property
     def pipeline_class(self) -> str | None:
         return self.metadata.get("_class_name")
+
+    @property
+    def dmd(self) -> bool:
+        """A FastWan checkpoint (FastVideo's ``WanDMDPipeline``): run by its DMD sampler, not its
+        scheduler config's."""
+        return self.pipeline_class == DMD_PIPELINE_CLASS
 
     def present(self, name: str) -> bool:
         """Whether component ``name`` is part of the pipeline (an entry other than ``[null, null]``)."""

@@ -247,25 +247,22 @@ class WanPipeline(PipelineComponents):
     @functools.cached_property
     def variant(self) -> Variant | None:
         """This checkpoint's entry in the model registry (:func:`wanjax.models.registry.match`), or None."""
-        return match(
-            self.transformer_config,
-            self.experts,
-            self.source.name,
-            expand_timesteps=self.expand_timesteps,
-            demo=self.source.is_demo,
-        )
+        kind = dict(expand_timesteps=self.expand_timesteps, demo=self.source.is_demo, dmd=self.dmd)
+        return match(self.transformer_config, self.experts, self.source.name, **kind)
 
     @functools.cached_property
     def defaults(self) -> Defaults:
         """The video and sampling values a run leaves out: the registry's for this checkpoint
         (:func:`wanjax.models.registry.defaults_for`), the same for every entry point."""
+        kind = dict(demo=self.source.is_demo, dmd=self.dmd)
         return defaults_for(
-            self.transformer_config,
-            self.experts,
-            self.expand_timesteps,
-            self.source.name,
-            demo=self.source.is_demo,
+            self.transformer_config, self.experts, self.expand_timesteps, self.source.name, **kind
         )
+
+    @property
+    def dmd(self) -> bool:
+        """A FastWan checkpoint (``model_index.json``'s ``WanDMDPipeline``): its sampler is FastWan's."""
+        return self.model_index is not None and self.model_index.dmd
 
     @property
     def expand_timesteps(self) -> bool:
@@ -402,7 +399,13 @@ class WanPipeline(PipelineComponents):
         timing = self.stage_timing("denoise")
         with timing.running():
             steps = make_scheduler(
-                self.path, num_inference_steps, flow_shift, kind=scheduler, seed=seed, strength=strength
+                self.path,
+                num_inference_steps,
+                flow_shift,
+                kind=self.defaults.scheduler if scheduler == "auto" else scheduler,
+                seed=seed,
+                strength=strength,
+                image=model.cfg.image_to_video,
             )
             if video_latents is not None:
                 latents = steps.noised(to_host(video_latents), to_host(latents))

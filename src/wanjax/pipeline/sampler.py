@@ -499,8 +499,9 @@ class Sampler:
 
 def schedule_key(scheduler: Scheduler) -> tuple[Any, ...]:
     """What of a scheduler a compiled step holds as constants (its coefficient table: a run started
-    part-way warms up from its ``start``)."""
-    return scheduler.kind, scheduler.config, scheduler.num_inference_steps, scheduler.start
+    part-way warms up from its ``start``; a distilled model's own timesteps and sigmas)."""
+    tables = tuple(np.asarray(scheduler.timesteps).tolist()), tuple(np.asarray(scheduler.sigmas).tolist())
+    return scheduler.kind, scheduler.config, scheduler.num_inference_steps, scheduler.start, tables
 
 
 def expert_schedule(scheduler: Scheduler, boundary_ratio: float | None) -> list[int]:

@@ -9,7 +9,8 @@ step-distilled models and LoRAs):
 * :class:`FlowEulerScheduler` — ``FlowMatchEulerDiscreteScheduler`` (plain Euler on the flow ODE).
 * :class:`FlowDistillScheduler` — ``FlowMatchEulerDiscreteScheduler(stochastic_sampling=True)`` on the
   grid ``linspace(1, 0, N+1)[:-1]``: each step predicts the clean latents and re-noises them with fresh
-  noise, as LightX2V runs its 4-step distilled models.
+  noise, as LightX2V runs its 4-step distilled models; the same sampler on FastWan's (``dmd``) and
+  TurboWan's (``rcm``) own schedules (:mod:`~wanjax.pipeline.scheduler.few_step`).
 
 Each scheduler is built on the host for a fixed number of steps. All scalar coefficients of every step
 are precomputed in numpy float32, following the reference's torch float32 operation order (``log`` and
@@ -48,12 +49,14 @@ from wanjax.pipeline.scheduler.config import EULER_CLASS, UNIPC_CLASS, Scheduler
 from wanjax.pipeline.scheduler.config import IGNORED_FIELDS as IGNORED_FIELDS
 from wanjax.pipeline.scheduler.distill import DISTILL_SHIFT, DistillState, FlowDistillScheduler
 from wanjax.pipeline.scheduler.euler import EulerState, FlowEulerScheduler
+from wanjax.pipeline.scheduler.few_step import DMD_SHIFT, RCM_SIGMA_MAX, dmd_schedule, rcm_schedule
 from wanjax.pipeline.scheduler.sigmas import euler_flow_schedule as euler_flow_schedule
 from wanjax.pipeline.scheduler.sigmas import unipc_flow_schedule as unipc_flow_schedule
 from wanjax.pipeline.scheduler.unipc import UNIPC_COEFFICIENTS, UniPCFlowScheduler, UniPCState
 
 __all__ = [
     "DISTILL_SHIFT",
+    "DMD_SHIFT",
     "SCHEDULER_KINDS",
     "UNIPC_COEFFICIENTS",
     "DistillState",
@@ -68,7 +71,7 @@ __all__ = [
     "make_scheduler",
 ]
 
-SCHEDULER_KINDS = ("auto", "unipc", "euler", "distill")
+SCHEDULER_KINDS = ("auto", "unipc", "euler", "distill", "dmd", "rcm")
 
 Scheduler = UniPCFlowScheduler | FlowEulerScheduler | FlowDistillScheduler
 
@@ -80,14 +83,17 @@ def make_scheduler(
     kind: str = "unipc",
     seed: int = 0,
     strength: float | None = None,
+    image: bool = False,
 ) -> Scheduler:
     """Build a scheduler for ``num_inference_steps`` steps.
 
     ``path_or_config``: a model root dir, its ``scheduler/`` dir, a ``scheduler_config.json`` path, a
     dict or a :class:`SchedulerConfig`. ``flow_shift=None`` keeps the config's shift (``distill``:
     :data:`DISTILL_SHIFT`, what the distilled models are run with). ``kind``: ``"unipc"``, ``"euler"``,
-    ``"auto"`` (from the config's ``_class_name``) or ``"distill"`` (the few-step re-noising sampler of
-    step-distilled models and LoRAs, :mod:`~wanjax.pipeline.scheduler.distill`; ``seed`` picks its noise).
+    ``"auto"`` (from the config's ``_class_name``), ``"distill"`` (the few-step re-noising sampler of
+    step-distilled models and LoRAs, :mod:`~wanjax.pipeline.scheduler.distill`; ``seed`` picks its noise),
+    ``"dmd"`` (FastWan's 3 steps; ``flow_shift`` that of its sigma table, default 8) or ``"rcm"``
+    (TurboWan's 1 to 4 steps, no shift; ``image``: an image-to-video model's ``sigma_max``).
     ``strength``: run only the last ``int(N * strength)`` steps, from source latents noised to the first
     one's sigma (``noised``), as diffusers' video-to-video (:mod:`~wanjax.pipeline.scheduler.strength`).
     """
@@ -96,8 +102,10 @@ def make_scheduler(
             f"scheduler kind={kind!r} is not supported (supported: {', '.join(SCHEDULER_KINDS)})"
         )
     config = load_scheduler_config(path_or_config)
-    if flow_shift is None and kind == "distill":
-        flow_shift = DISTILL_SHIFT
+    if kind == "rcm" and flow_shift is not None:
+        raise ConfigError("the rcm sampler has no flow shift (its times are TrigFlow's): drop --flow_shift")
+    if flow_shift is None:
+        flow_shift = {"distill": DISTILL_SHIFT, "dmd": DMD_SHIFT, "rcm": 1.0}.get(kind)
     if flow_shift is not None:
         config = dataclasses.replace(config, flow_shift=flow_shift)
         config.validate("flow_shift override")
@@ -113,4 +121,11 @@ def make_scheduler(
         return UniPCFlowScheduler(config, num_inference_steps, strength)
     if kind == "distill":
         return FlowDistillScheduler(config, num_inference_steps, seed, strength)
+    if kind == "dmd":
+        schedule = ("dmd", dmd_schedule(num_inference_steps, config.flow_shift, config.num_train_timesteps))
+        return FlowDistillScheduler(config, num_inference_steps, seed, strength, schedule)
+    if kind == "rcm":
+        sigma_max = RCM_SIGMA_MAX["image" if image else "text"]
+        schedule = ("rcm", rcm_schedule(num_inference_steps, sigma_max))
+        return FlowDistillScheduler(config, num_inference_steps, seed, strength, schedule)
     return FlowEulerScheduler(config, num_inference_steps, strength)

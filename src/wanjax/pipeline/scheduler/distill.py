@@ -11,6 +11,9 @@ The sigmas are the unshifted grid ``1, (N-1)/N, ..., 1/N`` (LightX2V's ``denoisi
 diffusers computes them; the model is conditioned on ``sigma * 1000`` (937.5, 833.33, ... not rounded).
 The noise is JAX's, from a key the state carries (``jax.random.fold_in(key, step)``), so a seed gives
 the same video on every platform; it cannot equal torch's draws.
+
+The same sampler runs the distilled models' own schedules (:mod:`~wanjax.pipeline.scheduler.few_step`:
+FastWan's ``dmd``, TurboWan's ``rcm``), which give their own timesteps, sigmas and starting-noise factor.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wanjax.pipeline.scheduler.config import SchedulerConfig
+from wanjax.pipeline.scheduler.few_step import FewStepSchedule
 from wanjax.pipeline.scheduler.ops import scalar_times
 from wanjax.pipeline.scheduler.sigmas import check_steps
 from wanjax.pipeline.scheduler.strength import PartialStart, start_step
@@ -49,20 +53,31 @@ def distill_schedule(num_inference_steps: int, shift: float, num_train_timesteps
 
 class FlowDistillScheduler(PartialStart):
     """The re-noising few-step sampler (see the module docstring) for a fixed step count; ``seed``
-    picks the re-noise draws (it is part of the state, not of the compiled program)."""
+    picks the re-noise draws (it is part of the state, not of the compiled program). ``schedule``: a
+    distilled model's own (its ``kind``), else LightX2V's grid with the config's shift."""
 
-    kind: Literal["distill"] = "distill"
+    kind: Literal["distill", "dmd", "rcm"]
 
     def __init__(
-        self, config: SchedulerConfig, num_inference_steps: int, seed: int = 0, strength: float | None = None
+        self,
+        config: SchedulerConfig,
+        num_inference_steps: int,
+        seed: int = 0,
+        strength: float | None = None,
+        schedule: tuple[Literal["dmd", "rcm"], FewStepSchedule] | None = None,
     ) -> None:
         config.validate()
         self.config = config
         self.num_inference_steps = check_steps(num_inference_steps)
         self.seed = seed
-        self.timesteps, self.sigmas = distill_schedule(
-            self.num_inference_steps, float(config.flow_shift), config.num_train_timesteps
-        )
+        if schedule is None:
+            timesteps, sigmas = distill_schedule(
+                self.num_inference_steps, float(config.flow_shift), config.num_train_timesteps
+            )
+            self.kind, schedule_ = "distill", FewStepSchedule(timesteps, sigmas)
+        else:
+            self.kind, schedule_ = schedule
+        self.timesteps, self.sigmas, self.initial_scale = schedule_
         self.start = start_step(self.timesteps, strength)
 
     def model_timestep(self, step_index: jax.Array | int) -> jax.Array:
@@ -70,9 +85,13 @@ class FlowDistillScheduler(PartialStart):
         return jnp.asarray(self.timesteps, jnp.float32)[step_index]
 
     def init_state(self, latents: jax.Array) -> DistillState:
-        """The starting noise ``latents`` (float32) and the key of this scheduler's ``seed``."""
+        """The starting noise ``latents`` (float32; times the schedule's starting factor when it runs
+        whole) and the key of this scheduler's ``seed``."""
         key = jax.random.key_data(jax.random.key(self.seed))
-        return DistillState(sample=jnp.asarray(latents, jnp.float32), key=key)
+        sample = jnp.asarray(latents, jnp.float32)
+        if self.start == 0 and self.initial_scale != 1.0:
+            sample = sample * jnp.float32(self.initial_scale)
+        return DistillState(sample=sample, key=key)
 
     def noise(self, state: DistillState, step_index: jax.Array | int) -> jax.Array:
         """The fresh noise step ``step_index`` re-noises with (standard normal, float32)."""
