@@ -1,5 +1,6 @@
 """Step caching side by side: off / MagCache / First-Block Cache / TeaCache / TaylorSeer on the same
-random DiT, same noise.
+random DiT, same noise; beside them the few-step samplers of distilled models (LightX2V's ``distill``
+4 steps, FastWan's ``dmd`` 3, TurboWan's ``rcm`` 4; no CFG, as those models run).
 
 The 1.3B transformer's dimensions (``--layers`` of its 30), random weights (the checkpoint reader's
 random draw), ``--steps`` UniPC steps with CFG, each policy at its default settings (MagCache: the
@@ -14,12 +15,14 @@ the curve only, so its skips and its wall-time ratio are those of a real run; Fi
 and TeaCache's decisions depend on the weights, the time embedder's for TeaCache, and say little here).
 
     python benchmarks/step_cache.py                       # 2 layers, 240x416x9, 50 steps, 2 rounds
+    python benchmarks/step_cache.py --policies off dmd rcm # a subset
     python benchmarks/step_cache.py --layers 30 --height 480 --width 832 --frames 81   # GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import time
@@ -32,12 +35,26 @@ from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.pipeline.step_cache import CacheConfig
 
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A step cache on the ``--steps`` UniPC run with CFG, or a distilled model's sampler."""
+
+    cache: CacheConfig | None = None
+    scheduler: str = "unipc"
+    steps: int | None = None  # None: --steps
+    guidance: float = 5.0
+
+
 POLICIES = {
-    "off": None,
-    "magcache": CacheConfig("magcache", mag_ratios="wan2.1-t2v-1.3b"),
-    "firstblock": CacheConfig("firstblock"),
-    "teacache": CacheConfig("teacache", coefficients="wan2.1-t2v-1.3b"),
-    "taylorseer": CacheConfig("taylorseer", options={"use_lite_mode": True}),
+    "off": Policy(),
+    "magcache": Policy(CacheConfig("magcache", mag_ratios="wan2.1-t2v-1.3b")),
+    "firstblock": Policy(CacheConfig("firstblock")),
+    "teacache": Policy(CacheConfig("teacache", coefficients="wan2.1-t2v-1.3b")),
+    "taylorseer": Policy(CacheConfig("taylorseer", options={"use_lite_mode": True})),
+    "distill": Policy(scheduler="distill", steps=4, guidance=1.0),
+    "dmd": Policy(scheduler="dmd", steps=3, guidance=1.0),
+    "rcm": Policy(scheduler="rcm", steps=4, guidance=1.0),
 }
 
 
@@ -47,38 +64,47 @@ def main() -> None:
     )
     parser.add_argument("--steps", type=int, default=50)
     common.add_random_dit_flags(parser)
+    parser.add_argument("--policies", nargs="+", choices=list(POLICIES), default=list(POLICIES))
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
+    policies = {name: POLICIES[name] for name in dict.fromkeys(["off", *args.policies])}
 
     model, shape, noise, cond, uncond = common.random_dit_run(args)
     sampler = Sampler(model)
-    scheduler = make_scheduler(SchedulerConfig(), args.steps)
 
-    def run(cache: CacheConfig | None) -> tuple[np.ndarray, float]:
+    def run(policy: Policy) -> tuple[np.ndarray, float]:
+        steps = policy.steps or args.steps
+        scheduler = make_scheduler(SchedulerConfig(), steps, kind=policy.scheduler)
+        negative = uncond if policy.guidance > 1 else None
         start = time.perf_counter()
-        result = sampler(scheduler, noise, cond, uncond, 5.0, cache=cache)
+        result = sampler(scheduler, noise, cond, negative, policy.guidance, cache=policy.cache)
         return result, time.perf_counter() - start
 
-    for cache in POLICIES.values():  # compile every program first
-        run(cache)
-    seconds: dict[str, list[float]] = {name: [] for name in POLICIES}
+    for policy in policies.values():  # compile every program first
+        run(policy)
+    seconds: dict[str, list[float]] = {name: [] for name in policies}
     results: dict[str, dict] = {}
     for _ in range(args.rounds):
-        for name, cache in POLICIES.items():
-            result, elapsed = run(cache)
+        for name, policy in policies.items():
+            result, elapsed = run(policy)
             latents = np.asarray(result.latents)
             seconds[name].append(elapsed)
             report = result.cache_report
+            branches = 2 if policy.guidance > 1 else 1
             results[name] = {
                 "latents": latents,
-                "evaluations": 2 * args.steps if report is None else report.evaluations,
+                "steps": policy.steps or args.steps,
+                "evaluations": branches * (policy.steps or args.steps)
+                if report is None
+                else report.evaluations,
                 "cache": None if report is None else report.as_json(),
             }
     reference = results["off"]["latents"]
     base = statistics.median(seconds["off"])
     print(
         f"1.3B dims, {args.layers} layers, {args.width}x{args.height}x{args.frames} (latents {list(shape)}), "
-        f"{args.steps} steps, CFG, {args.dtype}; {jax.device_count()} x {jax.devices()[0].device_kind}"
+        f"{args.steps} steps, CFG (the samplers: their steps, no CFG), {args.dtype}; "
+        f"{jax.device_count()} x {jax.devices()[0].device_kind}"
     )
     print(
         "| policy | settings | DiT evaluations | loop s (median; each round) | s/step | vs off | latents rel. diff |"
@@ -92,10 +118,12 @@ def main() -> None:
         settings = ", ".join(
             f"{k} {c[k]}" for k in ("threshold", "max_skip_steps", "retention_ratio") if k in c
         )
+        if POLICIES[name].steps:
+            settings = f"{r['steps']} steps, no CFG"
         each = " / ".join(f"{s:.2f}" for s in seconds[name])
         print(
             f"| {name} | {settings or '-'} | {r['evaluations']} | {median:.2f} ({each}) | "
-            f"{median / args.steps:.3f} | {median / base:.2f} | {diff:.3g} |"
+            f"{median / r['steps']:.3f} | {median / base:.2f} | {diff:.3g} |"
         )
         summary[name] = {
             "seconds": seconds[name],
