@@ -180,3 +180,16 @@ def test_a_fastwan_checkpoint_runs_its_own_sampler(tiny_pipeline_dir, tmp_path):
     np.testing.assert_array_equal(np.asarray(video.latents), np.asarray(expected.latents))
     other = plain("a cat", num_inference_steps=3, guidance_scale=1.0, **size)  # UniPC: another video
     assert np.abs(np.asarray(other.latents) - np.asarray(expected.latents)).max() > 1e-2
+
+
+@pytest.mark.parametrize("kind, steps", [("dmd", 3), ("rcm", 4)])
+def test_generate_runs_the_sampler_and_records_it(demo_env, tmp_path, kind, steps):
+    """``wanjax generate --scheduler dmd|rcm`` on the demo model: the run and its record (rcm: no shift)."""
+    from wanjax.cli.main import main
+
+    out = tmp_path / f"{kind}.mp4"
+    flags = ["--scheduler", kind, "--num_inference_steps", str(steps), "--guidance_scale", "1"]
+    assert main(["generate", "--model", "demo", "--prompt", "a cat", *flags, "--output_video", str(out)]) == 0
+    sampling = json.loads(out.with_suffix(".json").read_text())["sampling"]
+    assert (sampling["scheduler"], sampling["num_inference_steps"]) == (kind, steps)
+    assert sampling["flow_shift"] == {"dmd": 8.0, "rcm": 1.0}[kind]

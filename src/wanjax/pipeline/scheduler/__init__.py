@@ -102,7 +102,7 @@ def make_scheduler(
             f"scheduler kind={kind!r} is not supported (supported: {', '.join(SCHEDULER_KINDS)})"
         )
     config = load_scheduler_config(path_or_config)
-    if kind == "rcm" and flow_shift is not None:
+    if kind == "rcm" and flow_shift not in (None, 1.0):  # 1: no shift, what a run of it records
         raise ConfigError("the rcm sampler has no flow shift (its times are TrigFlow's): drop --flow_shift")
     if flow_shift is None:
         flow_shift = {"distill": DISTILL_SHIFT, "dmd": DMD_SHIFT, "rcm": 1.0}.get(kind)
