@@ -64,20 +64,18 @@ class FlowDistillScheduler(PartialStart):
         num_inference_steps: int,
         seed: int = 0,
         strength: float | None = None,
-        schedule: tuple[Literal["dmd", "rcm"], FewStepSchedule] | None = None,
+        schedule: tuple[Literal["distill", "dmd", "rcm"], FewStepSchedule] | None = None,
     ) -> None:
         config.validate()
         self.config = config
         self.num_inference_steps = check_steps(num_inference_steps)
         self.seed = seed
         if schedule is None:
-            timesteps, sigmas = distill_schedule(
+            grid = distill_schedule(
                 self.num_inference_steps, float(config.flow_shift), config.num_train_timesteps
             )
-            self.kind, schedule_ = "distill", FewStepSchedule(timesteps, sigmas)
-        else:
-            self.kind, schedule_ = schedule
-        self.timesteps, self.sigmas, self.initial_scale = schedule_
+            schedule = ("distill", FewStepSchedule(*grid))
+        self.kind, (self.timesteps, self.sigmas, self.initial_scale) = schedule
         self.start = start_step(self.timesteps, strength)
 
     def model_timestep(self, step_index: jax.Array | int) -> jax.Array:
