@@ -457,7 +457,7 @@ def test_a_generate_that_cannot_fit_is_refused_before_any_weight(demo_env, tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert (
         len(err) == 1
-        and "the decode stage needs about 25.4 MiB and this machine has 2.0 MiB available" in err[0]
+        and "the decode stage needs about 26.6 MiB and this machine has 2.0 MiB available" in err[0]
     ), err
     assert err[0].endswith("; use a smaller --height/--width or fewer --frames") and not list(
         tmp_path.iterdir()
