@@ -152,6 +152,7 @@ def test_a_tiny_model_run_equals_the_authors_loop(tiny_transformer_dir, kind, st
     assert err <= 1e-5, err
 
 
+@pytest.mark.slow
 def test_a_fastwan_checkpoint_runs_its_own_sampler(tiny_pipeline_dir, tmp_path):
     """A checkpoint whose model_index.json names FastVideo's WanDMDPipeline: 3 DMD steps without
     guidance when a run leaves them out, in Python and on the command line (its scheduler config,
@@ -182,6 +183,7 @@ def test_a_fastwan_checkpoint_runs_its_own_sampler(tiny_pipeline_dir, tmp_path):
     assert np.abs(np.asarray(other.latents) - np.asarray(expected.latents)).max() > 1e-2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, steps", [("dmd", 3), ("rcm", 4)])
 def test_generate_runs_the_sampler_and_records_it(demo_env, tmp_path, kind, steps):
     """``wanjax generate --scheduler dmd|rcm`` on the demo model: the run and its record (rcm: no shift)."""
