@@ -43,6 +43,13 @@ def _release_compiled_programs():
     gc.collect()
 
 
+@pytest.fixture(autouse=True)
+def _work_in_a_temporary_folder(tmp_path_factory, monkeypatch):
+    """Each test runs in its own empty working folder: an output a run names by default (a timestamped
+    mp4 and record) lands there, never in the checkout."""
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+
+
 @pytest.fixture(scope="session")
 def tiny_transformer_dir(tmp_path_factory):
     """A tiny diffusers transformer saved to disk, with its torch model."""

@@ -140,7 +140,8 @@ def test_the_three_stages_with_vace_flags_are_generate(vace, tmp_path):
     inputs += ["--reference_image", str(tmp_path / "ref.png"), "--conditioning_scale", "0.6"]
     size = ["--height", str(HEIGHT), "--width", str(WIDTH), "--frames", str(FRAMES)]
     sampling = ["--num_inference_steps", str(STEPS), "--seed", "5"]
-    assert main(["generate", *model, *inputs, *size, *sampling, "--frames_out", str(tmp_path / "g.npy")]) == 0
+    outputs = ["--output_video", str(tmp_path / "g.mp4"), "--frames_out", str(tmp_path / "g.npy")]
+    assert main(["generate", *model, *inputs, *size, *sampling, *outputs]) == 0
     d = tmp_path / "stages"
     assert main(["encode", *model, *inputs, *size, "--output_dir", str(d)]) == 0
     assert stages.load_vace(d).latents.shape == (

@@ -221,7 +221,8 @@ def test_generate_and_three_stages_with_a_video_equal_diffusers(v2v, tmp_path):
     def cli(*args):
         assert main([*map(str, args), *quiet]) == 0
 
-    cli("generate", *text, "--video", clip, *size, *sampling, "--frames_out", tmp_path / "g.npy")
+    outputs = ("--output_video", tmp_path / "g.mp4", "--frames_out", tmp_path / "g.npy")
+    cli("generate", *text, "--video", clip, *size, *sampling, *outputs)
     generated = np.load(tmp_path / "g.npy")
     assert np.abs(generated.astype(np.int16) - frames_ref).max() <= 2
     d = tmp_path / "stages"
