@@ -55,8 +55,9 @@ def fastvideo_dmd(latents, model, draws):
     return fed, x.numpy()
 
 
-def turbodiffusion_rcm(latents, model, draws, num_steps, sigma_max):
-    """TurboDiffusion's rCM loop; ``model(x, t, i)`` gives the velocity: (timesteps fed, final latents)."""
+def turbodiffusion_rcm(latents, model, draws, num_steps, sigma_max, ode=False):
+    """TurboDiffusion's rCM loop; ``model(x, t, i)`` gives the velocity: (timesteps fed, final latents);
+    ``ode``: its ``--ode`` update (``wan2.2_i2v_infer.py`` L202-210)."""
     mid_t = [1.5, 1.4, 1.0][: num_steps - 1]
     t_steps = torch.tensor([math.atan(sigma_max), *mid_t, 0], dtype=torch.float64)
     t_steps = torch.sin(t_steps) / (torch.cos(t_steps) + torch.sin(t_steps))
@@ -65,7 +66,10 @@ def turbodiffusion_rcm(latents, model, draws, num_steps, sigma_max):
     for i, (t_cur, t_next) in enumerate(itertools.pairwise(t_steps)):
         fed.append(float((t_cur.float() * 1000).to(torch.bfloat16)))
         v = torch.as_tensor(model(x, fed[-1], i)).double()
-        x = (1 - t_next) * (x - t_cur * v) + t_next * torch.from_numpy(draws[i]).double()
+        if ode:
+            x = x - (t_cur - t_next) * v
+        else:
+            x = (1 - t_next) * (x - t_cur * v) + t_next * torch.from_numpy(draws[i]).double()
     return fed, x.numpy()
 
 
@@ -104,13 +108,14 @@ def test_dmd_steps_equal_fastvideos():
 
 @pytest.mark.parametrize("steps", [1, 2, 3, 4])
 @pytest.mark.parametrize("image", [False, True])
-def test_rcm_steps_equal_turbodiffusions(steps, image):
+@pytest.mark.parametrize("kind", ["rcm", "rcm_ode"])
+def test_rcm_steps_equal_turbodiffusions(steps, image, kind):
     latents, velocities = _inputs(steps)
-    ours = make_scheduler(SchedulerConfig(), steps, kind="rcm", seed=2, image=image)
+    ours = make_scheduler(SchedulerConfig(), steps, kind=kind, seed=2, image=image)
     fed, result = run_ours(ours, latents, velocities)
     draws = draws_of(ours, latents)
     ref_fed, ref = turbodiffusion_rcm(
-        latents, lambda x, t, i: velocities[i], draws, steps, 200.0 if image else 80.0
+        latents, lambda x, t, i: velocities[i], draws, steps, 200.0 if image else 80.0, ode=kind == "rcm_ode"
     )
     assert fed == ref_fed
     if steps == 4 and not image:  # TurboWan2.1 T2V's four steps
@@ -127,7 +132,7 @@ def test_few_step_refusals():
         make_scheduler(SchedulerConfig(), 4, kind="rcm", flow_shift=5.0)
 
 
-@pytest.mark.parametrize("kind, steps", [("dmd", 3), ("rcm", 4)])
+@pytest.mark.parametrize("kind, steps", [("dmd", 3), ("rcm", 4), ("rcm_ode", 4)])
 def test_a_tiny_model_run_equals_the_authors_loop(tiny_transformer_dir, kind, steps):
     """3-step FastWan-style and 4-step TurboWan-style runs of a tiny DiT: our compiled sampler against
     the authors' loop around diffusers' transformer (float32), the same re-noise draws on both sides."""
@@ -145,7 +150,7 @@ def test_a_tiny_model_run_equals_the_authors_loop(tiny_transformer_dir, kind, st
     if kind == "dmd":
         _, ref = fastvideo_dmd(latents.numpy(), model, draws)
     else:
-        _, ref = turbodiffusion_rcm(latents.numpy(), model, draws, steps, 80.0)
+        _, ref = turbodiffusion_rcm(latents.numpy(), model, draws, steps, 80.0, ode=kind == "rcm_ode")
     ours = wanjax.load_transformer(root, dtype="float32")
     result = denoise(ours, scheduler, jnp.asarray(latents.numpy()), jnp.asarray(cond.numpy()), None, 1.0)
     err = np.linalg.norm(np.asarray(result.latents) - ref) / np.linalg.norm(ref)

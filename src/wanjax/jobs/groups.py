@@ -329,7 +329,8 @@ class SamplingFlags:
         help="sampler (default auto: the checkpoint's scheduler config, UniPC for Wan 2.1; a FastWan "
         "checkpoint's DMD); unipc, euler: regardless of it; distill: the few-step re-noising sampler of "
         "step-distilled models and LoRAs (LightX2V: --num_inference_steps 4 --guidance_scale 1); dmd: "
-        "FastWan's 3 steps; rcm: TurboWan's 1 to 4 steps (--guidance_scale 1)",
+        "FastWan's 3 steps; rcm: TurboWan's 1 to 4 steps (--guidance_scale 1); rcm_ode: its deterministic "
+        "update (TurboDiffusion's image-to-video example)",
     )
     flow_shift: float | None = option(
         None,

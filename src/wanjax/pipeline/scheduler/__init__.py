@@ -71,7 +71,7 @@ __all__ = [
     "make_scheduler",
 ]
 
-SCHEDULER_KINDS = ("auto", "unipc", "euler", "distill", "dmd", "rcm")
+SCHEDULER_KINDS = ("auto", "unipc", "euler", "distill", "dmd", "rcm", "rcm_ode")
 
 Scheduler = UniPCFlowScheduler | FlowEulerScheduler | FlowDistillScheduler
 
@@ -93,7 +93,8 @@ def make_scheduler(
     ``"auto"`` (from the config's ``_class_name``), ``"distill"`` (the few-step re-noising sampler of
     step-distilled models and LoRAs, :mod:`~wanjax.pipeline.scheduler.distill`; ``seed`` picks its noise),
     ``"dmd"`` (FastWan's 3 steps; ``flow_shift`` that of its sigma table, default 8) or ``"rcm"``
-    (TurboWan's 1 to 4 steps, no shift; ``image``: an image-to-video model's ``sigma_max``).
+    (TurboWan's 1 to 4 steps, no shift; ``image``: an image-to-video model's ``sigma_max``) or
+    ``"rcm_ode"`` (the same, its deterministic update).
     ``strength``: run only the last ``int(N * strength)`` steps, from source latents noised to the first
     one's sigma (``noised``), as diffusers' video-to-video (:mod:`~wanjax.pipeline.scheduler.strength`).
     """
@@ -102,10 +103,12 @@ def make_scheduler(
             f"scheduler kind={kind!r} is not supported (supported: {', '.join(SCHEDULER_KINDS)})"
         )
     config = load_scheduler_config(path_or_config)
-    if kind == "rcm" and flow_shift not in (None, 1.0):  # 1: no shift, what a run of it records
-        raise ConfigError("the rcm sampler has no flow shift (its times are TrigFlow's): drop --flow_shift")
+    if kind.startswith("rcm") and flow_shift not in (None, 1.0):  # 1: no shift, what a run records
+        raise ConfigError(
+            f"the {kind} sampler has no flow shift (its times are TrigFlow's): drop --flow_shift"
+        )
     if flow_shift is None:
-        flow_shift = {"distill": DISTILL_SHIFT, "dmd": DMD_SHIFT, "rcm": 1.0}.get(kind)
+        flow_shift = {"distill": DISTILL_SHIFT, "dmd": DMD_SHIFT, "rcm": 1.0, "rcm_ode": 1.0}.get(kind)
     if flow_shift is not None:
         config = dataclasses.replace(config, flow_shift=flow_shift)
         config.validate("flow_shift override")
@@ -124,8 +127,8 @@ def make_scheduler(
     if kind == "dmd":
         schedule = ("dmd", dmd_schedule(num_inference_steps, config.flow_shift, config.num_train_timesteps))
         return FlowDistillScheduler(config, num_inference_steps, seed, strength, schedule)
-    if kind == "rcm":
+    if kind in ("rcm", "rcm_ode"):
         sigma_max = RCM_SIGMA_MAX["image" if image else "text"]
-        schedule = ("rcm", rcm_schedule(num_inference_steps, sigma_max))
+        schedule = (kind, rcm_schedule(num_inference_steps, sigma_max, ode=kind == "rcm_ode"))
         return FlowDistillScheduler(config, num_inference_steps, seed, strength, schedule)
     return FlowEulerScheduler(config, num_inference_steps, strength)

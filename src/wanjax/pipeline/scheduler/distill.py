@@ -56,7 +56,7 @@ class FlowDistillScheduler(PartialStart):
     picks the re-noise draws (it is part of the state, not of the compiled program). ``schedule``: a
     distilled model's own (its ``kind``), else LightX2V's grid with the config's shift."""
 
-    kind: Literal["distill", "dmd", "rcm"]
+    kind: Literal["distill", "dmd", "rcm", "rcm_ode"]
 
     def __init__(
         self,
@@ -64,7 +64,7 @@ class FlowDistillScheduler(PartialStart):
         num_inference_steps: int,
         seed: int = 0,
         strength: float | None = None,
-        schedule: tuple[Literal["distill", "dmd", "rcm"], FewStepSchedule] | None = None,
+        schedule: tuple[Literal["distill", "dmd", "rcm", "rcm_ode"], FewStepSchedule] | None = None,
     ) -> None:
         config.validate()
         self.config = config
@@ -75,7 +75,7 @@ class FlowDistillScheduler(PartialStart):
                 self.num_inference_steps, float(config.flow_shift), config.num_train_timesteps
             )
             schedule = ("distill", FewStepSchedule(*grid))
-        self.kind, (self.timesteps, self.sigmas, self.initial_scale) = schedule
+        self.kind, (self.timesteps, self.sigmas, self.initial_scale, self.ode) = schedule
         self.start = start_step(self.timesteps, strength)
 
     def model_timestep(self, step_index: jax.Array | int) -> jax.Array:
@@ -100,9 +100,13 @@ class FlowDistillScheduler(PartialStart):
         self, state: DistillState, model_output: jax.Array, step_index: jax.Array | int
     ) -> tuple[DistillState, jax.Array]:
         """``x0 = x - sigma * v``, then ``(1 - sigma_next) * x0 + sigma_next * eps`` in float32, cast to
-        ``model_output.dtype`` (as diffusers). Returns ``(new_state, prev_sample)``."""
+        ``model_output.dtype`` (as diffusers); with the schedule's ``ode``, ``x - (sigma - sigma_next) *
+        v``. Returns ``(new_state, prev_sample)``."""
         sigmas = jnp.asarray(self.sigmas)
         sigma, following = sigmas[step_index], sigmas[step_index + 1]
+        if self.ode:
+            prev = (state.sample - scalar_times(sigma - following, model_output)).astype(model_output.dtype)
+            return DistillState(sample=prev.astype(jnp.float32), key=state.key), prev
         x0 = state.sample - scalar_times(sigma, model_output)
         prev = ((1.0 - following) * x0 + following * self.noise(state, step_index)).astype(model_output.dtype)
         return DistillState(sample=prev.astype(jnp.float32), key=state.key), prev

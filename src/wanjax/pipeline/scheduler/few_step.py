@@ -13,7 +13,9 @@ sigma_k * v``, then ``x = (1 - sigma_{k+1}) * x0 + sigma_{k+1} * eps_k``, the la
   L113-139; ``wan2.2_i2v_infer.py`` L173-210): TrigFlow times ``[atan(sigma_max), 1.5, 1.4, 1.0][:N]``
   then 0, each mapped to ``s = sin / (cos + sin)`` (no shift), the model conditioned on ``s * 1000``
   rounded to bfloat16 (the network's timestep dtype), the starting noise scaled by ``s_0``;
-  ``sigma_max`` 80 for text to video, 200 for image to video; 1 to 4 steps.
+  ``sigma_max`` 80 for text to video, 200 for image to video; 1 to 4 steps. ``rcm_ode``: the same
+  schedule with its deterministic update, ``x = x - (s_k - s_{k+1}) * v`` (``--ode`` of
+  ``wan2.2_i2v_infer.py`` L55, L202-210, which TurboDiffusion's I2V example script passes).
 
 Tables are float32 (the authors compute in float64: the rounding of ``s`` differs by under an ulp).
 """
@@ -51,6 +53,7 @@ class FewStepSchedule(NamedTuple):
     timesteps: np.ndarray  # float32, one per step
     sigmas: np.ndarray  # float32, one per step and a final 0
     initial_scale: float = 1.0
+    ode: bool = False  # Euler on the flow ODE instead of re-noising
 
 
 def dmd_schedule(num_inference_steps: int, shift: float = DMD_SHIFT, num_train_timesteps: int = 1000):
@@ -68,8 +71,11 @@ def dmd_schedule(num_inference_steps: int, shift: float = DMD_SHIFT, num_train_t
     return FewStepSchedule(steps, np.concatenate([table[nearest], np.zeros(1, np.float32)]))
 
 
-def rcm_schedule(num_inference_steps: int, sigma_max: float = RCM_SIGMA_MAX["text"]) -> FewStepSchedule:
-    """TurboWan's rCM schedule (see the module docstring); ConfigError outside 1 to 4 steps."""
+def rcm_schedule(
+    num_inference_steps: int, sigma_max: float = RCM_SIGMA_MAX["text"], ode: bool = False
+) -> FewStepSchedule:
+    """TurboWan's rCM schedule (see the module docstring; ``ode``: its deterministic update);
+    ConfigError outside 1 to 4 steps."""
     if not 1 <= num_inference_steps <= len(RCM_TIMES) + 1:
         raise ConfigError(
             f"the rcm sampler runs 1 to {len(RCM_TIMES) + 1} steps (TurboDiffusion's), not {num_inference_steps}"
@@ -78,4 +84,4 @@ def rcm_schedule(num_inference_steps: int, sigma_max: float = RCM_SIGMA_MAX["tex
     s = (np.sin(times) / (np.cos(times) + np.sin(times))).astype(np.float32)
     s[-1] = 0.0
     timesteps = (s[:-1] * np.float32(1000)).astype(ml_dtypes.bfloat16).astype(np.float32)
-    return FewStepSchedule(timesteps, s, float(s[0]))
+    return FewStepSchedule(timesteps, s, float(s[0]), ode)
