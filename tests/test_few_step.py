@@ -200,3 +200,13 @@ def test_generate_runs_the_sampler_and_records_it(demo_env, tmp_path, kind, step
     sampling = json.loads(out.with_suffix(".json").read_text())["sampling"]
     assert (sampling["scheduler"], sampling["num_inference_steps"]) == (kind, steps)
     assert sampling["flow_shift"] == {"dmd": 8.0, "rcm": 1.0}[kind]
+
+
+def test_info_names_a_fastwan_variants_sampler(capsys):
+    from wanjax.cli.main import main
+
+    assert main(["info", "FastWan-1.3B"]) == 0
+    out = capsys.readouterr().out
+    assert "defaults: 832x448, 61 frames at 16 fps, 3 steps (dmd), guidance 1, seed 42" in out
+    assert main(["info", "1.3B"]) == 0
+    assert "50 steps, guidance 5" in capsys.readouterr().out  # the checkpoint's own scheduler

@@ -152,9 +152,10 @@ def cmd_info(request: InfoRequest) -> None:
 
 
 def _defaults_line(d: Defaults) -> str:
+    sampler = "" if d.scheduler == "auto" else f" ({d.scheduler})"
     return (
-        f"defaults: {d.width}x{d.height}, {d.frames} frames at {d.fps:g} fps, {d.num_inference_steps} steps, "
-        f"guidance {d.guidance_scale:g}, seed {d.seed}"
+        f"defaults: {d.width}x{d.height}, {d.frames} frames at {d.fps:g} fps, {d.num_inference_steps} steps"
+        f"{sampler}, guidance {d.guidance_scale:g}, seed {d.seed}"
     )
 
 
