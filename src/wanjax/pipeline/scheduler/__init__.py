@@ -92,9 +92,9 @@ def make_scheduler(
     :data:`DISTILL_SHIFT`, what the distilled models are run with). ``kind``: ``"unipc"``, ``"euler"``,
     ``"auto"`` (from the config's ``_class_name``), ``"distill"`` (the few-step re-noising sampler of
     step-distilled models and LoRAs, :mod:`~wanjax.pipeline.scheduler.distill`; ``seed`` picks its noise),
-    ``"dmd"`` (FastWan's 3 steps; ``flow_shift`` that of its sigma table, default 8) or ``"rcm"``
+    ``"dmd"`` (FastWan's 3 steps; ``flow_shift`` that of its sigma table, default 8), ``"rcm"``
     (TurboWan's 1 to 4 steps, no shift; ``image``: an image-to-video model's ``sigma_max``) or
-    ``"rcm_ode"`` (the same, its deterministic update).
+    ``"rcm_ode"`` (the same with its deterministic update).
     ``strength``: run only the last ``int(N * strength)`` steps, from source latents noised to the first
     one's sigma (``noised``), as diffusers' video-to-video (:mod:`~wanjax.pipeline.scheduler.strength`).
     """
