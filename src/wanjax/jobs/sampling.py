@@ -26,18 +26,15 @@ def sampling_params(pipe: WanPipeline, sampling: SamplingFlags, video: bool = Fa
     checkpoint's, or the distill sampler's, unless given), seed (None with init latents), and for
     video to video (``video``) the strength; the flags' values were checked when the request was
     built."""
-    from wanjax.pipeline.scheduler import make_scheduler
-
     defaults = defaults_of(pipe)
     init = sampling.init_latents
     steps = _given_or(sampling.num_inference_steps, defaults.num_inference_steps)
-    kind = sampling.scheduler or defaults.scheduler
+    kind = sampling.scheduler or "auto"
     if sampling.strength is not None and not video:
         raise WanjaxError("--strength is for video to video: give the video too (--video FILE)")
     strength = {"strength": _given_or(sampling.strength, defaults.strength)} if video else {}
     try:
-        image = pipe.transformer_config.image_to_video
-        scheduler = make_scheduler(pipe.path, steps, sampling.flow_shift, kind=kind, image=image, **strength)
+        scheduler = pipe.build_scheduler(steps, sampling.flow_shift, kind, **strength)
     except ConfigError as e:
         raise ConfigError(f"--{e}" if strength and str(e).startswith("strength") else str(e)) from None
     experts = {}
@@ -55,7 +52,7 @@ def sampling_params(pipe: WanPipeline, sampling: SamplingFlags, video: bool = Fa
         "num_inference_steps": steps,
         "guidance_scale": _given_or(sampling.guidance_scale, defaults.guidance_scale),
         **experts,
-        "scheduler": kind if kind != "auto" else scheduler.kind,
+        "scheduler": scheduler.kind,
         "flow_shift": float(scheduler.config.flow_shift),
         "seed": None if init else _given_or(sampling.seed, defaults.seed),
         "init_latents": str(Path(init).resolve()) if init else None,

@@ -73,7 +73,7 @@ from wanjax.pipeline.model_index import read_model_index
 from wanjax.pipeline.residency import Loaded, Residency
 from wanjax.pipeline.results import Denoised, Video
 from wanjax.pipeline.sampler import ImageConditioning, Sampler
-from wanjax.pipeline.scheduler import make_scheduler
+from wanjax.pipeline.scheduler import Scheduler, make_scheduler
 from wanjax.pipeline.sources import ComponentSources, base_model, base_variant, component_files
 from wanjax.pipeline.step_cache import CacheConfig
 from wanjax.pipeline.vace import control_latents
@@ -259,6 +259,20 @@ class WanPipeline(PipelineComponents):
             self.transformer_config, self.experts, self.expand_timesteps, self.source.name, **kind
         )
 
+    def build_scheduler(
+        self,
+        num_inference_steps: int,
+        flow_shift: float | None = None,
+        kind: str = "auto",
+        seed: int = 0,
+        strength: float | None = None,
+    ) -> Scheduler:
+        """The scheduler a run of this checkpoint builds (:func:`make_scheduler`; ``auto``: its registry
+        entry's sampler, else its scheduler config's; rCM's times per its image conditioning)."""
+        kind = self.defaults.scheduler if kind == "auto" else kind
+        i2v = self.transformer_config.image_to_video
+        return make_scheduler(self.path, num_inference_steps, flow_shift, kind, seed, strength, i2v)
+
     @property
     def dmd(self) -> bool:
         """A FastWan checkpoint (``model_index.json``'s ``WanDMDPipeline``): its sampler is FastWan's."""
@@ -398,15 +412,7 @@ class WanPipeline(PipelineComponents):
             self._sampler = Sampler(model, second)
         timing = self.stage_timing("denoise")
         with timing.running():
-            steps = make_scheduler(
-                self.path,
-                num_inference_steps,
-                flow_shift,
-                kind=self.defaults.scheduler if scheduler == "auto" else scheduler,
-                seed=seed,
-                strength=strength,
-                image=model.cfg.image_to_video,
-            )
+            steps = self.build_scheduler(num_inference_steps, flow_shift, scheduler, seed, strength)
             if video_latents is not None:
                 latents = steps.noised(to_host(video_latents), to_host(latents))
             cond = jnp.asarray(prompt_embeds).astype(model.dtype)
