@@ -68,6 +68,25 @@ def demo_env(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def postgres():
+    """A private PostgreSQL server on 127.0.0.1 (:class:`helpers.postgres.PostgresServer`), started
+    by the first test that asks for it."""
+    from helpers.postgres import PostgresServer
+
+    server = PostgresServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres):
+    """A new empty database of :func:`postgres`."""
+    import uuid
+
+    return postgres.database(f"test_{uuid.uuid4().hex}")
+
+
+@pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
     """A T5-style tokenizer folder as the Wan repos hold it (:func:`helpers.tokenizer.make_tokenizer_dir`)."""
     from helpers.tokenizer import make_tokenizer_dir

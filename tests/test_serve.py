@@ -21,11 +21,10 @@ import av
 import numpy as np
 import pytest
 from helpers.processes import xla_flags
-from helpers.serve_process import Server
+from helpers.serve_process import Server, serve_mistake
 from PIL import Image
 
-from wanjax.cli.main import main
-from wanjax.server.store import JobStore, QueueFull
+from wanjax.server.sqlite_store import SqliteJobStore
 
 KEY = "test-key-123"
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
@@ -267,12 +266,12 @@ def test_errors_from_the_cli_checks_name_their_field(server):
 @pytest.mark.slow
 def test_a_stored_record_with_a_lone_surrogate_does_not_break_the_listing(demo_env, tmp_path):
     """A record stored before lone surrogates were refused: listed and served, shown as U+FFFD."""
-    store = JobStore(tmp_path)
+    store = SqliteJobStore(tmp_path)
     params = dict(negative_prompt="", width=48, height=32, frames=5, fps=16.0, num_inference_steps=2)
     params |= dict(guidance_scale=5.0, seed=0, image=False, last_image=False)
     for job_id, prompt in (("poisoned", "a \ud800 cat"), ("plain", "a dog")):
         store.add(job_id, {**params, "prompt": prompt}, max_queued=5)
-        assert store.start(job_id)
+        assert store.claim().id == job_id
         store.fail(job_id, "server_error", "failed before the restart")
     store.close()
     server = Server(tmp_path, env={"WANJAX_CACHE": str(demo_env)}).start()
@@ -283,22 +282,6 @@ def test_a_stored_record_with_a_lone_surrogate_does_not_break_the_listing(demo_e
         assert status == 200 and video["prompt"] == "a \ufffd cat"
     finally:
         assert server.stop() == 0, server.stderr
-
-
-def test_the_store_retries_an_interrupted_job_once(tmp_path):
-    store = JobStore(tmp_path)
-    params = {"prompt": "p", "num_inference_steps": 2}
-    first, second = (store.add(name, params, max_queued=5).id for name in ("first", "second"))
-    with pytest.raises(QueueFull):
-        store.add("third", params, max_queued=2)
-    assert store.next_queued().id == first and store.start(first)
-    assert store.recover() == ([first, second], [])  # the server died while it ran: queued again
-    assert store.get(first).status == "queued" and store.start(first)
-    assert store.recover() == ([second], [first])  # died again while running it: failed
-    failed = store.get(first)
-    assert (failed.status, failed.error_code) == ("failed", "interrupted")
-    assert not store.start(first) and store.next_queued().id == second
-    store.close()
 
 
 @pytest.mark.slow
@@ -450,7 +433,7 @@ def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path, tmp_path_fact
     finally:
         assert second.stop() == 0, second.stderr
     assert not list(tmp_path.glob("videos/.*"))  # no half-written file left
-    store = JobStore(tmp_path)  # a clean stop puts the running job back in the queue
+    store = SqliteJobStore(tmp_path)  # a clean stop puts the running job back in the queue
     assert store.get(stopped["id"]).status == "queued" and store.get(rerun["id"]).status == "completed"
     store.close()
 
@@ -503,15 +486,6 @@ def test_two_processes_serve_one_model(demo_env, tmp_path):
     served, one = (np.asarray(Image.open(tmp_path / f"{n}.png")).astype(int) for n in ("job", "one"))
     diff = np.abs(served - one)
     assert diff.max() <= 1 and np.mean(diff > 0) < 1e-3
-
-
-def serve_mistake(capsys, *args: str) -> str:
-    """``wanjax serve ARGS``'s one-line error (exit 2, nothing on stdout)."""
-    code = main(["serve", *args])
-    out, err = capsys.readouterr()
-    assert (code, out) == (2, ""), (code, out, err)
-    assert err.count("\n") == 1 and err.startswith("wanjax: error: "), err
-    return err
 
 
 def test_start_up_mistakes_are_one_line(demo_env, tmp_path, capsys, monkeypatch):

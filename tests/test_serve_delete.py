@@ -3,64 +3,33 @@ at once, never ends up completed, and leaves no file behind (a controllable work
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from helpers.serve_fakes import Channel, FakeEngine
 
-from wanjax.server.engine import RunResult, Worker, delete_job
-from wanjax.server.store import COMPLETED, JobStore
+from wanjax.server.engine import Worker, delete_job
+from wanjax.server.sqlite_store import SqliteJobStore
+from wanjax.server.store import COMPLETED, QUEUED, JobStore, QueueFull, Swept
 
 STEPS = 3
 PARAMS = {"prompt": "p", "negative_prompt": "", "num_inference_steps": STEPS}
 
 
-class FakeEngine:
-    """Runs a job as the real engine reports it (encode, each step, decode, files written) and calls
-    ``hooks[point]()`` at ``start``, ``step1``..``stepN``, ``written``."""
+@pytest.fixture(params=["sqlite", "postgresql"])
+def parts(tmp_path, request):
+    """A store (SQLite, or a PostgreSQL replica's) and a fake engine."""
+    if request.param == "sqlite":
+        store = SqliteJobStore(tmp_path / "store")
+    else:
+        from wanjax.server.postgres_store import PostgresJobStore
 
-    def __init__(self, root: Path):
-        self.root, self.hooks, self.ran = root, {}, []
-
-    def files(self, job_id: str) -> list[Path]:
-        return [self.root / f"{job_id}.mp4", self.root / f"{job_id}.png"]
-
-    def _hook(self, point: str) -> None:
-        self.hooks.get(point, lambda: None)()
-
-    def run(self, job_id, params, on_progress) -> RunResult:
-        self.ran.append(job_id)
-        self._hook("start")
-        on_progress("encode", 0)
-        for step in range(1, params["num_inference_steps"] + 1):
-            self._hook(f"step{step}")
-            on_progress("denoise", step)
-        on_progress("decode", 0)
-        for path in self.files(job_id):
-            path.write_bytes(b"video")
-        self._hook("written")
-        return RunResult(compiled_programs=1, compile_cache_hits=0, compile_seconds=0.1, run_seconds=0.2)
-
-    def remove_files(self, job_id: str) -> None:
-        for path in self.files(job_id):
-            path.unlink(missing_ok=True)
-
-    def job_message(self, job_id, params):
-        return {"id": job_id}
-
-
-class Channel:
-    """A multi-process server's channel (its jobs cannot stop between steps)."""
-
-    def send(self, message) -> None:
-        pass
-
-
-@pytest.fixture
-def parts(tmp_path):
-    store = JobStore(tmp_path / "store")
+        store = PostgresJobStore(request.getfixturevalue("postgres_url"), tmp_path / "store")
     engine = FakeEngine(tmp_path)
     yield store, engine
     store.close()
+
+
+def _nothing_queued(store: JobStore) -> bool:
+    return store.counts()[QUEUED] == 0
 
 
 def _gone(store: JobStore, job_id: str) -> bool:
@@ -84,7 +53,7 @@ def test_a_job_deleted_while_it_runs_never_completes_and_leaves_no_file(parts, p
         assert not delete_job(store, engine, job.id)  # a second DELETE: 404
 
     engine.hooks[point] = delete
-    Worker(engine, store, Channel() if processes == 2 else None)._run(store.next_queued())
+    Worker(engine, store, Channel() if processes == 2 else None)._run(store.claim())
     assert seen == {"gone at once": True}
     assert _gone(store, job.id) and store.delete(job.id) is False  # no record left at all
     assert not any(path.exists() for path in engine.files(job.id))
@@ -93,7 +62,7 @@ def test_a_job_deleted_while_it_runs_never_completes_and_leaves_no_file(parts, p
 def test_a_job_deleted_after_it_completed_loses_its_files(parts):
     store, engine = parts
     job = store.add("j", PARAMS, max_queued=5)
-    Worker(engine, store)._run(store.next_queued())
+    Worker(engine, store)._run(store.claim())
     assert store.get(job.id).status == COMPLETED and all(p.exists() for p in engine.files(job.id))
     assert delete_job(store, engine, job.id)
     assert _gone(store, job.id) and not any(p.exists() for p in engine.files(job.id))
@@ -103,8 +72,8 @@ def test_a_queued_job_deleted_never_runs(parts):
     store, engine = parts
     first, second = (store.add(name, PARAMS, max_queued=5) for name in ("first", "second"))
     engine.hooks["step1"] = lambda: delete_job(store, engine, second.id)  # while the first runs
-    Worker(engine, store)._run(store.next_queued())
-    assert store.next_queued() is None and engine.ran == [first.id]
+    Worker(engine, store)._run(store.claim())
+    assert _nothing_queued(store) and engine.ran == [first.id]
 
 
 def test_a_job_deleted_while_the_server_stops_is_not_requeued(parts):
@@ -117,13 +86,40 @@ def test_a_job_deleted_while_the_server_stops_is_not_requeued(parts):
         delete_job(store, engine, job.id)
 
     engine.hooks["step1"] = stop_and_delete
-    worker._run(store.next_queued())
-    assert store.delete(job.id) is False and store.next_queued() is None
+    worker._run(store.claim())
+    assert store.delete(job.id) is False and _nothing_queued(store)
 
 
-def test_a_server_that_died_with_a_deleted_job_running_purges_it_at_start(parts):
+def test_a_server_that_died_with_a_deleted_job_running_purges_it(parts):
+    """At the SQLite server's next start; by any replica once the dead one's lease ran out."""
     store, _ = parts
     job = store.add("j", PARAMS, max_queued=5)
-    assert store.start(job.id) and store.remove(job.id) == "cancelled"
-    assert store.recover() == ([], []) and store.get(job.id) is None  # not run again
-    assert store.purge_cancelled() == [job.id] and store.delete(job.id) is False
+    assert store.claim().id == job.id and store.remove(job.id) == "cancelled"
+    if store.shared:
+        assert store.sweep() == Swept()  # its replica may still be alive: its lease holds
+        _expire_leases(store)
+    assert store.recover() == Swept(purged=[job.id])
+    assert store.get(job.id) is None and store.delete(job.id) is False and _nothing_queued(store)
+
+
+def _expire_leases(store: JobStore) -> None:
+    """As if every running job's replica had stopped renewing its lease long ago."""
+    with store._transaction() as execute:
+        execute("UPDATE jobs SET lease_until=lease_until-?", (10 * store.lease,))
+
+
+def test_the_store_retries_an_interrupted_job_once(parts):
+    store, _ = parts
+    params = {"prompt": "p", "num_inference_steps": 2}
+    first, second = (store.add(name, params, max_queued=5).id for name in ("first", "second"))
+    with pytest.raises(QueueFull):
+        store.add("third", params, max_queued=2)
+    assert store.claim().id == first
+    _expire_leases(store)
+    assert store.recover() == Swept(requeued=[first])  # its server died while it ran: queued again
+    assert store.get(first).status == "queued" and store.claim().id == first  # still the oldest
+    _expire_leases(store)
+    assert store.recover() == Swept(failed=[first])  # died again while running it: failed
+    failed = store.get(first)
+    assert (failed.status, failed.error_code, failed.owner) == ("failed", "interrupted", None)
+    assert store.claim().id == second and store.claim() is None

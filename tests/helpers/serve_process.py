@@ -51,7 +51,10 @@ class Server:
 
     def start(self, timeout: float = 180.0) -> Server:
         """Launch, and wait until it listens."""
-        self.launch()
+        return self.launch().start_listening(timeout)
+
+    def start_listening(self, timeout: float = 180.0) -> Server:
+        """Wait until the launched process listens."""
         lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=lambda: [lines.put(x) for x in self.process.stdout], daemon=True).start()
         deadline = time.monotonic() + timeout
@@ -135,3 +138,14 @@ class Server:
                 return video
             time.sleep(0.1)
         raise TimeoutError(f"job {job_id} not {status} in {timeout} s")
+
+
+def serve_mistake(capsys, *args: str) -> str:
+    """``wanjax serve ARGS``'s one-line error (exit 2, nothing on stdout), run in this process."""
+    from wanjax.cli.main import main
+
+    code = main(["serve", *args])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, ""), (code, out, err)
+    assert err.count("\n") == 1 and err.startswith("wanjax: error: "), err
+    return err

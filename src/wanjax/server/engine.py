@@ -13,6 +13,7 @@ they run it with it; only process 0 writes.
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import functools
 import io
@@ -55,7 +56,7 @@ from wanjax.server.api import (
     steps_run,
     upload_names,
 )
-from wanjax.server.store import Job, JobStore
+from wanjax.server.store import Job, JobStore, Swept
 
 log = logging.getLogger("wanjax.serve")
 VIDEOS = "videos"
@@ -81,6 +82,10 @@ class Cancelled(Exception):
 
 class Stopping(Exception):
     """The server is stopping; the job goes back to the queue."""
+
+
+class LeaseLost(Exception):
+    """This replica's lease on the job ran out and another replica took it over."""
 
 
 class Engine:
@@ -246,9 +251,11 @@ class Engine:
 
         return planning.model_configs(str(self.pipe.path))
 
-    def remove_partial_files(self) -> None:
-        """Temporary files a killed server left half-written (:func:`~wanjax.io.atomic.atomic_path`)."""
-        for path in (*self.videos.glob(".*.tmp"), *self.inputs.glob(".*.tmp")):
+    def remove_partial_files(self, job_id: str | None = None) -> None:
+        """Temporary files a killed server left half-written (:func:`~wanjax.io.atomic.atomic_path`):
+        all of them, or the job ``job_id``'s (replicas share the folder)."""
+        pattern = ".*.tmp" if job_id is None else f".{job_id}.*.tmp"
+        for path in (*self.videos.glob(pattern), *self.inputs.glob(pattern)):
             path.unlink(missing_ok=True)
 
     def work(self, job_id: str, params: Mapping[str, Any]) -> GenerateWork:
@@ -392,27 +399,38 @@ class Worker:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            job = self.store.next_queued()
-            if job is None:
-                self._wake.wait(1.0)
-                self._wake.clear()
-                continue
             try:
+                if self.store.shared:  # jobs of replicas that died, back in the queue
+                    clean_up(self.engine, self.store.sweep())
+                job = self.store.claim()
+                if job is None:
+                    self._wake.wait(1.0)
+                    self._wake.clear()
+                    continue
                 self._run(job)
-            except Exception:  # the store itself failed (a full disk, ...): log, go on serving
-                log.error("the worker could not run job %s:\n%s", job.id, traceback.format_exc())
+            except Exception:  # the store itself failed (a full disk, a lost database, ...): log, go on
+                log.error("the worker could not run a job:\n%s", traceback.format_exc())
                 self._stopping.wait(1.0)
 
     def _run(self, job: Job) -> None:
-        """Run one job. Whether it was deleted meanwhile (:meth:`JobStore.remove`) the store says, at
-        each step and at its end, atomically with the step's or the end's record: a deleted job
-        never completes, and its files go with it."""
-        if not self.store.start(job.id):
-            return  # deleted meanwhile
+        """Run one job this replica claimed (:meth:`JobStore.claim`). Whether it was deleted meanwhile
+        (:meth:`JobStore.remove`) the store says, at each step and at its end, atomically with the
+        step's or the end's record: a deleted job never completes, and its files go with it. With
+        replicas, a heartbeat renews the job's lease while it runs; a job whose lease was lost is
+        the replica's that took it over, and this one records nothing about it."""
         steps = steps_run(job.params)
         interruptible = self.channel is None  # every process must finish a job it started together
+        with Heartbeat(self.store, job.id) if self.store.shared else contextlib.nullcontext() as heart:
+            recorded = self._record(job, steps, interruptible, heart)
+        if not recorded:  # deleted while it ran, or lost
+            self._discard(job.id)
+
+    def _record(self, job: Job, steps: int, interruptible: bool, heart: Heartbeat | None) -> bool:
+        """Run the job and record how it ended; False when the store took no record of it."""
 
         def on_progress(stage: str, done: int) -> None:
+            if heart is not None and heart.lost.is_set():
+                raise LeaseLost
             if interruptible and self._stopping.is_set():
                 raise Stopping
             percent = {"encode": 1, "denoise": 2 + 93 * done // max(steps, 1), "decode": 95}[stage]
@@ -423,7 +441,7 @@ class Worker:
             self.channel.send(self.engine.job_message(job.id, job.params))
         try:
             result = self.engine.run(job.id, job.params, on_progress)
-        except Cancelled:
+        except (Cancelled, LeaseLost):
             recorded = False
         except Stopping:
             recorded = self.store.requeue(job.id)
@@ -443,12 +461,49 @@ class Worker:
                     result.run_seconds,
                     result.compiled_programs,
                 )
-        if not recorded:  # deleted while it ran
-            self._discard(job.id)
+        return recorded
 
     def _discard(self, job_id: str) -> None:
-        self.engine.remove_files(job_id)
-        self.store.delete(job_id)
+        """A job deleted while it ran here loses its record and files (one another replica took
+        over keeps both)."""
+        if self.store.discard(job_id):
+            self.engine.remove_files(job_id)
+
+
+class Heartbeat:
+    """While a job runs: its lease renewed every quarter lease; ``lost`` set when it no longer is
+    this replica's."""
+
+    def __init__(self, store: JobStore, job_id: str) -> None:
+        self.store, self.job_id = store, job_id
+        self.lost, self._done = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="wanjax-lease", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._done.wait(self.store.lease / 4):
+            try:
+                if not self.store.renew(self.job_id):
+                    self.lost.set()
+                    return
+            except Exception:  # the database is unreachable for now: the lease may yet hold
+                log.warning("could not renew the lease of job %s:\n%s", self.job_id, traceback.format_exc())
+
+
+def clean_up(engine: Engine, swept: Swept) -> None:
+    """The files of the jobs a store's sweep found without their server: those deleted while they ran
+    lose them all, those back in the queue or failed the files their server left half-written."""
+    for job_id in swept.purged:
+        engine.remove_files(job_id)
+    for job_id in (*swept.requeued, *swept.failed):
+        engine.remove_partial_files(job_id)
 
 
 def delete_job(store: JobStore, engine: Engine, job_id: str) -> bool:

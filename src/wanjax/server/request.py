@@ -20,6 +20,7 @@ from wanjax.jobs.groups import (
     precision_flag,
 )
 from wanjax.jobs.requests import GenerateRequest, Request
+from wanjax.server.store import DEFAULT_LEASE, check_store_flag
 
 # the default request body limit: every model takes an upload (an image, a video to re-make or a control)
 UPLOAD_BODY = 16 * 2**20
@@ -37,7 +38,20 @@ class ServerFlags:
     title: ClassVar[str] = "server"
     host: str = option("127.0.0.1", help="address to listen on (default {default}: this machine only)")
     port: int = option(8000, help="TCP port (default {default}; 0: any free port)")
-    output_dir: str = option("serve_outputs", help="job records (SQLite) and videos (default {default})")
+    output_dir: str = option(
+        "serve_outputs",
+        help="videos, and the job records with --store sqlite (default {default}); replicas share one folder",
+    )
+    store: str = option(
+        "sqlite",
+        help="the job queue and records: sqlite (a file in --output_dir, one server) or a "
+        "postgresql://USER@HOST/DATABASE URL that any number of replicas share (default {default})",
+    )
+    job_lease: float = option(
+        DEFAULT_LEASE,
+        help="with a postgresql:// store: seconds a replica may go silent before its running job "
+        "goes back to the queue (default {default})",
+    )
     api_key: str | None = option(
         None,
         help="require 'Authorization: Bearer KEY' on every API request (default $WANJAX_API_KEY; none)",
@@ -103,6 +117,9 @@ def check_server(server: ServerFlags, cache: CacheFlags) -> None:
         value = getattr(server, name)
         if value is not None and value < 1:
             raise WanjaxError(f"--{name} must be at least 1, got {value}")
+    check_store_flag(server.store)
+    if not server.job_lease > 0:
+        raise WanjaxError(f"--job_lease must be a positive number of seconds, got {server.job_lease}")
     if server.api_key is not None and not server.api_key.strip():
         raise WanjaxError("--api_key is empty; give a secret, or leave the flag out for no key")
     if cache.cache_calibrate:

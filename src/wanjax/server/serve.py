@@ -24,6 +24,7 @@ from wanjax.jobs.generate import open_generate_pipeline
 from wanjax.jobs.opening import begin, defaults_of, mesh_request
 from wanjax.parallel.multihost import is_primary
 from wanjax.server.request import UPLOAD_BODY, ServeRequest
+from wanjax.server.store import JobStore, check_store_flag
 
 if TYPE_CHECKING:
     from wanjax.server.engine import Engine
@@ -35,8 +36,7 @@ def serve(request: ServeRequest) -> int:
     """Run the server until SIGINT/SIGTERM; the running job goes back to the queue."""
     import jax
 
-    from wanjax.server.engine import JobChannel, Worker, follow
-    from wanjax.server.store import JobStore
+    from wanjax.server.engine import JobChannel, Worker, clean_up, follow
 
     check_serving_stack()
     begin(request.parallel)
@@ -46,15 +46,17 @@ def serve(request: ServeRequest) -> int:
         follow(engine, JobChannel())
         return 0
     check_output_dir(flags.output_dir)
-    store = JobStore(flags.output_dir)  # the folder's lock first: a second server stops here
+    # the folder's lock first: a second server on it stops here (replicas share theirs)
+    store = open_store(flags.store, flags.output_dir, flags.job_lease)
     with ExitStack() as stack:
         stack.callback(store.close)
         sock = stack.enter_context(bind(flags.host, flags.port))
         engine = open_engine(request)
-        requeued, failed = store.recover()
-        for job_id in store.purge_cancelled():  # deleted while running when a server died
-            engine.remove_files(job_id)
-        engine.remove_partial_files()
+        swept = store.recover()  # what a dead server (or replica) left running
+        clean_up(engine, swept)
+        if not store.shared:
+            engine.remove_partial_files()
+        requeued, failed = swept.requeued, swept.failed
         worker = Worker(engine, store, JobChannel() if jax.process_count() > 1 else None)
         api_key = flags.api_key or os.environ.get("WANJAX_API_KEY") or None
         url = f"http://{url_host(*sock.getsockname()[:2])}"
@@ -63,6 +65,18 @@ def serve(request: ServeRequest) -> int:
         finally:
             worker.stop()
     return 0
+
+
+def open_store(store: str, output_dir: str, lease: float) -> JobStore:
+    """The job store ``--store`` names (its folder locked), for a server writing to ``output_dir``."""
+    check_store_flag(store)
+    if store == "sqlite":
+        from wanjax.server.sqlite_store import SqliteJobStore
+
+        return SqliteJobStore(output_dir, lease)
+    from wanjax.server.postgres_store import PostgresJobStore
+
+    return PostgresJobStore(store, output_dir, lease)
 
 
 def open_engine(request: ServeRequest) -> Engine:
