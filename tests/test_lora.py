@@ -120,6 +120,39 @@ def test_set_loras_remerges_from_the_kept_base(files):
     assert model._lora_base == {} and model.loras == []
 
 
+def test_a_merged_cache_puts_sets_back_as_merged_and_the_base_exactly(files):
+    """Switching between adapter sets with a cache: each set's weights equal a fresh merge of it, a set
+    used before is taken from the cache (its very arrays, nothing merged), [] gives the base bit for
+    bit; a set larger than the budget is not kept."""
+    from wanjax.models.lora import MergedCache, leaves_at, load_loras, set_key
+
+    root, peft_file, wan_file = files
+    wan, peft = [(wan_file, 0.8)], [(peft_file, 0.5), (wan_file, 1.3)]
+    fresh = load_transformer(root, "float32")
+    base = snapshot(fresh)
+    want = {}
+    for loras in (wan, peft):
+        fresh.set_loras(loras)
+        want[set_key(load_loras(loras))] = snapshot(fresh)
+    model, cache = load_transformer(root, "float32"), MergedCache(budget=1 << 30)
+    for loras in (wan, peft, wan, [], peft, wan):
+        key = set_key(load_loras(loras))
+        cached = cache.get(key)
+        model.set_loras(loras, cache)
+        got, expected = snapshot(model), want.get(key, base)
+        assert got.keys() == expected.keys() and all(np.array_equal(got[k], expected[k]) for k in got), key
+        if cached is not None:
+            assert all(
+                a is b for a, b in zip(leaves_at(model.params, cached).values(), cached.values(), strict=True)
+            )
+    assert len(cache) == 2 and model.loras == [(wan_file, 0.8)]
+    model.set_loras([], MergedCache(budget=1))
+    assert all(np.array_equal(v, base[k]) for k, v in snapshot(model).items())
+    small = MergedCache(budget=1)
+    model.set_loras(wan, small)
+    assert len(small) == 0
+
+
 def test_bad_lora_files_fail_before_merging(files, tmp_path):
     root, peft_file, _ = files
     model = load_transformer(root, "float32")

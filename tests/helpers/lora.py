@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from diffusers import WanTransformer3DModel
 from diffusers.loaders import WanLoraLoaderMixin
@@ -91,3 +92,21 @@ def wan_original(gen, *, names=("lora_down", "lora_up"), dtype=torch.float32, i2
     for module, shape in {**WAN_OTHER, **(WAN_IMG if i2v else {})}.items():
         add_factors(sd, gen, f"diffusion_model.{module}", shape, 4, names=names, dtype=dtype)
     return sd
+
+
+def diffusers_lora_for(cfg, path, seed: int, rank: int = 4, std: float = 0.3) -> None:
+    """A PEFT-keyed LoRA (``transformer.blocks.N.attn1.to_q.lora_A.weight``, alpha = rank) over every
+    block's self-attention and feed-forward projections of a transformer of config ``cfg``."""
+    from safetensors.numpy import save_file as save_numpy
+
+    rng = np.random.default_rng(seed)
+    inner = cfg.num_attention_heads * cfg.attention_head_dim
+    shapes = {**{f"attn1.{p}": (inner, inner) for p in ("to_q", "to_k", "to_v", "to_out.0")}}
+    shapes |= {"ffn.net.0.proj": (cfg.ffn_dim, inner), "ffn.net.2": (inner, cfg.ffn_dim)}
+    state = {}
+    for layer in range(cfg.num_layers):
+        for module, (out, inp) in shapes.items():
+            key = f"transformer.blocks.{layer}.{module}"
+            state[f"{key}.lora_A.weight"] = (rng.standard_normal((rank, inp)) * std).astype(np.float32)
+            state[f"{key}.lora_B.weight"] = (rng.standard_normal((out, rank)) * std).astype(np.float32)
+    save_numpy(state, str(path))

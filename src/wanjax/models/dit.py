@@ -432,18 +432,32 @@ class WanTransformer:
         """:func:`project` with this model's settings."""
         return project(params, self.cfg, x, cond, settings=self.settings)
 
-    def set_loras(self, loras: Sequence[lora.LoraSpec]) -> None:
+    def set_loras(self, loras: Sequence[lora.LoraSpec], cache: lora.MergedCache | None = None) -> None:
         """Merge these LoRA adapters (``(file, weight)`` pairs; :mod:`wanjax.models.lora`) into the
         weights, in place of any merged before: the weights they change are rebuilt from the base kept
         for them, not read again. The base of every leaf an adapter changes stays in host memory
         (pinned, same sharding) while merged: the size of those leaves in host RAM, nothing on the
-        device. An empty list restores the base weights. CheckpointError / ConfigError before any
-        weight changes for a file that does not fit this model."""
+        device. An empty list restores the base weights. With a ``cache``, the merged leaves of a set
+        used before are taken from it (and this set's kept in it). CheckpointError / ConfigError
+        before any weight changes for a file that does not fit this model."""
         files = lora.load_loras(loras)
         plan = lora.plan_updates(checkpoint_spec(self.cfg), files)
-        params = lora.restore(self.params, self._lora_base)
-        self.params = lora.merge(params, plan)
-        self._lora_base = {path: move(leaf, HOST) for path, leaf in lora.leaves_at(params, plan).items()}
+        key = lora.set_key(files)
+        merged = None if cache is None else cache.get(key)
+        if merged is None:
+            params = lora.restore(self.params, self._lora_base)
+            self.params = lora.merge(params, plan)
+            self._lora_base = {path: move(leaf, HOST) for path, leaf in lora.leaves_at(params, plan).items()}
+            if cache is not None:
+                cache.put(key, lora.leaves_at(self.params, plan))
+        else:  # base back where the new set changes nothing; the leaves it changes from the cache
+            base = self._lora_base
+            params = lora.restore(self.params, {p: b for p, b in base.items() if p not in merged})
+            fresh = lora.leaves_at(params, [p for p in merged if p not in base])
+            self._lora_base = {p: base[p] for p in merged if p in base} | {
+                p: move(leaf, HOST) for p, leaf in fresh.items()
+            }
+            self.params = lora.restore(params, merged)
         self.loras = [(f.path, w) for f, w in files]
 
     def to_host(self, block: bool = True) -> None:

@@ -15,9 +15,10 @@ slice of ``B @ A`` from the (small, replicated) factors: no device or host ever 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -283,3 +284,39 @@ def leaves_at(params: Params, paths: Any) -> dict[Path_, Any]:
     """The leaves of ``params`` at ``paths`` (an 8-bit kernel is one leaf)."""
     leaves = dict(jax.tree_util.tree_flatten_with_path(params, is_leaf=_is_kernel)[0])
     return {path: leaves[path] for path in paths}
+
+
+def set_key(loras: Sequence[tuple[LoraFile, float]]) -> tuple[tuple[str, float], ...]:
+    """What identifies a set of adapters: each file and its weight, in order."""
+    return tuple((str(f.path), float(w)) for f, w in loras)
+
+
+class MergedCache:
+    """The merged leaves of recently used LoRA sets, where the model keeps its weights, so that a
+    set used again is put back without merging; the least recently used sets are dropped beyond
+    ``budget`` bytes (a set larger than that is not kept)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self._sets: collections.OrderedDict[Hashable, dict[Path_, Any]] = collections.OrderedDict()
+
+    def get(self, key: Hashable) -> dict[Path_, Any] | None:
+        leaves = self._sets.get(key)
+        if leaves is not None:
+            self._sets.move_to_end(key)
+        return leaves
+
+    def put(self, key: Hashable, leaves: dict[Path_, Any]) -> None:
+        if not leaves or _nbytes(leaves) > self.budget:
+            return
+        self._sets[key] = leaves
+        self._sets.move_to_end(key)
+        while sum(map(_nbytes, self._sets.values())) > self.budget:
+            self._sets.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._sets)
+
+
+def _nbytes(leaves: dict[Path_, Any]) -> int:
+    return sum(x.nbytes for x in jax.tree.leaves(list(leaves.values())))

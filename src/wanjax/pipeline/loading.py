@@ -16,7 +16,7 @@ from wanjax.io.lora import LoraFile
 from wanjax.models.clip_vision import IMAGE_ENCODER, CLIPVisionEncoder, load_image_encoder
 from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2, WanTransformer, checkpoint_spec, load_transformer
 from wanjax.models.image_processor import IMAGE_PROCESSOR
-from wanjax.models.lora import LoraSpec, load_loras, plan_updates
+from wanjax.models.lora import LoraSpec, MergedCache, load_loras, plan_updates
 from wanjax.models.tokenizer import TOKENIZER
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Encoder, load_text_encoder
 from wanjax.models.vae import VAE, WanVAE, load_vae
@@ -112,20 +112,38 @@ class PipelineComponents:
         with self.stage_timing("denoise").loading():
             self.residency.switch_expert((self.transformer, self._transformer_2), expert)
 
-    def set_loras(self, loras: Sequence[LoraSpec], *, load_into_transformer_2: bool = False) -> None:
+    def set_loras(
+        self,
+        loras: Sequence[LoraSpec],
+        *,
+        load_into_transformer_2: bool = False,
+        cache: MergedCache | None = None,
+    ) -> None:
         """Use these LoRA adapters (``[(file, weight), ...]``, replacing any set before; ``[]``: none):
-        read and checked against the transformer's config now, merged into its weights when it is
-        loaded, or at once if it is (from the base weights kept in host memory for the leaves a LoRA
-        changes; the checkpoint is not read again). See :meth:`WanTransformer.set_loras`.
-        ``load_into_transformer_2``: into a two-expert model's low-noise expert instead (as diffusers'
-        ``load_lora_weights(..., load_into_transformer_2=True)``); each expert keeps its own adapters,
-        as Wan 2.2 LoRAs come in high-noise / low-noise pairs. WanjaxError for a model with one
-        transformer."""
-        component, model = (
-            (TRANSFORMER_2, self._transformer_2)
-            if load_into_transformer_2
-            else (TRANSFORMER, self._transformer)
-        )
+        read and checked against the transformer's config now (:meth:`check_loras`), merged into its
+        weights when it is loaded, or at once if it is (from the base weights kept in host memory for
+        the leaves a LoRA changes; the checkpoint is not read again; a set in ``cache`` is not merged
+        again). See :meth:`WanTransformer.set_loras`. ``load_into_transformer_2``: into a two-expert
+        model's low-noise expert instead (as diffusers' ``load_lora_weights(...,
+        load_into_transformer_2=True)``); each expert keeps its own adapters, as Wan 2.2 LoRAs come in
+        high-noise / low-noise pairs."""
+        files = self.check_loras(loras, load_into_transformer_2=load_into_transformer_2)
+        model = self._transformer_2 if load_into_transformer_2 else self._transformer
+        if model is not None:
+            with self.stage_timing("denoise").loading():
+                model.set_loras(files, cache)
+        if load_into_transformer_2:
+            self.loras_2 = files
+        else:
+            self.loras = files
+
+    def check_loras(
+        self, loras: Sequence[LoraSpec], *, load_into_transformer_2: bool = False
+    ) -> list[tuple[LoraFile, float]]:
+        """These LoRA adapters read and checked against the (low-noise, with
+        ``load_into_transformer_2``) transformer's config, nothing merged: WanjaxError for a file that
+        does not fit it, or for LoRAs of ``transformer_2`` on a model with one transformer."""
+        component = TRANSFORMER_2 if load_into_transformer_2 else TRANSFORMER
         if load_into_transformer_2 and loras and self.boundary_ratio is None:
             raise WanjaxError(
                 f"{self.path} has one transformer: LoRAs for transformer_2 (the low-noise expert) need a "
@@ -134,13 +152,7 @@ class PipelineComponents:
         files = load_loras(loras)
         if files:  # a LoRA for another model fails here
             plan_updates(checkpoint_spec(self.sources.config(component)), files)
-        if model is not None:
-            with self.stage_timing("denoise").loading():
-                model.set_loras(files)
-        if load_into_transformer_2:
-            self.loras_2 = files
-        else:
-            self.loras = files
+        return files
 
     @property
     def image_encoder(self) -> CLIPVisionEncoder:

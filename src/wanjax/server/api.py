@@ -18,9 +18,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from wanjax.io.video import fps_problem
-from wanjax.jobs.groups import ImageFlags, OutputFlags, SourceVideoFlags, VaceFlags, VideoFlags
+from wanjax.jobs.groups import ImageFlags, LoraFlags, OutputFlags, SourceVideoFlags, VaceFlags, VideoFlags
 from wanjax.jobs.requests import GenerateRequest
 from wanjax.models.registry import Defaults
+from wanjax.server.errors import ApiError
+from wanjax.server.loras import LORA_FIELDS, lora_entries
 from wanjax.server.store import Job
 
 SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")  # fullmatch: ASCII digits, nothing around them
@@ -58,6 +60,7 @@ def upload_names(params: Mapping[str, Any]) -> list[str]:
 
 
 REMIX_FIELDS = {
+    *LORA_FIELDS,
     "prompt",
     "negative_prompt",
     "num_inference_steps",
@@ -66,25 +69,8 @@ REMIX_FIELDS = {
     "strength",
     "model",
 }
-FIELDS = NUMBER_FIELDS | INT_FIELDS | TEXT_FIELDS | LIST_FIELDS
-LATER = {"lora", "lora_2"}  # the CLI's --lora / --lora_2 are server flags
+FIELDS = NUMBER_FIELDS | INT_FIELDS | TEXT_FIELDS | LIST_FIELDS | set(LORA_FIELDS)
 OPENAI_NAMES = {"input_reference": "image", "input_reference[image_url]": "image"}  # the first frame
-
-
-@dataclasses.dataclass
-class ApiError(Exception):
-    """An answer other than success: HTTP status, one-line message, OpenAI-style type and code (and
-    the answer's headers, e.g. a 416's ``Content-Range``)."""
-
-    status: int
-    message: str
-    type: str = "invalid_request_error"
-    param: str | None = None
-    code: str | None = None
-    headers: dict[str, str] | None = None
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,13 +99,14 @@ def job_params(
     if isinstance(body.get("seconds"), str):  # OpenAI's type: "4"
         body = {**body, "seconds": parse_number("seconds", body["seconds"])}
     for name in body:
-        if name in LATER:
-            raise ApiError(400, f"{name!r} is not supported by this server yet", param=name)
         if name not in FIELDS:
             raise ApiError(
                 400, f"unknown field {name!r}; the fields are {', '.join(sorted(FIELDS))}", param=name
             )
+    loras = {name: lora_entries(name, body[name]) for name in LORA_FIELDS if name in body}
     for name, value in body.items():
+        if name in LORA_FIELDS:
+            continue
         _check_type(name, value)
         for text in value if isinstance(value, list) else [value]:
             if isinstance(text, str):
@@ -169,6 +156,7 @@ def job_params(
         if "video" in uploads and video_to_video
         else body.get("strength"),
         **requested,  # echoed as asked (the video object's ``seconds``)
+        **{name: entries for name, entries in loras.items() if entries},  # on top of the server's
     }
     return params, uploads
 
@@ -190,8 +178,13 @@ def remix_body(source: Job, body: Any, video: bytes) -> dict[str, Any]:
     if "prompt" not in body:
         raise ApiError(400, "'prompt' is required: what the remixed video shows", param="prompt")
     p = source.params
-    kept = ("negative_prompt", "frames", "fps", "num_inference_steps", "guidance_scale", "seed")
-    return {**{k: p[k] for k in kept}, "size": f"{p['width']}x{p['height']}", **body, "video": video}
+    kept = ("negative_prompt", "frames", "fps", "num_inference_steps", "guidance_scale", "seed", *LORA_FIELDS)
+    return {
+        **{k: p[k] for k in kept if k in p},
+        "size": f"{p['width']}x{p['height']}",
+        **body,
+        "video": video,
+    }
 
 
 def steps_run(params: Mapping[str, Any]) -> int:
@@ -333,11 +326,16 @@ def generate_request(
     outputs: OutputFlags,
     source: SourceVideoFlags | None = None,
     vace: VaceFlags | None = None,
+    loras: Mapping[str, tuple[str, ...]] | None = None,
 ) -> GenerateRequest:
     """The ``wanjax generate`` request of a job: the server's flags (model, dtype, mesh, ...) with the
-    job's text, images or video to re-make, video and sampling values and its output files."""
+    job's text, images or video to re-make, video and sampling values, its output files, and its own
+    LoRAs (``--lora`` / ``--lora_2`` values) after the server's."""
+    extra = loras or {}
+    adapters = LoraFlags(**{name: getattr(base.adapters, name) + extra.get(name, ()) for name in LORA_FIELDS})
     return dataclasses.replace(
         base,
+        adapters=adapters,
         text=dataclasses.replace(
             base.text, prompt=(params["prompt"],), prompt_file=None, negative_prompt=params["negative_prompt"]
         ),
@@ -413,6 +411,7 @@ def video_object(job: Job, model: str) -> dict[str, Any]:
         REFERENCES: p.get(REFERENCES, 0),
         "conditioning_scale": p.get("conditioning_scale"),
         "strength": p.get("strength"),
+        **{name: p.get(name, []) for name in LORA_FIELDS},
         "error": error,
         "expires_at": None,
         "remixed_from_video_id": p.get("remixed_from_video_id"),

@@ -41,6 +41,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wanjax.server.api import ApiError, Limits, form_body, remix_body, video_object
 from wanjax.server.engine import Engine, Worker, delete_job
+from wanjax.server.loras import lora_group
 from wanjax.server.store import COMPLETED, IN_PROGRESS, QUEUED, Job, JobStore, QueueFull
 
 log = logging.getLogger("wanjax.serve")
@@ -175,7 +176,7 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
         job_id = uuid.uuid4().hex
         params = {**await run_in_threadpool(engine.accept, job_id, body), **(extra or {})}
         try:
-            job = await run_in_threadpool(store.add, job_id, params, limits.max_queue)
+            job = await run_in_threadpool(store.add, job_id, params, limits.max_queue, lora_group(params))
         except QueueFull:
             await run_in_threadpool(engine.remove_files, job_id)
             raise ApiError(

@@ -32,10 +32,11 @@ from PIL import Image
 from wanjax.errors import WanjaxError, one_line
 from wanjax.io.atomic import atomic_path
 from wanjax.jobs.generate import GenerateWork, check_generate, generate_outputs, run_generate
-from wanjax.jobs.groups import ImageFlags, OutputFlags, SourceVideoFlags, VaceFlags
+from wanjax.jobs.groups import ImageFlags, LoraFlags, OutputFlags, SourceVideoFlags, VaceFlags, parse_lora
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.jobs.record import finish
 from wanjax.jobs.requests import GenerateRequest
+from wanjax.models.lora import MergedCache
 from wanjax.parallel.mesh import MeshSpec
 from wanjax.pipeline.conditioning import size_for_image
 from wanjax.pipeline.inputs import check_video_to_video
@@ -56,11 +57,13 @@ from wanjax.server.api import (
     steps_run,
     upload_names,
 )
+from wanjax.server.loras import LORA_FIELDS, LoraLibrary
 from wanjax.server.store import Job, JobStore, Swept
 
 log = logging.getLogger("wanjax.serve")
 VIDEOS = "videos"
 INPUTS = "inputs"
+GROUP_RUN = 8  # jobs of the LoRA set in use run before an older job of another set, at most
 FILE_SUFFIXES = {"video": ".mp4", "thumbnail": ".webp", "spritesheet": ".png", "record": ".json"}
 
 
@@ -99,9 +102,14 @@ class Engine:
         output_dir: str | Path,
         limits: Limits,
         device_memory: int | None = None,
+        loras: LoraLibrary | None = None,
+        lora_cache: int = 0,
     ) -> None:
         self.pipe, self.base, self.mesh, self.limits = pipe, base, mesh, limits
         self.device_memory = device_memory
+        self.loras = loras or LoraLibrary(None)
+        self.lora_caches = {field: MergedCache(lora_cache) for field in LORA_FIELDS}  # one per expert
+        self._loras_checked: set[tuple[str, str, float]] = set()  # (field, file, mtime) that fit
         self.videos = Path(output_dir) / VIDEOS
         self.inputs = Path(output_dir) / INPUTS
         self.model = model_label(pipe.source)
@@ -115,6 +123,7 @@ class Engine:
         params, images = job_params(body, self.defaults, self.pipe.geometry.temporal, self.model, v2v)
         check_limits(params, self.limits)  # before anything sized by them is built
         self.check_prompts(params)
+        self.check_loras(params)
         for name, data in images.items():
             with atomic_path(self.input_files(job_id)[name]) as tmp:
                 tmp.write_bytes(data)
@@ -209,6 +218,33 @@ class Engine:
 
         return load_tokenizer(self.pipe.path / TOKENIZER.folder)
 
+    def check_loras(self, params: Mapping[str, Any]) -> None:
+        """The job's LoRAs are files of ``--lora_dir`` that fit the model (each file read once while
+        unchanged); ApiError 400 otherwise."""
+        for field in LORA_FIELDS:
+            for value in self.loras.flags(params, field):
+                path, weight = parse_lora(value)
+                key = (field, path, Path(path).stat().st_mtime)
+                if key in self._loras_checked:
+                    continue
+                try:
+                    self.pipe.check_loras([(path, weight)], load_into_transformer_2=field == "lora_2")
+                except WanjaxError as e:  # named as the job named it, not by the server's path
+                    message = api_message(one_line(e), {f"LoRA {Path(path).stem}": path})
+                    raise ApiError(400, f"{field}: {message}", param=field) from None
+                self._loras_checked.add(key)
+
+    def use_loras(self, adapters: LoraFlags) -> None:
+        """The pipeline's weights with these adapters merged, unless they already are (jobs of one
+        LoRA set run back to back: :meth:`JobStore.claim`)."""
+        for field, specs in (("lora", adapters.loras()), ("lora_2", adapters.loras_2())):
+            current = self.pipe.loras_2 if field == "lora_2" else self.pipe.loras
+            wanted = [(str(Path(path)), weight) for path, weight in specs]
+            if wanted != [(str(f.path), weight) for f, weight in current]:
+                self.pipe.set_loras(
+                    specs, load_into_transformer_2=field == "lora_2", cache=self.lora_caches[field]
+                )
+
     def check_memory(self, params: Mapping[str, Any]) -> None:
         """``wanjax plan``'s per-device peak of a video of this size fits the device (when its
         memory is known: ``--device_memory`` or the device's own figure); ApiError 400 otherwise."""
@@ -275,7 +311,8 @@ class Engine:
         vace = VaceFlags(
             mask=mask, reference_image=references, conditioning_scale=params.get("conditioning_scale")
         )
-        request = generate_request(self.base, params, images, outputs, source, vace)
+        loras = {field: self.loras.flags(params, field) for field in LORA_FIELDS}
+        request = generate_request(self.base, params, images, outputs, source, vace, loras)
         try:
             request.check()
             return check_generate(self.pipe, request, self.mesh)
@@ -312,6 +349,7 @@ class Engine:
         """Run a job and write its files (atomically; process 0 only)."""
         start = time.perf_counter()
         work = self.work(job_id, params)
+        self.use_loras(work.request.adapters)
         with CompileMeter() as meter:
             video = run_generate(self.pipe, work, on_progress)
             report = generate_outputs(self.pipe, work, video)
@@ -380,6 +418,7 @@ class Worker:
         self.engine, self.store, self.channel = engine, store, channel
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._lora_set, self._streak = "", 0  # the LoRA set of the jobs run last, how many in a row
         self._thread = threading.Thread(target=self._loop, name="wanjax-worker", daemon=True)
 
     def start(self) -> None:
@@ -402,11 +441,13 @@ class Worker:
             try:
                 if self.store.shared:  # jobs of replicas that died, back in the queue
                     clean_up(self.engine, self.store.sweep())
-                job = self.store.claim()
+                job = self.store.claim(self._lora_set if self._streak < GROUP_RUN else None)
                 if job is None:
                     self._wake.wait(1.0)
                     self._wake.clear()
                     continue
+                self._streak = self._streak + 1 if job.lora_set == self._lora_set else 1
+                self._lora_set = job.lora_set
                 self._run(job)
             except Exception:  # the store itself failed (a full disk, a lost database, ...): log, go on
                 log.error("the worker could not run a job:\n%s", traceback.format_exc())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import ClassVar
 
 from wanjax.errors import WanjaxError
@@ -65,6 +66,16 @@ class ServerFlags:
         help="request body size at most (default {upload_mib} MiB: images and videos are uploaded in it)",
         values=_body_limits,
     )
+    lora_dir: str | None = option(
+        None,
+        help="a folder of LoRA files (NAME.safetensors) that jobs may name in their lora and lora_2 "
+        "fields, on top of --lora / --lora_2 (default: none)",
+    )
+    lora_cache: str = option(
+        "0",
+        help="device memory kept for the merged weights of recently used LoRA sets, e.g. 8GiB: a set "
+        "used again is put back without merging (default {default}: merge at each change of set)",
+    )
     device_memory: str | None = option(
         None,
         help="a device's memory, e.g. 80GiB: the largest request must fit it by `wanjax plan`'s estimate "
@@ -118,6 +129,11 @@ def check_server(server: ServerFlags, cache: CacheFlags) -> None:
         if value is not None and value < 1:
             raise WanjaxError(f"--{name} must be at least 1, got {value}")
     check_store_flag(server.store)
+    if server.lora_dir is not None and not Path(server.lora_dir).is_dir():
+        raise WanjaxError(f"--lora_dir {server.lora_dir}: no such folder; give the folder of the LoRA files")
+    from wanjax.tools.plan import parse_memory
+
+    parse_memory(server.lora_cache, "--lora_cache", zero=True)
     if not server.job_lease > 0:
         raise WanjaxError(f"--job_lease must be a positive number of seconds, got {server.job_lease}")
     if server.api_key is not None and not server.api_key.strip():

@@ -97,7 +97,14 @@ def open_engine(request: ServeRequest) -> Engine:
         max_queue=flags.max_queue,
         max_body_bytes=flags.max_body_bytes or UPLOAD_BODY,
     )
-    engine = Engine(pipe, base, mesh, flags.output_dir, limits, device_memory(flags.device_memory))
+    from wanjax.server.loras import LoraLibrary
+    from wanjax.tools.plan import parse_memory
+
+    loras = LoraLibrary(None if flags.lora_dir is None else Path(flags.lora_dir))
+    lora_cache = parse_memory(flags.lora_cache, "--lora_cache", zero=True)
+    engine = Engine(
+        pipe, base, mesh, flags.output_dir, limits, device_memory(flags.device_memory), loras, lora_cache
+    )
     engine.check_startup()
     pipe.load()  # the weights now: the first job pays no loading
     return engine

@@ -60,6 +60,7 @@ COLUMNS = (
     ("run_seconds", "real"),
     ("owner", "TEXT"),  # the replica running the job (in_progress or cancelled)
     ("lease_until", "real"),  # when it must have renewed its lease by
+    ("lora_set", "TEXT NOT NULL DEFAULT ''"),  # the job's own LoRAs (jobs of one set run back to back)
 )
 
 
@@ -86,6 +87,7 @@ class Job:
     run_seconds: float | None = None
     owner: str | None = None
     lease_until: float | None = None
+    lora_set: str = ""
 
     @property
     def finished(self) -> bool:
@@ -237,16 +239,17 @@ class JobStore:
         """At start-up: the jobs a dead server left running (:meth:`sweep`)."""
         return self.sweep()
 
-    def add(self, job_id: str, params: dict[str, Any], max_queued: int) -> Job:
-        """A new queued job; :class:`QueueFull` when ``max_queued`` jobs already wait."""
+    def add(self, job_id: str, params: dict[str, Any], max_queued: int, lora_set: str = "") -> Job:
+        """A new queued job (``lora_set``: its LoRAs, as text); :class:`QueueFull` when ``max_queued``
+        jobs already wait."""
         with self._transaction() as execute:
             self._lock_queue(execute)
             waiting = execute("SELECT COUNT(*) AS n FROM jobs WHERE status=?", (QUEUED,)).fetchone()["n"]
             if waiting >= max_queued:
                 raise QueueFull(waiting)
             execute(
-                "INSERT INTO jobs (id, created_at, params, status) VALUES (?, ?, ?, ?)",
-                (job_id, self._now(execute), json.dumps(params), QUEUED),
+                "INSERT INTO jobs (id, created_at, params, status, lora_set) VALUES (?, ?, ?, ?, ?)",
+                (job_id, self._now(execute), json.dumps(params), QUEUED, lora_set),
             )
         job = self.get(job_id)
         assert job is not None
@@ -258,13 +261,19 @@ class JobStore:
             row = execute("SELECT * FROM jobs WHERE id=? AND status!=?", (job_id, CANCELLED)).fetchone()
         return None if row is None else _job(row)
 
-    def claim(self) -> Job | None:
-        """The oldest waiting job, now running here (one more attempt, a fresh lease); None when none
-        waits. Another replica's claim at the same moment takes the next one."""
+    def claim(self, lora_set: str | None = None) -> Job | None:
+        """The oldest waiting job (of the LoRA set ``lora_set`` if one waits: the weights need no
+        change), now running here (one more attempt, a fresh lease); None when none waits. Another
+        replica's claim at the same moment takes the next one."""
+        oldest = f"SELECT id FROM jobs WHERE status=? ORDER BY seq LIMIT 1{self.claim_lock}"
         with self._transaction() as execute:
-            row = execute(
-                f"SELECT id FROM jobs WHERE status=? ORDER BY seq LIMIT 1{self.claim_lock}", (QUEUED,)
-            ).fetchone()
+            row = None
+            if lora_set is not None:
+                row = execute(
+                    oldest.replace("status=?", "status=? AND lora_set=?"), (QUEUED, lora_set)
+                ).fetchone()
+            if row is None:
+                row = execute(oldest, (QUEUED,)).fetchone()
             if row is None:
                 return None
             now = self._now(execute)

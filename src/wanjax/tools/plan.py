@@ -559,8 +559,8 @@ def candidate_meshes(num_devices: int, fsdp: bool = False) -> list[MeshSpec]:
     return out
 
 
-def parse_memory(text: str) -> int:
-    """``32GiB``, ``16G``, ``80`` (GiB) -> bytes."""
+def parse_memory(text: str, flag: str = "--device_memory", zero: bool = False) -> int:
+    """``32GiB``, ``16G``, ``80`` (GiB) -> bytes (``zero``: 0 allowed); WanjaxError naming ``flag``."""
     units = {"gib": GiB, "gb": GiB, "g": GiB, "mib": 1 << 20, "mb": 1 << 20, "m": 1 << 20, "": GiB}
     raw = text.strip().lower()
     number = raw.rstrip("abgim")
@@ -569,8 +569,8 @@ def parse_memory(text: str) -> int:
         value = float(number)
     except ValueError:
         value = -1.0
-    if unit not in units or value <= 0:
-        raise WanjaxError(f"bad --device_memory {text!r}; write it like 32GiB or 16G")
+    if unit not in units or value < 0 or (value == 0 and not zero):
+        raise WanjaxError(f"bad {flag} {text!r}; write it like 32GiB or 16G")
     return int(value * units[unit])
 
 
