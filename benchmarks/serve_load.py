@@ -28,6 +28,7 @@ contract's JSON error body, no POST had another answer, and ``GET /v1/videos`` l
     python benchmarks/serve_load.py                                  # 50 clients, 200 jobs, 4 steps
     python benchmarks/serve_load.py --clients 5 --jobs 10            # a smoke run
     python benchmarks/serve_load.py --check_all --json out/serve_load.json
+    python benchmarks/serve_load.py --max_batch 4                    # waiting jobs alike run as batches
 
 Client side: the standard library only (``urllib.request``, threads); it talks to 127.0.0.1 only.
 """
@@ -430,6 +431,16 @@ class Sampler:
 # Helpers
 
 
+def batch_sizes(out_dir: str, ids: list[str]) -> dict[int, int]:
+    """Jobs by the size of the batch they ran in, from their run records (``server.batch``)."""
+    sizes: Counter[int] = Counter()
+    for job_id in ids:
+        path = Path(out_dir) / "videos" / f"{job_id}.json"
+        record = json.loads(path.read_text()) if path.exists() else {}
+        sizes[len(record.get("server", {}).get("batch", [job_id]))] += 1
+    return dict(sorted(sizes.items()))
+
+
 def percentile(values: list[float], q: float) -> float | None:
     """Linear interpolation between closest ranks; None for no values."""
     if not values:
@@ -612,6 +623,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=200, help="jobs in all (default 200)")
     parser.add_argument("--steps", type=int, default=4, help="num_inference_steps of each job (default 4)")
     parser.add_argument("--max_queue", type=int, default=16, help="the server's --max_queue (default 16)")
+    parser.add_argument("--max_batch", type=int, default=1, help="the server's --max_batch (default 1)")
     parser.add_argument("--max_retries", type=int, default=200, help="429s before a job gives up")
     parser.add_argument("--deadline", type=float, default=900.0, help="seconds for the whole load")
     parser.add_argument("--backoff", type=float, default=0.25, help="first wait after a 429 (s; doubles)")
@@ -647,6 +659,8 @@ def main() -> int:
         out_dir,
         "--max_queue",
         str(args.max_queue),
+        "--max_batch",
+        str(args.max_batch),
     ]
     results: dict[str, Any] = {
         "command": command,
@@ -657,7 +671,7 @@ def main() -> int:
     m = results["machine"]
     print(
         f"wanjax serve load test: {args.clients} clients, {args.jobs} jobs, {args.steps} steps, "
-        f"--max_queue {args.max_queue}"
+        f"--max_queue {args.max_queue}, --max_batch {args.max_batch}"
     )
     print(f"machine: {m['nproc']} CPUs ({m['cpu_model']}), {(m['memory_bytes'] or 0) / 2**30:.1f} GiB memory")
     print(f"command: {command}")
@@ -757,6 +771,7 @@ def main() -> int:
             "run_seconds_median": statistics.median(runs) if runs else None,
             "first_job_compiled_programs": (first.final or {}).get("compiled_programs") if first else None,
             "jobs_that_compiled": sum(1 for c in compiled if c),
+            "batch_sizes": batch_sizes(out_dir, [j.id for j in completed]),
             "rss_start": start_sample and start_sample["rss"],
             "rss_quarter": at_quarter and at_quarter["rss"],
             "rss_peak": peak and peak["rss"],
@@ -793,6 +808,7 @@ def main() -> int:
             f"p95 {fmt_s(r['queue_wait_p95'])} ({estimated} of {len(waits)} never seen in_progress: "
             "estimated as completed - 202 - run_seconds)"
         )
+        print(f"jobs by the size of the batch they ran in: {r['batch_sizes']}")
         print(
             f"compiled programs: warm-up job {warm['compiled_programs']}, first load job "
             f"{r['first_job_compiled_programs']}, load jobs that compiled anything {r['jobs_that_compiled']}"

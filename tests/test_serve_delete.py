@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from helpers.serve_fakes import Channel, FakeEngine
 
-from wanjax.server.engine import Worker, delete_job
 from wanjax.server.sqlite_store import SqliteJobStore
 from wanjax.server.store import COMPLETED, QUEUED, JobStore, QueueFull, Swept
+from wanjax.server.worker import Worker, delete_job
 
 STEPS = 3
 PARAMS = {"prompt": "p", "negative_prompt": "", "num_inference_steps": STEPS}

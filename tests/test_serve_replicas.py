@@ -15,10 +15,10 @@ from helpers.serve_fakes import FakeEngine
 from helpers.serve_process import Server, serve_mistake
 
 from wanjax.errors import WanjaxError
-from wanjax.server.engine import Worker, clean_up
 from wanjax.server.postgres_store import PostgresJobStore
 from wanjax.server.sqlite_store import SqliteJobStore
 from wanjax.server.store import COMPLETED, IN_PROGRESS, Swept
+from wanjax.server.worker import Worker, clean_up
 
 PARAMS = {"prompt": "p", "negative_prompt": "", "num_inference_steps": 3}
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import jax.numpy as jnp
 import numpy as np
 
 from wanjax.errors import WanjaxError
@@ -102,6 +103,7 @@ class GenerateWork:
     source: list[Image.Image] | None = None  # video to video: the frames re-made (VACE: the control video)
     vace: VaceInputs | None = None  # a VACE model's mask, references and weight
     extension: Extending | None = None  # a long video made clip by clip
+    seeds: tuple[int, ...] | None = None  # one per prompt (a server's batch of jobs), else seed + i
 
     @property
     def batch(self) -> int:
@@ -252,7 +254,11 @@ def run_generate(
     latents = work.init
     if latents is None:  # a VACE model's references: a latent frame each, before the video's
         noised = frames + references * pipe.geometry.temporal
-        latents = pipe.prepare_latents(batch, height, width, noised, seed=work.params["seed"])
+        if work.seeds is None:
+            latents = pipe.prepare_latents(batch, height, width, noised, seed=work.params["seed"])
+        else:  # each item from its own seed's noise, as when it runs alone
+            items = [pipe.prepare_latents(1, height, width, noised, seed=seed) for seed in work.seeds]
+            latents = jnp.concatenate(items)
     report("denoise", 0)
     on_step = lambda done: report("denoise", done)  # noqa: E731
     denoised = denoise_latents(

@@ -12,6 +12,7 @@ server's own faults, which never stop it). With an API key, every ``/v1`` reques
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import logging
@@ -40,9 +41,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wanjax.server.api import ApiError, Limits, form_body, remix_body, video_object
-from wanjax.server.engine import Engine, Worker, delete_job
+from wanjax.server.engine import Engine
 from wanjax.server.loras import lora_group
 from wanjax.server.store import COMPLETED, IN_PROGRESS, QUEUED, Job, JobStore, QueueFull
+from wanjax.server.worker import Worker, delete_job
 
 log = logging.getLogger("wanjax.serve")
 EVENT_POLL_SECONDS = 0.25
@@ -176,7 +178,10 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
         job_id = uuid.uuid4().hex
         params = {**await run_in_threadpool(engine.accept, job_id, body), **(extra or {})}
         try:
-            job = await run_in_threadpool(store.add, job_id, params, limits.max_queue, lora_group(params))
+            add = functools.partial(
+                store.add, lora_set=lora_group(params), batch_key=engine.batch_key(params)
+            )
+            job = await run_in_threadpool(add, job_id, params, limits.max_queue)
         except QueueFull:
             await run_in_threadpool(engine.remove_files, job_id)
             raise ApiError(

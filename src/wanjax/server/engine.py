@@ -1,26 +1,25 @@
-"""The server's generation side: one pipeline, opened once, running one job at a time.
+"""The server's generation side: one pipeline, opened once, running its jobs.
 
 :class:`Engine` checks a request body the way ``wanjax generate`` checks its flags and runs a job
 through the same job (:func:`~wanjax.jobs.generate.check_generate`,
 :func:`~wanjax.jobs.generate.run_generate`), so a job's video is the one ``wanjax generate`` writes
 for the same values. The pipeline keeps its weights and compiled programs between jobs: a job of a
-shape seen before compiles nothing (:class:`RunResult` counts the programs). :class:`Worker` is the
-thread that takes the oldest queued job from the store, runs it, and records how it ended. With
-several processes (a pod), process 0 sends each job to the others first (:class:`JobChannel`) and
-they run it with it; only process 0 writes.
+shape seen before compiles nothing (:class:`RunResult` counts the programs); jobs alike run as one
+batch (:meth:`Engine.run_batch`), each job's files its own. The worker
+(:mod:`~wanjax.server.worker`) takes queued jobs from the store and runs them here. With several
+processes (a pod), process 0 sends each job to the others first (:class:`JobChannel`) and they run
+it with it; only process 0 writes.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import functools
 import io
 import json
 import logging
 import tempfile
-import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -41,6 +40,7 @@ from wanjax.parallel.mesh import MeshSpec
 from wanjax.pipeline.conditioning import size_for_image
 from wanjax.pipeline.inputs import check_video_to_video
 from wanjax.pipeline.pipeline import WanPipeline, check_image_input
+from wanjax.pipeline.results import Video
 from wanjax.runtime.timing import CompileMeter
 from wanjax.server.api import (
     IMAGE_FIELDS,
@@ -54,16 +54,14 @@ from wanjax.server.api import (
     job_params,
     message_param,
     reference_input,
-    steps_run,
     upload_names,
 )
 from wanjax.server.loras import LORA_FIELDS, LoraLibrary
-from wanjax.server.store import Job, JobStore, Swept
 
 log = logging.getLogger("wanjax.serve")
 VIDEOS = "videos"
 INPUTS = "inputs"
-GROUP_RUN = 8  # jobs of the LoRA set in use run before an older job of another set, at most
+BATCH_FREE = {"prompt", "seed", "seconds"}  # what may differ between jobs of one batch ("seconds": as asked)
 FILE_SUFFIXES = {"video": ".mp4", "thumbnail": ".webp", "spritesheet": ".png", "record": ".json"}
 
 
@@ -77,18 +75,6 @@ class RunResult:
     compile_cache_hits: int
     compile_seconds: float
     run_seconds: float
-
-
-class Cancelled(Exception):
-    """The job was deleted while it ran."""
-
-
-class Stopping(Exception):
-    """The server is stopping; the job goes back to the queue."""
-
-
-class LeaseLost(Exception):
-    """This replica's lease on the job ran out and another replica took it over."""
 
 
 class Engine:
@@ -253,9 +239,9 @@ class Engine:
             size = f"{params['width']}x{params['height']}, {params['frames']} frames"
             raise ApiError(400, f"{size} {need}; ask for fewer frames or a smaller size", param="size")
 
-    def memory_needed(self, params: Mapping[str, Any]) -> str | None:
-        """None when a video of this size fits a device by ``wanjax plan``'s estimate (or the device's
-        memory is unknown), else what it needs against what there is."""
+    def memory_needed(self, params: Mapping[str, Any], batch: int = 1) -> str | None:
+        """None when ``batch`` videos of this size fit a device by ``wanjax plan``'s estimate (or the
+        device's memory is unknown), else what it needs against what there is."""
         if self.device_memory is None:
             return None
         from wanjax.tools import plan as planning
@@ -272,6 +258,7 @@ class Engine:
             vae_dtype=self.pipe.vae_dtype.name,
             offload=base.memory.offload,
             weights_dtype=base.memory.weights_dtype,
+            batch=batch,
         )
         if estimate.fits:
             return None
@@ -347,17 +334,61 @@ class Engine:
         self, job_id: str, params: Mapping[str, Any], on_progress: Callable[[str, int], None]
     ) -> RunResult:
         """Run a job and write its files (atomically; process 0 only)."""
+        return self.run_batch({job_id: self.work(job_id, params)}, on_progress)[job_id]
+
+    def run_batch(
+        self,
+        works: Mapping[str, GenerateWork],
+        on_progress: Callable[[str, int], None],
+        wanted: Callable[[str], bool] = lambda job_id: True,
+    ) -> dict[str, RunResult]:
+        """Run jobs of one :meth:`batch_key` as one batch (each prompt from its own seed's noise, as
+        when it runs alone), then write the files and record of each job still ``wanted`` as its own
+        run's (atomically; process 0 only)."""
         start = time.perf_counter()
-        work = self.work(job_id, params)
-        self.use_loras(work.request.adapters)
+        ids = list(works)
+        first = works[ids[0]]
+        self.use_loras(first.request.adapters)
+        batch = first
+        if len(ids) > 1:
+            prompts = [works[job_id].prompts[0] for job_id in ids]
+            batch = dataclasses.replace(
+                first, prompts=prompts, seeds=tuple(works[i].params["seed"] for i in ids)
+            )
         with CompileMeter() as meter:
-            video = run_generate(self.pipe, work, on_progress)
-            report = generate_outputs(self.pipe, work, video)
+            video = run_generate(self.pipe, batch, on_progress)
+            reports = {
+                job_id: generate_outputs(self.pipe, works[job_id], item(video, i, len(ids)))
+                for i, job_id in enumerate(ids)
+                if wanted(job_id)
+            }
         wall = round(time.perf_counter() - start, 3)
         result = RunResult(meter.programs, meter.cache_hits, round(meter.seconds, 3), wall)
-        report.extra["server"] = {"job": job_id, **dataclasses.asdict(result)}
-        finish(report, work.request, start, self.files(job_id)["record"])
-        return result
+        for job_id, report in reports.items():
+            together = {"batch": ids} if len(ids) > 1 else {}
+            report.extra["server"] = {"job": job_id, **together, **dataclasses.asdict(result)}
+            finish(report, works[job_id].request, start, self.files(job_id)["record"])
+        return dict.fromkeys(reports, result)
+
+    def batch_key(self, params: Mapping[str, Any]) -> str | None:
+        """Jobs of one key may run as one batch: the same values but their prompt and seed, no upload,
+        a sampler that draws no noise of its own (its draws would be the batch's) and no step cache
+        (its skips are decided for the whole batch); None: the job runs alone."""
+        if upload_names(params) or self.sampler_draws_noise or self.base.cache.cache != "off":
+            return None
+        return json.dumps({k: v for k, v in params.items() if k not in BATCH_FREE}, sort_keys=True)
+
+    @functools.cached_property
+    def sampler_draws_noise(self) -> bool:
+        """The server's sampler draws fresh noise at its steps (``--scheduler``'s, or the model's)."""
+        kind = self.base.sampling.scheduler or "auto"
+        return self.pipe.build_scheduler(self.defaults.num_inference_steps, kind=kind).draws_noise
+
+    def batch_that_fits(self, params: Mapping[str, Any], most: int) -> int:
+        """The largest batch of jobs like this one, up to ``most``, that fits a device by ``wanjax
+        plan``'s estimate (``most`` where the device's memory is unknown; at least 1)."""
+        fits = [n for n in range(2, most + 1) if self.memory_needed(params, n) is None]
+        return max(fits, default=1)
 
 
 class JobChannel:
@@ -411,147 +442,8 @@ def follow(engine: Engine, channel: JobChannel) -> None:
                 path.unlink(missing_ok=True)
 
 
-class Worker:
-    """The thread that runs queued jobs one at a time, oldest first."""
-
-    def __init__(self, engine: Engine, store: JobStore, channel: JobChannel | None = None) -> None:
-        self.engine, self.store, self.channel = engine, store, channel
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._lora_set, self._streak = "", 0  # the LoRA set of the jobs run last, how many in a row
-        self._thread = threading.Thread(target=self._loop, name="wanjax-worker", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def notify(self) -> None:
-        """A job was queued."""
-        self._wake.set()
-
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop after the current step (that job goes back to the queue); wait for the thread."""
-        self._stopping.set()
-        self._wake.set()
-        self._thread.join(timeout)
-        if self.channel is not None:
-            self.channel.send(None)
-
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                if self.store.shared:  # jobs of replicas that died, back in the queue
-                    clean_up(self.engine, self.store.sweep())
-                job = self.store.claim(self._lora_set if self._streak < GROUP_RUN else None)
-                if job is None:
-                    self._wake.wait(1.0)
-                    self._wake.clear()
-                    continue
-                self._streak = self._streak + 1 if job.lora_set == self._lora_set else 1
-                self._lora_set = job.lora_set
-                self._run(job)
-            except Exception:  # the store itself failed (a full disk, a lost database, ...): log, go on
-                log.error("the worker could not run a job:\n%s", traceback.format_exc())
-                self._stopping.wait(1.0)
-
-    def _run(self, job: Job) -> None:
-        """Run one job this replica claimed (:meth:`JobStore.claim`). Whether it was deleted meanwhile
-        (:meth:`JobStore.remove`) the store says, at each step and at its end, atomically with the
-        step's or the end's record: a deleted job never completes, and its files go with it. With
-        replicas, a heartbeat renews the job's lease while it runs; a job whose lease was lost is
-        the replica's that took it over, and this one records nothing about it."""
-        steps = steps_run(job.params)
-        interruptible = self.channel is None  # every process must finish a job it started together
-        with Heartbeat(self.store, job.id) if self.store.shared else contextlib.nullcontext() as heart:
-            recorded = self._record(job, steps, interruptible, heart)
-        if not recorded:  # deleted while it ran, or lost
-            self._discard(job.id)
-
-    def _record(self, job: Job, steps: int, interruptible: bool, heart: Heartbeat | None) -> bool:
-        """Run the job and record how it ended; False when the store took no record of it."""
-
-        def on_progress(stage: str, done: int) -> None:
-            if heart is not None and heart.lost.is_set():
-                raise LeaseLost
-            if interruptible and self._stopping.is_set():
-                raise Stopping
-            percent = {"encode": 1, "denoise": 2 + 93 * done // max(steps, 1), "decode": 95}[stage]
-            if not self.store.progress(job.id, stage, done, percent) and interruptible:
-                raise Cancelled
-
-        if self.channel is not None:
-            self.channel.send(self.engine.job_message(job.id, job.params))
-        try:
-            result = self.engine.run(job.id, job.params, on_progress)
-        except (Cancelled, LeaseLost):
-            recorded = False
-        except Stopping:
-            recorded = self.store.requeue(job.id)
-        except ApiError as e:  # the model or server changed since it was queued
-            recorded = self.store.fail(job.id, "invalid_request", e.message)
-        except WanjaxError as e:
-            recorded = self.store.fail(job.id, "generation_failed", one_line(e))
-        except Exception as e:
-            log.error("job %s failed:\n%s", job.id, traceback.format_exc())
-            recorded = self.store.fail(job.id, "server_error", f"{type(e).__name__}: {one_line(e)}"[:500])
-        else:
-            recorded = self.store.complete(job.id, **dataclasses.asdict(result))
-            if recorded:
-                log.info(
-                    "job %s completed in %.2f s (%d programs compiled)",
-                    job.id,
-                    result.run_seconds,
-                    result.compiled_programs,
-                )
-        return recorded
-
-    def _discard(self, job_id: str) -> None:
-        """A job deleted while it ran here loses its record and files (one another replica took
-        over keeps both)."""
-        if self.store.discard(job_id):
-            self.engine.remove_files(job_id)
-
-
-class Heartbeat:
-    """While a job runs: its lease renewed every quarter lease; ``lost`` set when it no longer is
-    this replica's."""
-
-    def __init__(self, store: JobStore, job_id: str) -> None:
-        self.store, self.job_id = store, job_id
-        self.lost, self._done = threading.Event(), threading.Event()
-        self._thread = threading.Thread(target=self._beat, name="wanjax-lease", daemon=True)
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._done.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        while not self._done.wait(self.store.lease / 4):
-            try:
-                if not self.store.renew(self.job_id):
-                    self.lost.set()
-                    return
-            except Exception:  # the database is unreachable for now: the lease may yet hold
-                log.warning("could not renew the lease of job %s:\n%s", self.job_id, traceback.format_exc())
-
-
-def clean_up(engine: Engine, swept: Swept) -> None:
-    """The files of the jobs a store's sweep found without their server: those deleted while they ran
-    lose them all, those back in the queue or failed the files their server left half-written."""
-    for job_id in swept.purged:
-        engine.remove_files(job_id)
-    for job_id in (*swept.requeued, *swept.failed):
-        engine.remove_partial_files(job_id)
-
-
-def delete_job(store: JobStore, engine: Engine, job_id: str) -> bool:
-    """``DELETE /v1/videos/{id}``: the job is gone for every reader at once; a job not running loses
-    its files now, a running one at its worker's next step or end (:meth:`Worker._run`). False when
-    there is no such job."""
-    outcome = store.remove(job_id)
-    if outcome == "deleted":
-        engine.remove_files(job_id)
-    return outcome is not None
+def item(video: Video, index: int, batch: int) -> Video:
+    """Batch item ``index`` of a run's video (the run's denoising and timings shared)."""
+    if batch == 1:
+        return video
+    return Video(video.frames[index : index + 1], video.denoised, video.timings)

@@ -61,6 +61,12 @@ class ServerFlags:
     max_frames: int | None = option(None, help="frames a video at most (default: the model's default)")
     max_pixels: int | None = option(None, help="width x height at most (default: the model's default size)")
     max_steps: int = option(100, help="denoising steps at most (default {default})")
+    max_batch: int = option(
+        1,
+        help="jobs run as one batch at most: waiting jobs that differ only in prompt and seed (no "
+        "upload, a sampler that draws no noise) run together, as many as fit a device by `wanjax "
+        "plan`'s estimate (default {default}: one at a time)",
+    )
     max_body_bytes: int | None = option(
         None,
         help="request body size at most (default {upload_mib} MiB: images and videos are uploaded in it)",
@@ -124,7 +130,7 @@ def check_server(server: ServerFlags, cache: CacheFlags) -> None:
     """``wanjax serve``'s own flags."""
     if not 0 <= server.port <= 65535:
         raise WanjaxError(f"--port must be between 0 (any free port) and 65535, got {server.port}")
-    for name in ("max_queue", "max_frames", "max_pixels", "max_steps", "max_body_bytes"):
+    for name in ("max_queue", "max_frames", "max_pixels", "max_steps", "max_batch", "max_body_bytes"):
         value = getattr(server, name)
         if value is not None and value < 1:
             raise WanjaxError(f"--{name} must be at least 1, got {value}")

@@ -36,7 +36,8 @@ def serve(request: ServeRequest) -> int:
     """Run the server until SIGINT/SIGTERM; the running job goes back to the queue."""
     import jax
 
-    from wanjax.server.engine import JobChannel, Worker, clean_up, follow
+    from wanjax.server.engine import JobChannel, follow
+    from wanjax.server.worker import Worker, clean_up
 
     check_serving_stack()
     begin(request.parallel)
@@ -57,7 +58,7 @@ def serve(request: ServeRequest) -> int:
         if not store.shared:
             engine.remove_partial_files()
         requeued, failed = swept.requeued, swept.failed
-        worker = Worker(engine, store, JobChannel() if jax.process_count() > 1 else None)
+        worker = Worker(engine, store, JobChannel() if jax.process_count() > 1 else None, flags.max_batch)
         api_key = flags.api_key or os.environ.get("WANJAX_API_KEY") or None
         url = f"http://{url_host(*sock.getsockname()[:2])}"
         try:

@@ -61,6 +61,7 @@ COLUMNS = (
     ("owner", "TEXT"),  # the replica running the job (in_progress or cancelled)
     ("lease_until", "real"),  # when it must have renewed its lease by
     ("lora_set", "TEXT NOT NULL DEFAULT ''"),  # the job's own LoRAs (jobs of one set run back to back)
+    ("batch_key", "TEXT"),  # jobs of one key may run as one batch (None: alone)
 )
 
 
@@ -88,6 +89,7 @@ class Job:
     owner: str | None = None
     lease_until: float | None = None
     lora_set: str = ""
+    batch_key: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -239,17 +241,24 @@ class JobStore:
         """At start-up: the jobs a dead server left running (:meth:`sweep`)."""
         return self.sweep()
 
-    def add(self, job_id: str, params: dict[str, Any], max_queued: int, lora_set: str = "") -> Job:
-        """A new queued job (``lora_set``: its LoRAs, as text); :class:`QueueFull` when ``max_queued``
-        jobs already wait."""
+    def add(
+        self,
+        job_id: str,
+        params: dict[str, Any],
+        max_queued: int,
+        lora_set: str = "",
+        batch_key: str | None = None,
+    ) -> Job:
+        """A new queued job (``lora_set``: its LoRAs, as text; ``batch_key``: which jobs it may run
+        with); :class:`QueueFull` when ``max_queued`` jobs already wait."""
         with self._transaction() as execute:
             self._lock_queue(execute)
             waiting = execute("SELECT COUNT(*) AS n FROM jobs WHERE status=?", (QUEUED,)).fetchone()["n"]
             if waiting >= max_queued:
                 raise QueueFull(waiting)
             execute(
-                "INSERT INTO jobs (id, created_at, params, status, lora_set) VALUES (?, ?, ?, ?, ?)",
-                (job_id, self._now(execute), json.dumps(params), QUEUED, lora_set),
+                "INSERT INTO jobs (id, created_at, params, status, lora_set, batch_key) VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, self._now(execute), json.dumps(params), QUEUED, lora_set, batch_key),
             )
         job = self.get(job_id)
         assert job is not None
@@ -265,25 +274,38 @@ class JobStore:
         """The oldest waiting job (of the LoRA set ``lora_set`` if one waits: the weights need no
         change), now running here (one more attempt, a fresh lease); None when none waits. Another
         replica's claim at the same moment takes the next one."""
-        oldest = f"SELECT id FROM jobs WHERE status=? ORDER BY seq LIMIT 1{self.claim_lock}"
+        preferred = [("lora_set=?", lora_set)] if lora_set is not None else []
+        for condition in (*preferred, None):
+            jobs = self._take(condition, 1)
+            if jobs:
+                return jobs[0]
+        return None
+
+    def claim_alike(self, job: Job, most: int) -> list[Job]:
+        """Up to ``most`` of the oldest waiting jobs of ``job``'s batch key, now running here (a batch
+        with it)."""
+        if job.batch_key is None or most < 1:
+            return []
+        return self._take(("batch_key=?", job.batch_key), most)
+
+    def _take(self, condition: tuple[str, Any] | None, most: int) -> list[Job]:
+        """The oldest ``most`` waiting jobs (meeting ``condition``: SQL and its argument), claimed."""
+        where, args = ("", ()) if condition is None else (f" AND {condition[0]}", (condition[1],))
         with self._transaction() as execute:
-            row = None
-            if lora_set is not None:
-                row = execute(
-                    oldest.replace("status=?", "status=? AND lora_set=?"), (QUEUED, lora_set)
-                ).fetchone()
-            if row is None:
-                row = execute(oldest, (QUEUED,)).fetchone()
-            if row is None:
-                return None
+            rows = execute(
+                f"SELECT id FROM jobs WHERE status=?{where} ORDER BY seq LIMIT ?{self.claim_lock}",
+                (QUEUED, *args, most),
+            ).fetchall()
             now = self._now(execute)
-            execute(
-                "UPDATE jobs SET status=?, started_at=?, attempts=attempts+1, progress=0, owner=?, "
-                "lease_until=? WHERE id=?",
-                (IN_PROGRESS, now, self.owner, now + self.lease, row["id"]),
-            )
-            claimed = execute("SELECT * FROM jobs WHERE id=?", (row["id"],)).fetchone()
-        return _job(claimed)
+            taken = []
+            for row in rows:
+                execute(
+                    "UPDATE jobs SET status=?, started_at=?, attempts=attempts+1, progress=0, owner=?, "
+                    "lease_until=? WHERE id=?",
+                    (IN_PROGRESS, now, self.owner, now + self.lease, row["id"]),
+                )
+                taken.append(_job(execute("SELECT * FROM jobs WHERE id=?", (row["id"],)).fetchone()))
+        return taken
 
     def renew(self, job_id: str) -> bool:
         """This replica still runs the job: its lease from now on; False when the job is no longer its

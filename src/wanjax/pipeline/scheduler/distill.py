@@ -78,6 +78,10 @@ class FlowDistillScheduler(PartialStart):
         self.kind, (self.timesteps, self.sigmas, self.initial_scale, self.ode) = schedule
         self.start = start_step(self.timesteps, strength)
 
+    @property
+    def draws_noise(self) -> bool:
+        return not self.ode
+
     def model_timestep(self, step_index: jax.Array | int) -> jax.Array:
         """The timestep the model is conditioned on at ``step_index`` (float32 scalar, traceable)."""
         return jnp.asarray(self.timesteps, jnp.float32)[step_index]

@@ -65,6 +65,7 @@ class PartialStart:
 
     sigmas: np.ndarray
     start: int
+    draws_noise: bool = False  # its steps draw fresh noise from the seed (a batch's items share one draw)
 
     def noised(self, latents: np.ndarray, noise: np.ndarray) -> np.ndarray:
         """``latents`` noised to the first step's sigma (:func:`noised`)."""

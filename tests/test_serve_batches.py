@@ -1,0 +1,135 @@
+"""Batched jobs: waiting jobs that differ only in prompt and seed run as one batch (up to
+``--max_batch``), each video the one the job gets alone; each job's progress, deletion and errors stay
+its own (a controllable engine on SQLite and PostgreSQL stores, then a real server)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from helpers.serve_fakes import FakeEngine
+from helpers.serve_process import Server
+from PIL import Image
+
+from wanjax.server.sqlite_store import SqliteJobStore
+from wanjax.server.store import COMPLETED, FAILED, QUEUED
+from wanjax.server.worker import Worker, delete_job
+
+PARAMS = {"prompt": "p", "negative_prompt": "", "num_inference_steps": 3}
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def parts(tmp_path, request):
+    """A store (SQLite, or a PostgreSQL replica's) and a fake engine."""
+    if request.param == "sqlite":
+        store = SqliteJobStore(tmp_path / "store")
+    else:
+        from wanjax.server.postgres_store import PostgresJobStore
+
+        store = PostgresJobStore(request.getfixturevalue("postgres_url"), tmp_path / "store")
+    yield store, FakeEngine(tmp_path)
+    store.close()
+
+
+def _add(store, job_id: str, batch_key: str | None = "k", **params) -> None:
+    store.add(job_id, {**PARAMS, **params}, max_queued=50, batch_key=batch_key)
+
+
+def _drain(worker: Worker) -> None:
+    """Run jobs as the worker's thread does, until none waits or the worker stops."""
+    while not worker._stopping.is_set() and worker.run_next():
+        pass
+
+
+def test_jobs_alike_run_together_oldest_first_up_to_max_batch(parts):
+    store, engine = parts
+    for job_id, key in (("k0", "k"), ("other", "o"), ("k1", "k"), ("k2", "k"), ("alone", None)):
+        _add(store, job_id, key)
+    for job_id in ("k3", "k4"):
+        _add(store, job_id)
+    _drain(Worker(engine, store, max_batch=3))
+    assert engine.ran == [["k0", "k1", "k2"], "other", "alone", ["k3", "k4"]]
+    assert store.counts()[COMPLETED] == 7 and all(job.attempts == 1 for job in store.page(10)[0])
+
+
+def test_a_job_deleted_in_a_batch_stops_alone(parts):
+    store, engine = parts
+    for job_id in ("a", "b", "c"):
+        _add(store, job_id)
+    engine.hooks["step1"] = lambda: delete_job(store, engine, "b")
+    _drain(Worker(engine, store, max_batch=4))
+    assert engine.ran == [["a", "b", "c"]]
+    assert [store.get(job_id).status for job_id in ("a", "c")] == [COMPLETED, COMPLETED]
+    assert store.get("b") is None and store.delete("b") is False
+    assert not any(path.exists() for path in engine.files("b"))
+    assert all(path.exists() for job_id in ("a", "c") for path in engine.files(job_id))
+
+
+def test_errors_stay_each_jobs_own(parts):
+    """A job the server refuses fails alone before the batch runs; a batch whose run fails runs its
+    jobs one by one, so only the job at fault fails."""
+    store, engine = parts
+    _add(store, "a")
+    _add(store, "refused", bad="request")
+    _add(store, "c")
+    _drain(Worker(engine, store, max_batch=4))
+    assert engine.ran == [["a", "c"]]
+    refused = store.get("refused")
+    assert (refused.status, refused.error_code) == (FAILED, "invalid_request")
+    _add(store, "breaks", bad="run")
+    _add(store, "fine")
+    _drain(Worker(engine, store, max_batch=4))
+    assert engine.ran[1:] == [["breaks", "fine"], "breaks", "fine"]
+    broken = store.get("breaks")
+    assert (broken.status, broken.error_code) == (FAILED, "server_error")
+    assert store.get("fine").status == COMPLETED and store.get("a").status == COMPLETED
+
+
+def test_a_stop_puts_the_whole_batch_back_in_the_queue(parts):
+    store, engine = parts
+    for job_id in ("a", "b"):
+        _add(store, job_id)
+    worker = Worker(engine, store, max_batch=4)
+    engine.hooks["step1"] = worker._stopping.set
+    _drain(worker)
+    assert [store.get(job_id).status for job_id in ("a", "b")] == [QUEUED, QUEUED]
+    assert [store.get(job_id).attempts for job_id in ("a", "b")] == [0, 0]
+
+
+def _sheet(server: Server, job_id: str, path) -> np.ndarray:
+    status, sheet, _ = server.request("GET", f"/v1/videos/{job_id}/content?variant=spritesheet")
+    assert status == 200
+    path.write_bytes(sheet)
+    return np.asarray(Image.open(path)).astype(int)  # every raw frame (bfloat16, the server's default)
+
+
+@pytest.mark.slow
+def test_four_jobs_waiting_together_run_as_one_batch_each_its_solo_video(demo_env, tmp_path):
+    server = Server(tmp_path / "out", "--max_batch", "4", env={"WANJAX_CACHE": str(demo_env)}).start()
+    fields = [dict(prompt=f"scene {n}", seed=10 + 7 * n, num_inference_steps=3) for n in range(4)]
+    try:
+        blocker = server.submit(prompt="a long one", num_inference_steps=40)
+        while server.request("GET", f"/v1/videos/{blocker['id']}")[1]["status"] != "in_progress":
+            time.sleep(0.02)
+        together = [server.submit(**f)["id"] for f in fields]
+        other = server.submit(prompt="scene 0", seed=10, num_inference_steps=4)["id"]  # not alike
+        for job_id in [*together, other]:
+            server.wait(job_id)
+        batched = {job_id: _sheet(server, job_id, tmp_path / f"{job_id}.png") for job_id in together}
+        alone = []
+        for f in fields:  # each again, with nothing waiting beside it
+            job_id = server.submit(**f)["id"]
+            server.wait(job_id)
+            alone.append(_sheet(server, job_id, tmp_path / f"alone_{job_id}.png"))
+    finally:
+        assert server.stop() == 0, server.stderr
+    records = [json.loads((tmp_path / "out" / "videos" / f"{job_id}.json").read_text()) for job_id in together]
+    assert all(record["server"]["batch"] == together for record in records), records[0]
+    other_record = json.loads((tmp_path / "out" / "videos" / f"{other}.json").read_text())
+    assert "batch" not in other_record["server"]
+    assert server.stderr.count("; a batch of 4)") == 4
+    for n, job_id in enumerate(together):
+        np.testing.assert_array_equal(batched[job_id], alone[n], err_msg=str(n))  # the solo video, bit for bit
+    assert np.abs(batched[together[0]] - batched[together[1]]).max() > 1  # their own prompts and seeds
