@@ -98,6 +98,36 @@ def test_a_stop_puts_the_whole_batch_back_in_the_queue(parts):
     assert [store.get(job_id).attempts for job_id in ("a", "b")] == [0, 0]
 
 
+@pytest.mark.parametrize("cache", ["off", "magcache"])
+def test_the_batch_key_joins_only_jobs_that_differ_in_prompt_and_seed(demo_env, tmp_path, cache):
+    """Jobs alike share a key; other steps or sizes do not; a job with an upload, or any job of a server
+    with a step cache (its skips are decided for the whole batch), runs alone."""
+    from wanjax import WanPipeline
+    from wanjax.jobs.groups import CacheFlags, CommonFlags
+    from wanjax.server.api import Limits
+    from wanjax.server.engine import Engine
+    from wanjax.server.request import ServeRequest
+
+    request = ServeRequest(common=CommonFlags(model="demo"), cache=CacheFlags(cache=cache))
+    limits = Limits(max_frames=17, max_pixels=192 * 128, max_steps=50, max_queue=4, max_body_bytes=2**20)
+    engine = Engine(WanPipeline.from_pretrained("demo"), request.job_base(), None, tmp_path, limits)
+    job = {"prompt": "a", "seed": 1, "num_inference_steps": 3, "width": 192, "height": 128, "image": False}
+    keys = [
+        engine.batch_key(params)
+        for params in (
+            job,
+            {**job, "prompt": "b", "seed": 2},
+            {**job, "num_inference_steps": 4},
+            {**job, "width": 128, "height": 192},
+            {**job, "image": True},
+        )
+    ]
+    if cache != "off":
+        assert keys == [None] * 5
+        return
+    assert keys[0] is not None and keys[0] == keys[1] and len({*keys[:4]}) == 3 and keys[4] is None
+
+
 def _sheet(server: Server, job_id: str, path) -> np.ndarray:
     status, sheet, _ = server.request("GET", f"/v1/videos/{job_id}/content?variant=spritesheet")
     assert status == 200

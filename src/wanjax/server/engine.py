@@ -374,15 +374,14 @@ class Engine:
         """Jobs of one key may run as one batch: the same values but their prompt and seed, no upload,
         a sampler that draws no noise of its own (its draws would be the batch's) and no step cache
         (its skips are decided for the whole batch); None: the job runs alone."""
-        if upload_names(params) or self.sampler_draws_noise or self.base.cache.cache != "off":
+        if upload_names(params) or self.base.cache.cache != "off" or self.draws_noise(params):
             return None
         return json.dumps({k: v for k, v in params.items() if k not in BATCH_FREE}, sort_keys=True)
 
-    @functools.cached_property
-    def sampler_draws_noise(self) -> bool:
-        """The server's sampler draws fresh noise at its steps (``--scheduler``'s, or the model's)."""
+    def draws_noise(self, params: Mapping[str, Any]) -> bool:
+        """The job's sampler (``--scheduler``'s, or the model's) draws fresh noise at its steps."""
         kind = self.base.sampling.scheduler or "auto"
-        return self.pipe.build_scheduler(self.defaults.num_inference_steps, kind=kind).draws_noise
+        return self.pipe.build_scheduler(params["num_inference_steps"], kind=kind).draws_noise
 
     def batch_that_fits(self, params: Mapping[str, Any], most: int) -> int:
         """The largest batch of jobs like this one, up to ``most``, that fits a device by ``wanjax
