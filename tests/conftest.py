@@ -86,6 +86,24 @@ def postgres_url(postgres):
     return postgres.database(f"test_{uuid.uuid4().hex}")
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_and_fake_engine(tmp_path, request):
+    """A job store (SQLite, or a PostgreSQL replica's) and a controllable engine
+    (:class:`helpers.serve_fakes.FakeEngine`): a worker's bookkeeping without a model."""
+    from helpers.serve_fakes import FakeEngine
+
+    from wanjax.server.sqlite_store import SqliteJobStore
+
+    if request.param == "sqlite":
+        store = SqliteJobStore(tmp_path / "store")
+    else:
+        from wanjax.server.postgres_store import PostgresJobStore
+
+        store = PostgresJobStore(request.getfixturevalue("postgres_url"), tmp_path / "store")
+    yield store, FakeEngine(tmp_path)
+    store.close()
+
+
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory):
     """A T5-style tokenizer folder as the Wan repos hold it (:func:`helpers.tokenizer.make_tokenizer_dir`)."""

@@ -9,28 +9,13 @@ import time
 
 import numpy as np
 import pytest
-from helpers.serve_fakes import FakeEngine
 from helpers.serve_process import Server
 from PIL import Image
 
-from wanjax.server.sqlite_store import SqliteJobStore
 from wanjax.server.store import COMPLETED, FAILED, QUEUED
 from wanjax.server.worker import Worker, delete_job
 
 PARAMS = {"prompt": "p", "negative_prompt": "", "num_inference_steps": 3}
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def parts(tmp_path, request):
-    """A store (SQLite, or a PostgreSQL replica's) and a fake engine."""
-    if request.param == "sqlite":
-        store = SqliteJobStore(tmp_path / "store")
-    else:
-        from wanjax.server.postgres_store import PostgresJobStore
-
-        store = PostgresJobStore(request.getfixturevalue("postgres_url"), tmp_path / "store")
-    yield store, FakeEngine(tmp_path)
-    store.close()
 
 
 def _add(store, job_id: str, batch_key: str | None = "k", **params) -> None:
@@ -43,8 +28,8 @@ def _drain(worker: Worker) -> None:
         pass
 
 
-def test_jobs_alike_run_together_oldest_first_up_to_max_batch(parts):
-    store, engine = parts
+def test_jobs_alike_run_together_oldest_first_up_to_max_batch(store_and_fake_engine):
+    store, engine = store_and_fake_engine
     for job_id, key in (("k0", "k"), ("other", "o"), ("k1", "k"), ("k2", "k"), ("alone", None)):
         _add(store, job_id, key)
     for job_id in ("k3", "k4"):
@@ -54,8 +39,8 @@ def test_jobs_alike_run_together_oldest_first_up_to_max_batch(parts):
     assert store.counts()[COMPLETED] == 7 and all(job.attempts == 1 for job in store.page(10)[0])
 
 
-def test_a_job_deleted_in_a_batch_stops_alone(parts):
-    store, engine = parts
+def test_a_job_deleted_in_a_batch_stops_alone(store_and_fake_engine):
+    store, engine = store_and_fake_engine
     for job_id in ("a", "b", "c"):
         _add(store, job_id)
     engine.hooks["step1"] = lambda: delete_job(store, engine, "b")
@@ -67,10 +52,10 @@ def test_a_job_deleted_in_a_batch_stops_alone(parts):
     assert all(path.exists() for job_id in ("a", "c") for path in engine.files(job_id))
 
 
-def test_errors_stay_each_jobs_own(parts):
+def test_errors_stay_each_jobs_own(store_and_fake_engine):
     """A job the server refuses fails alone before the batch runs; a batch whose run fails runs its
     jobs one by one, so only the job at fault fails."""
-    store, engine = parts
+    store, engine = store_and_fake_engine
     _add(store, "a")
     _add(store, "refused", bad="request")
     _add(store, "c")
@@ -87,8 +72,8 @@ def test_errors_stay_each_jobs_own(parts):
     assert store.get("fine").status == COMPLETED and store.get("a").status == COMPLETED
 
 
-def test_a_stop_puts_the_whole_batch_back_in_the_queue(parts):
-    store, engine = parts
+def test_a_stop_puts_the_whole_batch_back_in_the_queue(store_and_fake_engine):
+    store, engine = store_and_fake_engine
     for job_id in ("a", "b"):
         _add(store, job_id)
     worker = Worker(engine, store, max_batch=4)
@@ -155,11 +140,15 @@ def test_four_jobs_waiting_together_run_as_one_batch_each_its_solo_video(demo_en
             alone.append(_sheet(server, job_id, tmp_path / f"alone_{job_id}.png"))
     finally:
         assert server.stop() == 0, server.stderr
-    records = [json.loads((tmp_path / "out" / "videos" / f"{job_id}.json").read_text()) for job_id in together]
+    records = [
+        json.loads((tmp_path / "out" / "videos" / f"{job_id}.json").read_text()) for job_id in together
+    ]
     assert all(record["server"]["batch"] == together for record in records), records[0]
     other_record = json.loads((tmp_path / "out" / "videos" / f"{other}.json").read_text())
     assert "batch" not in other_record["server"]
     assert server.stderr.count("; a batch of 4)") == 4
     for n, job_id in enumerate(together):
-        np.testing.assert_array_equal(batched[job_id], alone[n], err_msg=str(n))  # the solo video, bit for bit
+        np.testing.assert_array_equal(
+            batched[job_id], alone[n], err_msg=str(n)
+        )  # the solo video, bit for bit
     assert np.abs(batched[together[0]] - batched[together[1]]).max() > 1  # their own prompts and seeds

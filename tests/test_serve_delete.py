@@ -4,28 +4,13 @@ at once, never ends up completed, and leaves no file behind (a controllable work
 from __future__ import annotations
 
 import pytest
-from helpers.serve_fakes import Channel, FakeEngine
+from helpers.serve_fakes import Channel
 
-from wanjax.server.sqlite_store import SqliteJobStore
 from wanjax.server.store import COMPLETED, QUEUED, JobStore, QueueFull, Swept
 from wanjax.server.worker import Worker, delete_job
 
 STEPS = 3
 PARAMS = {"prompt": "p", "negative_prompt": "", "num_inference_steps": STEPS}
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def parts(tmp_path, request):
-    """A store (SQLite, or a PostgreSQL replica's) and a fake engine."""
-    if request.param == "sqlite":
-        store = SqliteJobStore(tmp_path / "store")
-    else:
-        from wanjax.server.postgres_store import PostgresJobStore
-
-        store = PostgresJobStore(request.getfixturevalue("postgres_url"), tmp_path / "store")
-    engine = FakeEngine(tmp_path)
-    yield store, engine
-    store.close()
 
 
 def _nothing_queued(store: JobStore) -> bool:
@@ -38,12 +23,14 @@ def _gone(store: JobStore, job_id: str) -> bool:
 
 @pytest.mark.parametrize("point", ["start", "step1", f"step{STEPS}", "written"])
 @pytest.mark.parametrize("processes", [1, 2], ids=["one process", "multi-process"])
-def test_a_job_deleted_while_it_runs_never_completes_and_leaves_no_file(parts, point, processes):
+def test_a_job_deleted_while_it_runs_never_completes_and_leaves_no_file(
+    store_and_fake_engine, point, processes
+):
     """``start``: just after the worker took it, before its first step; ``written``: its files
     written, just before it would be recorded completed. One process stops at the next step; a
     multi-process server's job runs to its end first. Either way: gone at once, then no record and
     no file."""
-    store, engine = parts
+    store, engine = store_and_fake_engine
     job = store.add("j", PARAMS, max_queued=5)
     seen = {}
 
@@ -59,8 +46,8 @@ def test_a_job_deleted_while_it_runs_never_completes_and_leaves_no_file(parts, p
     assert not any(path.exists() for path in engine.files(job.id))
 
 
-def test_a_job_deleted_after_it_completed_loses_its_files(parts):
-    store, engine = parts
+def test_a_job_deleted_after_it_completed_loses_its_files(store_and_fake_engine):
+    store, engine = store_and_fake_engine
     job = store.add("j", PARAMS, max_queued=5)
     Worker(engine, store)._run(store.claim())
     assert store.get(job.id).status == COMPLETED and all(p.exists() for p in engine.files(job.id))
@@ -68,16 +55,16 @@ def test_a_job_deleted_after_it_completed_loses_its_files(parts):
     assert _gone(store, job.id) and not any(p.exists() for p in engine.files(job.id))
 
 
-def test_a_queued_job_deleted_never_runs(parts):
-    store, engine = parts
+def test_a_queued_job_deleted_never_runs(store_and_fake_engine):
+    store, engine = store_and_fake_engine
     first, second = (store.add(name, PARAMS, max_queued=5) for name in ("first", "second"))
     engine.hooks["step1"] = lambda: delete_job(store, engine, second.id)  # while the first runs
     Worker(engine, store)._run(store.claim())
     assert _nothing_queued(store) and engine.ran == [first.id]
 
 
-def test_a_job_deleted_while_the_server_stops_is_not_requeued(parts):
-    store, engine = parts
+def test_a_job_deleted_while_the_server_stops_is_not_requeued(store_and_fake_engine):
+    store, engine = store_and_fake_engine
     job = store.add("j", PARAMS, max_queued=5)
     worker = Worker(engine, store)
 
@@ -90,9 +77,9 @@ def test_a_job_deleted_while_the_server_stops_is_not_requeued(parts):
     assert store.delete(job.id) is False and _nothing_queued(store)
 
 
-def test_a_server_that_died_with_a_deleted_job_running_purges_it(parts):
+def test_a_server_that_died_with_a_deleted_job_running_purges_it(store_and_fake_engine):
     """At the SQLite server's next start; by any replica once the dead one's lease ran out."""
-    store, _ = parts
+    store, _ = store_and_fake_engine
     job = store.add("j", PARAMS, max_queued=5)
     assert store.claim().id == job.id and store.remove(job.id) == "cancelled"
     if store.shared:
@@ -108,8 +95,8 @@ def _expire_leases(store: JobStore) -> None:
         execute("UPDATE jobs SET lease_until=lease_until-?", (10 * store.lease,))
 
 
-def test_the_store_retries_an_interrupted_job_once(parts):
-    store, _ = parts
+def test_the_store_retries_an_interrupted_job_once(store_and_fake_engine):
+    store, _ = store_and_fake_engine
     params = {"prompt": "p", "num_inference_steps": 2}
     first, second = (store.add(name, params, max_queued=5).id for name in ("first", "second"))
     with pytest.raises(QueueFull):

@@ -286,9 +286,9 @@ def leaves_at(params: Params, paths: Any) -> dict[Path_, Any]:
     return {path: leaves[path] for path in paths}
 
 
-def set_key(loras: Sequence[tuple[LoraFile, float]]) -> tuple[tuple[str, float], ...]:
-    """What identifies a set of adapters: each file and its weight, in order."""
-    return tuple((str(f.path), float(w)) for f, w in loras)
+def set_key(loras: Sequence[LoraSpec]) -> tuple[tuple[str, float], ...]:
+    """What identifies a set of adapters (read or not): each file and its weight, in order."""
+    return tuple((str(f.path if isinstance(f, LoraFile) else Path(f)), float(w)) for f, w in loras)
 
 
 class MergedCache:
@@ -298,25 +298,24 @@ class MergedCache:
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self._sets: collections.OrderedDict[Hashable, dict[Path_, Any]] = collections.OrderedDict()
+        self._sets: collections.OrderedDict[Hashable, tuple[dict[Path_, Any], int]] = (
+            collections.OrderedDict()
+        )
 
     def get(self, key: Hashable) -> dict[Path_, Any] | None:
-        leaves = self._sets.get(key)
-        if leaves is not None:
-            self._sets.move_to_end(key)
-        return leaves
+        if key not in self._sets:
+            return None
+        self._sets.move_to_end(key)
+        return self._sets[key][0]
 
     def put(self, key: Hashable, leaves: dict[Path_, Any]) -> None:
-        if not leaves or _nbytes(leaves) > self.budget:
+        size = sum(x.nbytes for x in jax.tree.leaves(list(leaves.values())))
+        if not leaves or size > self.budget:
             return
-        self._sets[key] = leaves
+        self._sets[key] = (leaves, size)
         self._sets.move_to_end(key)
-        while sum(map(_nbytes, self._sets.values())) > self.budget:
+        while sum(kept for _, kept in self._sets.values()) > self.budget:
             self._sets.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._sets)
-
-
-def _nbytes(leaves: dict[Path_, Any]) -> int:
-    return sum(x.nbytes for x in jax.tree.leaves(list(leaves.values())))

@@ -149,7 +149,7 @@ def guided_velocity(
     """``uncond + g * (cond - uncond)`` in the model dtype (:func:`guide`); only the conditional pass
     without negatives. Both passes of a video run batched in one forward; the videos of a batch one
     after another (:func:`one_by_one`)."""
-    if one_by_one(model, latents.shape[0], image):
+    if one_by_one(model, image):
 
         def alone(item: tuple[jax.Array, jax.Array, jax.Array | None]) -> jax.Array:
             x, cond, uncond = (None if v is None else v[None] for v in item)
@@ -176,7 +176,7 @@ def batched_velocity(
     return guide(model, model.apply(params, *inputs), latents.shape[0], guidance_scale)
 
 
-def one_by_one(model: WanTransformer, batch: int, image: StepConditioning | None) -> bool:
+def one_by_one(model: WanTransformer, image: StepConditioning | None) -> bool:
     """Whether the step runs the batch's videos one after another (a lone video too, so both take the
     same program): a video is then computed exactly as when it runs alone. A larger forward may sum in
     another order (a backend picks its kernels by shape) and XLA may keep excess precision across
@@ -184,7 +184,7 @@ def one_by_one(model: WanTransformer, batch: int, image: StepConditioning | None
     of the demo model with guidance; this way they are equal bit for bit (tests/test_serve_batches.py).
     Not with image conditioning, nor across a ``dp`` axis (which splits the batch over devices)."""
     mesh = model.settings.mesh
-    return batch >= 1 and image is None and (mesh is None or dict(mesh.shape).get("dp", 1) == 1)
+    return image is None and (mesh is None or dict(mesh.shape).get("dp", 1) == 1)
 
 
 class Sampler:

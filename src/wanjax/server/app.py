@@ -178,9 +178,8 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
         job_id = uuid.uuid4().hex
         params = {**await run_in_threadpool(engine.accept, job_id, body), **(extra or {})}
         try:
-            add = functools.partial(
-                store.add, lora_set=lora_group(params), batch_key=engine.batch_key(params)
-            )
+            batch_key = engine.batch_key(params) if worker.max_batch > 1 else None
+            add = functools.partial(store.add, lora_set=lora_group(params), batch_key=batch_key)
             job = await run_in_threadpool(add, job_id, params, limits.max_queue)
         except QueueFull:
             await run_in_threadpool(engine.remove_files, job_id)

@@ -31,11 +31,11 @@ from PIL import Image
 from wanjax.errors import WanjaxError, one_line
 from wanjax.io.atomic import atomic_path
 from wanjax.jobs.generate import GenerateWork, check_generate, generate_outputs, run_generate
-from wanjax.jobs.groups import ImageFlags, LoraFlags, OutputFlags, SourceVideoFlags, VaceFlags, parse_lora
+from wanjax.jobs.groups import ImageFlags, LoraFlags, OutputFlags, SourceVideoFlags, VaceFlags
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.jobs.record import finish
 from wanjax.jobs.requests import GenerateRequest
-from wanjax.models.lora import MergedCache
+from wanjax.models.lora import MergedCache, set_key
 from wanjax.parallel.mesh import MeshSpec
 from wanjax.pipeline.conditioning import size_for_image
 from wanjax.pipeline.inputs import check_video_to_video
@@ -208,15 +208,14 @@ class Engine:
         """The job's LoRAs are files of ``--lora_dir`` that fit the model (each file read once while
         unchanged); ApiError 400 otherwise."""
         for field in LORA_FIELDS:
-            for value in self.loras.flags(params, field):
-                path, weight = parse_lora(value)
-                key = (field, path, Path(path).stat().st_mtime)
+            for path, weight in self.loras.specs(params, field):
+                key = (field, str(path), path.stat().st_mtime)
                 if key in self._loras_checked:
                     continue
                 try:
                     self.pipe.check_loras([(path, weight)], load_into_transformer_2=field == "lora_2")
                 except WanjaxError as e:  # named as the job named it, not by the server's path
-                    message = api_message(one_line(e), {f"LoRA {Path(path).stem}": path})
+                    message = api_message(one_line(e), {f"LoRA {path.stem}": path})
                     raise ApiError(400, f"{field}: {message}", param=field) from None
                 self._loras_checked.add(key)
 
@@ -225,8 +224,7 @@ class Engine:
         LoRA set run back to back: :meth:`JobStore.claim`)."""
         for field, specs in (("lora", adapters.loras()), ("lora_2", adapters.loras_2())):
             current = self.pipe.loras_2 if field == "lora_2" else self.pipe.loras
-            wanted = [(str(Path(path)), weight) for path, weight in specs]
-            if wanted != [(str(f.path), weight) for f, weight in current]:
+            if set_key(specs) != set_key(current):
                 self.pipe.set_loras(
                     specs, load_into_transformer_2=field == "lora_2", cache=self.lora_caches[field]
                 )

@@ -84,6 +84,10 @@ class LoraLibrary:
             raise ApiError(400, f"{field}: no LoRA {name!r} on this server; it has: {listed}", param=field)
         return path
 
+    def specs(self, params: Mapping[str, Any], field: str) -> list[tuple[Path, float]]:
+        """The job's ``field`` as ``(file, scale)`` pairs."""
+        return [(self.path(field, e["name"]), e["scale"]) for e in params.get(field, ())]
+
     def flags(self, params: Mapping[str, Any], field: str) -> tuple[str, ...]:
         """The job's ``field`` as ``--lora PATH:SCALE`` values."""
-        return tuple(f"{self.path(field, e['name'])}:{e['scale']!r}" for e in params.get(field, ()))
+        return tuple(f"{path}:{scale!r}" for path, scale in self.specs(params, field))

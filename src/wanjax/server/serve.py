@@ -24,7 +24,7 @@ from wanjax.jobs.generate import open_generate_pipeline
 from wanjax.jobs.opening import begin, defaults_of, mesh_request
 from wanjax.parallel.multihost import is_primary
 from wanjax.server.request import UPLOAD_BODY, ServeRequest
-from wanjax.server.store import JobStore, check_store_flag
+from wanjax.server.store import JobStore
 
 if TYPE_CHECKING:
     from wanjax.server.engine import Engine
@@ -69,8 +69,8 @@ def serve(request: ServeRequest) -> int:
 
 
 def open_store(store: str, output_dir: str, lease: float) -> JobStore:
-    """The job store ``--store`` names (its folder locked), for a server writing to ``output_dir``."""
-    check_store_flag(store)
+    """The job store ``--store`` (checked with the request) names, its folder locked, for a server
+    writing to ``output_dir``."""
     if store == "sqlite":
         from wanjax.server.sqlite_store import SqliteJobStore
 

@@ -341,15 +341,13 @@ class JobStore:
         found = {r["status"]: r["n"] for r in rows}
         return {status: found.get(status, 0) for status in STATUSES}
 
-    def _update_own(
-        self, job_id: str, assignments: str, args: tuple[Any, ...], status: str = IN_PROGRESS
-    ) -> bool:
-        """``UPDATE`` a job this replica runs (in ``status``); False when it is not (any more)."""
+    def _update_own(self, job_id: str, assignments: str, args: tuple[Any, ...]) -> bool:
+        """``UPDATE`` a job this replica runs; False when it is not (any more)."""
         with self._transaction() as execute:
             values = tuple(self._now(execute) if a is _NOW else a for a in args)
             cursor = execute(
                 f"UPDATE jobs SET {assignments} WHERE id=? AND status=? AND owner=?",
-                (*values, job_id, status, self.owner),
+                (*values, job_id, IN_PROGRESS, self.owner),
             )
         return cursor.rowcount == 1
 
