@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 from helpers.compare import relative_error, to_uint8
-from helpers.pipelines import LEADER, NEGATIVE, PROMPT, reference_run
+from helpers.pipelines import NEGATIVE, PROMPT, branch_decisions, reference_run
 
 from wanjax import WanPipeline
 from wanjax.errors import ConfigError
 from wanjax.models.registry import transformer_preset
-from wanjax.pipeline import step_cache, taylorseer, teacache
+from wanjax.pipeline import seacache, step_cache, taylorseer, teacache
 from wanjax.pipeline.step_cache import CacheConfig, mag_schedule, nearest_interp, read_mag_ratios
 
 HEIGHT, WIDTH, FRAMES, STEPS, GUIDANCE = 48, 64, 9, 12, 5.0
@@ -56,11 +56,13 @@ def diffusers_run(pipe, noise, config, prompts=(PROMPT,)) -> dict:
 
     decisions: list[dict[str, bool]] = []
     calibration: dict[str, list[float]] = {"cond": [], "uncond": []}
+    from diffusers import SeaCacheConfig
+
     policy = "magcache" if isinstance(config, mag_cache.MagCacheConfig) else "firstblock"
+    policy = "seacache" if isinstance(config, SeaCacheConfig) else policy
 
     def on_step(p, i, t, kwargs):
-        states = p.transformer.blocks[0]._diffusers_hook.get_hook(LEADER[policy]).state_manager._state_cache
-        decisions.append({name: bool(states[name].should_compute) for name in ("cond", "uncond")})
+        decisions.append(branch_decisions(p.transformer, policy))
         return {}
 
     record = mag_cache.MagCacheBlockHook._perform_calibration_step
@@ -340,6 +342,53 @@ def test_taylorseer_equals_diffusers(model_dir, noise, ours, options):
     assert np.abs(frames.astype(np.int16) - ref["frames"]).max() <= 1
 
 
+# SeaCache against diffusers' hook
+
+
+@pytest.mark.parametrize(
+    "options, min_skipped",
+    [
+        ({}, 4),  # diffusers' defaults: threshold 0.25, linear extrapolation, 2 skips in a row at most
+        pytest.param(
+            dict(
+                threshold=0.6,
+                residual_order=0,
+                max_consecutive_cached=0,
+                retention_steps=2,
+                cache_end_steps=3,
+            ),
+            8,
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["defaults", "order-0-unbounded"],
+)
+def test_seacache_equals_diffusers(model_dir, noise, ours, options, min_skipped):
+    """SeaCache decides on the device from the filtered latents: the same steps per branch as diffusers'
+    hook, its latents and frames."""
+    from diffusers import SeaCacheConfig
+
+    cache = CacheConfig("seacache", options=options)
+    ref = check_equal(model_dir, noise, ours, SeaCacheConfig(**options), cache, min_skipped)
+    assert ref["computed"]["cond"][:1] == [True] and ref["computed"]["cond"][-1] is True
+
+
+def test_seacache_runs_where_diffusers_runs_it():
+    """diffusers' SeaCache hook decides only on a text-to-video run of a transformer whose input is the
+    latents (its image-to-video and VACE pipelines give it no step: it computes every step there);
+    wanjax refuses it elsewhere in one line, and takes its threshold once."""
+    from wanjax.pipeline.step_cache import resolve
+
+    cache = CacheConfig("seacache", threshold=0.3)
+    assert resolve(cache, transformer_preset("1.3B"), 10, True).threshold == 0.3
+    assert resolve(cache, transformer_preset("5B"), 10, True).sea.residual_order == 1
+    for cfg, first_frame in ((transformer_preset("I2V-14B"), False), (transformer_preset("5B"), True)):
+        with pytest.raises(ConfigError, match="seacache runs where diffusers' runs it"):
+            resolve(cache, cfg, 10, True, first_frame=first_frame)
+    with pytest.raises(ConfigError, match="give seacache's threshold once"):
+        CacheConfig("seacache", threshold=0.3, options={"threshold": "0.2"})
+
+
 @pytest.mark.parametrize("factor_dtype", ["bfloat16", "float32"])
 def test_taylor_factors_and_predictions_are_diffusers(factor_dtype):
     """Four updates at steps 0, 1, 3, 7 (orders growing to max_order 2) and a prediction after each,
@@ -426,7 +475,15 @@ def test_bad_settings_are_one_line_errors(tmp_path):
             ),
             "predicts the first step",
         ),
-        (lambda: CacheConfig("magcache", options={"max_order": 2}), "options is for the taylorseer policy"),
+        (
+            lambda: CacheConfig("magcache", options={"max_order": 2}),
+            "options is for the taylorseer or seacache policy",
+        ),
+        (lambda: CacheConfig("seacache", options={"tresh": 1}), "unknown seacache option 'tresh'; the"),
+        (lambda: CacheConfig("seacache", options={"residual_order": "2"}), "must be 0 or 1"),
+        (lambda: CacheConfig("seacache", options={"power_exp": "0"}), "power_exp must be positive"),
+        (lambda: CacheConfig("seacache", options={"retention_steps": "x"}), "must be a number"),
+        (lambda: CacheConfig("seacache", options={"raw_vision_callback": "f"}), "leave it out"),
         (lambda: teacache.read_coefficients([1.0, None]), "list of numbers"),
         (lambda: teacache.read_coefficients(None, transformer_preset("tiny")), "none are published for this"),
         (
@@ -467,6 +524,7 @@ def test_cache_on_an_8_device_mesh_equals_one_device(model_dir, noise):
     caches = {
         "magcache": CacheConfig("magcache", mag_ratios=CURVE_12, threshold=0.06, max_skip_steps=2),
         "firstblock": CacheConfig("firstblock", threshold=0.4361),
+        "seacache": CacheConfig("seacache", options={"max_consecutive_cached": 0}),
     }
     out = {}
     for mesh in (None, "dp=2,sp=2,tp=2", "dp=1,sp=4,tp=2"):
@@ -547,6 +605,11 @@ def test_cli_cache_flags_calibrate_then_reuse_and_record(demo_env, tmp_path, cap
     cache = json.loads((tmp_path / "ts.json").read_text())["cache"]
     assert cache["policy"] == "taylorseer" and cache["options"]["cache_interval"] == 2
     assert cache["branches"]["cond"]["skipped"] == [1, 3, 5, 7]  # diffusers' (step - 1 - 1) % 2 == 0 computes
+    sea = ["--cache", "seacache", "--cache_option", "residual_order=0", "--cache_threshold", "1"]
+    assert main([*base, *sea, "--output_video", str(tmp_path / "sea.mp4")]) == 0
+    cache = json.loads((tmp_path / "sea.json").read_text())["cache"]
+    assert cache["options"] == {**seacache.DEFAULTS, "residual_order": 0, "threshold": 1.0}
+    assert cache["branches"]["cond"]["skipped"] and cache["branches"]["cond"]["skipped"][-1] < 7
 
     stage = tmp_path / "stages"
     assert (
@@ -581,6 +644,8 @@ def test_cli_cache_flags_calibrate_then_reuse_and_record(demo_env, tmp_path, cap
         ["--cache", "taylorseer"],  # diffusers' default modules are not Wan's
         ["--cache", "taylorseer", "--cache_option", "interval=3"],
         ["--cache", "taylorseer", "--cache_option", "use_lite_mode"],
+        ["--cache", "seacache", "--cache_option", "tresh=1"],
+        ["--cache", "seacache", "--cache_threshold", "1", "--cache_option", "threshold=2"],
         ["--cache_calibrate", str(tmp_path / "r.txt")],
         ["--cache", "firstblock", "--cache_calibrate", str(tmp_path / "r.json")],
     ):

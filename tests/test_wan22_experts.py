@@ -281,7 +281,7 @@ def diffusers_cached_run(
     ``k``'s transformer (``enable_cache``): per-branch decisions of each step (from the leader hook of
     the transformer that ran it), final latents, frames."""
     from diffusers import WanPipeline as ReferencePipeline
-    from helpers.pipelines import LEADER
+    from helpers.pipelines import branch_decisions
 
     reference = ReferencePipeline.from_pretrained(root)
     experts = [0, 0, 1, 1]  # as test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames
@@ -289,8 +289,7 @@ def diffusers_cached_run(
 
     def on_step(p, i, t, kwargs):
         model = p.transformer if experts[i] == 0 else p.transformer_2
-        states = model.blocks[0]._diffusers_hook.get_hook(LEADER[policy]).state_manager._state_cache
-        decisions.append({name: bool(states[name].should_compute) for name in ("cond", "uncond")})
+        decisions.append(branch_decisions(model, policy))
 
     for model, config in zip((reference.transformer, reference.transformer_2), configs, strict=True):
         model.enable_cache(config)
@@ -304,14 +303,15 @@ MAG = dict(threshold=0.05, max_skip_steps=2, retention_ratio=0.0)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["firstblock", "magcache"])
+@pytest.mark.parametrize("policy", ["firstblock", "magcache", "seacache"])
 def test_step_cache_per_expert_equals_diffusers(policy, t2v, noise):
     """Step caching on a two-expert model, as diffusers runs it with a hook on each transformer
     (``enable_cache`` on both): each expert starts from an empty cache (its first step computes, even
     where a shared cache would skip it) and decides from its own state; First-Block Cache from its
     residuals, MagCache from its slice of one curve over the whole run (MagCacheConfig per expert
-    with that slice); the same decisions per branch, latents and frames."""
-    from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig
+    with that slice), SeaCache from its own indicator history at the run's step indices; the same
+    decisions per branch, latents and frames."""
+    from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig, SeaCacheConfig
 
     from wanjax.pipeline.step_cache import CacheConfig
 
@@ -320,6 +320,9 @@ def test_step_cache_per_expert_equals_diffusers(policy, t2v, noise):
         threshold = 0.6  # each expert reuses its cache at its second step
         configs = [FirstBlockCacheConfig(threshold=threshold)] * 2
         ours = CacheConfig("firstblock", threshold=threshold)
+    elif policy == "seacache":  # no forced first or last steps: each expert's second step reuses
+        options = dict(threshold=100.0, retention_steps=0, cache_end_steps=0)
+        configs, ours = [SeaCacheConfig(**options)] * 2, CacheConfig("seacache", options=options)
     else:
         configs = [MagCacheConfig(mag_ratios=CURVE[k : k + 2], num_inference_steps=2, **MAG) for k in (0, 2)]
         ours = CacheConfig("magcache", mag_ratios=CURVE, **MAG)

@@ -149,7 +149,7 @@ def test_step_cache_with_the_image_as_first_frame_equals_diffusers(ti2v, noise, 
     """Step caching on TI2V with an image (its tokens at timestep 0 in every step): diffusers'
     decisions per branch and its latents, for First-Block Cache and for MagCache on a given curve."""
     from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig
-    from helpers.pipelines import LEADER
+    from helpers.pipelines import branch_decisions
 
     from wanjax.pipeline.step_cache import CacheConfig
 
@@ -165,8 +165,7 @@ def test_step_cache_with_the_image_as_first_frame_equals_diffusers(ti2v, noise, 
     decisions = []
 
     def on_step(p, i, t, kwargs):
-        states = p.transformer.blocks[0]._diffusers_hook.get_hook(LEADER[policy]).state_manager._state_cache
-        decisions.append({name: bool(states[name].should_compute) for name in ("cond", "uncond")})
+        decisions.append(branch_decisions(p.transformer, policy))
         return {}
 
     reference_i2v.transformer.enable_cache(config)

@@ -16,7 +16,11 @@ from helpers.models import TINY_DIT, randomize_
 PROMPT = "A cat &amp; a dog  run over the lazy fox"
 NEGATIVE = "blurry, static"
 # diffusers' hook on the block that decides a cached step, per cache policy
-LEADER = {"magcache": "mag_cache_leader_block_hook", "firstblock": "fbc_leader_block_hook"}
+LEADER = {
+    "magcache": "mag_cache_leader_block_hook",
+    "firstblock": "fbc_leader_block_hook",
+    "seacache": "sea_cache_leader_block",
+}
 TEXT = dict(vocab_size=330, d_model=24, d_kv=8, num_heads=3, d_ff=40, num_layers=2)
 
 
@@ -101,3 +105,12 @@ def build_tiny_pipeline(root: Path, tokenizer_dir: Path) -> None:
     from diffusers import WanPipeline
 
     save_tiny(WanPipeline(**tiny_components(tokenizer_dir)), root, tokenizer_dir)
+
+
+def branch_decisions(transformer: Any, policy: str) -> dict[str, bool]:
+    """Whether each CFG branch ran the blocks at the step just run, read from the state of diffusers'
+    leader hook (SeaCache's: its skip count restarted)."""
+    states = transformer.blocks[0]._diffusers_hook.get_hook(LEADER[policy]).state_manager._state_cache
+    if policy == "seacache":
+        return {name: states[name].consecutive_cached == 0 for name in ("cond", "uncond")}
+    return {name: bool(states[name].should_compute) for name in ("cond", "uncond")}

@@ -71,7 +71,7 @@ def registry_defaults() -> dict[str, Any]:
 
 
 def _cache_defaults() -> dict[str, Any]:
-    from wanjax.pipeline import taylorseer, teacache
+    from wanjax.pipeline import seacache, taylorseer, teacache
     from wanjax.pipeline.step_cache import FIRST_BLOCK_THRESHOLD, MAG_DEFAULTS, presets
 
     return {
@@ -80,6 +80,8 @@ def _cache_defaults() -> dict[str, Any]:
         "presets": ", ".join(presets()),
         "tea_presets": ", ".join(teacache.presets()),
         "taylor_options": ", ".join(taylorseer.DEFAULTS),
+        "sea_options": ", ".join(seacache.DEFAULTS),
+        "sea": seacache.DEFAULTS,
     }
 
 
@@ -491,12 +493,13 @@ class CacheFlags:
         choices=_cache_policies,
         help="skip the DiT's blocks at steps where they barely change (default {default}): magcache (a "
         "magnitude-ratio curve), firstblock (the first block's change), teacache (the timestep "
-        "embedding's change) or taylorseer (the output extrapolated between full steps; --cache_option)",
+        "embedding's change), taylorseer (the output extrapolated between full steps; --cache_option) or "
+        "seacache (the filtered latents' change; --cache_option)",
     )
     cache_threshold: float | None = option(
         None,
         help="skip while the change stays within this (default: the curve's or coefficients' preset, "
-        "else magcache {mag[threshold]}, firstblock {firstblock})",
+        "else magcache {mag[threshold]}, firstblock {firstblock}, seacache {sea[threshold]})",
         values=_cache_defaults,
     )
     cache_max_skip: int | None = option(
@@ -528,8 +531,9 @@ class CacheFlags:
         (),
         repeat=True,
         metavar="NAME=VALUE",
-        help="taylorseer: one of diffusers' TaylorSeerCacheConfig fields ({taylor_options}); repeatable, "
-        "e.g. --cache_option use_lite_mode=true --cache_option cache_interval=3",
+        help="taylorseer: one of diffusers' TaylorSeerCacheConfig fields ({taylor_options}); seacache: "
+        "one of its SeaCacheConfig fields ({sea_options}); repeatable, e.g. --cache_option "
+        "use_lite_mode=true --cache_option cache_interval=3",
         values=_cache_defaults,
     )
     teacache_ret_steps: bool = option(

@@ -297,6 +297,7 @@ class Sampler:
                 uncond is not None,
                 [min(i, 1) for i in range(steps)] if two else None,  # each expert's turn: shapes only
                 is_first_frame(image),
+                sigmas=scheduler.sigmas,
             )
         )
         if step_cache is None:
@@ -425,6 +426,7 @@ class Sampler:
                 experts if two else None,
                 is_first_frame(image),
                 self._time_inputs(scheduler, latents.shape[2], is_first_frame(image)),
+                scheduler.sigmas,
             )
         )
         finite: list[jax.Array] = []
@@ -491,8 +493,8 @@ class Sampler:
         self, cache: StepCache, latents_shape: tuple[int, ...], expert: int = 0
     ) -> tuple[tuple[Any, ...], Any]:
         """The cached program's extra inputs, abstract (cache state, the MagCache schedule, the
-        threshold, the expert's first step), and the cache state's sharding: the tokens' layout
-        under a mesh."""
+        threshold, the expert's first step), and the cache state's shardings: under a mesh the
+        tokens' layout for what is shaped as the tokens, the rest replicated."""
         model = self.experts[expert]
         rows = latents_shape[0] * len(cache.branches)
         shape = (rows, *latents_shape[1:])
@@ -500,17 +502,21 @@ class Sampler:
         tokens = jax.ShapeDtypeStruct((rows, length, model.cfg.inner_dim), model.dtype)
         velocity = jax.ShapeDtypeStruct((rows, model.cfg.out_channels, *shape[2:]), model.dtype)
         layout = model.token_layout(shape)
-        sharding = None if layout is None else NamedSharding(model.settings.mesh, layout.tokens())
-        if cache.taylor is not None:  # the velocity's factors, replicated as the sampler's state
-            sharding = None if model.settings.mesh is None else replicated(model.settings.mesh)
         placement = self._placement(model.params)
+
+        def sharding(s: jax.ShapeDtypeStruct) -> Any:
+            if layout is not None and s.shape == tokens.shape:
+                return NamedSharding(model.settings.mesh, layout.tokens())
+            return placement  # replicated under a mesh, as the sampler's state
+
         state = {
-            name: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding or placement)
+            name: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding(s))
             for name, s in state_shapes(cache, tokens, velocity).items()
         }
         scalars = [(cache.schedule.shape, cache.schedule.dtype), ((), jnp.float32), ((), jnp.int32)]
         rest = tuple(jax.ShapeDtypeStruct(shape, dtype, sharding=placement) for shape, dtype in scalars)
-        return (state, *rest), sharding
+        shardings = None if model.settings.mesh is None else {k: s.sharding for k, s in state.items()}
+        return (state, *rest), shardings
 
     def _cache_inputs(
         self,

@@ -1,8 +1,8 @@
 """Step caching: skip the transformer's blocks at steps where their output barely changes.
 
-Four policies, three decision for decision as diffusers' hooks (0.42: ``hooks/mag_cache.py``,
-``hooks/first_block_cache.py``, ``hooks/taylorseer_cache.py``), TeaCache as its authors' Wan 2.1
-code; each CFG branch (``cond``, ``uncond``) with its own state as diffusers'
+Five policies, four decision for decision as diffusers' hooks (0.42: ``hooks/mag_cache.py``,
+``hooks/first_block_cache.py``, ``hooks/taylorseer_cache.py``, ``hooks/sea_cache.py``), TeaCache as its
+authors' Wan 2.1 code; each CFG branch (``cond``, ``uncond``) with its own state as diffusers'
 ``cache_context("cond" / "uncond")`` keeps it, one decision per branch for its whole batch:
 
 * **MagCache** (``magcache``): a calibrated curve of per-step magnitude ratios of the blocks'
@@ -25,6 +25,9 @@ code; each CFG branch (``cond``, ``uncond``) with its own state as diffusers'
 * **TaylorSeer** (``taylorseer``): a step-index schedule; a computed step runs the whole forward and
   updates the Taylor factors of its output, a predicted one returns their extrapolation and runs
   nothing else (:mod:`wanjax.pipeline.taylorseer`).
+* **SeaCache** (``seacache``): the accumulated change of a spectrally filtered view of the noisy
+  latents; decided on the device, a skip adding the last residual or its linear extrapolation
+  (:mod:`wanjax.pipeline.seacache`).
 
 Both branches run batched in one forward whenever either computes; a branch that decided to skip
 takes its cached output then too (its result is exactly the skip's, the compute spent on it is thrown
@@ -57,10 +60,10 @@ from wanjax.models.config import TransformerConfig
 from wanjax.models.dit import VaceControl, WanTransformer
 from wanjax.models.layers import Params
 from wanjax.models.registry import match
-from wanjax.pipeline import taylorseer, teacache
+from wanjax.pipeline import seacache, taylorseer, teacache
 from wanjax.pipeline.cache_files import number_list, packaged_presets, read_json_file
 
-POLICIES: tuple[str, ...] = ("off", "magcache", "firstblock", "teacache", "taylorseer")
+POLICIES: tuple[str, ...] = ("off", "magcache", "firstblock", "teacache", "taylorseer", "seacache")
 BRANCHES: tuple[str, ...] = ("cond", "uncond")  # the rows of a guided batch: [cond; uncond]
 # diffusers' MagCacheConfig and FirstBlockCacheConfig defaults
 MAG_DEFAULTS = {"threshold": 0.06, "max_skip_steps": 3, "retention_ratio": 0.2}
@@ -86,8 +89,9 @@ class CacheConfig:
     ``ret_steps``: the authors' ``use_ret_steps`` mode (the blocks' modulation as the compared input,
     five warm-up steps, no forced last step).
 
-    ``options`` (TaylorSeer, :mod:`wanjax.pipeline.taylorseer`): diffusers' ``TaylorSeerCacheConfig``
-    fields by name, over its defaults.
+    ``options`` (TaylorSeer, :mod:`wanjax.pipeline.taylorseer`; SeaCache,
+    :mod:`wanjax.pipeline.seacache`): diffusers' ``TaylorSeerCacheConfig`` / ``SeaCacheConfig`` fields
+    by name, over its defaults (SeaCache's ``threshold`` also as ``threshold``).
     """
 
     policy: str = "off"
@@ -120,17 +124,21 @@ class CacheConfig:
         only = (
             ("magcache", magcache_only),
             ("teacache", teacache_only),
-            ("taylorseer", {"options": self.options}),
+            (("taylorseer", "seacache"), {"options": self.options}),
         )
-        for policy, fields in only:
+        for policies, fields in only:
+            policies = (policies,) if isinstance(policies, str) else policies
+            policy = " or ".join(policies)
             given = [name for name, value in fields.items() if value is not None]
-            if self.policy != policy and given:
+            if self.policy not in policies and given:
                 verb = "is" if len(given) == 1 else "are"
                 raise ConfigError(f"{', '.join(given)} {verb} for the {policy} policy, not {self.policy!r}")
         if self.policy == "taylorseer":
             if self.threshold is not None:
                 raise ConfigError("taylorseer has no threshold: its steps are set by its options")
             taylorseer.settings(self.options)
+        if self.policy == "seacache":
+            seacache.settings(self.options, self.threshold)
 
     @property
     def enabled(self) -> bool:
@@ -275,11 +283,14 @@ class StepCache:
     curves: dict[str, list[float]] | None = None
     ret_steps: bool = False
     taylor: taylorseer.TaylorSeerSettings | None = None
+    sea: seacache.SeaCacheSettings | None = None
+    sea_scalars: np.ndarray | None = None  # SeaCache: per step (s, s^2, n^2), seacache.step_scalars
 
     @property
-    def key(self) -> tuple[str, bool]:
-        """What the step program depends on (the numbers are its arguments)."""
-        return self.policy, self.calibrate, self.taylor
+    def key(self) -> tuple[Any, ...]:
+        """What the step program depends on (the numbers are its arguments; SeaCache's per-step
+        scalars come from the scheduler, part of the program's key)."""
+        return self.policy, self.calibrate, self.taylor, self.sea
 
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {"policy": self.policy, "threshold": self.threshold}
@@ -295,6 +306,8 @@ class StepCache:
         if self.taylor is not None:
             del out["threshold"]
             out["options"] = self.taylor.as_json()
+        if self.sea is not None:
+            out["options"] = self.sea.as_json()
         return out
 
 
@@ -306,6 +319,7 @@ def resolve(
     experts: Sequence[int] | None = None,
     first_frame: bool = False,
     time_inputs: Callable[[bool], np.ndarray] | None = None,
+    sigmas: np.ndarray | None = None,
 ) -> StepCache | None:
     """``config`` for a run of ``num_steps`` steps, guided (two branches) or not; None when off.
     ``first_frame``: an image conditions the run as its first latent frame (TI2V; it picks the curve).
@@ -316,7 +330,8 @@ def resolve(
     expert's steps scheduled from its slice alone, with its own retention and from an empty cache.
 
     ``time_inputs(ret_steps)``: TeaCache's modulated input of each step (``[num_steps, ...]``, see
-    :mod:`wanjax.pipeline.teacache`); None: every step computes (a program lowered for its shapes)."""
+    :mod:`wanjax.pipeline.teacache`); None: every step computes (a program lowered for its shapes).
+    ``sigmas``: the scheduler's, which SeaCache's filter reads (None: ones, for shapes only)."""
     if not config.enabled:
         return None
     branches = BRANCHES if guided else BRANCHES[:1]
@@ -328,6 +343,18 @@ def resolve(
         compute = np.concatenate([taylorseer.schedule(b - a, found) for a, b in segments])
         schedule = np.repeat(compute[:, None], len(branches), axis=1)
         return StepCache("taylorseer", branches, 0.0, schedule, taylor=found)
+    if config.policy == "seacache":  # every step may compute: the latents' filtered change decides
+        if cfg.in_channels != cfg.out_channels or cfg.vace or first_frame:
+            raise ConfigError(
+                "seacache runs where diffusers' runs it, on text-to-video runs (its image-to-video and "
+                "VACE pipelines give the hook no step, so it computes every step there): use --cache "
+                "magcache, firstblock or teacache"
+            )
+        sea = seacache.settings(config.options, config.threshold)
+        sigmas = np.ones(num_steps + 1, np.float32) if sigmas is None else sigmas
+        schedule = np.ones((num_steps, len(branches)), bool)
+        scalars = seacache.step_scalars(sigmas, num_steps)
+        return StepCache("seacache", branches, sea.threshold, schedule, sea=sea, sea_scalars=scalars)
     if config.policy == "firstblock":  # every step may compute: the first block's change decides
         threshold = FIRST_BLOCK_THRESHOLD if config.threshold is None else config.threshold
         schedule = np.ones((num_steps, len(branches)), bool)
@@ -412,7 +439,10 @@ def state_shapes(
     """The cache carried between steps, for the guided batch's ``tokens (rows, L, D)`` and
     ``velocity (rows, C, T, H, W)``: the cached residual, and for First-Block Cache the first block's
     residual at the last computed step; TaylorSeer's factors of the velocity, how many are valid and
-    the step they were computed at."""
+    the step they were computed at; SeaCache's (:func:`wanjax.pipeline.seacache.state_shapes`, its
+    latents shaped as the velocity: it runs only where the input is the latents alone)."""
+    if cache.sea is not None:
+        return seacache.state_shapes(tokens, velocity, len(cache.branches))
     if cache.taylor is not None:
         count = cache.taylor.max_order + 1
         dtype = taylorseer.factor_dtype(cache.taylor, velocity.dtype)
@@ -482,6 +512,8 @@ def cached_forward(
     tokens, cond = model.embed(params, latents, timestep, prompt_embeds, image_embeds, control)
     rows = tokens.shape[0]
     out: CacheState = {}
+    if cache.sea is not None:
+        return _sea_forward(model, params, latents, tokens, cond, cache, state, index, threshold, start_index)
     if cache.policy == "firstblock":
         base = model.blocks(params, tokens, cond, 0, 1)
         first = base - tokens
@@ -500,6 +532,33 @@ def cached_forward(
         measured = magnitude_ratio(out["residual"], state["residual"], branches)
         ratios = jnp.where(index == start_index, ratios, measured)
     return model.project(params, hidden, cond), out, compute, ratios
+
+
+def _sea_forward(
+    model: WanTransformer,
+    params: Params,
+    latents: jax.Array,
+    tokens: jax.Array,
+    cond: Any,
+    cache: StepCache,
+    state: CacheState,
+    index: jax.Array,
+    threshold: jax.Array,
+    start_index: jax.Array,
+) -> tuple[jax.Array, CacheState, jax.Array, jax.Array]:
+    """SeaCache's step: the indicator, each branch's decision on the device, the blocks where any
+    branch computes, a skipping branch's rows from its reused residual."""
+    assert cache.sea is not None and cache.sea_scalars is not None
+    sea, rows = cache.sea, tokens.shape[0]
+    scalars = jnp.asarray(cache.sea_scalars)[index]
+    current = seacache.indicator(latents, scalars, sea.power_exp)
+    steps = cache.schedule.shape[0]
+    compute, distance = seacache.decide(sea, state, current, index, start_index, steps, threshold)
+    reused = tokens + seacache.reused_residual(sea, state, index)
+    fresh = jax.lax.cond(jnp.any(compute), lambda: model.blocks(params, tokens, cond), lambda: reused)
+    hidden = jnp.where(_rows(compute, rows), fresh, reused)
+    out = seacache.record(sea, state, compute, fresh - tokens, current, distance, index)
+    return model.project(params, hidden, cond), out, compute, jnp.ones(compute.shape, jnp.float32)
 
 
 def _taylor_forward(

@@ -180,7 +180,7 @@ class BenchConfig:
         (),
         repeat=True,
         metavar="NAME=VALUE",
-        help="taylorseer: a TaylorSeerCacheConfig field (see wanjax generate --help)",
+        help="taylorseer or seacache: a TaylorSeerCacheConfig or SeaCacheConfig field (see wanjax generate --help)",
     )
 
     def cache_config(self) -> CacheConfig:
