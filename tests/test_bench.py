@@ -63,7 +63,11 @@ def test_denoise_bench_reports_steps_and_flops(tmp_path, capsys):
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
     denoise = result["stages"]["denoise"]
     cfg = dataclasses.replace(transformer_preset("1.3B"), num_layers=1)
-    assert denoise["tflop"] * 1e12 == pytest.approx(dit_step_flops(cfg, (1, 16, 1, 4, 4), 16).total)
+    step = dit_step_flops(cfg, (1, 16, 1, 4, 4), 16, context_cached=True)  # the text K/V cache read
+    assert denoise["tflop"] * 1e12 == pytest.approx(step.total)
+    saved = dit_step_flops(cfg, (1, 16, 1, 4, 4), 16).total - step.total
+    assert denoise["text_kv"]["tflop_saved_per_step"] * 1e12 == pytest.approx(saved) and saved > 0
+    assert denoise["text_kv"]["bytes"] == 2 * 1 * 2 * 16 * cfg.inner_dim * 2  # k, v; 1 layer; CFG; bf16
     assert 0 < denoise["s_per_step_median"] <= denoise["steady_median_s"]
     assert 0 < denoise["fraction_of_peak"] < 1.5 and math.isfinite(result["peak_tflops"])
     assert result["peak_memory_gib"] > 0
@@ -396,7 +400,9 @@ def test_image_to_video_arch_times_the_image_stage_and_joins_the_image_tokens(mo
     image = result["stages"]["image"]
     assert image["tflop_clip"] > 0 and "tflop" not in image and image["program_memory"]["total_bytes"] > 0
     tokens = CLIP_VIT_H_14.num_positions
-    expected = dit_step_flops(small, cfg.latent_shape(), 8, guidance=True, image_len=tokens)
+    expected = dit_step_flops(
+        small, cfg.latent_shape(), 8, guidance=True, image_len=tokens, context_cached=True
+    )
     assert result["stages"]["denoise"]["tflop"] == pytest.approx(expected.total / 1e12)
     plain = bench.run_bench(dataclasses.replace(cfg, arch="1.3B", layers=1, stages=("image",)))
     assert plain["stages"] == {}
@@ -441,7 +447,8 @@ def test_ti2v_arch_encodes_the_image_alone_and_denoises_with_it_as_frame_0(monke
 
 @pytest.mark.slow
 def test_a_bench_that_cannot_fit_is_refused_naming_the_layers_that_would(monkeypatch):
-    """The 14B's denoise stage (27 GiB of weights) on a machine with 24 GiB free: refused before any
+    """The 14B's denoise stage (27 GiB of weights, 0.8 GiB of text K/V cache and its activations) on
+    a machine with 24 GiB free: refused before any
     weight is drawn, with the most ``--layers`` whose stage plan says fits."""
     from wanjax.tools import bench_memory
     from wanjax.tools.plan import HEADROOM
@@ -451,7 +458,7 @@ def test_a_bench_that_cannot_fit_is_refused_naming_the_layers_that_would(monkeyp
     with pytest.raises(WanjaxError) as refused:
         bench.run_bench(cfg)
     message = str(refused.value)
-    assert "the denoise stage needs about 27" in message and "24.0 GiB available" in message
+    assert "the denoise stage needs about 28" in message and "24.0 GiB available" in message
     layers = int(message.rsplit("--layers ", 1)[1])
     needs = [
         bench_memory.stage_needs(dataclasses.replace(cfg, layers=n))["denoise"] for n in (layers, layers + 1)
@@ -489,8 +496,11 @@ def test_a_vace_arch_runs_its_control_blocks_and_counts_them():
     )  # fmt: skip
     assert cfg.transformer_config().vace_layers == (0,)
     denoise = bench.run_bench(cfg)["stages"]["denoise"]
-    expected = dit_step_flops(cfg.transformer_config(), (1, 16, 1, 4, 4), 16).total
+    expected = dit_step_flops(cfg.transformer_config(), (1, 16, 1, 4, 4), 16, context_cached=True).total
     plain = dit_step_flops(
-        dataclasses.replace(transformer_preset("1.3B"), num_layers=2), (1, 16, 1, 4, 4), 16
+        dataclasses.replace(transformer_preset("1.3B"), num_layers=2),
+        (1, 16, 1, 4, 4),
+        16,
+        context_cached=True,
     )
     assert denoise["tflop"] * 1e12 == pytest.approx(expected) and expected > plain.total

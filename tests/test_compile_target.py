@@ -167,13 +167,13 @@ def test_a_dit_step_built_for_a_tpu_slice_has_the_kernels_and_no_interpret_mode(
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["demo-i2v", "demo-i2v-a14b"])
 def test_a_tiny_pipeline_compiles_every_program_for_v6e(name):
-    """Text encoder, image encoder, VAE encode, step, VAE decode: all compiled; a two-expert image
+    """Text encoder, image encoder, VAE encode, text K/V cache, step, VAE decode: all compiled; a two-expert image
     model's two steps (its other programs are demo-i2v's: the same VAE and text encoder)."""
     run = RunSpec(registry()[name], 64, 64, 5, parse_mesh("dp=2,sp=1,tp=4"), attention="splash_exp2")
     experts = name.endswith("a14b")
     report = compile_run(run, SLICES["v6e-8"], only=("step",) if experts else None)
     names = [p.name for p in report.programs]
-    expected = ["text_encoder", "image_encoder", "vae_encode", "step", "vae_decode"]
+    expected = ["text_encoder", "image_encoder", "vae_encode", "text_kv", "step", "vae_decode"]
     assert names == (["step_high_noise", "step_low_noise"] if experts else expected)
     assert report.fits, report.table()
     steps = [p for p in report.programs if p.name.startswith("step")]
@@ -223,8 +223,8 @@ def test_plan_compile_from_the_command_line_writes_its_report(tmp_path):
     )
     document = json.loads(out.read_text())
     assert (document["topology"], document["chips"], document["fits"]) == ("v6e-8", 8, True)
-    assert [p["name"] for p in document["programs"]] == ["text_encoder", "step", "vae_decode"]
-    step = document["programs"][1]
+    assert [p["name"] for p in document["programs"]] == ["text_encoder", "text_kv", "step", "vae_decode"]
+    step = document["programs"][2]
     assert step["compiled"] and step["tpu_custom_calls"] > 0 and step["planned_bytes_per_chip"] > 0
     # the estimate beside each program is the slice's: feature maps padded to the TPU's lanes
     from wanjax.target import TPU_LANES
@@ -280,17 +280,19 @@ def test_a_steps_flops_on_one_chip_are_the_analytic_count(backend):
     """Counted in the compiled step, every layer of its scan (XLA's cost analysis counts one) and
     every attention call (``splash_exp2`` by its ``pl.CostEstimate``, JAX's ``splash`` by the
     analytic count of its call's label): the image-to-video step's analytic FLOPs, exactly; the cost
-    model's time (loops scaled) labelled an estimate."""
+    model's time (loops scaled) labelled an estimate. The text K/V cache's program (the context's
+    keys and values the step no longer projects) is its analytic count too."""
     run = RunSpec(registry()["demo-i2v"], 64, 64, 5, parse_mesh("dp=1,sp=1,tp=1"), attention=backend)
-    report = compile_run(run, SLICES["v6e-1"], only=["step"])
-    (step,) = report.programs
+    report = compile_run(run, SLICES["v6e-1"], only=["step", "text_kv"])
+    text_kv, step = report.programs
+    assert text_kv.name == "text_kv" and text_kv.flops_per_chip == text_kv.analytic_flops > 0
     assert step.flops_per_chip == step.analytic_flops > 0
     assert step.peak_seconds == pytest.approx(step.flops_per_chip / 918e12)  # v6e's dense bf16 peak
     if backend == "splash":  # JAX's kernel carries no cost estimate: the cost model misses its work
         assert step.cost_model_seconds is None and "no cost-model time" in report.table()
     else:
         assert step.cost_model_seconds > 0 and "(estimate)" in report.table()
-    assert report.as_json()["programs"][0]["flops_per_chip"] == step.flops_per_chip
+    assert report.as_json()["programs"][1]["flops_per_chip"] == step.flops_per_chip
 
 
 @pytest.mark.parametrize(

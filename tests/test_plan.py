@@ -433,7 +433,8 @@ def test_two_experts_are_both_resident_or_take_turns(tmp_path):
 
 def test_a_vace_model_adds_its_control_blocks_weights_and_hints():
     """VACE-14B over 14B at 720p on tp=8: the control blocks' weights (never streamed: on the device
-    with every offload mode) and the eight hints the blocks keep, each a residual stream's size."""
+    with every offload mode) and the eight hints the blocks keep, each a residual stream's size (and
+    resident, the control blocks' share of the text K/V cache)."""
     import jax.numpy as jnp
 
     from wanjax.io.checkpoint import LeafSource
@@ -452,7 +453,8 @@ def test_a_vace_model_adds_its_control_blocks_weights_and_hints():
     )
     assert vace.weights - plain.weights == weight_bytes(control, jnp.bfloat16, mesh.sizes).total > 0
     tokens = 2 * 21 * 45 * 80  # two CFG rows of 21 x 45 x 80 tokens, not split over tp
-    assert vace.activations - plain.activations == 8 * tokens * cfg.inner_dim * 2
+    text_kv = 2 * 8 * 2 * 512 * cfg.inner_dim * 2 // 8  # the control blocks' text K/V, heads over tp
+    assert vace.activations - plain.activations == 8 * tokens * cfg.inner_dim * 2 + text_kv
     for offload in ("model", "blocks"):
         streamed = plan(model_configs("VACE-14B"), mesh, offload=offload, **video).stages["denoise"]
         plain_streamed = plan(model_configs("14B"), mesh, offload=offload, **video).stages["denoise"]

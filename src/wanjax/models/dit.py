@@ -33,11 +33,13 @@ from wanjax.kernels.common import AttentionShape
 from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models import lora
 from wanjax.models.config import TransformerConfig
+from wanjax.models.dit_context import ContextKV as ContextKV  # re-exported: the cache's type
+from wanjax.models.dit_context import context_kv, cross_kv, project_heads
 from wanjax.models.dit_embed import Conditioning, embed, embed_time, patchify, token_pins, unpatchify
 from wanjax.models.dit_spec import TRANSFORMER as TRANSFORMER  # re-exported: the component
 from wanjax.models.dit_spec import TRANSFORMER_2 as TRANSFORMER_2
 from wanjax.models.dit_spec import checkpoint_spec as checkpoint_spec
-from wanjax.models.layers import Params, apply_rope, gelu_tanh, layer_norm, linear, rms_norm, scan_layers
+from wanjax.models.layers import Params, apply_rope, gelu_tanh, layer_norm, linear, scan_layers
 from wanjax.models.offload import (
     HOST,
     Offload,
@@ -96,26 +98,25 @@ def _attention_block(
     attend: Attend,
     precision: Precision,
     image_context: jax.Array | None = None,
+    kv: ContextKV | None = None,
 ) -> jax.Array:
-    """Self-attention (with ``rope``) or cross-attention to ``context``; an image-to-video model's
-    cross-attention also attends to ``image_context`` with its own keys and values (``add_k_proj``,
-    ``add_v_proj``, ``norm_added_k``) and adds the two results, as diffusers' ``WanAttnProcessor``."""
+    """Self-attention (with ``rope``) or cross-attention to ``context`` (its keys and values ``kv`` when
+    computed before); an image-to-video model's cross-attention also attends to ``image_context`` with
+    its own keys and values (``add_k_proj``, ``add_v_proj``, ``norm_added_k``) and adds the two
+    results, as diffusers' ``WanAttnProcessor``."""
     b, length, d = x.shape
-    norms = {"to_q": "norm_q", "to_k": "norm_k", "add_k_proj": "norm_added_k"}
-
-    def project(name: str, src: jax.Array) -> jax.Array:
-        y = linear(src, p[name], precision=precision)
-        if name in norms:
-            y = rms_norm(y, p[norms[name]]["scale"], eps)
-        return y.reshape(b, src.shape[1], heads, d // heads)
-
-    q, k, v = project("to_q", x), project("to_k", context), project("to_v", context)
+    q = project_heads(p, "to_q", x, heads, eps, precision)
     if rope is not None:
-        q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    out = attend(q, k, v, self_attention=rope is not None)
-    if image_context is not None:
-        k_img, v_img = project("add_k_proj", image_context), project("add_v_proj", image_context)
-        out = out + attend(q, k_img, v_img, self_attention=False)
+        k, v = (
+            project_heads(p, "to_k", x, heads, eps, precision),
+            project_heads(p, "to_v", x, heads, eps, precision),
+        )
+        out = attend(apply_rope(q, *rope), apply_rope(k, *rope), v, self_attention=True)
+    else:
+        kv = cross_kv(p, context, image_context, heads, eps, precision) if kv is None else kv
+        out = attend(q, kv["k"], kv["v"], self_attention=False)
+        if "k_img" in kv:
+            out = out + attend(q, kv["k_img"], kv["v_img"], self_attention=False)
     return linear(out.reshape(b, length, d), p["to_out"], precision=precision)
 
 
@@ -129,6 +130,7 @@ def _block(
     attend: Attend,
     precision: Precision,
     image_context: jax.Array | None = None,
+    kv: ContextKV | None = None,
 ) -> jax.Array:
     # (B, 6, D), or per latent frame (B, F, 6, D): each (B, F, 1, D), applied to the tokens as frames
     mod = p["scale_shift_table"].astype(jnp.float32) + time_mod.astype(jnp.float32)
@@ -142,7 +144,7 @@ def _block(
     x = tokens((frames(x).astype(jnp.float32) + frames(a) * gate).astype(dtype))
 
     n = layer_norm(x, eps, p["norm2"]["scale"], p["norm2"]["bias"]).astype(dtype) if "norm2" in p else x
-    x = x + _attention_block(p["attn2"], n, context, heads, eps, None, attend, precision, image_context)
+    x = x + _attention_block(p["attn2"], n, context, heads, eps, None, attend, precision, image_context, kv)
 
     n = tokens(_modulate(frames(x), c_shift, c_scale, eps))
     f = linear(
@@ -180,18 +182,28 @@ def run_blocks(
     layout, pin = token_pins(settings.mesh, x.shape[0], math.prod(cond.grid), cfg.num_attention_heads)
     attend, precision = _attend_fn(settings, layout), settings.precision
     hinted = cond.hints is not None
-    layers: Params = params["blocks"]
+    layers: Params = {"block": params["blocks"]}
     if hinted:  # per layer: which hint follows it and its scale (0 where none does)
         assert cfg.vace_layers is not None and cond.hint_scale is not None
         index, on = np.zeros(cfg.num_layers, np.int32), np.zeros(cfg.num_layers, np.float32)
         index[list(cfg.vace_layers)], on[list(cfg.vace_layers)] = np.arange(len(cfg.vace_layers)), 1
         scale = jnp.asarray(on) * cond.hint_scale.astype(jnp.float32)[index]
-        layers = {"block": layers, "hint": {"index": jnp.asarray(index), "scale": scale}}
+        layers["hint"] = {"index": jnp.asarray(index), "scale": scale}
+    if cond.context_kv is not None:
+        layers["kv"] = cond.context_kv["blocks"]
 
     def layer(h: jax.Array, item: Params) -> jax.Array:
-        block = item["block"] if hinted else item
         out = _block(
-            block, pin(h), cond.context, cond.time_mod, cond.rope, cfg, attend, precision, cond.image_context
+            item["block"],
+            pin(h),
+            cond.context,
+            cond.time_mod,
+            cond.rope,
+            cfg,
+            attend,
+            precision,
+            cond.image_context,
+            item.get("kv"),
         )
         if hinted:
             hint = cond.hints[item["hint"]["index"]].astype(jnp.float32) * item["hint"]["scale"]
@@ -241,13 +253,16 @@ def embed_control(
     c = jnp.pad(c, ((0, 0), (0, x.shape[1] - c.shape[1]), (0, 0)))
     c = pin(linear(c, params["vace_proj_in"], precision=precision) + x)
 
-    def block(c: jax.Array, p: Params) -> tuple[jax.Array, jax.Array]:
-        c = pin(
-            _block(p, c, cond.context, cond.time_mod, cond.rope, cfg, attend, precision, cond.image_context)
-        )
+    def block(c: jax.Array, item: Params) -> tuple[jax.Array, jax.Array]:
+        p = item["block"]
+        args = (cond.context, cond.time_mod, cond.rope, cfg, attend, precision, cond.image_context)
+        c = pin(_block(p, c, *args, item.get("kv")))
         return c, pin(linear(c, p["proj_out"], precision=precision))
 
-    _, hints = jax.lax.scan(block, c, params["vace_blocks"])
+    items = {"block": params["vace_blocks"]}
+    if cond.context_kv is not None:
+        items["kv"] = cond.context_kv["vace_blocks"]
+    _, hints = jax.lax.scan(block, c, items)
     n = len(cfg.vace_layers)
     scale = jnp.ones((n,), jnp.float32) if control_scale is None else jnp.asarray(control_scale, jnp.float32)
     if scale.shape != (n,):
@@ -285,6 +300,7 @@ def forward(
     settings: RunSettings = DEFAULT_SETTINGS,
     image_embeds: jax.Array | None = None,
     control: VaceControl | None = None,
+    kv: dict[str, ContextKV] | None = None,
 ) -> jax.Array:
     """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``
     (and an image-to-video model's ``image_embeds (B, Li, image_dim)``; a VACE model's ``control``,
@@ -307,6 +323,7 @@ def forward(
         settings=settings,
         image_embeds=image_embeds,
         control=control,
+        kv=kv,
     )
     x = run_blocks(params, cfg, x, cond, settings=settings)
     return project(params, cfg, x, cond, settings=settings)
@@ -322,8 +339,11 @@ def embed_inputs(
     settings: RunSettings = DEFAULT_SETTINGS,
     image_embeds: jax.Array | None = None,
     control: VaceControl | None = None,
+    kv: dict[str, ContextKV] | None = None,
 ) -> tuple[jax.Array, Conditioning]:
-    """:func:`~wanjax.models.dit_embed.embed`, and a VACE model's hints (:func:`embed_control`)."""
+    """:func:`~wanjax.models.dit_embed.embed`, and a VACE model's hints (:func:`embed_control`);
+    ``kv``: the run's :func:`context_kv`, which the blocks then read (the context's projection left
+    unused, so the compiler drops it)."""
     if cfg.vace != (control is not None):
         raise ConfigError(
             "a VACE transformer needs control latents (control=...)"
@@ -333,6 +353,8 @@ def embed_inputs(
     x, cond = embed(
         params, cfg, latents, timestep, prompt_embeds, settings=settings, image_embeds=image_embeds
     )
+    if kv is not None:
+        cond = dataclasses.replace(cond, context_kv=kv)
     if control is not None:
         cond = embed_control(params, cfg, x, cond, control, settings=settings)
     return x, cond
@@ -391,10 +413,11 @@ class WanTransformer:
         prompt_embeds: jax.Array,
         image_embeds: jax.Array | None = None,
         control: VaceControl | None = None,
+        kv: dict[str, ContextKV] | None = None,
     ) -> jax.Array:
         """The forward (:func:`forward`: :meth:`embed`, :meth:`blocks`, :meth:`project`) for use inside a
         caller's ``jit``; pass ``params`` as a traced argument there."""
-        x, cond = self.embed(params, latents, timestep, prompt_embeds, image_embeds, control)
+        x, cond = self.embed(params, latents, timestep, prompt_embeds, image_embeds, control, kv)
         return self.project(params, self.blocks(params, x, cond), cond)
 
     def embed(
@@ -405,6 +428,7 @@ class WanTransformer:
         prompt_embeds: jax.Array,
         image_embeds: jax.Array | None = None,
         control: VaceControl | None = None,
+        kv: dict[str, ContextKV] | None = None,
     ) -> tuple[jax.Array, Conditioning]:
         """:func:`embed_inputs` with this model's settings (inside a caller's ``jit``, like :meth:`apply`)."""
         return embed_inputs(
@@ -416,7 +440,14 @@ class WanTransformer:
             settings=self.settings,
             image_embeds=image_embeds,
             control=control,
+            kv=kv,
         )
+
+    def context_kv(
+        self, params: Params, prompt_embeds: jax.Array, image_embeds: jax.Array | None = None
+    ) -> dict[str, ContextKV]:
+        """:func:`context_kv` (the text K/V cache) with this model's settings."""
+        return context_kv(params, self.cfg, prompt_embeds, settings=self.settings, image_embeds=image_embeds)
 
     def embed_time(self, params: Params, timestep: jax.Array) -> tuple[jax.Array, jax.Array]:
         """:func:`~wanjax.models.dit_embed.embed_time` (``temb``, ``time_mod``) with this model's settings."""

@@ -31,6 +31,7 @@ __all__ = [
     "IMAGE_NORM_EPS",
     "Conditioning",
     "embed",
+    "embed_context",
     "embed_image",
     "embed_time",
     "patchify",
@@ -73,6 +74,9 @@ class Conditioning:
     image_context: jax.Array | None = None  # image-to-video: the embedded image tokens (B, Li, D)
     hints: jax.Array | None = None  # VACE: the control blocks' outputs (n, B, L, D), one per vace layer
     hint_scale: jax.Array | None = None  # VACE: each hint's scale (n,), float32
+    # the text K/V cache: every block's cross-attention keys and values, computed before the loop
+    # (wanjax.models.dit.context_kv); the blocks then read these instead of projecting the context
+    context_kv: dict[str, dict[str, jax.Array]] | None = None
 
 
 def token_pins(
@@ -120,16 +124,33 @@ def embed(
             f"timestep {timestep.shape}: one per sample (B,) or per latent frame (B, {grid[0]})"
         )
     temb, time_mod = embed_time(params, cfg, timestep, settings)
-    tx = params["text_embedder"]
-    context = lin(gelu_tanh(lin(prompt_embeds.astype(dtype), tx["linear_1"])), tx["linear_2"])
+    context, image_context = embed_context(params, cfg, prompt_embeds, settings, image_embeds)
     context = pin(context, "context")
+    image_context = None if image_context is None else pin(image_context, "context")
     rope = rope_tables(grid, cfg.attention_head_dim, cfg.rope_max_seq_len)
-    image_context = None
-    if cfg.image_tokens:
-        if image_embeds is None:
-            raise ConfigError("an image-to-video transformer needs image_embeds (the image encoder's states)")
-        image_context = pin(embed_image(params["image_embedder"], cfg, image_embeds, settings), "context")
     return x, Conditioning(context, time_mod, temb, rope, grid, image_context)
+
+
+def embed_context(
+    params: Params,
+    cfg: TransformerConfig,
+    prompt_embeds: jax.Array,
+    settings: RunSettings = DEFAULT_SETTINGS,
+    image_embeds: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """The text embedder's ``context (B, Lc, D)`` and an image-to-video model's embedded image tokens
+    (:func:`embed_image`; None for another model)."""
+
+    def lin(x: jax.Array, p: Params) -> jax.Array:
+        return linear(x, p, precision=settings.precision)
+
+    tx = params["text_embedder"]
+    context = lin(gelu_tanh(lin(prompt_embeds.astype(settings.dtype), tx["linear_1"])), tx["linear_2"])
+    if not cfg.image_tokens:
+        return context, None
+    if image_embeds is None:
+        raise ConfigError("an image-to-video transformer needs image_embeds (the image encoder's states)")
+    return context, embed_image(params["image_embedder"], cfg, image_embeds, settings)
 
 
 def embed_time(

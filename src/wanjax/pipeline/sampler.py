@@ -34,6 +34,13 @@ from wanjax.models.dit import VaceControl, WanTransformer
 from wanjax.models.layers import Params
 from wanjax.parallel.layouts import to_global, to_host
 from wanjax.parallel.rules import replicated
+from wanjax.pipeline.context_cache import (
+    ContextCache,
+    cache_sharding,
+    context_cache,
+    default_on,
+    guided_context,
+)
 from wanjax.pipeline.results import Denoised
 from wanjax.pipeline.scheduler import Scheduler
 from wanjax.pipeline.step_cache import (
@@ -110,11 +117,9 @@ def guided_batch(
     else:
         x = jnp.concatenate([latents, image.latents.astype(latents.dtype)], axis=1)
     x = x.astype(model.dtype)
-    images = None if image is None or image.image_embeds is None else image.image_embeds.astype(model.dtype)
+    embeds, images = guided_context(model, prompt_embeds, negative_prompt_embeds, image)
     if negative_prompt_embeds is None:
-        return x, times, prompt_embeds, images, control
-    embeds = jnp.concatenate([prompt_embeds, negative_prompt_embeds])
-    images = None if images is None else jnp.concatenate([images, images])
+        return x, times, embeds, images, control
     if control is not None:
         control = VaceControl(jnp.concatenate([control.latents, control.latents]), control.scale)
     return jnp.concatenate([x, x]), jnp.concatenate([times, times]), embeds, images, control
@@ -145,19 +150,22 @@ def guided_velocity(
     negative_prompt_embeds: jax.Array | None,
     guidance_scale: float | jax.Array,
     image: StepConditioning | None = None,
+    kv: ContextCache | None = None,
 ) -> jax.Array:
     """``uncond + g * (cond - uncond)`` in the model dtype (:func:`guide`); only the conditional pass
     without negatives. Both passes of a video run batched in one forward; the videos of a batch one
-    after another (:func:`one_by_one`)."""
+    after another (:func:`one_by_one`). ``kv``: the run's text K/V cache
+    (:mod:`~wanjax.pipeline.context_cache`), per video when they run one after another."""
     if one_by_one(model, image):
 
-        def alone(item: tuple[jax.Array, jax.Array, jax.Array | None]) -> jax.Array:
-            x, cond, uncond = (None if v is None else v[None] for v in item)
-            return batched_velocity(model, params, x, timestep, cond, uncond, guidance_scale)[0]
+        def alone(item: tuple[Any, ...]) -> jax.Array:
+            *rows, cache = item
+            x, cond, uncond = (None if v is None else v[None] for v in rows)
+            return batched_velocity(model, params, x, timestep, cond, uncond, guidance_scale, None, cache)[0]
 
-        return jax.lax.map(alone, (latents, prompt_embeds, negative_prompt_embeds))
+        return jax.lax.map(alone, (latents, prompt_embeds, negative_prompt_embeds, kv))
     return batched_velocity(
-        model, params, latents, timestep, prompt_embeds, negative_prompt_embeds, guidance_scale, image
+        model, params, latents, timestep, prompt_embeds, negative_prompt_embeds, guidance_scale, image, kv
     )
 
 
@@ -170,10 +178,11 @@ def batched_velocity(
     negative_prompt_embeds: jax.Array | None,
     guidance_scale: float | jax.Array,
     image: StepConditioning | None = None,
+    kv: ContextCache | None = None,
 ) -> jax.Array:
     """:func:`guided_velocity` of the whole batch in one forward."""
     inputs = guided_batch(model, latents, timestep, prompt_embeds, negative_prompt_embeds, image)
-    return guide(model, model.apply(params, *inputs), latents.shape[0], guidance_scale)
+    return guide(model, model.apply(params, *inputs, kv=kv), latents.shape[0], guidance_scale)
 
 
 def one_by_one(model: WanTransformer, image: StepConditioning | None) -> bool:
@@ -191,12 +200,21 @@ class Sampler:
     """The denoising loop of one model, with its compiled step programs.
 
     A program is built per (scheduler config and step count, guidance on/off, input shapes) and
-    kept, so repeated calls (several seeds, the same shape) compile nothing.
+    kept, so repeated calls (several seeds, the same shape) compile nothing. ``context_cache``
+    (exact; None: :func:`~wanjax.pipeline.context_cache.default_on`): the blocks' cross-attention
+    keys and values of the prompts are computed once per expert before its first step
+    (:mod:`~wanjax.pipeline.context_cache`), not at every step.
     """
 
-    def __init__(self, model: WanTransformer, model_2: WanTransformer | None = None):
+    def __init__(
+        self,
+        model: WanTransformer,
+        model_2: WanTransformer | None = None,
+        context_cache: bool | None = None,
+    ):
         self.model = model
         self.experts = (model,) if model_2 is None else (model, model_2)
+        self.context_cache = default_on(model.settings.offload) if context_cache is None else context_cache
         self._programs = ProgramCache()
 
     def _program(self, scheduler: Scheduler, args: tuple[Any, ...], expert: int = 0) -> jax.stages.Compiled:
@@ -206,9 +224,11 @@ class Sampler:
     def _lower(self, scheduler: Scheduler, args: tuple[Any, ...], expert: int = 0) -> jax.stages.Lowered:
         model = self.experts[expert]
 
-        def step(params, state, index, cond, uncond, guidance, image):
+        def step(params, state, index, cond, uncond, guidance, image, kv):
             timestep = scheduler.model_timestep(index)
-            velocity = guided_velocity(model, params, state.sample, timestep, cond, uncond, guidance, image)
+            velocity = guided_velocity(
+                model, params, state.sample, timestep, cond, uncond, guidance, image, kv
+            )
             state = scheduler.step(state, velocity, index)[0]
             # A device-side flag per step (read back only once, after the loop).
             return state, jnp.all(jnp.isfinite(state.sample))
@@ -231,12 +251,12 @@ class Sampler:
         model = self.experts[expert]
 
         def step(
-            params, state, index, cond, uncond, guidance, image, cache_state, schedule, threshold, first
+            params, state, index, cond, uncond, guidance, image, kv, cache_state, schedule, threshold, first
         ):
             timestep = scheduler.model_timestep(index)
             inputs = guided_batch(model, state.sample, timestep, cond, uncond, image)
             velocity, cache_state, computed, ratios = cached_forward(
-                model, params, *inputs, cache, cache_state, index, schedule[index], threshold, first
+                model, params, *inputs, cache, cache_state, index, schedule[index], threshold, first, kv
             )
             velocity = guide(model, velocity, state.sample.shape[0], guidance)
             state = scheduler.step(state, velocity, index)[0]
@@ -283,8 +303,9 @@ class Sampler:
     def lower(self, *args: Any, cache: CacheConfig | None = None, **kwargs: Any) -> jax.stages.Lowered:
         """The step program for inputs shaped like these, lowered only (e.g. for another target);
         with ``cache``, the program that policy runs (its state and schedule abstract inputs too)."""
-        scheduler, step_args, expert = self._abstract_step(*args, **kwargs)
-        _, state, _, _, uncond, _, image = step_args
+        cached = cache is not None and cache.enabled
+        scheduler, step_args, expert = self._abstract_step(*args, cached=cached, **kwargs)
+        _, state, _, _, uncond, _, image, _ = step_args
         two = len(self.experts) == 2
         steps = scheduler.num_inference_steps
         step_cache = (
@@ -315,12 +336,14 @@ class Sampler:
         *,
         image: StepConditioning | None = None,
         expert: int = 0,
+        cached: bool = False,
     ) -> tuple[Scheduler, tuple[Any, ...], int]:
         """The step's abstract arguments for inputs shaped like these (arrays or
         ``jax.ShapeDtypeStruct``; ``params``: the expert's, or an abstract tree with the same
         shardings, e.g. from :func:`~wanjax.io.checkpoint.abstract_params`). Pass
         ``negative_prompt_embeds`` for the guided (batched CFG) program, ``image`` for an
-        image-to-video model's conditioning, ``expert`` for the second expert's program."""
+        image-to-video model's conditioning, ``expert`` for the second expert's program, ``cached``
+        for a step cache's (the text K/V cache then in the guided batch's rows)."""
         params = self.experts[expert].params if params is None else params
         placement = self._placement(params)
 
@@ -335,7 +358,58 @@ class Sampler:
         index, guidance = (like(x) for x in scalars)
         cond, uncond = like(prompt_embeds), like(negative_prompt_embeds)
         image = None if image is None else jax.tree.map(like, image)
-        return scheduler, (params, state, index, cond, uncond, guidance, image), expert
+        kv = None
+        if self.context_cache:
+            per_video = not cached and one_by_one(self.experts[expert], image)
+            shapes = jax.eval_shape(
+                lambda p, c, u, i: context_cache(self.experts[expert], p, c, u, i, per_video),
+                params,
+                cond,
+                uncond,
+                image,
+            )
+            sharding = self._kv_sharding(expert, cond, uncond, per_video) or placement
+            kv = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding), shapes)
+        return scheduler, (params, state, index, cond, uncond, guidance, image, kv), expert
+
+    def _kv_sharding(self, expert: int, cond: Any, uncond: Any, per_video: bool) -> NamedSharding | None:
+        """The text K/V cache's sharding under the mesh (:func:`cache_sharding`), for these prompts."""
+        rows = (1 if per_video else cond.shape[0]) * (1 if uncond is None else 2)
+        return cache_sharding(self.experts[expert], rows, per_video)
+
+    def _context_lower(self, expert: int, args: tuple[Any, ...], per_video: bool) -> jax.stages.Lowered:
+        """The text K/V cache's program of ``(params, cond, uncond, image)``, lowered."""
+        model, (_, cond, uncond, _) = self.experts[expert], args
+        sharding = self._kv_sharding(expert, cond, uncond, per_video)
+        fn = lambda p, c, u, i: context_cache(model, p, c, u, i, per_video)  # noqa: E731
+        return jax.jit(fn, out_shardings=sharding).lower(*args)
+
+    def _context_cache(
+        self,
+        expert: int,
+        params: Params,
+        cond: jax.Array,
+        uncond: jax.Array | None,
+        image: Any,
+        per_video: bool,
+    ) -> ContextCache | None:
+        """The run's text K/V cache for this expert (None when off), its program compiled once per shape."""
+        if not self.context_cache:
+            return None
+        args = (params, cond, uncond, image)
+        lower = functools.partial(self._context_lower, expert, args, per_video)
+        return self._programs.get(("context", expert, per_video, signature(args)), lower)(*args)
+
+    def lower_context_cache(
+        self, *args: Any, cache: CacheConfig | None = None, **kwargs: Any
+    ) -> jax.stages.Lowered:
+        """The text K/V cache's program for a run with inputs shaped like these (:meth:`lower`'s
+        arguments), lowered only."""
+        cached = cache is not None and cache.enabled
+        _, step_args, expert = self._abstract_step(*args, cached=cached, **kwargs)
+        params, _, _, cond, uncond, _, image, _ = step_args
+        per_video = not cached and one_by_one(self.experts[expert], image)
+        return self._context_lower(expert, (params, cond, uncond, image), per_video)
 
     def programs(self) -> tuple[jax.stages.Compiled, ...]:
         """The step programs kept, least recently used first (e.g. for ``memory_analysis()``)."""
@@ -439,7 +513,9 @@ class Sampler:
                     on_expert(k)
                 params = self.experts[k].params
                 start = time.perf_counter()
-                args = (params, state, index0, cond, uncond, guidance[k], image)
+                per_video = step_cache is None and one_by_one(self.experts[k], image)
+                kv = self._context_cache(k, params, cond, uncond, image, per_video)
+                args = (params, state, index0, cond, uncond, guidance[k], image, kv)
                 if step_cache is None:
                     program = self._program(scheduler, args, k)
                 else:  # each expert starts from an empty cache, as diffusers' hook on each transformer
@@ -448,7 +524,7 @@ class Sampler:
                 times.compile += time.perf_counter() - start
                 current = k
             start = time.perf_counter()
-            step_args = (params, state, place(jnp.int32(i)), cond, uncond, guidance[k], image)
+            step_args = (params, state, place(jnp.int32(i)), cond, uncond, guidance[k], image, kv)
             if step_cache is None:
                 state, ok = program(*step_args)
             else:

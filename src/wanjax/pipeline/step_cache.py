@@ -499,17 +499,18 @@ def cached_forward(
     planned: jax.Array,
     threshold: jax.Array,
     start_index: jax.Array,
+    kv: Any = None,
 ) -> tuple[jax.Array, CacheState, jax.Array, jax.Array]:
     """The velocity of the (guided) batch under ``cache``, with the new cache state, which branches
     computed (``bool (branches,)``) and, calibrating, each branch's magnitude ratio (else 1.0).
     ``planned``: MagCache's ``compute`` row for this step; ``threshold``: First-Block Cache's;
-    ``start_index``: the step ``state`` was new at (0; a second expert's first step), which computes."""
+    ``start_index``: the step ``state`` was new at (0; a second expert's first step), which computes;
+    ``kv``: the run's text K/V cache (:mod:`wanjax.pipeline.context_cache`), or None."""
     branches = len(cache.branches)
     if cache.taylor is not None:
-        return _taylor_forward(
-            model, params, latents, timestep, prompt_embeds, image_embeds, control, state, index, planned
-        )
-    tokens, cond = model.embed(params, latents, timestep, prompt_embeds, image_embeds, control)
+        inputs = (latents, timestep, prompt_embeds, image_embeds, control, kv)
+        return _taylor_forward(model, params, inputs, state, index, planned)
+    tokens, cond = model.embed(params, latents, timestep, prompt_embeds, image_embeds, control, kv)
     rows = tokens.shape[0]
     out: CacheState = {}
     if cache.sea is not None:
@@ -564,19 +565,16 @@ def _sea_forward(
 def _taylor_forward(
     model: WanTransformer,
     params: Params,
-    latents: jax.Array,
-    timestep: jax.Array,
-    prompt_embeds: jax.Array,
-    image_embeds: jax.Array | None,
-    control: VaceControl | None,
+    inputs: tuple[Any, ...],
     state: CacheState,
     index: jax.Array,
     planned: jax.Array,
 ) -> tuple[jax.Array, CacheState, jax.Array, jax.Array]:
-    """TaylorSeer's step: the whole forward and its factors updated, or their prediction alone."""
+    """TaylorSeer's step: the whole forward (of ``inputs``, :meth:`WanTransformer.apply`'s after the
+    params) and its factors updated, or their prediction alone."""
 
     def compute() -> tuple[jax.Array, CacheState]:
-        velocity = model.apply(params, latents, timestep, prompt_embeds, image_embeds, control)
+        velocity = model.apply(params, *inputs)
         factors, orders, last = taylorseer.update(
             state["factors"], state["orders"], state["last"], velocity, index
         )

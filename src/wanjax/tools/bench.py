@@ -71,6 +71,7 @@ from wanjax.models.umt5 import UMT5Config
 from wanjax.models.vae import WanVAE
 from wanjax.models.vae import checkpoint_spec as vae_spec
 from wanjax.models.vae.config import VAEConfig
+from wanjax.pipeline.context_cache import cache_bytes
 from wanjax.pipeline.residency import Residency
 from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
@@ -81,6 +82,7 @@ from wanjax.tools.flops import (
     Flops,
     achieved,
     clip_vision_flops,
+    context_kv_flops,
     dit_step_flops,
     umt5_flops,
     vae_decode_flops,
@@ -258,6 +260,7 @@ class StageResult:
     effective_step_s: float | None = None  # denoise: a whole loop's seconds / its steps (median loop)
     tflop_known: float | None = None  # image: the CLIP encoder's TFLOP (the VAE encode's not counted)
     expert_steps: list[int] | None = None  # denoise, two experts: which one ran each step
+    text_kv: dict[str, Any] | None = None  # denoise: the text K/V cache (the TFLOP each step saves, bytes)
 
     def summary(self) -> dict[str, Any]:
         med = statistics.median(self.steady) if self.steady else float("nan")
@@ -273,6 +276,8 @@ class StageResult:
             out["random_weights"], out["random_weights_s"] = self.weights
         if self.weights_bytes is not None:
             out["weights_bytes"] = self.weights_bytes
+        if self.text_kv is not None:
+            out["text_kv"] = self.text_kv
         if self.to_device_s is not None:
             out["weights_to_device_s"] = self.to_device_s
         if self.effective_step_s is not None:
@@ -474,7 +479,15 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
         steady.append(time.perf_counter() - start)
         per_step += [times.first, *times.steady]
         denoising.append(times.first + sum(times.steady))
-    flops = dit_step_flops(tcfg, shape, cfg.max_sequence_length, guidance=guided, image_len=image_len)
+    text_len, rows = cfg.max_sequence_length, shape[0] * (2 if guided else 1)
+    flops = dit_step_flops(tcfg, shape, text_len, guided, image_len, context_cached=sampler.context_cache)
+    text_kv = None
+    if sampler.context_cache:
+        saved = context_kv_flops(tcfg, rows, text_len, image_len).total / 1e12
+        text_kv = {
+            "tflop_saved_per_step": saved,
+            "bytes": cache_bytes(tcfg, rows, text_len, image_len, dtype.itemsize),
+        }
     # The step program the sampler ran (the one it used last); Sampler has no public accessor.
     programs = sampler.programs()
     memory = program_memory(programs[-1]) if programs else None
@@ -491,6 +504,7 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
         cache=None if report is None else report.as_json(),
         effective_step_s=statistics.median(denoising) / cfg.num_inference_steps,
         expert_steps=None if second is None else list(result.expert_steps),
+        text_kv=text_kv,
     )
 
 

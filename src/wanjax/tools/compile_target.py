@@ -46,7 +46,13 @@ from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.pipeline.step_cache import CacheConfig, resolve
 from wanjax.runtime.libtpu import compiler_environment, installed
 from wanjax.target import Target, building_for, current_target
-from wanjax.tools.flops import clip_vision_flops, dit_step_flops, umt5_flops, vae_decode_flops
+from wanjax.tools.flops import (
+    clip_vision_flops,
+    context_kv_flops,
+    dit_step_flops,
+    umt5_flops,
+    vae_decode_flops,
+)
 from wanjax.tools.hlo_flops import FlopCount, UnknownTripCount, count_flops
 from wanjax.tools.measure import datasheet_peak
 
@@ -504,17 +510,26 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
     noise = jax.ShapeDtypeStruct(latents_shape, jnp.float32)
     text = jax.ShapeDtypeStruct((1, run.max_sequence_length, tcfg.text_dim), dtype)
     backend = _dit_backend(run.attention, tcfg, dtype)
-    names = ("step",) if experts == 1 else ("step_high_noise", "step_low_noise")
+    suffixes = ("",) if experts == 1 else ("_high_noise", "_low_noise")
     uncond = text if run.guidance else None
-    step_flops = dit_step_flops(tcfg, latents_shape, run.max_sequence_length, run.guidance, image_len).total
-    for k, name in enumerate(names):
+    text_len, rows = run.max_sequence_length, latents_shape[0] * (2 if run.guidance else 1)
+    cached = sampler.context_cache
+    step_flops = dit_step_flops(tcfg, latents_shape, text_len, run.guidance, image_len, context_cached=cached)
+    kv_flops = context_kv_flops(tcfg, rows, text_len, image_len).total
+    weights = weights_per_chip(t_params)
+    inputs = (scheduler, noise, text, uncond, t_params)
+    for k, suffix in enumerate(suffixes):
+        options = dict(image=image, expert=k, cache=run.cache)
 
-        def lower(k: int = k) -> jax.stages.Lowered:
-            return sampler.lower(
-                scheduler, noise, text, uncond, t_params, image=image, expert=k, cache=run.cache
-            )
+        def lower_kv(options: dict = options) -> jax.stages.Lowered:
+            return sampler.lower_context_cache(*inputs, **options)
 
-        yield Program(name, lower, "denoise", backend, weights_per_chip(t_params), step_flops)
+        def lower(options: dict = options) -> jax.stages.Lowered:
+            return sampler.lower(*inputs, **options)
+
+        if cached:
+            yield Program(f"text_kv{suffix}", lower_kv, "denoise", "xla", weights, kv_flops)
+        yield Program(f"step{suffix}", lower, "denoise", backend, weights, step_flops.total)
 
     latents = in_strips(latents_shape)
     yield Program(
@@ -533,7 +548,13 @@ def _dit_backend(attention: str | AttentionSpec, cfg: Any, dtype: Any) -> str:
     return resolve_backend(name, AttentionShape(cfg.attention_head_dim, np.dtype(dtype).name))
 
 
-PROGRAMS = ("text_encoder", "image_encoder", "vae_encode", "step", "vae_decode")  # "step": each expert's
+# "text_kv" (the text K/V cache's) and "step": each expert's
+PROGRAMS = ("text_encoder", "image_encoder", "vae_encode", "text_kv", "step", "vae_decode")
+
+
+def program_kind(name: str) -> str:
+    """The :data:`PROGRAMS` entry a program is (an expert's ``step_high_noise`` is a ``step``)."""
+    return next((kind for kind in ("text_kv", "step") if name.startswith(kind)), name)
 
 
 def parse_programs(text: str) -> tuple[str, ...]:
@@ -567,7 +588,7 @@ def compile_run(
     target = slice_target(tpu)
     with building_for(target):
         programs = list(run_programs(run, target))
-        chosen = [p for p in programs if only is None or ("step" if p.stage == "denoise" else p.name) in only]
+        chosen = [p for p in programs if only is None or program_kind(p.name) in only]
         reports = [compile_one(p, None if planned is None else planned.get(p.stage)) for p in chosen]
     if parse_offload(run.offload) == "none":  # every component's weights stay on the chips
         for program, report in zip(chosen, reports, strict=True):

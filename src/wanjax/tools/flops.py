@@ -43,6 +43,9 @@ class Flops:
     def __add__(self, other: Flops) -> Flops:
         return Flops(self.linear + other.linear, self.attention + other.attention)
 
+    def __sub__(self, other: Flops) -> Flops:
+        return Flops(self.linear - other.linear, self.attention - other.attention)
+
     def __mul__(self, factor: int) -> Flops:
         return Flops(self.linear * factor, self.attention * factor)
 
@@ -67,12 +70,18 @@ def dit_forward_flops(
     text_len: int = TEXT_LENGTH,
     batch: int | None = None,
     image_len: int = 0,
+    context_cached: bool = False,
 ) -> Flops:
     """One DiT forward over latents ``(B, C, T, H, W)`` with ``text_len`` text tokens per sample (and,
     image to video, ``image_len`` image-encoder tokens: the image embedder, and per block their keys,
     values and the cross-attention over them; a VACE model: its control patch embedding, the first
-    control block's input projection and each control block with its output projection)."""
+    control block's input projection and each control block with its output projection).
+    ``context_cached``: the text K/V cache's part (:func:`context_kv_flops`) left out, as a step
+    that reads the cache runs it."""
     b = latent_shape[0] if batch is None else batch
+    if context_cached:
+        whole = dit_forward_flops(cfg, latent_shape, text_len, b, image_len)
+        return whole - context_kv_flops(cfg, b, text_len, image_len)
     tokens = dit_tokens(cfg, latent_shape)
     d, heads, hd = cfg.inner_dim, cfg.num_attention_heads, cfg.attention_head_dim
     patch_in = cfg.in_channels * cfg.patch_volume
@@ -111,17 +120,34 @@ def dit_forward_flops(
     return total
 
 
+def context_kv_flops(
+    cfg: TransformerConfig, rows: int, text_len: int = TEXT_LENGTH, image_len: int = 0
+) -> Flops:
+    """The text K/V cache of ``rows`` forward rows (:mod:`wanjax.pipeline.context_cache`): the text
+    (and image) embedder and every block's (and control block's) keys and values of the context."""
+    d = cfg.inner_dim
+    embed = matmul_flops(rows * text_len, cfg.text_dim, d) + matmul_flops(rows * text_len, d, d)
+    if image_len:
+        embed += matmul_flops(rows * image_len, cfg.image_dim, cfg.image_dim)
+        embed += matmul_flops(rows * image_len, cfg.image_dim, d)
+    per_block = 2 * matmul_flops(rows * text_len, d, d) + 2 * matmul_flops(rows * image_len, d, d)
+    blocks = cfg.num_layers + len(cfg.vace_layers or ())
+    return Flops(embed + blocks * per_block, 0)
+
+
 def dit_step_flops(
     cfg: TransformerConfig,
     latent_shape: Sequence[int],
     text_len: int = TEXT_LENGTH,
     guidance: bool = True,
     image_len: int = 0,
+    context_cached: bool = False,
 ) -> Flops:
     """One denoising step: the forward over the batch, twice the batch with classifier-free guidance
-    (the scheduler update is a handful of elementwise operations)."""
+    (the scheduler update is a handful of elementwise operations); ``context_cached``: reading the
+    text K/V cache (:func:`context_kv_flops`, once per run) instead of projecting the context."""
     batch = latent_shape[0] * (2 if guidance else 1)
-    return dit_forward_flops(cfg, latent_shape, text_len, batch=batch, image_len=image_len)
+    return dit_forward_flops(cfg, latent_shape, text_len, batch, image_len, context_cached)
 
 
 def clip_vision_flops(cfg: CLIPVisionConfig, images: int) -> Flops:

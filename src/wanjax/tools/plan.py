@@ -61,6 +61,7 @@ from wanjax.parallel.attention import sequence_mode
 from wanjax.parallel.layouts import TokenLayout, strip_count, token_layout
 from wanjax.parallel.mesh import MeshSpec, auto_mesh
 from wanjax.parallel.rules import leaf_spec, num_shards, per_device_param_bytes
+from wanjax.pipeline.context_cache import cache_bytes, default_on
 from wanjax.pipeline.demo import demo_text_encoder_config
 from wanjax.pipeline.model_index import read_model_index
 from wanjax.target import current_target
@@ -396,6 +397,10 @@ def plan(
         * tokens
         * d
         * act  # VACE: every control block's hint, kept through the blocks
+        # the text K/V cache (every block's keys and values of the prompts), split as its reads
+        + default_on(offload)
+        * cache_bytes(t, rows, max_sequence_length, image_tokens(model), act)
+        // (shards(layout.batch) * shards(layout.heads))
     )
     attention = (
         tokens * heads_local * t.attention_head_dim * act * 2  # q, attention output
@@ -448,6 +453,14 @@ def clip_activations(clip: CLIPVisionConfig, images: int) -> int:
     return (
         images * tokens * (4 * d * 4 * 2 + clip.num_attention_heads * tokens * 4 + clip.intermediate_size * 4)
     )
+
+
+def image_tokens(model: Model) -> int:
+    """The image-encoder tokens each forward row reads (a first-last-frame model's two images'), or 0."""
+    t, clip = model.transformer, model.image_encoder
+    if not t.image_tokens or clip is None:
+        return 0
+    return t.pos_embed_seq_len or clip.num_positions
 
 
 def add_image_stage(
