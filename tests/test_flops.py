@@ -20,8 +20,10 @@ from wanjax.tools.flops import (
     Flops,
     achieved,
     clip_vision_flops,
+    context_kv_flops,
     dit_forward_flops,
     dit_step_flops,
+    skipped_step_flops,
     umt5_flops,
     vae_decode_flops,
 )
@@ -142,6 +144,42 @@ def test_vace_dit_count_equals_traced_matmuls():
         == traced
         > dit_forward_flops(DIT, latent_shape, text_len).total
     )
+
+
+@pytest.mark.parametrize("kind", ["t2v", "i2v", "vace"])
+def test_text_kv_cache_count_equals_traced_matmuls(kind):
+    """The text K/V cache's program: the text (and image) embedder and every block's (and control
+    block's) keys and values of the context."""
+    cfg = {
+        "t2v": DIT,
+        "i2v": dataclasses.replace(DIT, in_channels=12, image_dim=20, added_kv_proj_dim=DIT.inner_dim),
+        "vace": dataclasses.replace(DIT, vace_layers=(0, 2), vace_in_channels=10),
+    }[kind]
+    params = abstract_params(dit.checkpoint_spec(cfg), jnp.float32)
+    rows, text_len, image_len = 4, 7, 5 if kind == "i2v" else 0
+    text = jax.ShapeDtypeStruct((rows, text_len, cfg.text_dim), jnp.float32)
+    image = jax.ShapeDtypeStruct((rows, image_len, cfg.image_dim), jnp.float32) if image_len else None
+
+    def fn(p, c, i):
+        return dit.context_kv(p, cfg, c, settings=XLA_ATTENTION, image_embeds=i)
+
+    traced = traced_matmul_flops(jax.make_jaxpr(fn)(params, text, image).jaxpr)
+    assert context_kv_flops(cfg, rows, text_len, image_len).total == traced > 0
+
+
+def test_a_skipped_steps_count_is_the_step_without_its_blocks():
+    """A step cache's skipped step runs the embeddings, the projection and a VACE model's control
+    blocks (the model with no blocks); First-Block Cache one block more; TaylorSeer nothing."""
+    shape = (1, 4, 2, 4, 6)
+    for cfg in (DIT, dataclasses.replace(DIT, vace_layers=(0, 2), vace_in_channels=10)):
+        for cached in (False, True):
+            skip = skipped_step_flops(cfg, shape, 7, context_cached=cached)
+            bare = dataclasses.replace(cfg, num_layers=0)
+            assert skip == dit_step_flops(bare, shape, 7, context_cached=cached)
+            one = dataclasses.replace(cfg, num_layers=1)
+            first = skipped_step_flops(cfg, shape, 7, context_cached=cached, policy="firstblock")
+            assert first == dit_step_flops(one, shape, 7, context_cached=cached)
+    assert skipped_step_flops(DIT, shape, 7, policy="taylorseer").total == 0
 
 
 def test_clip_vision_count_equals_traced_matmuls():

@@ -84,6 +84,7 @@ from wanjax.tools.flops import (
     clip_vision_flops,
     context_kv_flops,
     dit_step_flops,
+    skipped_step_flops,
     umt5_flops,
     vae_decode_flops,
 )
@@ -492,6 +493,14 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     programs = sampler.programs()
     memory = program_memory(programs[-1]) if programs else None
     report = result.cache_report
+    cache = None if report is None else report.as_json()
+    if report is not None:  # what the loop ran: whole steps where a branch computed, the rest skipped
+        steps = len(next(iter(report.computed.values())))
+        computed = report.evaluations // len(report.computed)
+        skip = skipped_step_flops(
+            tcfg, shape, text_len, guided, image_len, sampler.context_cache, report.cache.policy
+        )
+        cache["tflop_per_loop"] = (computed * flops.total + (steps - computed) * skip.total) / 1e12
     return StageResult(
         warmup,
         steady,
@@ -501,7 +510,7 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
         weights=weights,
         weights_bytes=weights_bytes((model.params, None if second is None else second.params)),
         to_device_s=to_device_s,
-        cache=None if report is None else report.as_json(),
+        cache=cache,
         effective_step_s=statistics.median(denoising) / cfg.num_inference_steps,
         expert_steps=None if second is None else list(result.expert_steps),
         text_kv=text_kv,
@@ -613,7 +622,8 @@ def run_bench(cfg: BenchConfig, on_stage: Callable[[str], None] | None = None) -
 def pipeline_summary(cfg: BenchConfig, stages: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One generation from the stages run: an encode (and the image stage, for an image-to-video
     architecture), ``num_inference_steps`` steps and a decode at their steady medians (steps at the
-    per-step median); empty unless all of the architecture's stages ran."""
+    per-step median; under a step cache the loop's effective time and the FLOPs it ran); empty unless
+    all of the architecture's stages ran."""
     needed = [name for name in STAGES if name != "image" or takes_image(cfg.arch)]
     if not all(name in stages for name in needed):
         return {}
@@ -624,9 +634,10 @@ def pipeline_summary(cfg: BenchConfig, stages: dict[str, dict[str, Any]]) -> dic
     seconds_of = {name: stages[name]["steady_median_s"] for name in needed}
     seconds_of["denoise"] = steps * per_step
     tflop_of = {name: stages[name].get("tflop", stages[name].get("tflop_clip", 0.0)) for name in needed}
-    tflop_of["denoise"] = steps * denoise["tflop"]
+    # a step cache's loop: its computed steps whole, its skipped ones what they still run
+    tflop_of["denoise"] = denoise["cache"]["tflop_per_loop"] if cached else steps * denoise["tflop"]
     seconds, tflop = sum(seconds_of.values()), sum(tflop_of.values())
-    rate = {} if cached else {"achieved_tflops": tflop / seconds if seconds > 0 else float("nan")}
+    rate = {"achieved_tflops": tflop / seconds if seconds > 0 else float("nan")}
     return {
         "steady_s": seconds,
         "tflop": tflop,

@@ -83,7 +83,7 @@ def dit_forward_flops(
         whole = dit_forward_flops(cfg, latent_shape, text_len, b, image_len)
         return whole - context_kv_flops(cfg, b, text_len, image_len)
     tokens = dit_tokens(cfg, latent_shape)
-    d, heads, hd = cfg.inner_dim, cfg.num_attention_heads, cfg.attention_head_dim
+    d = cfg.inner_dim
     patch_in = cfg.in_channels * cfg.patch_volume
     patch_out = cfg.out_channels * cfg.patch_volume
     embed = (
@@ -99,25 +99,57 @@ def dit_forward_flops(
         embed += matmul_flops(b * image_len, cfg.image_dim, cfg.image_dim) + matmul_flops(
             b * image_len, cfg.image_dim, d
         )
-    block_linear = (
+    block = block_flops(cfg, tokens, b, text_len, image_len)
+    total = Flops(embed, 0) + cfg.num_layers * block
+    if cfg.vace_layers is not None and cfg.vace_in_channels is not None:
+        control = matmul_flops(b * tokens, cfg.vace_in_channels * cfg.patch_volume, d)
+        control += matmul_flops(b * tokens, d, d)  # the first control block's input projection
+        hint = matmul_flops(b * tokens, d, d)  # each control block's output projection
+        total += Flops(control, 0) + len(cfg.vace_layers) * (block + Flops(hint, 0))
+    return total
+
+
+def block_flops(cfg: TransformerConfig, tokens: int, b: int, text_len: int, image_len: int = 0) -> Flops:
+    """One transformer block over ``b`` rows of ``tokens`` tokens, its cross-attention's keys and
+    values of the context included."""
+    d, heads, hd = cfg.inner_dim, cfg.num_attention_heads, cfg.attention_head_dim
+    linear = (
         4 * matmul_flops(b * tokens, d, d)  # self-attention q, k, v, o
         + 2 * matmul_flops(b * tokens, d, d)  # cross-attention q, o
         + 2 * matmul_flops(b * text_len, d, d)  # cross-attention k, v (text)
         + 2 * matmul_flops(b * tokens, d, cfg.ffn_dim)  # FFN up and down
         + 2 * matmul_flops(b * image_len, d, d)  # cross-attention add_k, add_v (image)
     )
-    block_attention = attention_flops(b, heads, tokens, tokens, hd) + attention_flops(
+    attention = attention_flops(b, heads, tokens, tokens, hd) + attention_flops(
         b, heads, tokens, text_len, hd
     )
     if image_len:
-        block_attention += attention_flops(b, heads, tokens, image_len, hd)
-    total = Flops(embed, 0) + cfg.num_layers * Flops(block_linear, block_attention)
-    if cfg.vace_layers is not None and cfg.vace_in_channels is not None:
-        control = matmul_flops(b * tokens, cfg.vace_in_channels * cfg.patch_volume, d)
-        control += matmul_flops(b * tokens, d, d)  # the first control block's input projection
-        hint = matmul_flops(b * tokens, d, d)  # each control block's output projection
-        total += Flops(control, 0) + len(cfg.vace_layers) * Flops(block_linear + hint, block_attention)
-    return total
+        attention += attention_flops(b, heads, tokens, image_len, hd)
+    return Flops(linear, attention)
+
+
+def skipped_step_flops(
+    cfg: TransformerConfig,
+    latent_shape: Sequence[int],
+    text_len: int = TEXT_LENGTH,
+    guidance: bool = True,
+    image_len: int = 0,
+    context_cached: bool = False,
+    policy: str = "magcache",
+) -> Flops:
+    """What a step still runs when a step cache skips its blocks (:func:`dit_step_flops` less them):
+    the embeddings, the output projection and a VACE model's control blocks; First-Block Cache its
+    first block too; a step TaylorSeer predicts runs nothing."""
+    if policy == "taylorseer":
+        return Flops()
+    b = latent_shape[0] * (2 if guidance else 1)
+    block = block_flops(cfg, dit_tokens(cfg, latent_shape), b, text_len, image_len)
+    if context_cached:  # the block's keys and values of the context come from the cache
+        d = cfg.inner_dim
+        block -= Flops(2 * matmul_flops(b * text_len, d, d) + 2 * matmul_flops(b * image_len, d, d), 0)
+    kept = 1 if policy == "firstblock" else 0
+    full = dit_step_flops(cfg, latent_shape, text_len, guidance, image_len, context_cached)
+    return full - block * (cfg.num_layers - kept)
 
 
 def context_kv_flops(
