@@ -1,12 +1,13 @@
-"""Step caching side by side: off / MagCache / First-Block Cache / TeaCache / TaylorSeer on the same
-random DiT, same noise; beside them the few-step samplers of distilled models (LightX2V's ``distill``
-4 steps, FastWan's ``dmd`` 3, TurboWan's ``rcm`` 4; no CFG, as those models run).
+"""Step caching side by side: off / MagCache / First-Block Cache / TeaCache / TaylorSeer / SeaCache on
+the same random DiT, same noise; the uncached run without the text K/V cache (``off_no_text_kv``;
+every other policy runs with it, the default); beside them the few-step samplers of distilled models
+(LightX2V's ``distill`` 4 steps, FastWan's ``dmd`` 3, TurboWan's ``rcm`` 4; no CFG, as those models run).
 
 The 1.3B transformer's dimensions (``--layers`` of its 30), random weights (the checkpoint reader's
 random draw), ``--steps`` UniPC steps with CFG, each policy at its default settings (MagCache: the
 published Wan 2.1 1.3B curve and its threshold 0.12, 4 skips, retention 0.2; First-Block Cache:
 diffusers' threshold 0.05; TeaCache: the authors' 1.3B coefficients and threshold 0.05; TaylorSeer:
-diffusers' defaults in lite mode, the output predicted). The policies run in turn, ``--rounds`` times, so drift in the machine's
+diffusers' defaults in lite mode, the output predicted; SeaCache: diffusers' defaults). The policies run in turn, ``--rounds`` times, so drift in the machine's
 speed hits all of them alike. Reported per policy: DiT evaluations per video, the median loop's
 seconds and its ratio to uncached, and the final latents' relative difference to the uncached run.
 
@@ -44,14 +45,17 @@ class Policy:
     scheduler: str = "unipc"
     steps: int | None = None  # None: --steps
     guidance: float = 5.0
+    text_kv: bool = True  # the text K/V cache (pipeline/context_cache.py)
 
 
 POLICIES = {
     "off": Policy(),
+    "off_no_text_kv": Policy(text_kv=False),
     "magcache": Policy(CacheConfig("magcache", mag_ratios="wan2.1-t2v-1.3b")),
     "firstblock": Policy(CacheConfig("firstblock")),
     "teacache": Policy(CacheConfig("teacache", coefficients="wan2.1-t2v-1.3b")),
     "taylorseer": Policy(CacheConfig("taylorseer", options={"use_lite_mode": True})),
+    "seacache": Policy(CacheConfig("seacache")),
     "distill": Policy(scheduler="distill", steps=4, guidance=1.0),
     "dmd": Policy(scheduler="dmd", steps=3, guidance=1.0),
     "rcm": Policy(scheduler="rcm", steps=4, guidance=1.0),
@@ -70,13 +74,14 @@ def main() -> None:
     policies = {name: POLICIES[name] for name in dict.fromkeys(["off", *args.policies])}
 
     model, shape, noise, cond, uncond = common.random_dit_run(args)
-    sampler = Sampler(model)
+    samplers = {cached: Sampler(model, context_cache=cached) for cached in (True, False)}
 
     def run(policy: Policy) -> tuple[np.ndarray, float]:
         steps = policy.steps or args.steps
         scheduler = make_scheduler(SchedulerConfig(), steps, kind=policy.scheduler)
         negative = uncond if policy.guidance > 1 else None
         start = time.perf_counter()
+        sampler = samplers[policy.text_kv]
         result = sampler(scheduler, noise, cond, negative, policy.guidance, cache=policy.cache)
         return result, time.perf_counter() - start
 

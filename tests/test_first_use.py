@@ -318,6 +318,11 @@ def _run_in_terminal(args: list[str], env: dict[str, str], cwd: Path) -> tuple[i
     return proc.wait(timeout=300), shown.decode().replace("\r\n", "\n")
 
 
+def _counted(shown: str) -> str:
+    """A count rewritten in place (``[t] stage: unit i/n, rate, ETA``) without its time and rate."""
+    return shown.split("] ", 1)[1].split(",")[0].split("\x1b")[0]
+
+
 @pytest.mark.slow
 def test_a_terminal_shows_the_stages_as_they_start_and_a_pipe_only_the_table(demo_env, tmp_path):
     args = (
@@ -352,12 +357,17 @@ def test_a_terminal_shows_the_stages_as_they_start_and_a_pipe_only_the_table(dem
         f"denoise: step {i}/3" for i in (1, 2, 3)
     ]
     assert counted.endswith("s/step, about 0.0 s left\x1b[K"), counted
+    (decoded,) = [line for line in lines if "decode: latent frame" in line]  # 17 frames: 5 latent frames
+    assert [_counted(c) for c in decoded.split("\r")[1:]] == [
+        f"decode: latent frame {i}/5" for i in range(1, 6)
+    ]
     assert (
         lines.index(counted) == 3
-        and lines[6] == "wanjax generate: model demo (smoke model: tiny random weights)"
+        and lines.index(decoded) == 5
+        and lines[7] == "wanjax generate: model demo (smoke model: tiny random weights)"
     )
     table = result.stdout.split("\n")  # piped: the final table alone
-    assert result.stderr == "" and table[0] == lines[6] and table[1] == lines[7]
+    assert result.stderr == "" and table[0] == lines[7] and table[1] == lines[8]
     assert not any(line.startswith("[") for line in table) and "denoise: step" not in result.stdout
 
 
@@ -402,13 +412,15 @@ def test_status_lines_count_the_steps_with_an_eta_and_stay_silent_when_disabled(
 
     from wanjax.jobs.status import Status
 
-    ticks = iter([0.0, 0.5, 2.0, 12.0, 13.0, 14.0, 15.0])
+    ticks = iter([0.0, 0.5, 2.0, 12.0, 13.0, 14.0, 15.0, 20.0, 22.5, 25.0, 26.0])
     out = io.StringIO()
-    status = Status("generate", 3, out, clock=lambda: next(ticks))
+    status = Status("generate", 3, out, clock=lambda: next(ticks), frames=3)
     status.header("model demo")
     for stage, done in [("encode", 0), ("denoise", 0), ("denoise", 1), ("denoise", 2), ("denoise", 3)]:
         status(stage, done)
-    status("decode", 3)
+    for done in (3, 1, 2, 3):  # the stage's start (with the steps run), then the latent frames decoded
+        status("decode", done)
+    status("write", 0)
     assert out.getvalue().split("\n") == [
         "wanjax generate: model demo",
         "[   0.5 s] encode: the text encoder (loaded and compiled on first use)",
@@ -417,6 +429,10 @@ def test_status_lines_count_the_steps_with_an_eta_and_stay_silent_when_disabled(
         "\r[  13.0 s] denoise: step 2/3, 1.000 s/step, about 1.0 s left\x1b[K"
         "\r[  14.0 s] denoise: step 3/3, 1.000 s/step, about 0.0 s left\x1b[K",
         "[  15.0 s] decode: the VAE decoder (loaded and compiled on first use)",
+        "\r[  20.0 s] decode: latent frame 1/3\x1b[K"
+        "\r[  22.5 s] decode: latent frame 2/3, 2.500 s/latent frame, about 2.5 s left\x1b[K"
+        "\r[  25.0 s] decode: latent frame 3/3, 2.500 s/latent frame, about 0.0 s left\x1b[K",
+        "[  26.0 s] write: the outputs",
         "",
     ]
     silent = io.StringIO()
@@ -427,7 +443,7 @@ def test_status_lines_count_the_steps_with_an_eta_and_stay_silent_when_disabled(
 
 
 @pytest.mark.slow
-def test_the_decode_stage_on_a_terminal_says_what_it_decodes_and_when_each_part_starts(demo_env, tmp_path):
+def test_the_decode_stage_on_a_terminal_says_what_it_decodes_and_counts_its_latent_frames(demo_env, tmp_path):
     import numpy as np
 
     from wanjax.pipeline import stages
@@ -437,11 +453,11 @@ def test_the_decode_stage_on_a_terminal_says_what_it_decodes_and_when_each_part_
     lines = shown.split("\n")
     assert code == 0, shown
     assert lines[0] == f"wanjax decode: model demo, 1 video of 5 frames 48x32, from {d / stages.LATENTS_FILE}"
-    assert [line.split("] ", 1)[1] for line in lines[1:3]] == [
-        "decode: the VAE decoder (loaded and compiled on first use)",
-        "write: the outputs",
-    ]
-    assert lines[3] == "wanjax decode: model demo (smoke model: tiny random weights)"
+    assert lines[1].split("] ", 1)[1] == "decode: the VAE decoder (loaded and compiled on first use)"
+    counts = [_counted(c) for c in lines[2].split("\r")[1:]]  # 5 frames: 2 latent frames
+    assert counts == ["decode: latent frame 1/2", "decode: latent frame 2/2"], lines[2]
+    assert lines[3].split("] ", 1)[1] == "write: the outputs"
+    assert lines[4] == "wanjax decode: model demo (smoke model: tiny random weights)"
 
 
 @pytest.mark.slow

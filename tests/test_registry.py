@@ -65,7 +65,7 @@ def python_call_values(pipe: WanPipeline, image: Image.Image | None) -> dict:
 
     pipe.encode_prompt, pipe.prepare_latents, pipe.denoise = encode_prompt, prepare_latents, denoise
     pipe.prepare_image = pipe.prepare_vace = lambda *args, **kwargs: None
-    pipe.decode = lambda latents: None
+    pipe.decode = lambda latents, progress=False: None
     last = image if pipe.transformer_config.first_last_frame else None
     pipe("a cat", image=image, last_image=last, progress=False)
     return seen

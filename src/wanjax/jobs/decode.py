@@ -63,10 +63,10 @@ def decode(request: DecodeRequest) -> RunReport:
                 f"{size['frames']} frames of {size['width']}x{size['height']}); leave --{key} out"
             )
     batch = latents.shape[0]
-    status = Status.for_terminal("decode", 0, request.common.quiet)
+    status = Status.for_terminal("decode", 0, request.common.quiet, frames=latents.shape[2])
     status.header(f"{headline(model_label(pipe.source), batch, size)}, from {latents_path}")
     status("decode", 0)
-    frames = pipe.decode(latents)
+    frames = pipe.decode(latents, on_frames=(lambda done: status("decode", done)) if status.enabled else None)
     fps = request.video.fps or earlier.get("fps") or defaults_of(pipe).fps
     described = {**earlier, **size, "fps": fps}
     status("write", 0)

@@ -62,9 +62,10 @@ def generate(
     work = check_generate(pipe, request, mesh)
     if preflight is not None:
         preflight(pipe, work)
-    status = Status.for_terminal("generate", steps_run(work.params), request.common.quiet)
+    frames = 0 if work.extension else pipe.geometry.latent_frames(work.video["frames"])  # clips: inside
+    status = Status.for_terminal("generate", steps_run(work.params), request.common.quiet, frames=frames)
     status.header(work.headline(pipe))
-    video = run_generate(pipe, work, status)
+    video = run_generate(pipe, work, status, count_frames=status.enabled)
     status("write", 0)
     return finish(generate_outputs(pipe, work, video), request, start, record)
 
@@ -221,12 +222,16 @@ def check_extension(
 
 
 def run_generate(
-    pipe: WanPipeline, work: GenerateWork, on_progress: Callable[[str, int], None] | None = None
+    pipe: WanPipeline,
+    work: GenerateWork,
+    on_progress: Callable[[str, int], None] | None = None,
+    count_frames: bool = False,
 ) -> Video:
     """The three stages of a checked request in memory: uint8 frames ``[B, T, H, W, 3]``, as
     ``WanPipeline.__call__`` returns them.
     ``on_progress(stage, steps_done)`` is called as each stage starts and after each denoising step
-    (without it, the denoising bar shows on a terminal)."""
+    (without it, the denoising bar shows on a terminal); with ``count_frames`` also after each part
+    of the decode, with the latent frames decoded (the decode then runs in parts)."""
     report = on_progress or (lambda stage, done: None)
     pipe.reset_timings()
     report("encode", 0)
@@ -275,7 +280,9 @@ def run_generate(
         vace=vace,
     )
     report("decode", steps_run(work.params))
-    return Video(pipe.decode(denoised.latents[:, :, references:]), denoised, pipe.timings_so_far())
+    on_frames = (lambda done: report("decode", done)) if count_frames else None
+    frames = pipe.decode(denoised.latents[:, :, references:], on_frames=on_frames)
+    return Video(frames, denoised, pipe.timings_so_far())
 
 
 def run_extension(pipe: WanPipeline, work: GenerateWork, report: Callable[[str, int], None]) -> Video:

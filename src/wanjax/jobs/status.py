@@ -1,6 +1,6 @@
 """Status lines while a run works, on a terminal only: the header first, a line as each stage starts
-(with the time since the start), and the denoising steps counted in place with an ETA. Piped or
-``--quiet``, a run prints its final table alone."""
+(with the time since the start), and the denoising steps and the decoded latent frames counted in
+place with an ETA. Piped or ``--quiet``, a run prints its final table alone."""
 
 from __future__ import annotations
 
@@ -37,8 +37,9 @@ def headline(model: str, batch: int, video: dict, steps: int | None = None) -> s
 
 class Status:
     """``status(stage, done)``: the ``on_progress`` of a run (see :func:`~wanjax.jobs.generate.run_generate`);
-    ``steps`` is the denoising steps' count, ``work`` what each stage does (default
-    :data:`STAGE_WORK`). Prints nothing when not ``enabled``."""
+    ``steps`` is the denoising steps' count, ``frames`` the latent frames the decode reports as it goes
+    (0: it does not), ``work`` what each stage does (default :data:`STAGE_WORK`). Prints nothing when
+    not ``enabled``."""
 
     def __init__(
         self,
@@ -48,33 +49,36 @@ class Status:
         enabled: bool = True,
         clock: Callable[[], float] = time.perf_counter,
         work: Mapping[str, str] = STAGE_WORK,
+        frames: int = 0,
     ):
         self.command, self.steps, self.stream, self.enabled = command, steps, stream or sys.stderr, enabled
         self.work = work
+        self.counted = {"denoise": (steps, "step"), "decode": (frames, "latent frame")}
         self.clock, self.start = clock, clock()
         self.stage: str | None = None
-        self.first_step_done: float | None = None  # after step 1 (its time includes the compile)
+        self.first_done: float | None = None  # after the stage's first unit (its time includes the compile)
         self.open_line = False
 
     @classmethod
     def for_terminal(
-        cls, command: str, steps: int, quiet: bool, work: Mapping[str, str] = STAGE_WORK
+        cls, command: str, steps: int, quiet: bool, work: Mapping[str, str] = STAGE_WORK, frames: int = 0
     ) -> Status:
         """Enabled when stderr is a terminal, the run is not ``quiet`` and this is process 0."""
         from wanjax.parallel.multihost import is_primary
 
-        return cls(command, steps, enabled=not quiet and sys.stderr.isatty() and is_primary(), work=work)
+        enabled = not quiet and sys.stderr.isatty() and is_primary()
+        return cls(command, steps, enabled=enabled, work=work, frames=frames)
 
     def header(self, text: str) -> None:
         self._line(f"wanjax {self.command}: {text}")
 
     def __call__(self, stage: str, done: int) -> None:
         if stage != self.stage:
-            self.stage = stage
+            self.stage, self.first_done = stage, None
             counted = f", {self.steps} steps" if stage == "denoise" else ""
             self._line(f"[{self._elapsed()}] {stage}: {self.work.get(stage, stage)}{counted}")
-        elif stage == "denoise" and done:
-            self._step(done)
+        elif done and self.counted.get(stage, (0, ""))[0]:
+            self._count(stage, done)
 
     def close(self) -> None:
         """End a line left open by the step count."""
@@ -82,17 +86,18 @@ class Status:
             self._write("\n")
             self.open_line = False
 
-    def _step(self, done: int) -> None:
+    def _count(self, stage: str, done: int) -> None:
+        total, unit = self.counted[stage]
         now = self.clock()
         if done == 1:
-            self.first_step_done = now
-        text = f"[{self._elapsed(now)}] denoise: step {done}/{self.steps}"
-        if done > 1 and self.first_step_done is not None:
-            per_step = (now - self.first_step_done) / (done - 1)
-            text += f", {per_step:.3f} s/step, about {per_step * (self.steps - done):.1f} s left"
+            self.first_done = now
+        text = f"[{self._elapsed(now)}] {stage}: {unit} {done}/{total}"
+        if done > 1 and self.first_done is not None:
+            per = (now - self.first_done) / (done - 1)
+            text += f", {per:.3f} s/{unit}, about {per * (total - done):.1f} s left"
         self._write(f"\r{text}\x1b[K")
         self.open_line = True
-        if done == self.steps:
+        if done == total:
             self.close()
 
     def _elapsed(self, now: float | None = None) -> str:

@@ -106,12 +106,16 @@ class VideoGeometry:
                 f"frames {num_frames} must be {self.temporal}n+1 (e.g. {low} or {low + self.temporal})"
             )
 
+    def latent_frames(self, num_frames: int) -> int:
+        """The latent frames of a ``num_frames`` video: the first, then one per ``temporal`` frames."""
+        return (num_frames - 1) // self.temporal + 1
+
     def latent_shape(self, batch: int, height: int, width: int, num_frames: int) -> tuple[int, ...]:
         self.check(height, width, num_frames)
         return (
             batch,
             self.z_dim,
-            (num_frames - 1) // self.temporal + 1,
+            self.latent_frames(num_frames),
             height // self.spatial,
             width // self.spatial,
         )

@@ -76,7 +76,7 @@ from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import Scheduler, make_scheduler
 from wanjax.pipeline.sources import ComponentSources, base_model, base_variant, component_files
 from wanjax.pipeline.step_cache import CacheConfig
-from wanjax.pipeline.vace import control_latents
+from wanjax.pipeline.vace import control_latents, layer_scales
 from wanjax.pipeline.video_input import VideoInput, frames_that_fit, mask_frames, source_latents, video_frames
 from wanjax.runtime.jax_cache import enable_compilation_cache
 from wanjax.runtime.timing import StageTiming
@@ -509,15 +509,23 @@ class WanPipeline(PipelineComponents):
         check_image_size(image, step)
         return size_for_image(image.size, max_area, step, height, width)
 
-    def decode(self, latents: jax.Array) -> np.ndarray:
-        """The transformer's normalised latents ``[B, z, T', h, w]`` -> ``uint8 [B, T, H, W, 3]``."""
+    def decode(
+        self, latents: jax.Array, progress: bool = False, on_frames: Callable[[int], None] | None = None
+    ) -> np.ndarray:
+        """The transformer's normalised latents ``[B, z, T', h, w]`` -> ``uint8 [B, T, H, W, 3]`` (on a
+        mesh each device a spatial strip). ``progress``: a bar over the latent frames on a terminal; ``on_frames(done)``
+        after each part; either decodes in parts (:meth:`~wanjax.models.vae.WanVAE.decode_uint8`)."""
+        from tqdm import tqdm
+
         self._enter("decode")
-        vae = self.vae
-        with self.stage_timing("decode").running():
-            latents = jnp.asarray(latents, jnp.float32)
-            if self.mesh is not None:  # each device decodes a spatial strip
-                latents = to_global(latents, spatial_sharding(self.mesh, latents.shape))
-            frames = to_host(vae.decode_uint8(latents))
+        vae, off = self.vae, None if progress else True
+        with (
+            self.stage_timing("decode").running(),
+            tqdm(total=latents.shape[2], desc="decode", disable=off) as bar,
+        ):
+            parts = lambda done, _: (bar.update(done - bar.n), on_frames and on_frames(done))  # noqa: E731
+            placed = self._video_placement()(jnp.asarray(latents, jnp.float32))
+            frames = to_host(vae.decode_uint8(placed, parts if not bar.disable or on_frames else None))
         return frames
 
     def __call__(
@@ -637,7 +645,9 @@ class WanPipeline(PipelineComponents):
             strength=strength,
             vace=vace,
         )
-        return Video(self.decode(denoised.latents[:, :, references:]), denoised, self.timings_so_far())
+        return Video(
+            self.decode(denoised.latents[:, :, references:], progress), denoised, self.timings_so_far()
+        )
 
     def extend(self, prompt: Prompt, video: VideoInput | None = None, **kwargs: Any) -> Extension:
         """A VACE model's long video: ``video`` continued clip by clip (:func:`wanjax.pipeline.extension.extend`)."""
@@ -658,29 +668,13 @@ class WanPipeline(PipelineComponents):
         ``(1, 96, T' + R, h, w)`` of the control ``frames`` (None: black), the ``mask`` (a video of
         as many frames, or one image for all; None: all generated) and ``R`` reference images, and
         the scale of each vace layer."""
-        layers = self.transformer_config.vace_layers or ()
-        if np.ndim(conditioning_scale) and np.shape(conditioning_scale) != (len(layers),):
-            raise WanjaxError(
-                f"conditioning_scale holds {np.size(conditioning_scale)} values; give one, or one per vace "
-                f"layer ({len(layers)})"
-            )
-        scale = np.broadcast_to(np.asarray(conditioning_scale, np.float32), (len(layers),))
+        scale = layer_scales(conditioning_scale, len(self.transformer_config.vace_layers or ()))
         self.geometry.check(height, width, num_frames)
         masks = None if mask is None else mask_frames(mask, num_frames, fps or self.defaults.fps)
         self._enter("encode")
-        vae = self.vae
+        vae, size = self.vae, (height, width, num_frames, self.geometry.temporal)
         with self.stage_timing("encode").running():
-            latents = control_latents(
-                vae,
-                frames,
-                masks,
-                reference_images,
-                height,
-                width,
-                num_frames,
-                self.geometry.temporal,
-                self._video_placement(),
-            )
+            latents = control_latents(vae, frames, masks, reference_images, *size, self._video_placement())
         return VaceControl(jnp.asarray(latents), jnp.asarray(scale))
 
     def video_input(

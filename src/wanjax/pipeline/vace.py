@@ -26,12 +26,24 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
+from wanjax.errors import WanjaxError
 from wanjax.models.image_processor import ImageInput
 from wanjax.pipeline.conditioning import encode_video, open_image, video_frame
 
-__all__ = ["control_latents", "fold_mask", "reference_canvas"]
+__all__ = ["control_latents", "fold_mask", "layer_scales", "reference_canvas"]
 
 PATCH_PIXELS = 8  # the VAE's spatial factor: a latent pixel's pixels along each side
+
+
+def layer_scales(conditioning_scale: float | Sequence[float], layers: int) -> np.ndarray:
+    """The scale of each of ``layers`` vace layers' hints: one value for all, or one each (float32);
+    WanjaxError for another count."""
+    if np.ndim(conditioning_scale) and np.shape(conditioning_scale) != (layers,):
+        raise WanjaxError(
+            f"conditioning_scale holds {np.size(conditioning_scale)} values; give one, or one per vace "
+            f"layer ({layers})"
+        )
+    return np.broadcast_to(np.asarray(conditioning_scale, np.float32), (layers,))
 
 
 def bilinear(image: np.ndarray, height: int, width: int) -> np.ndarray:

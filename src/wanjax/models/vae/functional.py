@@ -1,6 +1,7 @@
 """The VAE (Wan 2.1 or 2.2) as pure functions in diffusers' layout (channels first): :func:`decode`,
 :func:`decode_uint8` and :func:`encode`, what :class:`~wanjax.models.vae.model.WanVAE` compiles
-(``cfg``, ``nm``, ``chunk``, ``frames`` and ``tiling`` are static). The Wan 2.2 VAE's patches are
+(``cfg``, ``nm``, ``chunk``, ``frames`` and ``tiling`` are static); :func:`decode_uint8_first` and
+:func:`decode_uint8_next`, the same decode in parts the caller runs one after another. The Wan 2.2 VAE's patches are
 made from the video before the encoder and undone after the decoder (per chunk, before ``finish``)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 
 from wanjax.models.layers import Params
 from wanjax.models.vae.config import VAEConfig
-from wanjax.models.vae.ops import Numerics
+from wanjax.models.vae.ops import Cache, Numerics
 from wanjax.models.vae.postprocess import (
     clamp,
     denormalize_latents,
@@ -21,10 +22,10 @@ from wanjax.models.vae.postprocess import (
     to_uint8,
     unpatchify,
 )
-from wanjax.models.vae.scan import decode_frames, encode_frames
+from wanjax.models.vae.scan import decode_first, decode_frames, decode_next, encode_frames
 from wanjax.models.vae.tiling import Tiling, decode_frames_tiled
 
-__all__ = ["decode", "decode_uint8", "encode"]
+__all__ = ["decode", "decode_uint8", "decode_uint8_first", "decode_uint8_next", "encode"]
 
 
 def _decode_any(
@@ -42,11 +43,7 @@ def _decode_any(
     """Channel-last VAE latents -> ``finish(frames)`` (time on ``time_axis``), tiled when ``tiling``
     applies to this size, and the count of non-finite values in the frames before ``finish``."""
     size = None if tiling is None else tiling.size // cfg.spatial_factor
-
-    def finish_patches(v: jax.Array) -> tuple[jax.Array, jax.Array]:
-        video = unpatchify(cfg, v)
-        return finish(video), nonfinite_per_frame(video, 1)
-
+    finish_patches = _finish_patches(cfg, finish)
     if size is None or (z.shape[2] <= size and z.shape[3] <= size):
         return decode_frames(
             params, cfg, z, finish_patches, nm=nm, chunk=chunk, frames=frames, time_axis=time_axis
@@ -54,6 +51,27 @@ def _decode_any(
     video = decode_frames_tiled(params, cfg, z, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
     out, counts = finish_patches(video)
     return out, jnp.sum(counts, dtype=jnp.int32)
+
+
+def _finish_patches(
+    cfg: VAEConfig, finish: Callable[[jax.Array], jax.Array]
+) -> Callable[[jax.Array], tuple[jax.Array, jax.Array]]:
+    """The decoder's output (patches for the Wan 2.2 VAE) -> ``finish(video)`` and the count of
+    non-finite values per frame of the video."""
+
+    def finish_patches(v: jax.Array) -> tuple[jax.Array, jax.Array]:
+        video = unpatchify(cfg, v)
+        return finish(video), nonfinite_per_frame(video, 1)
+
+    return finish_patches
+
+
+def _uint8_latents(cfg: VAEConfig, normalized_latents: jax.Array, nm: Numerics) -> jax.Array:
+    return _to_channels_last(denormalize_latents(cfg, normalized_latents)).astype(nm.dtype)
+
+
+def _uint8_finish(v: jax.Array) -> jax.Array:
+    return to_uint8(clamp(v))
 
 
 def _to_channels_last(x: jax.Array) -> jax.Array:
@@ -93,8 +111,32 @@ def decode_uint8(
     """Transformer output ``(B, z, T', h, w)`` -> ``uint8 (B, T, H, W, 3)`` frames, all on the device,
     and the count of NaN or infinite values decoded (which the cast to ``uint8`` would hide)."""
     z = _to_channels_last(denormalize_latents(cfg, normalized_latents))
-    finish = lambda v: to_uint8(clamp(v))  # noqa: E731
-    return _decode_any(params, cfg, z, finish, 1, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
+    return _decode_any(params, cfg, z, _uint8_finish, 1, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
+
+
+def decode_uint8_first(
+    params: Params, normalized_latents: jax.Array, *, cfg: VAEConfig, nm: Numerics, frames: int
+) -> tuple[jax.Array, jax.Array, Cache]:
+    """:func:`decode_uint8` of the first latent frame ``(B, z, 1, h, w)`` alone: its ``uint8`` frames,
+    their counts of non-finite values per frame, and the causal cache :func:`decode_uint8_next`
+    continues from."""
+    z = _uint8_latents(cfg, normalized_latents, nm)
+    (out, counts), cache = decode_first(
+        params, cfg, z, _finish_patches(cfg, _uint8_finish), nm=nm, frames=frames
+    )
+    return out, counts, cache
+
+
+def decode_uint8_next(
+    params: Params, cache: Cache, normalized_latents: jax.Array, *, cfg: VAEConfig, nm: Numerics, frames: int
+) -> tuple[jax.Array, jax.Array, Cache]:
+    """The next latent frames ``(B, z, c, h, w)`` after those ``cache`` has seen: their ``uint8``
+    frames, counts of non-finite values per frame and the cache after them; the parts' frames are
+    :func:`decode_uint8`'s (untiled) bit for bit."""
+    z = _uint8_latents(cfg, normalized_latents, nm)
+    finish = _finish_patches(cfg, _uint8_finish)
+    (out, counts), cache = decode_next(params, cfg, cache, z, finish, nm=nm, frames=frames)
+    return out, counts, cache
 
 
 def encode(

@@ -178,11 +178,21 @@ class WanVAE:
         self._check_latents(vae_latents)
         return self._run("decode", vae_latents)
 
-    def decode_uint8(self, normalized_latents: jax.Array) -> jax.Array:
+    def decode_uint8(
+        self, normalized_latents: jax.Array, on_frames: Callable[[int, int], None] | None = None
+    ) -> jax.Array:
         """Normalised latents (transformer output) -> ``uint8 (B, T, H, W, 3)`` frames; NumericalError
-        when the decoder gave NaN or infinite values (which the cast to ``uint8`` would hide)."""
+        when the decoder gave NaN or infinite values (which the cast to ``uint8`` would hide).
+
+        ``on_frames(done, total)``: the decode runs in parts instead of one program, the first latent
+        frame, then ``decode_chunk`` at a time, each part a call of its own, finished before
+        ``on_frames`` is told how many latent frames are decoded (e.g. for a progress bar); the frames
+        are the one program's bit for bit. Not for a tiled decode (one program, no calls)."""
         self._check_latents(normalized_latents)
-        frames, nonfinite = self._run("decode_uint8", normalized_latents)
+        if on_frames is None or self._tiled(normalized_latents):
+            frames, nonfinite = self._run("decode_uint8", normalized_latents)
+        else:
+            frames, nonfinite = self._decode_in_parts(jnp.asarray(normalized_latents), on_frames)
         if bad := int(nonfinite):
             dtype = jnp.dtype(self.numerics.dtype).name
             fix = (
@@ -261,6 +271,39 @@ class WanVAE:
         x = jnp.asarray(x)
         program = self.compile(method, x)  # before reading the weights, if not yet read
         return program(self._part(method).value, **{programs.INPUT[method]: x})
+
+    def _tiled(self, latents: jax.Array) -> bool:
+        """Whether the decode of ``latents`` goes in spatial tiles (:class:`Tiling`)."""
+        if self.tiling is None:
+            return False
+        size = self.tiling.size // self.cfg.spatial_factor
+        return latents.shape[3] > size or latents.shape[4] > size
+
+    def _decode_in_parts(
+        self, x: jax.Array, on_frames: Callable[[int, int], None]
+    ) -> tuple[jax.Array, jax.Array]:
+        """``decode_uint8``'s frames and non-finite count, part by part (see :meth:`decode_uint8`);
+        a last part shorter than the others is padded (causality makes that harmless) and trimmed."""
+        statics = tuple(kv for kv in self._statics_for("decode_uint8", x) if kv[0] in ("cfg", "nm", "frames"))
+        params, total, r = self.params, x.shape[2], self.cfg.temporal_factor
+        chunk = max(1, total - 1 if self.decode_chunk is None else min(self.decode_chunk, total - 1))
+        first = x[:, :, :1]
+        out, counts, cache = programs.compiled_part("decode_uint8_first", statics, params, first)(
+            params, first
+        )
+        parts, nonfinite = [jax.block_until_ready(out)], jnp.sum(counts, dtype=jnp.int32)
+        on_frames(1, total)
+        done = 1
+        while done < total:
+            n = min(chunk, total - done)
+            part = jnp.pad(x[:, :, done : done + n], ((0, 0), (0, 0), (0, chunk - n), (0, 0), (0, 0)))
+            program = programs.compiled_part("decode_uint8_next", statics, params, cache, part)
+            out, counts, cache = program(params, cache, part)
+            parts.append(jax.block_until_ready(out[:, : r * n]))
+            nonfinite += jnp.sum(counts[: r * n], dtype=jnp.int32)
+            done += n
+            on_frames(done, total)
+        return jnp.concatenate(parts, axis=1), nonfinite
 
     def normalize_latents(self, vae_latents: jax.Array) -> jax.Array:
         """VAE latents -> the transformer's normalised latents."""

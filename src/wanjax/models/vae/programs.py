@@ -14,13 +14,24 @@ import jax
 
 from wanjax.kernels.common import Platform
 from wanjax.models.layers import Params
-from wanjax.models.vae.functional import decode, decode_uint8, encode
-from wanjax.runtime.programs import ProgramCache, Signature, abstract_tree
+from wanjax.models.vae.functional import decode, decode_uint8, decode_uint8_first, decode_uint8_next, encode
+from wanjax.runtime.programs import ProgramCache, Signature, abstract_tree, signature
 
-__all__ = ["INPUT", "compiled", "compiler_options", "jitted", "lower", "lower_program"]
+__all__ = [
+    "INPUT",
+    "PARTS",
+    "compiled",
+    "compiled_part",
+    "compiler_options",
+    "jitted",
+    "lower",
+    "lower_program",
+]
 
 # The name of each entry point's input argument
 INPUT = {"decode": "vae_latents", "decode_uint8": "normalized_latents", "encode": "video"}
+# The decode in parts: the first latent frame, then each part after it (their statics: cfg, nm, frames)
+PARTS = {"decode_uint8_first": decode_uint8_first, "decode_uint8_next": decode_uint8_next}
 
 Statics = tuple[tuple[str, Any], ...]  # an entry point's static arguments, sorted by name
 InputSignature = tuple[tuple[int, ...], Any, Any]  # the input's (shape, dtype, sharding or None)
@@ -62,6 +73,10 @@ def compiler_options(platform: Platform | None = None) -> dict[str, Any] | None:
 @functools.cache
 def jitted(name: str) -> Callable[..., jax.Array]:
     """The jitted entry point; compiled programs are shared by every WanVAE with the same settings."""
+    if name in PARTS:
+        return jax.jit(
+            PARTS[name], static_argnames=("cfg", "nm", "frames"), compiler_options=compiler_options()
+        )
     fn = {"decode": decode, "decode_uint8": decode_uint8, "encode": encode}[name]
     static = ("cfg", "nm", "chunk", "frames") + (("tiling",) if name != "encode" else ())
     return jax.jit(fn, static_argnames=static, compiler_options=compiler_options())
@@ -91,3 +106,10 @@ def compiled(
     args = (name, statics, params_sig, x_sig)
     child = (f"{__name__}:lower_program", args) if in_child else None
     return _PROGRAMS.get((*args, in_child), lambda: lower_program(*args)[0], child)
+
+
+def compiled_part(name: str, statics: Statics, *args: Any) -> jax.stages.Compiled:
+    """A program of the decode in parts (:data:`PARTS`) for these arguments (arrays), compiled in
+    this process once per signature (shared as :func:`compiled`'s)."""
+    key = (name, statics, signature(args))
+    return _PROGRAMS.get(key, lambda: jitted(name).lower(*args, **dict(statics)))

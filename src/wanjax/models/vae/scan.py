@@ -48,7 +48,16 @@ from wanjax.models.vae.blocks import (
 from wanjax.models.vae.config import Layer, VAEConfig, decoder_plan, encoder_plan
 from wanjax.models.vae.ops import Cache, Numerics, pointwise
 
-__all__ = ["decode_frames", "decoder_chunk", "encode_frames", "encoder_chunk", "parse_chunk", "uncounted"]
+__all__ = [
+    "decode_first",
+    "decode_frames",
+    "decode_next",
+    "decoder_chunk",
+    "encode_frames",
+    "encoder_chunk",
+    "parse_chunk",
+    "uncounted",
+]
 
 Tallied = tuple[jax.Array, jax.Array]  # frames on an axis, and a count per frame (or their total)
 
@@ -203,22 +212,54 @@ def decode_frames(
     """
     z = vae_latents.astype(nm.dtype)
     t = z.shape[1]
-    nm = nm.for_steps(frames)
-    y0, cache = decoder_chunk(params, cfg, z[:, :1], {}, True, nm, frames)
+    head, cache = decode_first(params, cfg, z[:, :1], finish, nm=nm, frames=frames)
     if t == 1:
-        y, counts = finish(y0)
+        y, counts = head
         return y, jnp.sum(counts, dtype=jnp.int32)
     chunk = t - 1 if chunk is None else min(chunk, t - 1)
-    latent_step = math.gcd(chunk, max(1, frames // cfg.temporal_factor))
-    video_step = math.gcd(frames, cfg.temporal_factor * latent_step)
 
-    def step(carry: Cache, zs: jax.Array) -> tuple[Cache, jax.Array]:
-        decode_step = lambda z1, c: decoder_chunk(params, cfg, z1, c, False, nm, video_step)  # noqa: E731
-        y, new = in_steps(decode_step, zs, carry, latent_step)
-        return new, finish(y)
+    def step(carry: Cache, zs: jax.Array) -> tuple[Cache, Tallied]:
+        out, new = decode_next(params, cfg, carry, zs, finish, nm=nm, frames=frames)
+        return new, out
 
     r = cfg.temporal_factor
-    return _scan_chunks(step, cache, z[:, 1:], chunk, finish(y0), r * chunk, r * (t - 1), time_axis)
+    return _scan_chunks(step, cache, z[:, 1:], chunk, head, r * chunk, r * (t - 1), time_axis)
+
+
+def decode_first(
+    params: Params,
+    cfg: VAEConfig,
+    z0: jax.Array,
+    finish: Callable[[jax.Array], Tallied],
+    *,
+    nm: Numerics,
+    frames: int,
+) -> tuple[Tallied, Cache]:
+    """The first latent frame ``(B, 1, h, w, z)`` (in the numerics' dtype) decoded alone:
+    ``finish(frames)`` and the causal cache after it (:func:`decode_frames`' first step)."""
+    y0, cache = decoder_chunk(params, cfg, z0, {}, True, nm.for_steps(frames), frames)
+    return finish(y0), cache
+
+
+def decode_next(
+    params: Params,
+    cfg: VAEConfig,
+    cache: Cache,
+    zs: jax.Array,
+    finish: Callable[[jax.Array], Tallied],
+    *,
+    nm: Numerics,
+    frames: int,
+) -> tuple[Tallied, Cache]:
+    """The latent frames ``zs (B, c, h, w, z)`` that follow those ``cache`` has seen: ``finish`` of
+    their ``r c`` frames and the cache after them (one step of :func:`decode_frames`' scan; the same
+    operations whatever ``c``, so decoding in such parts gives its frames bit for bit)."""
+    latent_step = math.gcd(zs.shape[1], max(1, frames // cfg.temporal_factor))
+    video_step = math.gcd(frames, cfg.temporal_factor * latent_step)
+    nm = nm.for_steps(frames)
+    decode_step = lambda z1, c: decoder_chunk(params, cfg, z1, c, False, nm, video_step)  # noqa: E731
+    y, new = in_steps(decode_step, zs, cache, latent_step)
+    return finish(y), new
 
 
 def encode_frames(
