@@ -294,12 +294,7 @@ def taylorseer_reference(model_dir, noise, options: dict) -> dict:
     decisions: list[dict[str, bool]] = []
 
     def on_step(p, i, t, kwargs):
-        states = p.transformer.proj_out._diffusers_hook.get_hook(
-            "taylorseer_cache"
-        ).state_manager._state_cache
-        decisions.append(
-            {n: states[n].last_update_step == states[n].current_step for n in ("cond", "uncond")}
-        )
+        decisions.append(branch_decisions(p.transformer, "taylorseer"))
         return {}
 
     dtype = options.get("taylor_factors_dtype")

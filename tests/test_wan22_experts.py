@@ -303,15 +303,15 @@ MAG = dict(threshold=0.05, max_skip_steps=2, retention_ratio=0.0)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["firstblock", "magcache", "seacache"])
+@pytest.mark.parametrize("policy", ["firstblock", "magcache", "seacache", "taylorseer"])
 def test_step_cache_per_expert_equals_diffusers(policy, t2v, noise):
     """Step caching on a two-expert model, as diffusers runs it with a hook on each transformer
     (``enable_cache`` on both): each expert starts from an empty cache (its first step computes, even
     where a shared cache would skip it) and decides from its own state; First-Block Cache from its
     residuals, MagCache from its slice of one curve over the whole run (MagCacheConfig per expert
-    with that slice), SeaCache from its own indicator history at the run's step indices; the same
-    decisions per branch, latents and frames."""
-    from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig, SeaCacheConfig
+    with that slice), SeaCache from its own indicator history at the run's step indices, TaylorSeer
+    counting its own calls from 0; the same decisions per branch, latents and frames."""
+    from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig, SeaCacheConfig, TaylorSeerCacheConfig
 
     from wanjax.pipeline.step_cache import CacheConfig
 
@@ -323,6 +323,10 @@ def test_step_cache_per_expert_equals_diffusers(policy, t2v, noise):
     elif policy == "seacache":  # no forced first or last steps: each expert's second step reuses
         options = dict(threshold=100.0, retention_steps=0, cache_end_steps=0)
         configs, ours = [SeaCacheConfig(**options)] * 2, CacheConfig("seacache", options=options)
+    elif policy == "taylorseer":  # each expert: its first call computes, its second is predicted
+        options = dict(use_lite_mode=True, cache_interval=2, disable_cache_before_step=1)
+        ours = CacheConfig("taylorseer", options={**options, "taylor_factors_dtype": "float32"})
+        configs = [TaylorSeerCacheConfig(**options, taylor_factors_dtype=torch.float32) for _ in range(2)]
     else:
         configs = [MagCacheConfig(mag_ratios=CURVE[k : k + 2], num_inference_steps=2, **MAG) for k in (0, 2)]
         ours = CacheConfig("magcache", mag_ratios=CURVE, **MAG)

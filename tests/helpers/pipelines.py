@@ -109,7 +109,12 @@ def build_tiny_pipeline(root: Path, tokenizer_dir: Path) -> None:
 
 def branch_decisions(transformer: Any, policy: str) -> dict[str, bool]:
     """Whether each CFG branch ran the blocks at the step just run, read from the state of diffusers'
-    leader hook (SeaCache's: its skip count restarted)."""
+    leader hook (SeaCache's: its skip count restarted; TaylorSeer's hook on the output projection:
+    its factors updated at this step)."""
+    if policy == "taylorseer":
+        hook = transformer.proj_out._diffusers_hook.get_hook("taylorseer_cache")
+        states = hook.state_manager._state_cache
+        return {n: states[n].last_update_step == states[n].current_step for n in ("cond", "uncond")}
     states = transformer.blocks[0]._diffusers_hook.get_hook(LEADER[policy]).state_manager._state_cache
     if policy == "seacache":
         return {name: states[name].consecutive_cached == 0 for name in ("cond", "uncond")}
