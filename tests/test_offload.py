@@ -37,6 +37,7 @@ from wanjax.models.offload import streamed as streamed_leaf
 from wanjax.models.registry import transformer_preset
 from wanjax.models.settings import RunSettings
 from wanjax.parallel.rules import per_device_param_bytes
+from wanjax.pipeline.context_cache import cache_bytes
 from wanjax.pipeline.sampler import Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 
@@ -153,15 +154,18 @@ def step_memory(mode: str, num_layers: int = 8, dtype: str = "bfloat16") -> dict
 @pytest.mark.parametrize("dtype,num_layers", [("bfloat16", 8), ("float32", 30)])
 def test_streamed_step_memory_is_a_quarter_of_the_resident_step(dtype, num_layers):
     """The 1.3B dims: the streamed step's device memory holds the non-stacked weights, the inputs,
-    two layers' weights and the activations; the stacked weights are host arguments. What
-    ``wanjax plan`` can count without compiling: the device-resident leaves' bytes."""
+    two layers' weights and the activations; the stacked weights are host arguments (the resident
+    step also reads the text K/V cache, off where the weights are offloaded). What ``wanjax plan``
+    can count without compiling: the device-resident leaves' bytes."""
     resident, streamed = (step_memory(mode, num_layers, dtype) for mode in ("none", "blocks"))
     cfg = transformer_preset("1.3B", num_layers=num_layers)
     spec = dit.checkpoint_spec(cfg)
     on_device, _ = per_device_param_bytes(spec, dtype, {}, where=lambda s: not streamed_leaf(s, "blocks"))
     everything, _ = per_device_param_bytes(spec, dtype, {})
     inputs = 32 << 20  # latents, scheduler state and the two (1, 512, 4096) prompt embeddings
-    assert resident["host_argument"] == 0 and everything <= resident["argument"] <= everything + inputs
+    text_kv = cache_bytes(cfg, 2, 512, 0, jnp.dtype(dtype).itemsize)  # resident only (default_on)
+    assert resident["host_argument"] == 0
+    assert everything + text_kv <= resident["argument"] <= everything + text_kv + inputs
     assert streamed["host_argument"] == everything - on_device
     assert on_device <= streamed["argument"] <= on_device + inputs
     assert streamed["total"] <= resident["total"] / 4, (streamed, resident)

@@ -234,9 +234,11 @@ class Sampler:
             return state, jnp.all(jnp.isfinite(state.sample))
 
         # Under a mesh the (small) scheduler state stays replicated, so every step's output has
-        # exactly the input sharding the program was compiled for.
+        # exactly the input sharding the program was compiled for. keep_unused: the weights the
+        # text K/V cache made unused (the context's projections) stay the program's arguments, as
+        # they stay in device memory (what memory_analysis' readers count).
         out = None if model.settings.mesh is None else replicated(model.settings.mesh)
-        return jax.jit(step, out_shardings=out).lower(*args)
+        return jax.jit(step, out_shardings=out, keep_unused=True).lower(*args)
 
     def _cached_lower(
         self,
@@ -382,7 +384,9 @@ class Sampler:
         model, (_, cond, uncond, _) = self.experts[expert], args
         sharding = self._kv_sharding(expert, cond, uncond, per_video)
         fn = lambda p, c, u, i: context_cache(model, p, c, u, i, per_video)  # noqa: E731
-        return jax.jit(fn, out_shardings=sharding).lower(*args)
+        return jax.jit(fn, out_shardings=sharding, keep_unused=True).lower(
+            *args
+        )  # all the weights, as the step
 
     def _context_cache(
         self,

@@ -284,8 +284,10 @@ def _work(p: ProgramReport, chips: int) -> str:
 class Program:
     """A program of the run: its name, how to lower it, the run stage it belongs to (``encode``,
     ``denoise``, ``decode``: :mod:`wanjax.tools.plan`'s), the attention backend it uses, its
-    weights' bytes per chip in device memory (resident for the whole run under ``--offload none``)
-    and its analytic FLOPs over all chips (``None``: not counted, e.g. the VAE encoder)."""
+    weights' bytes per chip in device memory (resident for the whole run under ``--offload none``),
+    its analytic FLOPs over all chips (``None``: not counted, e.g. the VAE encoder) and the
+    component whose weights those are (default: its own; an expert's text K/V cache and step share
+    one transformer's)."""
 
     name: str
     lower: Callable[[], jax.stages.Lowered]
@@ -293,6 +295,7 @@ class Program:
     attention_backend: str | None
     weights_bytes: int
     flops: int | None = None
+    component: str | None = None
 
 
 def weights_per_chip(params: Any) -> int:
@@ -527,9 +530,10 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
         def lower(options: dict = options) -> jax.stages.Lowered:
             return sampler.lower(*inputs, **options)
 
+        component = f"transformer{suffix}"
         if cached:
-            yield Program(f"text_kv{suffix}", lower_kv, "denoise", "xla", weights, kv_flops)
-        yield Program(f"step{suffix}", lower, "denoise", backend, weights, step_flops.total)
+            yield Program(f"text_kv{suffix}", lower_kv, "denoise", "xla", weights, kv_flops, component)
+        yield Program(f"step{suffix}", lower, "denoise", backend, weights, step_flops.total, component)
 
     latents = in_strips(latents_shape)
     yield Program(
@@ -592,6 +596,9 @@ def compile_run(
         reports = [compile_one(p, None if planned is None else planned.get(p.stage)) for p in chosen]
     if parse_offload(run.offload) == "none":  # every component's weights stay on the chips
         for program, report in zip(chosen, reports, strict=True):
-            report.resident_bytes_per_chip = sum(p.weights_bytes for p in programs) - program.weights_bytes
+            weights = {p.component or p.name: p.weights_bytes for p in programs}  # each component once
+            report.resident_bytes_per_chip = (
+                sum(weights.values()) - weights[program.component or program.name]
+            )
     chip = tpu.chip
     return CompileReport(tpu.name, tpu.chips, chip.hbm_bytes, chip.usable_hbm_bytes, run.mesh.flag, reports)
