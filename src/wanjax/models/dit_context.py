@@ -4,11 +4,9 @@ instead of projecting the context at every step (:mod:`wanjax.pipeline.context_c
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import jax
 import jax.numpy as jnp
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 from wanjax.kernels.precision import Precision
 from wanjax.models.config import TransformerConfig
@@ -16,7 +14,7 @@ from wanjax.models.dit_embed import embed_context
 from wanjax.models.layers import Params, linear, rms_norm, scan_layers
 from wanjax.models.offload import stream_layers, streams_layers
 from wanjax.models.settings import DEFAULT_SETTINGS, RunSettings
-from wanjax.parallel.layouts import constrain, token_layout
+from wanjax.parallel.layouts import TokenLayout, constrain, token_layout
 
 _NORMS = {"to_q": "norm_q", "to_k": "norm_k", "add_k_proj": "norm_added_k"}
 # the cross-attention weights its keys and values are projected with
@@ -69,9 +67,9 @@ def context_kv(
     ``context_kv``; the blocks then compute exactly what they would have projected."""
     context, image_context = embed_context(params, cfg, prompt_embeds, settings, image_embeds)
     if settings.mesh is not None:  # laid out as the step's own context is (embed)
-        pin = _context_pin(settings.mesh, context.shape[0], cfg.num_attention_heads)
-        context = pin(context, "context")
-        image_context = None if image_context is None else pin(image_context, "context")
+        spec = _layout(settings.mesh, context.shape[0], cfg.num_attention_heads).context()
+        context = constrain(context, settings.mesh, spec)
+        image_context = None if image_context is None else constrain(image_context, settings.mesh, spec)
     out = {"blocks": _stacked_kv(params["blocks"], cfg, context, image_context, settings, True)}
     if cfg.vace:
         out["vace_blocks"] = _stacked_kv(params["vace_blocks"], cfg, context, image_context, settings, False)
@@ -101,24 +99,25 @@ def _stacked_kv(
         "index": jnp.arange(n, dtype=jnp.int32),
     }
 
-    pin = (lambda x: x) if settings.mesh is None else _kv_pin(settings.mesh, context.shape[0], heads)
+    mesh = settings.mesh
+    spec = None if mesh is None else kv_spec(mesh, context.shape[0], heads)
 
     def body(buf: ContextKV, item: Params) -> ContextKV:
         kv = cross_kv(item["attn2"], context, image_context, heads, cfg.eps, settings.precision)
-        kv = {name: pin(x) for name, x in kv.items()}  # as the cross-attention reads them
+        if mesh is not None:  # as the cross-attention reads them
+            kv = {name: constrain(x, mesh, spec) for name, x in kv.items()}
         return {name: buf[name].at[item["index"]].set(kv[name]) for name in buf}
 
     run_layers = stream_layers if may_stream and streams_layers(settings.offload) else scan_layers
     return run_layers(body, buffers, weights)
 
 
-def _context_pin(mesh: Mesh, rows: int, heads: int) -> Callable[[jax.Array, str], jax.Array]:
-    """``pin(x, spec_name)``: ``x`` pinned to the token layout's spec of that name for ``rows`` rows."""
-    layout = token_layout(dict(mesh.shape), rows, 1, heads)
-    return lambda x, name: constrain(x, mesh, getattr(layout, name)())
+def _layout(mesh: Mesh, rows: int, heads: int) -> TokenLayout:
+    """The token layout of ``rows`` forward rows (its context spec; the sequence is left whole)."""
+    return token_layout(dict(mesh.shape), rows, 1, heads)
 
 
-def _kv_pin(mesh: Mesh, rows: int, heads: int) -> Callable[[jax.Array], jax.Array]:
-    """Keys or values ``(rows, Lc, heads, head_dim)`` pinned as the cross-attention takes them."""
-    layout = token_layout(dict(mesh.shape), rows, 1, heads)
-    return lambda x: constrain(x, mesh, layout.qkv(split_seq=False))
+def kv_spec(mesh: Mesh, rows: int, heads: int) -> PartitionSpec:
+    """How a cross-attention's keys or values ``(rows, Lc, heads, head_dim)`` are split over ``mesh``:
+    as the attention reads them (rows over dp where they divide, heads over tp)."""
+    return _layout(mesh, rows, heads).qkv(split_seq=False)

@@ -24,8 +24,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from wanjax.models.dit import ContextKV, WanTransformer
+from wanjax.models.dit_context import kv_spec
 from wanjax.models.layers import Params
-from wanjax.parallel.layouts import token_layout
 
 ContextCache = dict[str, ContextKV]
 
@@ -79,9 +79,8 @@ def cache_sharding(model: WanTransformer, rows: int, per_video: bool) -> NamedSh
     mesh = model.settings.mesh
     if mesh is None:
         return None
-    layout = token_layout(dict(mesh.shape), rows, 1, model.cfg.num_attention_heads)
     lead = (None, None) if per_video else (None,)
-    return NamedSharding(mesh, P(*lead, *layout.qkv(split_seq=False)))
+    return NamedSharding(mesh, P(*lead, *kv_spec(mesh, rows, model.cfg.num_attention_heads)))
 
 
 def cache_bytes(cfg: Any, rows: int, text_len: int, image_len: int, itemsize: int) -> int:

@@ -33,15 +33,6 @@ import numpy as np
 
 from wanjax.errors import ConfigError
 
-# diffusers' SeaCacheConfig fields and defaults (raw_vision_callback, a Python hook for other models, aside)
-DEFAULTS: dict[str, Any] = {
-    "threshold": 0.25,
-    "residual_order": 1,
-    "retention_steps": 1,
-    "cache_end_steps": 1,
-    "max_consecutive_cached": 2,
-    "power_exp": 3.0,
-}
 INTEGERS = ("residual_order", "retention_steps", "cache_end_steps", "max_consecutive_cached")
 SIGMA_CLAMP = 1e-6
 
@@ -59,6 +50,10 @@ class SeaCacheSettings:
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+# diffusers' SeaCacheConfig fields and defaults (raw_vision_callback, a Python hook for other models, aside)
+DEFAULTS: dict[str, Any] = SeaCacheSettings().as_json()
 
 
 def _value(name: str, value: Any) -> Any:

@@ -88,17 +88,12 @@ def dit_forward_flops(
     patch_out = cfg.out_channels * cfg.patch_volume
     embed = (
         matmul_flops(b * tokens, patch_in, d)  # patch embedding
-        + matmul_flops(b * text_len, cfg.text_dim, d)
-        + matmul_flops(b * text_len, d, d)  # text embedder
+        + _context_embed_flops(cfg, b, text_len, image_len)
         + matmul_flops(b, cfg.freq_dim, d)
         + matmul_flops(b, d, d)  # time embedder
         + matmul_flops(b, d, 6 * d)  # time projection
         + matmul_flops(b * tokens, d, patch_out)  # output projection
     )
-    if image_len:  # the image embedder's MLP: image_dim -> image_dim -> d
-        embed += matmul_flops(b * image_len, cfg.image_dim, cfg.image_dim) + matmul_flops(
-            b * image_len, cfg.image_dim, d
-        )
     block = block_flops(cfg, tokens, b, text_len, image_len)
     total = Flops(embed, 0) + cfg.num_layers * block
     if cfg.vace_layers is not None and cfg.vace_in_channels is not None:
@@ -116,9 +111,8 @@ def block_flops(cfg: TransformerConfig, tokens: int, b: int, text_len: int, imag
     linear = (
         4 * matmul_flops(b * tokens, d, d)  # self-attention q, k, v, o
         + 2 * matmul_flops(b * tokens, d, d)  # cross-attention q, o
-        + 2 * matmul_flops(b * text_len, d, d)  # cross-attention k, v (text)
+        + _block_context_kv_flops(cfg, b, text_len, image_len)
         + 2 * matmul_flops(b * tokens, d, cfg.ffn_dim)  # FFN up and down
-        + 2 * matmul_flops(b * image_len, d, d)  # cross-attention add_k, add_v (image)
     )
     attention = attention_flops(b, heads, tokens, tokens, hd) + attention_flops(
         b, heads, tokens, text_len, hd
@@ -145,8 +139,7 @@ def skipped_step_flops(
     b = latent_shape[0] * (2 if guidance else 1)
     block = block_flops(cfg, dit_tokens(cfg, latent_shape), b, text_len, image_len)
     if context_cached:  # the block's keys and values of the context come from the cache
-        d = cfg.inner_dim
-        block -= Flops(2 * matmul_flops(b * text_len, d, d) + 2 * matmul_flops(b * image_len, d, d), 0)
+        block -= Flops(_block_context_kv_flops(cfg, b, text_len, image_len), 0)
     kept = 1 if policy == "firstblock" else 0
     full = dit_step_flops(cfg, latent_shape, text_len, guidance, image_len, context_cached)
     return full - block * (cfg.num_layers - kept)
@@ -157,14 +150,28 @@ def context_kv_flops(
 ) -> Flops:
     """The text K/V cache of ``rows`` forward rows (:mod:`wanjax.pipeline.context_cache`): the text
     (and image) embedder and every block's (and control block's) keys and values of the context."""
-    d = cfg.inner_dim
-    embed = matmul_flops(rows * text_len, cfg.text_dim, d) + matmul_flops(rows * text_len, d, d)
-    if image_len:
-        embed += matmul_flops(rows * image_len, cfg.image_dim, cfg.image_dim)
-        embed += matmul_flops(rows * image_len, cfg.image_dim, d)
-    per_block = 2 * matmul_flops(rows * text_len, d, d) + 2 * matmul_flops(rows * image_len, d, d)
+    embed = _context_embed_flops(cfg, rows, text_len, image_len)
     blocks = cfg.num_layers + len(cfg.vace_layers or ())
-    return Flops(embed + blocks * per_block, 0)
+    return Flops(embed + blocks * _block_context_kv_flops(cfg, rows, text_len, image_len), 0)
+
+
+def _context_embed_flops(cfg: TransformerConfig, rows: int, text_len: int, image_len: int) -> int:
+    """The text embedder's MLP (text_dim -> D -> D) and the image embedder's (image_dim -> image_dim -> D)."""
+    d = cfg.inner_dim
+    text = matmul_flops(rows * text_len, cfg.text_dim, d) + matmul_flops(rows * text_len, d, d)
+    if not image_len:
+        return text
+    return (
+        text
+        + matmul_flops(rows * image_len, cfg.image_dim, cfg.image_dim)
+        + matmul_flops(rows * image_len, cfg.image_dim, d)
+    )
+
+
+def _block_context_kv_flops(cfg: TransformerConfig, rows: int, text_len: int, image_len: int) -> int:
+    """A block's cross-attention keys and values of the text (k, v) and the image tokens (add_k, add_v)."""
+    d = cfg.inner_dim
+    return 2 * matmul_flops(rows * text_len, d, d) + 2 * matmul_flops(rows * image_len, d, d)
 
 
 def dit_step_flops(

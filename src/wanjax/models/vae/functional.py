@@ -42,9 +42,8 @@ def _decode_any(
 ) -> tuple[jax.Array, jax.Array]:
     """Channel-last VAE latents -> ``finish(frames)`` (time on ``time_axis``), tiled when ``tiling``
     applies to this size, and the count of non-finite values in the frames before ``finish``."""
-    size = None if tiling is None else tiling.size // cfg.spatial_factor
     finish_patches = _finish_patches(cfg, finish)
-    if size is None or (z.shape[2] <= size and z.shape[3] <= size):
+    if tiling is None or not tiling.applies(cfg, z.shape[2], z.shape[3]):
         return decode_frames(
             params, cfg, z, finish_patches, nm=nm, chunk=chunk, frames=frames, time_axis=time_axis
         )

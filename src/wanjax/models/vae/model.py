@@ -274,10 +274,7 @@ class WanVAE:
 
     def _tiled(self, latents: jax.Array) -> bool:
         """Whether the decode of ``latents`` goes in spatial tiles (:class:`Tiling`)."""
-        if self.tiling is None:
-            return False
-        size = self.tiling.size // self.cfg.spatial_factor
-        return latents.shape[3] > size or latents.shape[4] > size
+        return self.tiling is not None and self.tiling.applies(self.cfg, *latents.shape[3:5])
 
     def _decode_in_parts(
         self, x: jax.Array, on_frames: Callable[[int, int], None]

@@ -49,6 +49,11 @@ class Tiling:
             raise ConfigError(f"tiling must be SIZE or SIZE:STRIDE in pixels (e.g. 256:192), got {text!r}")
         return cls(int(size), int(stride) if stride else int(size) * 3 // 4)
 
+    def applies(self, cfg: VAEConfig, latent_height: int, latent_width: int) -> bool:
+        """Whether latents of this size decode in tiles: the frame is larger than a tile."""
+        size = self.size // cfg.spatial_factor
+        return latent_height > size or latent_width > size
+
     def check_stride(self, spatial_factor: int) -> None:
         """Raise unless the stride is at least one latent pixel (``spatial_factor`` pixels)."""
         if self.stride < spatial_factor:
