@@ -1,4 +1,5 @@
-"""A transformer file's load: peak host memory and time, GGUF (Q8_0, Q4_0) against bf16 safetensors.
+"""A transformer file's load: peak host memory and time, GGUF (Q8_0, Q4_0; dequantised, or kept as
+their blocks with ``--weights_dtype gguf``) against bf16 safetensors.
 
 A real variant's transformer with ``--layers`` of its blocks (random weights, the original Wan key
 names, as city96's GGUF files and ComfyUI's single files hold them; GGUF: the 2-D matmul kernels
@@ -8,8 +9,8 @@ its peak resident memory during the load (``VmHWM`` after resetting it through
 ``/proc/self/clear_refs``; it counts the file's pages the reader maps, which the system can drop)
 and the peak of its anonymous memory (``RssAnon``, sampled every 5 ms: what cannot be dropped), each
 over what the process held before, against the
-file's size and the loaded weights' bytes (one device, ``--weights_dtype bf16``: GGUF tensors are
-dequantised as they are read).
+file's size and the loaded weights' bytes (one device; ``--weights_dtype bf16``: GGUF tensors are
+dequantised as they are read; ``gguf``: the quantised kernels stay the file's blocks).
 
     python benchmarks/gguf_load_memory.py                      # 14B, 2 of its 40 blocks
     python benchmarks/gguf_load_memory.py --arch 1.3B --layers 4
@@ -65,7 +66,7 @@ def write_files(arch: str, layers: int, folder: Path) -> dict[str, Path]:
     return files
 
 
-def load_once(arch: str, layers: int, path: str) -> dict[str, float]:
+def load_once(arch: str, layers: int, path: str, weights_dtype: str) -> dict[str, float]:
     """In this process: load ``path`` and report the peak resident memory the load added."""
     import jax
 
@@ -85,7 +86,7 @@ def load_once(arch: str, layers: int, path: str) -> dict[str, float]:
     sampler = threading.Thread(target=sample)
     sampler.start()
     start = time.perf_counter()
-    model = load_transformer(path, "bfloat16", config=config)
+    model = load_transformer(path, "bfloat16", config=config, weights_dtype=weights_dtype)
     jax.block_until_ready(model.params)
     seconds = time.perf_counter() - start
     done.set()
@@ -116,9 +117,10 @@ def main() -> None:
     parser.add_argument("--arch", default="14B")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--child_weights", default="bf16", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(load_once(args.arch, args.layers, args.child)))
+        print(json.dumps(load_once(args.arch, args.layers, args.child, args.child_weights)))
         return
     with tempfile.TemporaryDirectory() as tmp:
         files = write_files(args.arch, args.layers, Path(tmp))
@@ -127,9 +129,12 @@ def main() -> None:
             "| file | file GiB | loaded weights GiB | peak resident added, GiB | peak anonymous added, GiB | load s |"
         )
         print("|---|---|---|---|---|---|")
-        for name, path in files.items():
+        runs = [(name, path, "bf16") for name, path in files.items()]
+        runs += [(f"{name} kept", path, "gguf") for name, path in files.items() if name.startswith("GGUF")]
+        for name, path, weights in runs:
             command = [sys.executable, __file__, "--arch", args.arch, "--layers", str(args.layers)]
-            out = subprocess.run([*command, "--child", str(path)], capture_output=True, text=True, check=True)
+            command += ["--child", str(path), "--child_weights", weights]
+            out = subprocess.run(command, capture_output=True, text=True, check=True)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             print(
                 f"| {name} | {path.stat().st_size / GiB:.2f} | {r['weights_bytes'] / GiB:.2f} | "

@@ -345,7 +345,7 @@ def test_bad_offload_and_weights_dtype_are_one_line_errors(capsys):
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 2, err
     assert "--offload: invalid choice 'disk' (choose from none, model, blocks)" in err
-    assert "invalid choice 'int4' (choose from bf16, int8, fp8)" in err
+    assert "invalid choice 'int4' (choose from bf16, int8, fp8, gguf)" in err
 
 
 def test_image_to_video_14b_adds_clip_the_vae_and_the_image_layers(capsys):

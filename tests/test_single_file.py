@@ -11,7 +11,7 @@ import torch
 from diffusers import WanTransformer3DModel
 from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 from helpers.compare import assert_same_params
-from helpers.models import TINY_DIT
+from helpers.models import TINY_DIT, original_state
 from safetensors.numpy import save_file
 
 from wanjax.errors import CheckpointError
@@ -31,11 +31,6 @@ DIFFUSERS_UNCONVERTED = {"img_emb.emb_pos": "condition_embedder.image_embedder.p
 def diffusers_kwargs(cfg: TransformerConfig) -> dict:
     """A wanjax transformer config as ``WanTransformer3DModel``'s arguments."""
     return {k: v for k, v in cfg.to_dict().items() if not k.startswith("_")}
-
-
-def original_state(model: WanTransformer3DModel, prefix: str = "") -> dict[str, np.ndarray]:
-    """A diffusers model's tensors under the original Wan names (float32 NumPy)."""
-    return {prefix + WAN_TRANSFORMER.file_name(k): v.float().numpy() for k, v in model.state_dict().items()}
 
 
 @pytest.mark.parametrize("name", [n for n, v in released().items() if v.name not in ("I2V-14B-720P",)])
@@ -153,16 +148,13 @@ def test_tiny_dit_config_is_the_fixture():
     assert TINY_DIT["num_layers"] == 2  # the names above (blocks.1) assume two layers
 
 
-# A tiny transformer whose matmul inputs are 256 wide: whole Q8_0 (32) and Q4_K (256) blocks per row.
-GGUF_DIT = {**TINY_DIT, "attention_head_dim": 128, "ffn_dim": 256, "text_dim": 256, "freq_dim": 256}
-
-
 @pytest.fixture(scope="module")
 def gguf_transformer(tmp_path_factory):
+    from helpers.gguf_files import GGUF_DIT
     from helpers.models import save_transformer
 
     root = tmp_path_factory.mktemp("gguf_dit")
-    return root, save_transformer(root, seed=4, **GGUF_DIT)
+    return root, save_transformer(root, seed=4, **{**TINY_DIT, **GGUF_DIT})
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
@@ -170,20 +162,12 @@ def test_a_gguf_transformer_holds_the_tensors_diffusers_dequantizes(tmp_path, gg
     """city96's conventions: original names, matmul weights quantised, the rest float32; wanjax's
     params are diffusers' dequantised tensors, laid out by the one spec."""
     from diffusers import GGUFQuantizationConfig
-    from helpers.gguf_files import Q, diffusers_values, random_blocks, write
+    from helpers.gguf_files import Q, diffusers_values, write_transformer
 
     from wanjax.io.checkpoint import ArrayRef, load_params
 
     root, model = gguf_transformer
-    q = Q[qtype]
-    rng = np.random.default_rng(0)
-    tensors = {}
-    for name, w in original_state(model).items():
-        if w.ndim == 2 and name.endswith(".weight"):
-            tensors[name] = (q, random_blocks(q, w.shape, rng) if qtype == "Q4_K" else w)
-        else:
-            tensors[name] = (Q.F32, w)
-    path = write(tmp_path / f"wan-{qtype}.gguf", tensors)
+    path = write_transformer(tmp_path / f"wan-{qtype}.gguf", original_state(model), Q[qtype])
     cfg = TRANSFORMER.read_config(root / "transformer")
 
     ours = load_transformer(path, "float32", config=cfg)
@@ -267,7 +251,8 @@ def test_generate_with_a_transformer_file_makes_the_same_video(demo_env, tmp_pat
 def test_generate_with_gguf_and_fp8_scaled_files_makes_their_dequantized_weights_video(demo_env, tmp_path):
     """End to end: the demo transformer as a Q8_0 GGUF (city96's conventions) and as fp8-scaled
     safetensors; each video equals the one from a plain file of the weights diffusers dequantizes
-    (GGUF) or the file's ``value x scale`` (fp8): the same frames."""
+    (GGUF) or the file's ``value x scale`` (fp8): the same frames; the GGUF kept as its blocks
+    (``--weights_dtype gguf``) within a level of them."""
     from helpers.gguf_files import Q, diffusers_values, write
     from safetensors.numpy import load_file
 
@@ -304,6 +289,19 @@ def test_generate_with_gguf_and_fp8_scaled_files_makes_their_dequantized_weights
             assert main([*args, "--transformer", str(weights), "--output_video", str(video), "--quiet"]) == 0
         ours, reference = (frames(v).astype(np.int16) for v in videos)
         assert np.abs(ours - reference).max() == 0, file.name
+        if file == gguf_file:  # kept as its blocks on the device (--weights_dtype gguf): within a level
+            kept = tmp_path / "kept.mp4"
+            flags = [
+                "--transformer",
+                str(file),
+                "--weights_dtype",
+                "gguf",
+                "--output_video",
+                str(kept),
+                "--quiet",
+            ]
+            assert main([*args, *flags]) == 0
+            assert np.abs(frames(kept).astype(np.int16) - reference).max() <= 1
         assert (
             np.abs(ours - frames_of_the_directory(demo_env, tmp_path, args)).max() > 0
         )  # quantised: not the same

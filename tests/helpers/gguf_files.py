@@ -23,13 +23,16 @@ RANDOM_BLOCKS = {
 }
 
 
-def random_blocks(qtype: Q, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """Random bytes of a ``qtype`` tensor of ``shape`` (byte shape), with finite float16 scales."""
+def random_blocks(
+    qtype: Q, shape: tuple[int, ...], rng: np.random.Generator, scale: float = 0.05
+) -> np.ndarray:
+    """Random bytes of a ``qtype`` tensor of ``shape`` (byte shape), with finite float16 scales in
+    ``±scale``."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     n_blocks = int(np.prod(shape)) // block
     raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
     for at in RANDOM_BLOCKS[qtype]:
-        scales = rng.uniform(-0.05, 0.05, n_blocks).astype(np.float16)
+        scales = rng.uniform(-scale, scale, n_blocks).astype(np.float16)
         raw[:, at : at + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
     return raw.reshape(*shape[:-1], shape[-1] // block * size)
 
@@ -54,6 +57,29 @@ def write(path: Path, tensors: dict, metadata: dict | None = None) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+# A tiny transformer whose matmul inputs are 256 wide: whole Q8_0 (32) and K-quant (256) blocks per row.
+GGUF_DIT = {"attention_head_dim": 128, "ffn_dim": 256, "text_dim": 256, "freq_dim": 256}
+
+
+def write_transformer(
+    path: Path, state: dict[str, np.ndarray], qtype: Q, seed: int = 0, scale: float = 0.05
+) -> Path:
+    """A transformer's tensors (original names) as city96's files hold them: the 2-D matmul weights
+    in ``qtype`` (random blocks, scales in ``±scale``, for the types gguf cannot quantise), the rest
+    float32."""
+    rng = np.random.default_rng(seed)
+    tensors = {}
+    for name, w in state.items():
+        if w.ndim == 2 and name.endswith(".weight"):
+            tensors[name] = (
+                qtype,
+                random_blocks(qtype, w.shape, rng, scale) if qtype in RANDOM_BLOCKS else w,
+            )
+        else:
+            tensors[name] = (Q.F32, w)
+    return write(path, tensors)
 
 
 def diffusers_values(path: Path) -> dict[str, np.ndarray]:

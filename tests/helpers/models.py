@@ -51,3 +51,10 @@ def noise_file(tmp_path_factory: pytest.TempPathFactory, shape: tuple[int, ...])
     path = tmp_path_factory.mktemp("noise") / "noise.safetensors"
     save_file({"latents": latents.numpy()}, str(path))
     return latents, path
+
+
+def original_state(model: torch.nn.Module, prefix: str = "") -> dict:
+    """A diffusers transformer's tensors under the original Wan names (float32 NumPy)."""
+    from wanjax.models.dit_layouts import WAN_TRANSFORMER
+
+    return {prefix + WAN_TRANSFORMER.file_name(k): v.float().numpy() for k, v in model.state_dict().items()}

@@ -42,8 +42,10 @@ from wanjax.io.checkpoint import (
     build_leaf,
     leaf_dtype,
 )
+from wanjax.io.gguf_kernel import build_kept
 from wanjax.io.quantizable import (
     INPUT_AXIS,
+    KEPT_GGUF,
     QUANTIZED_DTYPES,
     SCALE_DTYPE,
     is_quantizable,
@@ -211,7 +213,10 @@ def quantized_leaf(
 def leaf_builder(weights: str) -> LeafBuilder:
     """The :data:`~wanjax.io.checkpoint.LeafBuilder` of ``--weights_dtype weights``: ``bf16`` builds
     every leaf in the model dtype (:func:`~wanjax.io.checkpoint.build_leaf`); ``int8`` and ``fp8``
-    build quantisable leaves as :class:`QuantizedKernel` and the others as ``bf16`` does."""
+    build quantisable leaves as :class:`QuantizedKernel` and the others as ``bf16`` does; ``gguf`` keeps
+    a GGUF file's quantised kernels as :class:`~wanjax.io.gguf_kernel.GGUFKernel`."""
+    if weights == KEPT_GGUF:
+        return build_kept
     qdtype = weights_dtype(weights)
     if qdtype is None:
         return build_leaf

@@ -21,14 +21,16 @@ import numpy as np
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import LeafSource, linear_kernel
 
-# ``--weights_dtype``: bf16 keeps the weights in the model dtype (no quantisation); the others store
-# quantisable leaves in 8 bits.
+# ``--weights_dtype``: bf16 keeps the weights in the model dtype (no quantisation); int8 and fp8 store
+# quantisable leaves in 8 bits; gguf keeps a GGUF file's quantised kernels as the file stores them
+# (:mod:`wanjax.io.gguf_kernel`), the rest in the model dtype.
 UNQUANTIZED = "bf16"
 QUANTIZED_DTYPES: dict[str, np.dtype] = {
     "int8": np.dtype(np.int8),
     "fp8": np.dtype(ml_dtypes.float8_e4m3fn),
 }
-WEIGHTS_DTYPES = (UNQUANTIZED, *QUANTIZED_DTYPES)
+KEPT_GGUF = "gguf"
+WEIGHTS_DTYPES = (UNQUANTIZED, *QUANTIZED_DTYPES, KEPT_GGUF)
 SCALE_DTYPE = np.dtype(np.float32)
 INPUT_AXIS = -2  # a kernel's contraction axis: (in, out), or (layers, in, out) when stacked
 
@@ -54,9 +56,9 @@ def scale_shape(source: LeafSource) -> tuple[int, ...]:
 
 
 def weights_dtype(name: str) -> np.dtype | None:
-    """``--weights_dtype`` -> the 8-bit storage dtype, or None for ``bf16`` (not quantised); ConfigError
-    for anything else."""
-    if name == UNQUANTIZED:
+    """``--weights_dtype`` -> the 8-bit storage dtype, or None for ``bf16`` and ``gguf`` (nothing
+    quantised on loading); ConfigError for anything else."""
+    if name in (UNQUANTIZED, KEPT_GGUF):
         return None
     if name not in QUANTIZED_DTYPES:
         raise ConfigError(f"unknown weights dtype {name!r}; use one of {', '.join(WEIGHTS_DTYPES)}")

@@ -407,7 +407,8 @@ class MemoryFlags:
         "bf16",
         choices=_weights_dtypes,
         help="matmul kernels of the DiT and text encoder (default {default}: in --dtype); "
-        "int8, fp8: 8-bit with a float32 scale per output channel",
+        "int8, fp8: 8-bit with a float32 scale per output channel; gguf: a GGUF file's quantised "
+        "kernels kept as stored, dequantised per layer where they are used",
     )
 
 

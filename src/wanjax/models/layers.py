@@ -7,7 +7,8 @@ AMX/MXU/tensor cores. Norm statistics are always computed in float32. ``precisio
 :mod:`wanjax.kernels.precision`) sets how float32 operands are multiplied; it is ignored for 16-bit ones.
 
 A kernel may be 8-bit (:class:`~wanjax.io.quant.QuantizedKernel`, ``--weights_dtype int8|fp8``): the
-matmul dequantises it (:func:`quantized_matmul`).
+matmul dequantises it (:func:`quantized_matmul`); or GGUF blocks (:class:`~wanjax.io.gguf_kernel.GGUFKernel`,
+``--weights_dtype gguf``), dequantised to the model dtype where the matmul reads them.
 """
 
 from __future__ import annotations
@@ -20,20 +21,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wanjax.io.gguf_kernel import GGUFKernel
 from wanjax.io.quant import FP8, QMAX, QuantizedKernel
 from wanjax.kernels.common import Platform
 from wanjax.kernels.precision import Precision, lax_precision
 from wanjax.target import current_target
 
 Params = dict
-Kernel = jax.Array | QuantizedKernel
+Kernel = jax.Array | QuantizedKernel | GGUFKernel
 
 
 def matmul(x: jax.Array, w: Kernel, precision: Precision = "highest") -> jax.Array:
     """``x @ w`` with float32 accumulation; float32 inputs at ``precision`` (default: exact, also on TPU).
-    An 8-bit ``w`` goes through :func:`quantized_matmul`."""
+    An 8-bit ``w`` goes through :func:`quantized_matmul`; GGUF blocks are dequantised first."""
     if isinstance(w, QuantizedKernel):
         return quantized_matmul(x, w, precision)
+    if isinstance(w, GGUFKernel):
+        w = w.dequantize()
     return jnp.matmul(x, w, preferred_element_type=jnp.float32, precision=lax_precision(precision, x.dtype))
 
 

@@ -11,6 +11,8 @@ diff_b_i``, computed in float32 and cast to the leaf's dtype. The merge runs on 
 one program per leaf whose output keeps the leaf's sharding, so each device computes only its own
 slice of ``B @ A`` from the (small, replicated) factors: no device or host ever holds a whole merged
 14B layer it does not own. Leaves in host memory (offload) are merged on the device and moved back.
+A kernel kept as GGUF blocks (``--weights_dtype gguf``) takes the factors unmerged
+(:class:`~wanjax.io.gguf_kernel.GGUFKernel`: added where the kernel is dequantised, the same sum).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 
 from wanjax.errors import CheckpointError, ConfigError
 from wanjax.io.checkpoint import LeafSource, Transpose, identity
+from wanjax.io.gguf_kernel import GGUFKernel
 from wanjax.io.lora import LoraFile, LoraUpdate, read_lora
 from wanjax.io.quant import QuantizedKernel, quantize
 from wanjax.models.offload import DEVICE, memory_kind
@@ -220,11 +223,30 @@ def _factors_of(update: LeafUpdate, lead: tuple[int, ...]) -> tuple[np.ndarray, 
     return up, down, bias
 
 
+def with_factors(base: GGUFKernel, update: LeafUpdate) -> GGUFKernel:
+    """A GGUF kernel with ``update``'s factors beside its own (concatenated along the rank), on every
+    device of its blocks, in their memory kind."""
+    up, down, _ = _factors_of(update, base.shape[:1] if update.source.stacked else ())
+    if base.up is not None:
+        up = np.concatenate([np.asarray(base.up), up], axis=-1)
+        down = np.concatenate([np.asarray(base.down), down], axis=-2)
+    sharding = base.blocks.sharding
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        replicated = jax.sharding.NamedSharding(
+            sharding.mesh, jax.sharding.PartitionSpec(), memory_kind=sharding.memory_kind
+        )
+    else:
+        replicated = sharding
+    return dataclasses.replace(base, up=jax.device_put(up, replicated), down=jax.device_put(down, replicated))
+
+
 def merge_leaf(base: jax.Array, update: LeafUpdate) -> jax.Array:
     """``base`` with ``update`` merged: computed on the devices ``base`` lives on, the output laid out
     as ``base`` (so each device computes only its own slice), back in ``base``'s memory kind."""
     if isinstance(base, QuantizedKernel):
         return merge_quantized(base, update)
+    if isinstance(base, GGUFKernel):
+        return with_factors(base, update)
     sharding = base.sharding
     on_device = sharding.with_memory_kind(DEVICE) if memory_kind(base) != DEVICE else sharding
     replicated = _replicated_like(sharding)
@@ -258,7 +280,7 @@ def _replace(params: Params, new: dict[Path_, Any]) -> Params:
 
 
 def _is_kernel(x: Any) -> bool:
-    return isinstance(x, QuantizedKernel)
+    return isinstance(x, QuantizedKernel | GGUFKernel)
 
 
 def merge(params: Params, plan: dict[Path_, LeafUpdate]) -> Params:
@@ -277,6 +299,8 @@ def restore(params: Params, base: dict[Path_, jax.Array]) -> Params:
 
 
 def _placed_as(array: Any, leaf: Any) -> Any:
+    if isinstance(array, GGUFKernel):  # the blocks never change: the leaf's, with ``array``'s factors
+        return dataclasses.replace(leaf, up=array.up, down=array.down)
     return jax.device_put(array, jax.tree.map(lambda x: x.sharding, leaf))
 
 

@@ -110,7 +110,8 @@ class WanPipeline(PipelineComponents):
     layer weights are streamed from host memory during each step); see the module docstring.
     ``weights_dtype``: ``"bf16"`` (the weights in ``dtype``), ``"int8"`` or ``"fp8"``: the
     transformer's and text encoder's matmul kernels stored in 8 bits with a float32 scale per
-    output channel (:mod:`wanjax.io.quant`; error bounds in the README). ``loras``: LoRA adapters
+    output channel (:mod:`wanjax.io.quant`; error bounds in the README); ``"gguf"``: a GGUF file's
+    quantised kernels kept as stored (:mod:`wanjax.io.gguf_kernel`). ``loras``: LoRA adapters
     ``[(file, weight), ...]`` merged into the transformer's weights; ``loras_2``: into a two-expert
     model's ``transformer_2`` (:meth:`set_loras`). ``text_encoder``, ``image_encoder``,
     ``transformer``, ``transformer_2``, ``vae``: components already built (as diffusers' pipelines

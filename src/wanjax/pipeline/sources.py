@@ -78,6 +78,24 @@ def check_fit(folder: str, path: Path, cfg: Any, what: str) -> Any:
     return cfg
 
 
+def kept_gguf_types(folder: str, path: Path, cfg: Any) -> dict[str, str]:
+    """The GGUF type of each leaf (by its key path, :func:`jax.tree_util.keystr`) that
+    ``--weights_dtype gguf`` keeps as stored, read from the file's header
+    (:func:`wanjax.io.gguf_kernel.stored_type`): empty for a file that is not GGUF."""
+    import jax
+
+    from wanjax.io.checkpoint import LeafSource
+    from wanjax.io.gguf_kernel import stored_type
+
+    component = COMPONENTS[folder]
+    stored = component.file_weights(path, cfg)
+    refs = stored.open()
+    spec = stored.spec(component, cfg, refs)
+    leaves = jax.tree_util.tree_flatten_with_path(spec, is_leaf=lambda x: isinstance(x, LeafSource))[0]
+    found = {jax.tree_util.keystr(key): stored_type(source, refs) for key, source in leaves}
+    return {key: qtype for key, qtype in found.items() if qtype is not None}
+
+
 def base_variant(files: Mapping[str, Path]) -> Variant:
     """The registry variant a run given component files and no ``--model`` is of: its transformer file
     recognised (a two-expert variant when a ``transformer_2`` file is given too)."""

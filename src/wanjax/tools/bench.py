@@ -57,7 +57,7 @@ from wanjax.errors import WanjaxError
 from wanjax.io.atomic import write_text
 from wanjax.io.checkpoint import ShardingFn, abstract_params, random_params, random_params_on_device
 from wanjax.io.quant import leaf_builder
-from wanjax.io.quantizable import UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
+from wanjax.io.quantizable import KEPT_GGUF, UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
 from wanjax.jobs.flags import add_flags, from_namespace, option
 from wanjax.jobs.groups import DEFAULT_DTYPE, PromptFlags, VaeFlags, cache_options
 from wanjax.jobs.status import Status
@@ -155,7 +155,7 @@ class BenchConfig:
     )
     weights_dtype: str = option(
         UNQUANTIZED,
-        choices=WEIGHTS_DTYPES,
+        choices=tuple(w for w in WEIGHTS_DTYPES if w != KEPT_GGUF),  # gguf needs a file's blocks
         help="matmul kernels of the DiT and text encoder (default {default}: in --dtype); int8, fp8: "
         "8 bits with a float32 scale per output channel (drawn with NumPy: no on-device quantised draw)",
     )

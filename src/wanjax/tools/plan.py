@@ -28,7 +28,6 @@ import functools
 import itertools
 import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -36,9 +35,9 @@ import numpy as np
 
 from wanjax.errors import WanjaxError
 from wanjax.io.checkpoint import LeafSource, abstract_params, leaf_dtype, linear_kernel
-from wanjax.io.component import Component
+from wanjax.io.gguf_kernel import blocks_shape, blocks_spec
 from wanjax.io.quantizable import (
-    QUANTIZED_DTYPES,
+    KEPT_GGUF,
     SCALE_DTYPE,
     UNQUANTIZED,
     WEIGHTS_DTYPES,
@@ -47,13 +46,10 @@ from wanjax.io.quantizable import (
     weights_dtype,
 )
 from wanjax.models import clip_vision, dit, umt5, vae
-from wanjax.models.clip_vision import IMAGE_ENCODER, CLIPVisionConfig
+from wanjax.models.clip_vision import CLIPVisionConfig
 from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.defaults import TEXT_LENGTH
-from wanjax.models.dit import TRANSFORMER
 from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS, parse_offload, streams_layers
-from wanjax.models.registry import CLIP_VIT_H_14, UMT5_XXL, WAN21_VAE, registry
-from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import ACCELERATOR_CONV, Numerics
 from wanjax.models.vae.scan import decoder_chunk, encoder_chunk
@@ -62,9 +58,8 @@ from wanjax.parallel.layouts import TokenLayout, strip_count, token_layout
 from wanjax.parallel.mesh import MeshSpec, auto_mesh
 from wanjax.parallel.rules import leaf_spec, num_shards, per_device_param_bytes
 from wanjax.pipeline.context_cache import cache_bytes, default_on
-from wanjax.pipeline.demo import demo_text_encoder_config
-from wanjax.pipeline.model_index import read_model_index
 from wanjax.target import current_target
+from wanjax.tools.plan_models import Model, model_configs, model_name  # noqa: F401 (plan's API)
 
 HEADROOM = 0.9
 GiB = 1 << 30
@@ -76,76 +71,6 @@ def size_text(size: float) -> str:
 
 
 ATTENTION_BLOCK = (512, 1024)  # the xla backend's query/key blocks
-
-
-@dataclasses.dataclass(frozen=True)
-class Model:
-    transformer: TransformerConfig
-    text_encoder: UMT5Config
-    vae: VAEConfig
-    image_encoder: CLIPVisionConfig | None = None  # image-to-video models with a CLIP encoder
-    experts: int = 1  # Wan 2.2 A14B: two transformers of this config
-    image: bool = False  # an image-to-video model: the VAE encodes its conditioning in the encode stage
-
-
-DEFAULT_MODEL = "14B"
-
-
-def model_name(model: str | None, files: Mapping[str, str | None] | None = None) -> str:
-    """The model a plan is of: ``model``; else the variant the component ``files``' transformer file
-    is of (:func:`wanjax.pipeline.sources.base_variant`), else :data:`DEFAULT_MODEL`."""
-    from wanjax.pipeline import sources
-
-    if model is not None:
-        return model
-    paths = sources.component_files(files or {})
-    return sources.base_variant(paths).name if paths else DEFAULT_MODEL
-
-
-def model_configs(model: str, files: Mapping[str, str | None] | None = None) -> Model:
-    """A variant of the registry (:func:`wanjax.models.registry.registry`, the demos included) or a
-    diffusers directory (its configs; a component without one: the released checkpoints'), with the
-    component ``files`` given (``{folder: file}``) checked to fit it."""
-    from wanjax.pipeline import sources
-
-    paths = sources.component_files(files or {})
-    found = _model_configs(model)
-    configs = {"transformer": found.transformer, "transformer_2": found.transformer, "vae": found.vae}
-    configs |= {"text_encoder": found.text_encoder, "image_encoder": found.image_encoder}
-    for folder, path in paths.items():
-        if configs[folder] is None or (folder == "transformer_2" and found.experts == 1):
-            raise WanjaxError(f"--{folder} {path}: {model} has no {folder}")
-        sources.check_fit(folder, path, configs[folder], f"{model}'s {folder}")
-    return found
-
-
-def _model_configs(model: str) -> Model:
-    presets = registry()
-    if model in presets:
-        v = presets[model]
-        text = v.text_encoder or demo_text_encoder_config()  # None: a demo's, sized to its vocabulary
-        return Model(v.transformer, text, v.vae, v.image_encoder, v.experts, v.image)
-    root = Path(model)
-    if not (root / TRANSFORMER.folder / TRANSFORMER.config_file).is_file():
-        raise WanjaxError(
-            f"--model {model!r} is neither a preset ({', '.join(presets)}) nor a diffusers model directory "
-            "with transformer/config.json"
-        )
-
-    def read(component: Component, default: Any) -> Any:
-        folder = root / component.folder
-        return component.read_config(folder) if (folder / component.config_file).is_file() else default
-
-    transformer = TRANSFORMER.read_config(root / TRANSFORMER.folder)
-    index = read_model_index(root)
-    return Model(
-        transformer,
-        read(TEXT_ENCODER, UMT5_XXL),
-        read(vae.VAE, WAN21_VAE),
-        read(IMAGE_ENCODER, CLIP_VIT_H_14) if transformer.image_tokens else None,
-        2 if index is not None and index.boundary_ratio is not None else 1,
-        transformer.image_to_video or (index is not None and index.expand_timesteps),
-    )
 
 
 @dataclasses.dataclass
@@ -270,16 +195,26 @@ class WeightBytes:
 
 
 def weight_bytes(
-    spec: Any, dtype: Any, sizes: dict[str, int], fsdp: bool = False, weights: str = UNQUANTIZED
+    spec: Any,
+    dtype: Any,
+    sizes: dict[str, int],
+    fsdp: bool = False,
+    weights: str = UNQUANTIZED,
+    kept: Mapping[str, str] | None = None,
 ) -> WeightBytes:
     """Per-device bytes of a LeafSource tree loaded in ``dtype`` under ``sizes``, with ``weights``
     (``--weights_dtype``) 8-bit: each :func:`~wanjax.io.quantizable.is_quantizable` leaf as 1 byte per
-    element plus a float32 scale per output channel, split as the kernel's output axis is."""
+    element plus a float32 scale per output channel, split as the kernel's output axis is; ``gguf``:
+    the leaves of ``kept`` (key path -> GGUF type, :func:`wanjax.pipeline.sources.kept_gguf_types`)
+    as their blocks, split as :func:`~wanjax.io.gguf_kernel.blocks_spec` splits them."""
     quantized = weights_dtype(weights)
+    kept = (kept or {}) if weights == KEPT_GGUF else {}
     dtype = np.dtype(dtype)
     fixed = layer = dequantized = 0
     num_layers = 0
-    for source in jax.tree.leaves(spec, is_leaf=lambda x: isinstance(x, LeafSource)):
+    leaves = jax.tree_util.tree_flatten_with_path(spec, is_leaf=lambda x: isinstance(x, LeafSource))[0]
+    for key, source in leaves:
+        qtype = kept.get(jax.tree_util.keystr(key))
         shape = source.target_shape()
         entries = tuple(leaf_spec(source, sizes, fsdp))
         entries += (None,) * (len(shape) - len(entries))
@@ -292,13 +227,17 @@ def weight_bytes(
                 )
             num_layers = len(source.names)
             shape, entries = shape[1:], entries[1:]
-        if quantized is not None and is_quantizable(source):
-            nbytes = _shard_bytes(shape, entries, quantized, sizes)
+        stored = quantized if quantized is not None and is_quantizable(source) else None
+        if qtype is not None:
+            blocks = blocks_spec(entries, shape, qtype, sizes)
+            nbytes = _shard_bytes(blocks_shape(shape, qtype), blocks, np.dtype(np.uint8), sizes)
+        elif stored is not None:
+            nbytes = _shard_bytes(shape, entries, stored, sizes)
             nbytes += _shard_bytes(scale_dims(shape), scale_dims(entries), SCALE_DTYPE, sizes)
-            if source.stacked:
-                dequantized += _shard_bytes(shape, entries, dtype, sizes)
         else:
             nbytes = _shard_bytes(shape, entries, leaf_dtype(source, dtype), sizes)
+        if source.stacked and (qtype or stored) is not None:  # one layer dequantised for its matmuls
+            dequantized += _shard_bytes(shape, entries, dtype, sizes)
         if source.stacked and source.layout == linear_kernel:  # streamed (offload.streamed)
             layer += nbytes
         else:  # the rest stays on the device, streaming or not, stacked norms and biases included
@@ -310,17 +249,22 @@ VACE_LEAVES = ("vace_patch_embedding", "vace_proj_in", "vace_blocks")
 
 
 def transformer_bytes(
-    cfg: TransformerConfig, dtype: Any, sizes: dict[str, int], fsdp: bool = False, weights: str = UNQUANTIZED
+    cfg: TransformerConfig,
+    dtype: Any,
+    sizes: dict[str, int],
+    fsdp: bool = False,
+    weights: str = UNQUANTIZED,
+    kept: Mapping[str, str] | None = None,
 ) -> WeightBytes:
     """:func:`weight_bytes` of a transformer: a VACE model's control blocks (their own stack, never
     streamed) count with the weights that stay on the device."""
     spec = dit.checkpoint_spec(cfg)
     control = {name: spec.pop(name) for name in VACE_LEAVES if name in spec}
-    found = weight_bytes(spec, dtype, sizes, fsdp, weights)
+    found = weight_bytes(spec, dtype, sizes, fsdp, weights, kept)
     if not control:
         return found
     return dataclasses.replace(
-        found, fixed=found.fixed + weight_bytes(control, dtype, sizes, fsdp, weights).total
+        found, fixed=found.fixed + weight_bytes(control, dtype, sizes, fsdp, weights, kept).total
     )
 
 
@@ -358,12 +302,21 @@ def plan(
         raise WanjaxError(
             f"unknown --weights_dtype {weights_dtype!r}; use one of {', '.join(WEIGHTS_DTYPES)}"
         )
+    if weights_dtype == KEPT_GGUF and not model.gguf:
+        raise WanjaxError(
+            "--weights_dtype gguf keeps a GGUF file's quantised kernels, and no GGUF component file was "
+            "given: pass --transformer FILE.gguf, or use bf16, int8 or fp8"
+        )
     sizes = mesh.sizes
     act, vae_item = np.dtype(parse_dtype(dtype)).itemsize, np.dtype(parse_dtype(vae_dtype)).itemsize
     t = model.transformer
-    d_bytes = transformer_bytes(t, parse_dtype(dtype), sizes, mesh.fsdp, weights_dtype)
+    d_bytes = transformer_bytes(
+        t, parse_dtype(dtype), sizes, mesh.fsdp, weights_dtype, model.gguf.get("transformer")
+    )
     e_spec = umt5.checkpoint_spec(model.text_encoder)
-    e_bytes = weight_bytes(e_spec, parse_dtype(dtype), sizes, mesh.fsdp, weights_dtype)
+    e_bytes = weight_bytes(
+        e_spec, parse_dtype(dtype), sizes, mesh.fsdp, weights_dtype, model.gguf.get("text_encoder")
+    )
     v_spec = vae.checkpoint_spec(model.vae, "decoder")
     v_weights, _ = per_device_param_bytes(v_spec, parse_dtype(vae_dtype), sizes)
 
@@ -628,8 +581,8 @@ def mode_order(weights_dtype: str = UNQUANTIZED) -> list[tuple[str, str]]:
     """``(offload, weights_dtype)`` pairs, cheapest first: unquantised before 8-bit (offloading changes
     where weights wait, not the video; quantisation changes the video), and within each, less
     host-to-device traffic first (none, model, blocks). The 8-bit dtype is ``weights_dtype`` when it is
-    one, else fp8 (int8 takes the same memory)."""
-    quantized = weights_dtype if weights_dtype in QUANTIZED_DTYPES else "fp8"
+    one (or ``gguf``), else fp8 (int8 takes the same memory)."""
+    quantized = weights_dtype if weights_dtype != UNQUANTIZED else "fp8"
     return [(o, w) for w in (UNQUANTIZED, quantized) for o in OFFLOAD_MODES]
 
 
