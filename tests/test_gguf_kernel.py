@@ -54,7 +54,7 @@ def kernels(params) -> list[GGUFKernel]:
     return [leaf for leaf in leaves if isinstance(leaf, GGUFKernel)]
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
+@pytest.mark.parametrize("qtype", ["Q8_0", pytest.param("Q4_K", marks=pytest.mark.slow)])
 def test_a_kept_gguf_transformer_runs_as_diffusers_gguf_model(gguf_model, qtype, monkeypatch):
     """Every matmul kernel stays the file's bytes on the device; the forward equals diffusers'
     ``from_single_file`` with ``GGUFQuantizationConfig`` (float32 compute) on the same file, its
@@ -103,7 +103,7 @@ def _config(root):
     return TRANSFORMER.read_config(root / "transformer")
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_kept_and_dequantised_on_loading_give_the_same_output(gguf_model, dtype):
     """The kernel rounded to the model dtype once either way: the same weights, the same forward."""
     root, files = gguf_model
@@ -146,6 +146,7 @@ def test_a_lora_on_kept_kernels_equals_the_float_merge(gguf_model, tmp_path):
     np.testing.assert_array_equal(run_ours(kept, inputs), base)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
 def test_kept_kernels_on_an_8_device_mesh_equal_one_device(gguf_model, qtype):
     """dp=1,sp=2,tp=4: the blocks split by output channel and (Q8_0: 8 blocks a row) by input
@@ -162,7 +163,9 @@ def test_kept_kernels_on_an_8_device_mesh_equal_one_device(gguf_model, qtype):
     assert relative_error(run_ours(sharded, inputs), run_ours(single, inputs)) <= 1e-6
 
 
-@pytest.mark.parametrize("mesh_flag", ["dp=1,sp=1,tp=1", "dp=1,sp=2,tp=4"])
+@pytest.mark.parametrize(
+    "mesh_flag", ["dp=1,sp=1,tp=1", pytest.param("dp=1,sp=2,tp=4", marks=pytest.mark.slow)]
+)
 def test_plan_counts_the_bytes_the_kept_transformer_holds(gguf_model, mesh_flag):
     """``plan``'s transformer bytes under ``--weights_dtype gguf`` (the types read from the file's
     header) are the bytes the loaded model holds on a device: the kept blocks and the float leaves."""
@@ -205,3 +208,7 @@ def test_plan_on_the_command_line_keeps_a_gguf_file_and_refuses_gguf_without_one
     assert main(["plan", *size, "--weights_dtype", "gguf"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--transformer FILE.gguf" in err[0], err
+    kept = ["--transformer", str(files["Q4_K"]), "--weights_dtype", "gguf"]
+    assert main(["plan", *size, *kept, "--compile", "v6e-8"]) == 2  # not compiled as bf16 silently
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not build GGUF blocks" in err[0], err

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from wanjax.errors import CheckpointError, WanjaxError
+from wanjax.io.quantizable import KEPT_GGUF
 from wanjax.io.weights_file import FORMATS
 from wanjax.jobs.flags import option
 from wanjax.jobs.groups import (
@@ -380,6 +381,11 @@ def _compile_slice(request: PlanRequest) -> tuple[Any, Any]:
     from wanjax.tools.compile_target import parse_programs, parse_slice, slice_target
 
     tpu = parse_slice(request.compile or "")
+    if request.memory.weights_dtype == KEPT_GGUF:
+        raise WanjaxError(
+            "plan --compile builds abstract weights and does not build GGUF blocks yet: drop "
+            "--weights_dtype gguf (plan without --compile counts them) or use bf16, int8 or fp8"
+        )
     if request.model not in registry():
         raise WanjaxError(
             f"--compile takes a registry variant ({', '.join(registry())}), not {request.model!r}"
