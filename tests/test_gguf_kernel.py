@@ -150,7 +150,8 @@ def test_a_lora_on_kept_kernels_equals_the_float_merge(gguf_model, tmp_path):
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_K"])
 def test_kept_kernels_on_an_8_device_mesh_equal_one_device(gguf_model, qtype):
     """dp=1,sp=2,tp=4: the blocks split by output channel and (Q8_0: 8 blocks a row) by input
-    channel over whole blocks; Q4_K's one block a row stays whole. The same output as one device."""
+    channel over whole blocks; Q4_K's one block a row stays whole, its row-parallel kernels split by
+    output channel instead. The same output as one device."""
     from wanjax.parallel.mesh import make_mesh, parse_mesh
 
     root, files = gguf_model
@@ -160,6 +161,8 @@ def test_kept_kernels_on_an_8_device_mesh_equal_one_device(gguf_model, qtype):
     sharded = load_transformer(files[qtype], "float32", weights_dtype="gguf", config=_config(root), mesh=mesh)
     specs = {tuple(k.blocks.sharding.spec) for k in kernels(sharded.params)}
     assert any(len(s) > 2 and s[-2] is not None for s in specs) == (qtype == "Q8_0")
+    if qtype == "Q4_K":  # a row of one block cannot split: row-parallel kernels split their outputs
+        assert all(k.blocks.sharding.spec[1] == "tp" for k in kernels(sharded.params["blocks"]))
     assert relative_error(run_ours(sharded, inputs), run_ours(single, inputs)) <= 1e-6
 
 

@@ -15,7 +15,7 @@ Which leaves are kept: a matmul kernel (layout :data:`~wanjax.io.checkpoint.line
 in float32 too) whose tensors are all stored in one quantised GGUF type; any other leaf (float tensors, another file's, a
 stacked leaf whose layers differ in type) is read in the model dtype. Sharding follows the kernel's:
 the output axis as the kernel's, the input axis over whole blocks where the blocks divide evenly
-(else that axis is not split).
+(else over the output axis, where that is free and divides; :func:`blocks_spec`).
 """
 
 from __future__ import annotations
@@ -89,14 +89,19 @@ def blocks_spec(
     kernel_spec: tuple[Any, ...], kernel_shape: tuple[int, ...], qtype: str, sizes: Mapping[str, int]
 ) -> tuple[Any, ...]:
     """The blocks' PartitionSpec entries from the kernel's (padded to its rank): the output axis's as
-    they are, the input axis's on the blocks axis where the blocks divide over it (else None)."""
+    they are, the input axis's on the blocks axis where the blocks divide over it; where they do not
+    (a K-quant row of 54 blocks over 4 devices), on the output axis if that is unsplit and divides,
+    else unsplit. The matmul's program moves a dequantised layer to the kernel's own split."""
     *lead, inp, out = kernel_spec
-    n_blocks = blocks_shape(kernel_shape, qtype)[-2]
-    if inp is not None:
-        names = inp if isinstance(inp, tuple) else (inp,)
-        if n_blocks % int(np.prod([sizes[n] for n in names])):
-            inp = None
+    *_, n_out, n_blocks, _ = blocks_shape(kernel_shape, qtype)
+    if inp is not None and n_blocks % _devices(inp, sizes):
+        inp, out = None, (inp if out is None and n_out % _devices(inp, sizes) == 0 else out)
     return (*lead, out, inp, None)
+
+
+def _devices(entry: Any, sizes: Mapping[str, int]) -> int:
+    """How many devices a PartitionSpec entry (a mesh axis name or a tuple of them) splits over."""
+    return int(np.prod([sizes[n] for n in (entry if isinstance(entry, tuple) else (entry,))]))
 
 
 def blocks_sharding(
