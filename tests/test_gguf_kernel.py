@@ -215,3 +215,20 @@ def test_plan_on_the_command_line_keeps_a_gguf_file_and_refuses_gguf_without_one
     assert main(["plan", *size, *kept, "--compile", "v6e-8"]) == 2  # not compiled as bf16 silently
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not build GGUF blocks" in err[0], err
+
+
+@pytest.mark.parametrize("offload", [pytest.param("model", marks=pytest.mark.slow), "blocks"])
+def test_kept_kernels_streamed_from_host_memory_give_the_resident_output(gguf_model, offload):
+    """``--offload model|blocks``: the blocks wait in host memory (``blocks``: streamed a layer at a
+    time as the scan runs) and the output is the resident model's, bit for bit."""
+    root, files = gguf_model
+    inputs = reference_inputs(SHAPE, TEXT_LEN, GGUF_DIT["text_dim"], seed=11)
+    resident = load_transformer(files["Q4_K"], "float32", weights_dtype="gguf", config=_config(root))
+    streamed = load_transformer(
+        files["Q4_K"], "float32", weights_dtype="gguf", config=_config(root), offload=offload
+    )
+    if offload == "blocks":
+        assert (
+            streamed.params["blocks"]["attn1"]["to_q"]["kernel"].blocks.sharding.memory_kind == "pinned_host"
+        )
+    np.testing.assert_array_equal(run_ours(streamed, inputs), run_ours(resident, inputs))
