@@ -11,7 +11,14 @@ import pytest
 import torch
 from helpers.compare import relative_error
 from helpers.dit import reference_inputs, run_ours
-from helpers.gguf_files import GGUF_DIT, RANDOM_BLOCKS, Q, random_blocks, write_transformer
+from helpers.gguf_files import (
+    GGUF_DIT,
+    RANDOM_BLOCKS,
+    Q,
+    dequantized_in_float32,
+    random_blocks,
+    write_transformer,
+)
 from helpers.models import TINY_DIT, original_state, save_transformer
 
 from wanjax.io.gguf_blocks import DEQUANTIZERS, block_shape, dequantize
@@ -63,17 +70,8 @@ def test_a_kept_gguf_transformer_runs_as_diffusers_gguf_model(gguf_model, qtype,
     from diffusers import GGUFQuantizationConfig, WanTransformer3DModel
     from diffusers.quantizers.gguf import gguf_quantizer, utils
 
-    def in_float32(tensor):
-        if not hasattr(tensor, "quant_type"):
-            return tensor
-        block, size = utils.GGML_QUANT_SIZES[tensor.quant_type]
-        raw = tensor.as_tensor().view(torch.uint8)
-        fn = utils.dequantize_functions[tensor.quant_type]
-        values = fn(raw.reshape(-1, size), block, size, dtype=torch.float32)
-        return values.reshape(*raw.shape[:-1], raw.shape[-1] // size * block)
-
-    monkeypatch.setattr(utils, "dequantize_gguf_tensor", in_float32)  # the layers' forward
-    monkeypatch.setattr(gguf_quantizer, "dequantize_gguf_tensor", in_float32)  # the float32-kept ones
+    monkeypatch.setattr(utils, "dequantize_gguf_tensor", dequantized_in_float32)  # the layers' forward
+    monkeypatch.setattr(gguf_quantizer, "dequantize_gguf_tensor", dequantized_in_float32)  # float32-kept
 
     root, files = gguf_model
     path = files[qtype]

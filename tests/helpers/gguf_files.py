@@ -84,19 +84,21 @@ def write_transformer(
 
 def diffusers_values(path: Path) -> dict[str, np.ndarray]:
     """Every tensor as diffusers reads and dequantises it, in float32 on the CPU."""
-    import torch
     from diffusers.models.model_loading_utils import load_gguf_checkpoint
+
+    return {name: dequantized_in_float32(t).numpy() for name, t in load_gguf_checkpoint(str(path)).items()}
+
+
+def dequantized_in_float32(tensor):
+    """diffusers' ``dequantize_gguf_tensor``, but in float32 where it leaves the dtype None (float16
+    scale arithmetic); plain tensors (F32, F16) as they are."""
+    import torch
     from diffusers.quantizers.gguf import utils
 
-    out = {}
-    for name, tensor in load_gguf_checkpoint(str(path)).items():
-        if not hasattr(tensor, "quant_type"):  # F32, F16: plain tensors
-            out[name] = tensor.numpy()
-            continue
-        # dequantize_gguf_tensor, but with the dtype it leaves None (float16 scale arithmetic)
-        block, size = utils.GGML_QUANT_SIZES[tensor.quant_type]
-        raw = tensor.as_tensor().view(torch.uint8)
-        shape = (*raw.shape[:-1], raw.shape[-1] // size * block)
-        fn = utils.dequantize_functions[tensor.quant_type]
-        out[name] = fn(raw.reshape(-1, size), block, size, dtype=torch.float32).reshape(shape).numpy()
-    return out
+    if not hasattr(tensor, "quant_type"):
+        return tensor
+    block, size = utils.GGML_QUANT_SIZES[tensor.quant_type]
+    raw = tensor.as_tensor().view(torch.uint8)
+    fn = utils.dequantize_functions[tensor.quant_type]
+    values = fn(raw.reshape(-1, size), block, size, dtype=torch.float32)
+    return values.reshape(*raw.shape[:-1], raw.shape[-1] // size * block)

@@ -4,7 +4,7 @@ A :class:`GGUFKernel` holds a kernel's GGUF blocks, ``(..., out, n_blocks, block
 stored tensor's order (PyTorch ``(out, in)``, blocks along ``in``), and dequantises them where the
 matmul reads them (:mod:`wanjax.io.gguf_blocks`, exact), inside the layer's program: a stacked
 kernel is dequantised one layer at a time as the scan reaches it, so the device holds the file's
-bytes (a Q4_K 14B transformer: ~8.5 GiB) and one layer's kernels in the model dtype.
+bytes (a Q4_K 14B transformer: 7.5 GiB, by ``plan``) and one layer's kernels in the model dtype.
 
 A LoRA rides along unmerged: ``up (..., out, r)`` and ``down (..., r, in)`` (every adapter of the
 leaf concatenated along ``r``, each scaled) are added to the dequantised float32 weight before it is
@@ -41,19 +41,15 @@ class GGUFKernel:
     ``up``/``down``: an unmerged LoRA's factors (None without one)."""
 
     blocks: Any
+    qtype: str = dataclasses.field(metadata={"static": True})
+    dtype: np.dtype = dataclasses.field(metadata={"static": True})
     up: Any = None
     down: Any = None
-    qtype: str = dataclasses.field(default="Q8_0", metadata={"static": True})
-    dtype: np.dtype = dataclasses.field(default=np.dtype(np.float32), metadata={"static": True})
 
     @property
     def shape(self) -> tuple[int, ...]:
         *lead, out, n, _ = self.blocks.shape
         return (*lead, n * block_shape(self.qtype)[0], out)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.blocks.shape) - 1
 
     def dequantize(self) -> jax.Array:
         """The kernel ``(..., in, out)`` in :attr:`dtype` (the LoRA added in float32), rounded once."""

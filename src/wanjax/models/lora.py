@@ -230,13 +230,7 @@ def with_factors(base: GGUFKernel, update: LeafUpdate) -> GGUFKernel:
     if base.up is not None:
         up = np.concatenate([np.asarray(base.up), up], axis=-1)
         down = np.concatenate([np.asarray(base.down), down], axis=-2)
-    sharding = base.blocks.sharding
-    if isinstance(sharding, jax.sharding.NamedSharding):
-        replicated = jax.sharding.NamedSharding(
-            sharding.mesh, jax.sharding.PartitionSpec(), memory_kind=sharding.memory_kind
-        )
-    else:
-        replicated = sharding
+    replicated = _replicated_like(base.blocks.sharding).with_memory_kind(memory_kind(base.blocks))
     return dataclasses.replace(base, up=jax.device_put(up, replicated), down=jax.device_put(down, replicated))
 
 
