@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from wanjax.errors import CheckpointError, WanjaxError
-from wanjax.io.quantizable import KEPT_GGUF
 from wanjax.io.weights_file import FORMATS
 from wanjax.jobs.flags import option
 from wanjax.jobs.groups import (
@@ -350,7 +349,7 @@ def cmd_plan(request: PlanRequest) -> int:
     if tpu is not None:
         focused = planning.plan(model, focus, **kwargs, **mode)
         planned = {name: focused.on_device(name) for name in focused.stages}
-        return _compile(request, tpu, target, focus, planned)
+        return _compile(request, tpu, target, focus, planned, model.gguf)
     if fits:
         return 0
     cheapest = planning.cheapest_fitting(model, meshes, weights, **kwargs)
@@ -381,11 +380,6 @@ def _compile_slice(request: PlanRequest) -> tuple[Any, Any]:
     from wanjax.tools.compile_target import parse_programs, parse_slice, slice_target
 
     tpu = parse_slice(request.compile or "")
-    if request.memory.weights_dtype == KEPT_GGUF:
-        raise WanjaxError(
-            "plan --compile builds abstract weights and does not build GGUF blocks yet: drop "
-            "--weights_dtype gguf (plan without --compile counts them) or use bf16, int8 or fp8"
-        )
     if request.model not in registry():
         raise WanjaxError(
             f"--compile takes a registry variant ({', '.join(registry())}), not {request.model!r}"
@@ -397,9 +391,12 @@ def _compile_slice(request: PlanRequest) -> tuple[Any, Any]:
     return tpu, slice_target(tpu)
 
 
-def _compile(request: PlanRequest, tpu: Any, target: Any, mesh: Any, planned: dict[str, int]) -> int:
-    """``plan --compile``: every program of the run on ``mesh`` compiled for ``tpu``; exit 1 unless
-    each compiles and fits."""
+def _compile(
+    request: PlanRequest, tpu: Any, target: Any, mesh: Any, planned: dict[str, int], gguf: Any
+) -> int:
+    """``plan --compile``: every program of the run on ``mesh`` compiled for ``tpu`` (``gguf``: the
+    kept GGUF types of the component files, :attr:`wanjax.tools.plan_models.Model.gguf`); exit 1
+    unless each compiles and fits."""
     from wanjax.io.atomic import write_text
     from wanjax.jobs.opening import attention_spec
     from wanjax.target import building_for
@@ -418,6 +415,7 @@ def _compile(request: PlanRequest, tpu: Any, target: Any, mesh: Any, planned: di
         attention=attention,
         offload=request.memory.offload,
         weights_dtype=request.memory.weights_dtype,
+        gguf=gguf,
         cache=request.cache.config(),
     )
     only = None if request.programs is None else request.programs.split(",")  # checked by compile_run

@@ -29,7 +29,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from wanjax.io.checkpoint import Index, LeafSource, Ref, ShardingFn, build_leaf, leaf_dtype, linear_kernel
+from wanjax.io.checkpoint import (
+    Index,
+    LeafSource,
+    Ref,
+    ShardingFn,
+    abstract_params,
+    build_leaf,
+    leaf_dtype,
+    linear_kernel,
+)
 from wanjax.io.gguf_blocks import DEQUANTIZERS, block_shape, dequantize
 from wanjax.io.gguf_file import GGUFRef
 
@@ -137,3 +146,21 @@ def build_kept(source: LeafSource, refs: Mapping[str, Ref], dtype: np.dtype, sha
     if qtype is None:
         return build_leaf(source, refs, dtype, sharding)
     return gguf_leaf(source, refs, qtype, leaf_dtype(source, dtype), sharding)
+
+
+def abstract_kept(spec: Any, dtype: Any, kept: Mapping[str, str], sharding: ShardingFn | None = None) -> Any:
+    """:func:`~wanjax.io.checkpoint.abstract_params` as :func:`build_kept` would load the tree: the
+    leaves of ``kept`` (key path -> GGUF type, :func:`wanjax.pipeline.sources.kept_gguf_types`) as
+    :class:`GGUFKernel` of ``jax.ShapeDtypeStruct`` blocks, placed as :func:`gguf_leaf` places them."""
+    tree = abstract_params(spec, dtype, sharding)
+
+    def leaf(key: Any, source: LeafSource, kernel: jax.ShapeDtypeStruct) -> Any:
+        qtype = kept.get(jax.tree_util.keystr(key))
+        if qtype is None:
+            return kernel
+        shape = source.target_shape()
+        placed = None if kernel.sharding is None else blocks_sharding(kernel.sharding, shape, qtype)
+        blocks = jax.ShapeDtypeStruct(blocks_shape(shape, qtype), np.uint8, sharding=placed)
+        return GGUFKernel(blocks, qtype=qtype, dtype=np.dtype(kernel.dtype))
+
+    return jax.tree_util.tree_map_with_path(leaf, spec, tree, is_leaf=lambda x: isinstance(x, LeafSource))

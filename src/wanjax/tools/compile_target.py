@@ -29,7 +29,9 @@ import numpy as np
 
 from wanjax.errors import WanjaxError
 from wanjax.io.checkpoint import abstract_params
+from wanjax.io.gguf_kernel import abstract_kept
 from wanjax.io.quant import abstract_quantized_params
+from wanjax.io.quantizable import KEPT_GGUF
 from wanjax.kernels.attention import AttentionShape, AttentionSpec, attention, resolve_backend
 from wanjax.models import clip_vision, dit, umt5, vae
 from wanjax.models.config import parse_dtype
@@ -182,6 +184,9 @@ class RunSpec:
     attention: str | AttentionSpec = "auto"
     offload: str = "none"
     weights_dtype: str = "bf16"
+    # ``--weights_dtype gguf``: per component folder, the GGUF type of each leaf its file keeps
+    # (:func:`wanjax.pipeline.sources.kept_gguf_types`, by key path)
+    gguf: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
     guidance: bool = True  # the CFG pair in one batch
     max_sequence_length: int = TEXT_LENGTH
     cache: CacheConfig | None = None  # a step cache: the step is the program that policy runs
@@ -442,9 +447,7 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
     # text encoder: the prompt and the negative prompt, 512 tokens
     te_sharding = offload_sharding(params_sharding, offload, per_step=False)
     text_cfg = v.text_encoder or demo_text_encoder_config()  # None: a demo's, sized to its vocabulary
-    te_params = abstract_quantized_params(
-        umt5.checkpoint_spec(text_cfg), dtype, run.weights_dtype, te_sharding
-    )
+    te_params = abstract_weights(run, "text_encoder", umt5.checkpoint_spec(text_cfg), dtype, te_sharding)
     encoder = umt5.UMT5Encoder(text_cfg, te_params, None, offload=offload)
     rows = 2 if run.guidance else 1
     yield Program(
@@ -505,10 +508,11 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
 
     settings = RunSettings(dtype, attention=run.attention, mesh=mesh, offload=offload)
     t_sharding = dit.transformer_sharding(mesh, fsdp, settings.offload)
-    t_params = abstract_quantized_params(dit.checkpoint_spec(tcfg), dtype, run.weights_dtype, t_sharding)
-    model = dit.WanTransformer(tcfg, t_params, settings)
     experts = 2 if v.boundary_ratio is not None else 1
-    sampler = Sampler(model, model if experts == 2 else None)
+    folders = ("transformer", "transformer_2")[:experts]  # each expert's weights (its own file)
+    t_params = [abstract_weights(run, f, dit.checkpoint_spec(tcfg), dtype, t_sharding) for f in folders]
+    models = [dit.WanTransformer(tcfg, params, settings) for params in t_params]
+    sampler = Sampler(models[0], models[1] if experts == 2 else None)
     scheduler = make_scheduler(SchedulerConfig(), 2)
     noise = jax.ShapeDtypeStruct(latents_shape, jnp.float32)
     text = jax.ShapeDtypeStruct((1, run.max_sequence_length, tcfg.text_dim), dtype)
@@ -519,15 +523,15 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
     cached = sampler.context_cache
     step_flops = dit_step_flops(tcfg, latents_shape, text_len, run.guidance, image_len, context_cached=cached)
     kv_flops = context_kv_flops(tcfg, rows, text_len, image_len).total
-    weights = weights_per_chip(t_params)
-    inputs = (scheduler, noise, text, uncond, t_params)
     for k, suffix in enumerate(suffixes):
+        weights = weights_per_chip(t_params[k])
+        inputs = (scheduler, noise, text, uncond, t_params[k])
         options = dict(image=image, expert=k, cache=run.cache)
 
-        def lower_kv(options: dict = options) -> jax.stages.Lowered:
+        def lower_kv(inputs: tuple = inputs, options: dict = options) -> jax.stages.Lowered:
             return sampler.lower_context_cache(*inputs, **options)
 
-        def lower(options: dict = options) -> jax.stages.Lowered:
+        def lower(inputs: tuple = inputs, options: dict = options) -> jax.stages.Lowered:
             return sampler.lower(*inputs, **options)
 
         component = f"transformer{suffix}"
@@ -544,6 +548,14 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
         weights_per_chip(like["decoder"]),
         vae_decode_flops(v.vae, latents_shape, autoencoder.numerics, autoencoder.frames_per_step).total,
     )
+
+
+def abstract_weights(run: RunSpec, folder: str, spec: Any, dtype: Any, sharding: Any) -> Any:
+    """A component's abstract weights as the run loads them: ``--weights_dtype gguf`` keeps the GGUF
+    blocks of its file's kept leaves, 8-bit quantises, else ``dtype``."""
+    if run.weights_dtype == KEPT_GGUF:
+        return abstract_kept(spec, dtype, run.gguf.get(folder, {}), sharding)
+    return abstract_quantized_params(spec, dtype, run.weights_dtype, sharding)
 
 
 def _dit_backend(attention: str | AttentionSpec, cfg: Any, dtype: Any) -> str:
