@@ -103,6 +103,28 @@ def test_a_tpus_lanes_pad_the_vae_feature_maps():
     assert 1.2 < tpu.stages["decode"].activations / gpu.stages["decode"].activations < 4 / 3
 
 
+def test_a_v7x_plan_counts_the_compilers_copy_of_the_16_bit_stacks():
+    """On v7x the TPU compiler copies the stacked 16-bit matmul kernels the step reads into another
+    tiling (BENCHMARKS.md: +1.39 GiB per 10 of the 14B's layers on dp=2,tp=4 = 6 of its 5120x5120
+    kernels and its two FFN kernels a layer, split over tp=4; the cross-attention's context
+    projections are the text K/V cache's, unread); 8-bit kernels, streamed layers and other TPUs: none."""
+    from wanjax.target import Target
+
+    assert Target("tpu", "TPU7x").copies_16bit_stacks
+    assert not any(Target(p, k).copies_16bit_stacks for p, k in [("tpu", "TPU v6 lite"), ("cpu", "cpu")])
+    model, mesh = model_configs("14B"), parse_mesh("dp=2,sp=1,tp=4")
+    kwargs = dict(height=720, width=1280, frames=81, device_memory=96 * GiB, lanes=128)
+
+    def extra(**mode) -> int:
+        v7x, v6e = (plan(model, mesh, **kwargs, **mode, copies_stacks=c) for c in (True, False))
+        return v7x.on_device("denoise") - v6e.on_device("denoise")
+
+    per_layer = (6 * 5120 * 5120 + 2 * 5120 * 13824) * 2 // 4
+    assert extra() == 40 * per_layer  # 5.57 GiB
+    assert extra(offload="model") == 40 * (per_layer + 2 * 5120 * 5120 * 2 // 4)  # no K/V cache
+    assert extra(weights_dtype="int8") == extra(offload="blocks") == 0
+
+
 def test_vae_strips_are_the_pipelines():
     """The decode (and an image model's encode) splits over as many strips as the pipeline's
     ``spatial_sharding`` cuts: 480x848 (latents 60x106) on dp=2,sp=2,tp=2 is 4 strips along H

@@ -58,6 +58,13 @@ class Target:
         return TPU_LANES if self.platform == "tpu" else 1
 
     @property
+    def copies_16bit_stacks(self) -> bool:
+        """Whether the TPU compiler copies a scanned model's stacked 16-bit matmul kernels into another
+        tiling before the layer loop: on v7x ((8, 128) parameter tiles made (16, 128), a second copy
+        of them in the step's temporaries; 8-bit and GGUF kernels are not copied; BENCHMARKS.md)."""
+        return self.platform == "tpu" and "7x" in self.device_kind
+
+    @property
     def interprets_pallas(self) -> bool:
         """Whether the TPU's Pallas kernels run in interpret mode (anywhere but a TPU)."""
         return self.platform != "tpu"

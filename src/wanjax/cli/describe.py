@@ -315,6 +315,7 @@ def cmd_plan(request: PlanRequest) -> int:
     kwargs = dict(**size, device_memory=memory, dtype=request.dtype, vae_dtype=request.vae_dtype)
     if target is not None:
         kwargs["lanes"] = target.lanes  # the slice's memory layout, not this host's
+        kwargs["copies_stacks"] = target.copies_16bit_stacks
     offload, weights = request.memory.offload, request.memory.weights_dtype
     mode = dict(offload=offload, weights_dtype=weights)
     print(

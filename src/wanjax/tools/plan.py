@@ -49,6 +49,7 @@ from wanjax.models import clip_vision, dit, umt5, vae
 from wanjax.models.clip_vision import CLIPVisionConfig
 from wanjax.models.config import TransformerConfig, parse_dtype
 from wanjax.models.defaults import TEXT_LENGTH
+from wanjax.models.dit_context import CONTEXT_KV_WEIGHTS
 from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS, parse_offload, streams_layers
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import ACCELERATOR_CONV, Numerics
@@ -176,6 +177,13 @@ class WeightBytes:
     layer: int
     num_layers: int
     dequantized_layer: int = 0  # one layer's quantised kernels in the model dtype (0 if not quantised)
+    kernels_16bit_layer: int = 0  # one layer's stacked matmul kernels stored in 16 bits
+
+    @property
+    def kernels_16bit(self) -> int:
+        """Every layer's stacked 16-bit matmul kernels (what a v7x step copies:
+        :attr:`~wanjax.target.Target.copies_16bit_stacks`)."""
+        return self.kernels_16bit_layer * self.num_layers
 
     @property
     def stacked(self) -> int:
@@ -210,7 +218,7 @@ def weight_bytes(
     quantized = weights_dtype(weights)
     kept = (kept or {}) if weights == KEPT_GGUF else {}
     dtype = np.dtype(dtype)
-    fixed = layer = dequantized = 0
+    fixed = layer = dequantized = kernels_16bit = 0
     num_layers = 0
     leaves = jax.tree_util.tree_flatten_with_path(spec, is_leaf=lambda x: isinstance(x, LeafSource))[0]
     for key, source in leaves:
@@ -240,9 +248,11 @@ def weight_bytes(
             dequantized += _shard_bytes(shape, entries, dtype, sizes)
         if source.stacked and source.layout == linear_kernel:  # streamed (offload.streamed)
             layer += nbytes
+            if (qtype or stored) is None and leaf_dtype(source, dtype).itemsize == 2:
+                kernels_16bit += nbytes
         else:  # the rest stays on the device, streaming or not, stacked norms and biases included
             fixed += nbytes * (len(source.names) if source.stacked else 1)
-    return WeightBytes(fixed, layer, num_layers, dequantized)
+    return WeightBytes(fixed, layer, num_layers, dequantized, kernels_16bit)
 
 
 VACE_LEAVES = ("vace_patch_embedding", "vace_proj_in", "vace_blocks")
@@ -266,6 +276,29 @@ def transformer_bytes(
     return dataclasses.replace(
         found, fixed=found.fixed + weight_bytes(control, dtype, sizes, fsdp, weights, kept).total
     )
+
+
+def copied_stack_bytes(
+    cfg: TransformerConfig,
+    dtype: Any,
+    sizes: dict[str, int],
+    fsdp: bool,
+    weights: str,
+    kept: Mapping[str, str] | None,
+    context_cached: bool,
+) -> int:
+    """The stacked 16-bit matmul kernels a v7x step copies (:attr:`~wanjax.target.Target.copies_16bit_stacks`):
+    those the step reads, so not the cross-attention's context projections when the text K/V cache
+    holds their keys and values (measured: 8 of the 14B's 10 kernels a layer, 1.39 GiB per 10 layers
+    on dp=2,tp=4)."""
+    spec = dit.checkpoint_spec(cfg)
+    for name in VACE_LEAVES:
+        spec.pop(name, None)
+    if context_cached:
+        spec["blocks"]["attn2"] = {
+            k: v for k, v in spec["blocks"]["attn2"].items() if k not in CONTEXT_KV_WEIGHTS
+        }
+    return weight_bytes(spec, dtype, sizes, fsdp, weights, kept).kernels_16bit
 
 
 def _shard_bytes(
@@ -292,12 +325,16 @@ def plan(
     offload: str = "none",
     weights_dtype: str = UNQUANTIZED,
     lanes: int | None = None,
+    copies_stacks: bool | None = None,
 ) -> Plan:
     """The plan of one run on ``mesh``; ``offload`` (:data:`OFFLOAD_MODES`) and ``weights_dtype``
-    (:data:`~wanjax.io.quantizable.WEIGHTS_DTYPES`) as the flags of those names; ``lanes``: the
-    target's (:attr:`~wanjax.target.Target.lanes`; the devices built for when not given)."""
+    (:data:`~wanjax.io.quantizable.WEIGHTS_DTYPES`) as the flags of those names; ``lanes`` and
+    ``copies_stacks``: the target's (:attr:`~wanjax.target.Target.lanes`,
+    :attr:`~wanjax.target.Target.copies_16bit_stacks`; the devices built for when not given)."""
     offload = parse_offload(offload)
-    lanes = current_target().lanes if lanes is None else lanes
+    target = current_target()
+    lanes = target.lanes if lanes is None else lanes
+    copies_stacks = target.copies_16bit_stacks if copies_stacks is None else copies_stacks
     if weights_dtype not in WEIGHTS_DTYPES:
         raise WanjaxError(
             f"unknown --weights_dtype {weights_dtype!r}; use one of {', '.join(WEIGHTS_DTYPES)}"
@@ -346,6 +383,17 @@ def plan(
         tokens * d * (2 * act + 2 * 4)  # residual + normed input, float32 norm / modulation temporaries
         + 4 * rows * v.z_dim * latent_t * (height // f) * (width // f) * 4  # scheduler state (replicated)
         + d_bytes.dequantized_layer  # 8-bit weights: one layer's kernels dequantised for its matmuls
+        # v7x: the compiler's second copy of the resident stacked 16-bit kernels, in its matmul tiling
+        + (copies_stacks and not streams_layers(offload))
+        * copied_stack_bytes(
+            t,
+            parse_dtype(dtype),
+            sizes,
+            mesh.fsdp,
+            weights_dtype,
+            model.gguf.get("transformer"),
+            default_on(offload),
+        )
         + len(t.vace_layers or ())
         * tokens
         * d
