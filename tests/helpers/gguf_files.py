@@ -42,9 +42,10 @@ def add(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: Q) -> Non
     writer.add_tensor(name, gguf.quants.quantize(values, qtype), raw_dtype=qtype)
 
 
-def write(path: Path, tensors: dict, metadata: dict | None = None) -> Path:
-    """A GGUF file of ``{name: (qtype, numpy values or raw bytes)}`` (arch ``wan``, as city96's)."""
-    writer = gguf.GGUFWriter(path, arch="wan")
+def write(path: Path, tensors: dict, metadata: dict | None = None, arch: str = "wan") -> Path:
+    """A GGUF file of ``{name: (qtype, numpy values or raw bytes)}`` (arch ``wan``, as city96's
+    transformers; ``t5encoder`` for a text encoder)."""
+    writer = gguf.GGUFWriter(path, arch=arch)
     for key, value in (metadata or {}).items():
         writer.add_array(key, value)
     for name, (qtype, data) in tensors.items():

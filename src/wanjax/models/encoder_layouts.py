@@ -2,7 +2,8 @@
 
 Text encoder: ``T5Encoder`` of the Wan repository's ``wan/modules/t5.py``
 (``models_t5_umt5-xxl-enc-bf16.pth``; Kijai's ``umt5-xxl-enc-bf16.safetensors`` and
-``umt5-xxl-enc-fp8_e4m3fn.safetensors`` hold its state dict unprefixed), for ``UMT5EncoderModel``.
+``umt5-xxl-enc-fp8_e4m3fn.safetensors`` hold its state dict unprefixed), for ``UMT5EncoderModel``;
+and llama.cpp's T5 names, which city96's GGUF text encoders use.
 
 Image encoder: the ``visual`` ``VisionTransformer`` of ``XLMRobertaCLIP`` in ``wan/modules/clip.py``
 (``models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth``; Kijai's
@@ -38,6 +39,26 @@ WAN_T5_LAYOUT = KeyLayout(
             (_FFN + r"wi_1\.weight", r"blocks.\1.ffn.fc1.weight"),  # the linear branch
             (_FFN + r"wo\.weight", r"blocks.\1.ffn.fc2.weight"),
             (r"encoder\.final_layer_norm\.weight", "norm.weight"),
+        ]
+    ),
+)
+
+# llama.cpp's T5 names, as city96's ``umt5-xxl-encoder-Q8_0.gguf`` (and the other types) hold them
+# (ComfyUI-GGUF's ``T5_SD_MAP`` maps them back to these): ``ffn_gate`` is the GELU branch, ``ffn_up``
+# the linear one, each layer with its own position table (``attn_rel_b``).
+LLAMA_CPP_T5_LAYOUT = KeyLayout(
+    "llama.cpp T5 (GGUF)",
+    substitutions(
+        [
+            (r"shared\.weight|encoder\.embed_tokens\.weight", "token_embd.weight"),
+            (_B + r"layer\.0\.layer_norm\.weight", r"enc.blk.\1.attn_norm.weight"),
+            (_ATTN + r"([qkvo])\.weight", r"enc.blk.\1.attn_\2.weight"),
+            (_ATTN + r"relative_attention_bias\.weight", r"enc.blk.\1.attn_rel_b.weight"),
+            (_B + r"layer\.1\.layer_norm\.weight", r"enc.blk.\1.ffn_norm.weight"),
+            (_FFN + r"wi_0\.weight", r"enc.blk.\1.ffn_gate.weight"),
+            (_FFN + r"wi_1\.weight", r"enc.blk.\1.ffn_up.weight"),
+            (_FFN + r"wo\.weight", r"enc.blk.\1.ffn_down.weight"),
+            (r"encoder\.final_layer_norm\.weight", "enc.output_norm.weight"),
         ]
     ),
 )

@@ -32,7 +32,7 @@ from wanjax.io.component import Component
 from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models.config import TRANSFORMERS_GENERIC_FIELDS, ComponentConfig, parse_dtype
 from wanjax.models.defaults import TEXT_LENGTH
-from wanjax.models.encoder_layouts import WAN_T5_LAYOUT
+from wanjax.models.encoder_layouts import LLAMA_CPP_T5_LAYOUT, WAN_T5_LAYOUT
 from wanjax.models.layers import Params, gelu_tanh, linear, matmul, scan_layers
 from wanjax.models.offload import (
     HOST,
@@ -201,7 +201,7 @@ TEXT_ENCODER = Component(
     weight_stems=("model",),
     spec=_stored_spec,
     ignore=_ignored_tensor,
-    layouts=(WAN_T5_LAYOUT,),
+    layouts=(WAN_T5_LAYOUT, LLAMA_CPP_T5_LAYOUT),
 )
 
 
