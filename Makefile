@@ -29,15 +29,19 @@ demo: $(RUN_STAMP)
 	$(BIN)/wanjax generate --model demo --prompt "A cat plays the piano in a jazz club" \
 		--output_video out/demo.mp4 --preview out/demo.png --metrics_json out/demo.json
 
+# Two pytest workers, each test module whole on one (its module fixtures built once): measured on
+# 2 cores, the whole suite 1,985 s -> 1,497 s and the fast path 283 s -> 212 s (README, Tests).
+PYTEST = $(BIN)/python -m pytest -q -n 2 --dist loadfile
+
 ## test: the whole test suite (parity against diffusers on tiny models)
 test: $(TEST_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q tests
+	$(PYTEST) tests
 
 ## test-fast: the suite less its `slow` cases (subprocesses, large parity cases, end-to-end runs, serving, TPU pipeline compiles)
 test-fast: $(TEST_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
