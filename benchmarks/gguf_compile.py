@@ -49,6 +49,8 @@ def main() -> None:
     from wanjax.tools.compile_target import SLICES, RunSpec, compile_run, slice_target
 
     variant, tpu, mesh = registry()[args.arch], SLICES[args.slice], parse_mesh(args.mesh)
+    target = slice_target(tpu)  # plan's memory layout for the slice, as `plan --compile` has it
+    layout = dict(lanes=target.lanes, copies_stacks=target.copies_16bit_stacks)
     size = dict(height=args.height, width=args.width, frames=args.frames)
     print(
         f"{args.arch} {args.width}x{args.height}x{args.frames}, {args.slice}, {args.mesh}, {args.attention}"
@@ -61,9 +63,8 @@ def main() -> None:
         kept = {} if qtype == "bf16" else {"transformer": kept_types(variant.transformer, qtype)}
         weights = "gguf" if kept else "bf16"
         model = dataclasses.replace(planning.model_configs(args.arch), gguf=kept)
-        lanes = slice_target(tpu).lanes
         planned = planning.plan(
-            model, mesh, **size, device_memory=tpu.chip.usable_hbm_bytes, lanes=lanes, weights_dtype=weights
+            model, mesh, **size, **layout, device_memory=tpu.chip.usable_hbm_bytes, weights_dtype=weights
         )
         run = RunSpec(variant, **size, mesh=mesh, attention=args.attention, weights_dtype=weights, gguf=kept)
         onto = {name: planned.on_device(name) for name in planned.stages}

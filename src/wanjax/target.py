@@ -3,9 +3,9 @@
 Every choice that depends on the hardware (Pallas interpret mode, the ``auto`` attention backend, the
 per-head attention path, matmul precision, the VAE's conv formulation, the scanned layers' packing,
 child-process compiles, the tune cache's device key, native fp8, the memory ``plan`` counts) reads
-:func:`current_target`, never ``jax.default_backend()``. At run time that is this process's devices; :func:`building_for` sets
-another one for a block, e.g. a TPU topology's devices to compile for a slice from a CPU host
-(:mod:`wanjax.tools.compile_target`). The setting is a context variable: scoped, per thread, no
+:func:`current_target`, never ``jax.default_backend()``. At run time that is this process's devices;
+:func:`building_for` sets another one for a block, e.g. a TPU topology's devices to compile for a
+slice from a CPU host (:mod:`wanjax.tools.compile_target`). The setting is a context variable: scoped, per thread, no
 module state.
 """
 

@@ -357,6 +357,14 @@ def plan(
     v_spec = vae.checkpoint_spec(model.vae, "decoder")
     v_weights, _ = per_device_param_bytes(v_spec, parse_dtype(vae_dtype), sizes)
 
+    # v7x: the compiler's second copy of the resident stacked 16-bit kernels, in its matmul tiling
+    copied = 0
+    if copies_stacks and not streams_layers(offload):
+        kept = model.gguf.get("transformer")
+        copied = copied_stack_bytes(
+            t, parse_dtype(dtype), sizes, mesh.fsdp, weights_dtype, kept, default_on(offload)
+        )
+
     # DiT: one block's live set per device.
     rows = batch * (2 if cfg else 1)
     latent_t = (frames - 1) // 4 + 1
@@ -383,17 +391,7 @@ def plan(
         tokens * d * (2 * act + 2 * 4)  # residual + normed input, float32 norm / modulation temporaries
         + 4 * rows * v.z_dim * latent_t * (height // f) * (width // f) * 4  # scheduler state (replicated)
         + d_bytes.dequantized_layer  # 8-bit weights: one layer's kernels dequantised for its matmuls
-        # v7x: the compiler's second copy of the resident stacked 16-bit kernels, in its matmul tiling
-        + (copies_stacks and not streams_layers(offload))
-        * copied_stack_bytes(
-            t,
-            parse_dtype(dtype),
-            sizes,
-            mesh.fsdp,
-            weights_dtype,
-            model.gguf.get("transformer"),
-            default_on(offload),
-        )
+        + copied  # v7x's copy of the stacked 16-bit kernels
         + len(t.vace_layers or ())
         * tokens
         * d
