@@ -70,6 +70,7 @@ def run(model_1, cached: bool, kind: str, guided: bool = True, cache=None, model
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("kind", list(CONFIGS))
+@pytest.mark.bit_for_bit
 def test_the_cached_run_is_the_uncached_run_bit_for_bit(kind, dtype):
     m = model(kind, dtype)
     cached, uncached = run(m, True, kind), run(m, False, kind)
@@ -114,6 +115,7 @@ def test_the_step_program_no_longer_projects_the_context():
 
 
 @pytest.mark.parametrize("mesh", ["dp=2,sp=2,tp=2", "dp=1,sp=4,tp=2"])
+@pytest.mark.bit_for_bit
 def test_the_cache_on_a_mesh(mesh):
     """On 8 devices (the rows over dp, the videos one after another when dp is 1; the heads over tp):
     the cached run equals the uncached one and the one-device run."""

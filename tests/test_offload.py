@@ -152,6 +152,7 @@ def step_memory(mode: str, num_layers: int = 8, dtype: str = "bfloat16") -> dict
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype,num_layers", [("bfloat16", 8), ("float32", 30)])
+@pytest.mark.bit_for_bit
 def test_streamed_step_memory_is_a_quarter_of_the_resident_step(dtype, num_layers):
     """The 1.3B dims: the streamed step's device memory holds the non-stacked weights, the inputs,
     two layers' weights and the activations; the stacked weights are host arguments (the resident
@@ -205,6 +206,7 @@ def run(pipe: WanPipeline, check=lambda stage: None) -> tuple[np.ndarray, np.nda
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.bit_for_bit
 def test_pipeline_offload_modes_equal_the_resident_run(demo_env, dtype):
     """``model``: the same latents and frames bit for bit, each component in device memory only
     during its stage, and a second prompt compiles nothing (the weights come back with the
@@ -291,6 +293,7 @@ def _mesh_runs(mesh: str, fsdp: bool) -> dict[str, dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh, fsdp", [("dp=2,sp=1,tp=4", True), ("dp=1,sp=2,tp=4", False)])
+@pytest.mark.bit_for_bit
 def test_offload_on_an_8_device_mesh(demo_env, mesh, fsdp):
     modes = _mesh_runs(mesh, fsdp)
     assert modes["model"]["latents_max"] == 0 and modes["model"]["frames_max"] == 0, modes
@@ -347,6 +350,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow
+@pytest.mark.bit_for_bit
 def test_cli_offload_and_8bit_flags_run_and_are_recorded(demo_env, tmp_path, capsys):
     """``--offload model`` gives the resident run's frames; ``--offload blocks --weights_dtype int8``
     runs and is recorded; a bad value is a one-line error."""

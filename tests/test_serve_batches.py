@@ -121,6 +121,7 @@ def _sheet(server: Server, job_id: str, path) -> np.ndarray:
 
 
 @pytest.mark.slow
+@pytest.mark.bit_for_bit
 def test_four_jobs_waiting_together_run_as_one_batch_each_its_solo_video(demo_env, tmp_path):
     server = Server(tmp_path / "out", "--max_batch", "4", env={"WANJAX_CACHE": str(demo_env)}).start()
     fields = [dict(prompt=f"scene {n}", seed=10 + 7 * n, num_inference_steps=3) for n in range(4)]

@@ -248,6 +248,7 @@ def test_generate_with_a_transformer_file_makes_the_same_video(demo_env, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.bit_for_bit
 def test_generate_with_gguf_and_fp8_scaled_files_makes_their_dequantized_weights_video(demo_env, tmp_path):
     """End to end: the demo transformer as a Q8_0 GGUF (city96's conventions) and as fp8-scaled
     safetensors; each video equals the one from a plain file of the weights diffusers dequantizes

@@ -177,6 +177,7 @@ def test_vace_on_a_mesh_equals_one_device(vace, mesh):
 
 
 @pytest.mark.slow
+@pytest.mark.bit_for_bit
 def test_generate_with_vace_flags_is_the_python_run(vace, tmp_path):
     """``generate --video --mask --reference_image --conditioning_scale --init_latents``: exactly the
     frames of ``pipe(...)`` on the same decoded frames, mask image and reference image."""

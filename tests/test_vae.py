@@ -110,6 +110,7 @@ def small(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.bit_for_bit
 def test_decode_chunk_sizes_give_identical_frames(small):
     """Bit-identical: inside a chunk the decoder still runs one latent frame at a time, so every
     operation has the same shape (and XLA the same kernel and summation order) whatever the chunk."""
@@ -159,6 +160,7 @@ def test_cache_forms_decode_alike(small):
 
 
 @pytest.mark.slow
+@pytest.mark.bit_for_bit
 def test_encode_chunk_sizes_give_identical_latents(small):
     _, _, base = small
     video = torch.rand((2, 3, 17, 24, 40), generator=torch.Generator().manual_seed(2)) * 2 - 1
@@ -194,6 +196,7 @@ def test_decode_memory_does_not_grow_with_length():
 
 
 @pytest.mark.slow
+@pytest.mark.bit_for_bit
 def test_ring_cache_matches_diffusers(case, vae):
     """The accelerators' formulation (3-D convolutions over three-frame ring caches, the kernel's
     taps rotated to the slots): decode and encode equal diffusers (one-frame steps write into the

@@ -46,6 +46,7 @@ def in_parts(model: WanVAE, z: jnp.ndarray) -> tuple[np.ndarray, list[tuple[int,
         pytest.param("wan2.1", "float32", 1, 1, marks=pytest.mark.slow),  # the first frame alone
     ],
 )
+@pytest.mark.bit_for_bit
 def test_parts_give_the_one_programs_frames_bit_for_bit(name, dtype, chunk, frames):
     model = vae(name, dtype, decode_chunk=chunk)
     z = latents(name, frames)
@@ -58,6 +59,7 @@ def test_parts_give_the_one_programs_frames_bit_for_bit(name, dtype, chunk, fram
 
 
 @pytest.mark.slow
+@pytest.mark.bit_for_bit
 def test_parts_on_an_8_device_mesh_decode_as_the_one_program_there():
     """Latents split in strips over the devices (as the pipeline places them): the sharded one
     program's frames bit for bit."""

@@ -127,6 +127,7 @@ def test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["t2v", "i2v"])
+@pytest.mark.bit_for_bit
 def test_generate_three_stages_and_offload_give_the_same_frames(variant, request, noise, image, tmp_path):
     """``generate`` (float32, diffusers' noise) gives diffusers' frames; the three stages and
     ``--offload model`` (one expert on the device at a time) give exactly ``generate``'s."""

@@ -4,7 +4,18 @@ from __future__ import annotations
 
 import os
 
-TEST_COMPILE_FLAG = "--xla_backend_optimization_level=0"  # conftest's: the CPU code at LLVM -O0
+# conftest's compile settings for the CPU code: LLVM at -O0, and fusions emitted by XLA's elemental
+# emitter instead of its MLIR fusion emitters (the same operations; half the compile time measured)
+TEST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+
+
+USERS_EMITTER = "xla_cpu_use_fusion_emitters"  # the one of them a bit-for-bit test needs as users have it
+
+
+def with_test_compile_flags(flags: str) -> str:
+    """``flags`` with each of conftest's compile settings it does not set already."""
+    added = [f for f in TEST_COMPILE_FLAGS if f.split("=")[0] not in flags]
+    return " ".join([*flags.split(), *added])
 
 
 def xla_flags(devices: int) -> str:
@@ -12,7 +23,16 @@ def xla_flags(devices: int) -> str:
     return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
 
 
+def users_emitter_flags() -> str:
+    """This session's XLA_FLAGS with XLA's fusion emitters, as a user's run has them: for a process
+    whose test compares two programs' bits (the elemental emitter rounds one last bit differently as
+    the shapes change)."""
+    return " ".join(
+        f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(f"--{USERS_EMITTER}=")
+    )
+
+
 def users_xla_flags() -> str:
-    """This session's XLA_FLAGS without conftest's -O0: what a user's run compiles with, for a test
-    that compares compile times."""
-    return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f != TEST_COMPILE_FLAG)
+    """This session's XLA_FLAGS without conftest's compile settings: what a user's run compiles with,
+    for a test that compares compile times."""
+    return " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if f not in TEST_COMPILE_FLAGS)
