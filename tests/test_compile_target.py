@@ -206,8 +206,8 @@ def test_plan_compile_from_the_command_line_compiles_every_program_and_writes_it
     result = _cli(*args, "--compile", "v9-8")
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "unknown TPU slice 'v9-8' for --compile; use one of v4-8," in result.stderr
-    mesh = ("--mesh", "dp=2,sp=1,tp=4", "--attention", "splash_exp2", "--json", str(out))
-    result = _cli(*args, "--compile", "v6e-8", *mesh)
+    flags = ("--mesh", "dp=2,sp=1,tp=4", "--attention", "splash_exp2", "--json", str(out))
+    result = _cli(*args, "--compile", "v6e-8", *flags)
     assert (result.returncode, result.stderr) == (0, ""), result.stderr
     assert (
         "compiled for v6e-8 (8 chips, 32.00 GiB HBM each, 31.25 usable), mesh dp=2,sp=1,tp=4" in result.stdout
