@@ -12,10 +12,13 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 import pytest
+from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
 from wanjax import WanPipeline
 from wanjax.runtime import child_compile
+from wanjax.runtime.jax_cache import enable_compilation_cache, persistent_cache_off
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "wanjax"
@@ -25,12 +28,13 @@ ENV_SHAPE = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")  # WANJAX_CACHE, XLA_
 
 @pytest.fixture
 def jax_config():
-    """``jax.config`` as it was, restored after the test."""
+    """``jax.config`` as it was, restored after the test (and JAX's persistent cache started afresh)."""
     saved = dict(jax.config.values)
     yield saved
     for name, value in saved.items():
         if jax.config.values.get(name) != value:
             jax.config.update(name, value)
+    reset_cache()
 
 
 def changed(before: dict, after: dict) -> dict:
@@ -87,6 +91,27 @@ def test_the_compilation_cache_is_opt_in(demo_env, jax_config, tmp_path):
     assert jax.config.jax_compilation_cache_dir == str(tmp_path / "jax")
     WanPipeline.from_pretrained("demo", jax_cache_dir="off")
     assert not jax.config.jax_enable_compilation_cache
+
+
+def test_the_cache_turned_off_or_moved_after_a_compile_is_off_or_moved(jax_config, tmp_path):
+    """JAX settles its cache at a process's first compile; wanjax's setting holds from the next on."""
+
+    def entries(folder: Path) -> int:
+        return len(list(folder.glob("jit_*")))
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    enable_compilation_cache(first)
+    jax.jit(lambda x: x + 1)(np.ones(3))
+    assert entries(first) == 1
+    enable_compilation_cache("off")
+    jax.jit(lambda x: x + 2)(np.ones(3))
+    assert entries(first) == 1
+    enable_compilation_cache(second)
+    jax.jit(lambda x: x + 3)(np.ones(3))
+    with persistent_cache_off():
+        jax.jit(lambda x: x + 4)(np.ones(3))
+    jax.jit(lambda x: x + 5)(np.ones(3))
+    assert (entries(first), entries(second)) == (1, 2)
 
 
 def variables_read() -> dict[str, set[str]]:

@@ -21,10 +21,13 @@ off. Should an entry fail to be written later, JAX itself warns and goes on (unl
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import jax
+from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
 from wanjax.io.paths import locate_cache_root, writable_dir
 
@@ -68,17 +71,41 @@ def enable_compilation_cache(directory: str | Path | None = None) -> Path | str 
     (``None``: off, as asked or because it cannot be written; a remote URL is passed to JAX as it is,
     unchecked: JAX warns and goes on if it cannot write there).
 
-    JAX reads the setting when it first compiles; call this before any computation.
+    It holds from the next compile on, also in a process that has compiled with another setting.
     """
     path, source = resolve_cache_dir(directory)
     local = path is not None and not is_remote(path)
     if local and not writable_dir(path, f"the JAX compilation cache (from {source})", FIX):
         path = None
-    if path is None:
-        jax.config.update("jax_enable_compilation_cache", False)
-        return None
-    jax.config.update("jax_enable_compilation_cache", True)
-    jax.config.update("jax_compilation_cache_dir", str(path))
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    if path is not None:
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    _set_cache(path is not None, None if path is None else str(path))
     return path
+
+
+@contextlib.contextmanager
+def persistent_cache_off() -> Iterator[None]:
+    """JAX's persistent compilation cache off for a block, then as it was."""
+    was = _cache_setting()
+    _set_cache(False, None)
+    try:
+        yield
+    finally:
+        _set_cache(*was)
+
+
+def _cache_setting() -> tuple[bool, str | None]:
+    return jax.config.jax_enable_compilation_cache, jax.config.jax_compilation_cache_dir
+
+
+def _set_cache(enabled: bool, directory: str | None) -> None:
+    """The cache on in ``directory`` (``None``: the one configured) or off, from the next compile on.
+    JAX settles whether and where it caches at a process's first compile and keeps to that (jax 0.10:
+    off or another folder later still reads and writes the first): a change starts it afresh."""
+    was = _cache_setting()
+    jax.config.update("jax_enable_compilation_cache", enabled)
+    if directory is not None:
+        jax.config.update("jax_compilation_cache_dir", directory)
+    if _cache_setting() != was:
+        reset_cache()

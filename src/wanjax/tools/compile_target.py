@@ -46,6 +46,7 @@ from wanjax.pipeline.demo import demo_text_encoder_config
 from wanjax.pipeline.sampler import ImageConditioning, Sampler
 from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
 from wanjax.pipeline.step_cache import CacheConfig, resolve
+from wanjax.runtime.jax_cache import persistent_cache_off
 from wanjax.runtime.libtpu import compiler_environment, installed
 from wanjax.target import Target, building_for, current_target
 from wanjax.tools.flops import (
@@ -334,7 +335,8 @@ def compile_one(program: Program, planned: int | None = None) -> ProgramReport:
     becomes the report's one-line ``error``."""
     start = time.perf_counter()
     try:
-        with _without_persistent_cache():
+        # JAX's persistent cache cannot load an executable built for a topology's devices: off
+        with persistent_cache_off():
             compiled = program.lower().compile()
     except Exception as err:  # the compiler's refusal (VMEM, HBM, an unsupported op) is the answer
         seconds = time.perf_counter() - start
@@ -396,17 +398,6 @@ def attention_program(
 
     name = spec.backend if isinstance(spec, AttentionSpec) else spec
     return Program("attention", lower, "denoise", name, 0)
-
-
-def _without_persistent_cache() -> contextlib.AbstractContextManager:
-    """JAX's persistent compilation cache off for a block: it cannot load an executable compiled for
-    a topology's devices ("PjRtCompiler must be constructed with a Client"), so its entries would be
-    written for nothing and each later read would warn."""
-    try:
-        from jax._src.config import enable_compilation_cache
-    except ImportError:
-        return contextlib.nullcontext()
-    return enable_compilation_cache(False)
 
 
 def compiler_error(message: str) -> str:
