@@ -397,12 +397,15 @@ def test_a_refused_byte_range_is_a_json_error(server):
 def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path, tmp_path_factory):
     env = {"WANJAX_CACHE": str(demo_env)}
     flags = ("--jax_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))  # starts empty
+    small = dict(size="64x64", frames=5)  # the jobs' steps are what matter
     first = Server(tmp_path, *flags, env=env).start()
     try:
-        finished = first.wait(first.submit(prompt="finished before the kill", num_inference_steps=2)["id"])
+        finished = first.wait(
+            first.submit(prompt="finished before the kill", num_inference_steps=2, **small)["id"]
+        )
         _, video, _ = first.request("GET", f"/v1/videos/{finished['id']}/content")
-        running = first.submit(prompt="running at the kill", num_inference_steps=60, seed=3)
-        waiting = first.submit(prompt="waiting at the kill", num_inference_steps=2)
+        running = first.submit(prompt="running at the kill", num_inference_steps=60, seed=3, **small)
+        waiting = first.submit(prompt="waiting at the kill", num_inference_steps=2, **small)
         deadline = time.monotonic() + 120
         while first.request("GET", f"/v1/videos/{running['id']}")[1]["step"] < 2:
             assert time.monotonic() < deadline
@@ -429,7 +432,7 @@ def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path, tmp_path_fact
         assert rerun["step"] == 60
         # the restarted server's programs come from the persistent compilation cache
         assert rerun["compiled_programs"] > 0 and rerun["compile_cache_hits"] == rerun["compiled_programs"]
-        stopped = second.submit(prompt="running at a SIGTERM", num_inference_steps=60)
+        stopped = second.submit(prompt="running at a SIGTERM", num_inference_steps=60, **small)
         while second.request("GET", f"/v1/videos/{stopped['id']}")[1]["step"] < 2:
             assert time.monotonic() < deadline + 120
             time.sleep(0.05)

@@ -19,6 +19,7 @@ from PIL import Image
 from wanjax import WanPipeline
 
 PROMPT = "A lighthouse in a storm"
+SMALL = {"size": "64x64", "frames": 5}  # the jobs' videos: what the test compares is their weights
 
 
 def _sheet(server: Server, job_id: str, path) -> np.ndarray:
@@ -34,6 +35,7 @@ def _generate_sheet(tmp_path, name: str, prompt: str, *loras: str) -> np.ndarray
     sheet = tmp_path / f"cli_{name}.png"
     command = [sys.executable, "-m", "wanjax.cli", "generate", "--model", "demo", "--prompt", prompt]
     command += ["--num_inference_steps", "3", "--seed", "5", "--preview", str(sheet)]
+    command += ["--width", "64", "--height", "64", "--frames", str(SMALL["frames"])]
     command += ["--output_video", str(tmp_path / f"cli_{name}.mp4")]
     for value in loras:
         command += ["--lora", value]
@@ -72,8 +74,8 @@ def test_jobs_with_their_own_loras_equal_generate_and_run_grouped(demo_env, tmp_
 
         # While a job without LoRAs runs, four wait: the same prompt and seed with style_a, none and
         # style_b, and another prompt with style_a again.
-        common = {"num_inference_steps": 3, "seed": 5}
-        blocker = server.submit(prompt="a long one", num_inference_steps=60)
+        common = {"num_inference_steps": 3, "seed": 5, **SMALL}
+        blocker = server.submit(prompt="a long one", num_inference_steps=20)
         while server.request("GET", f"/v1/videos/{blocker['id']}")[1]["status"] != "in_progress":
             time.sleep(0.02)
         a = server.submit(prompt=PROMPT, lora=[{"name": "style_a", "scale": 0.8}], **common)

@@ -21,6 +21,7 @@ from wanjax.server.store import COMPLETED, IN_PROGRESS, Swept
 from wanjax.server.worker import Worker, clean_up
 
 PARAMS = {"prompt": "p", "negative_prompt": "", "num_inference_steps": 3}
+SMALL_JOB = {"size": "64x64", "frames": 5, "num_inference_steps": 24}
 
 
 @pytest.fixture
@@ -148,7 +149,8 @@ def _running_on(url: str, server: Server) -> str | None:
 @pytest.mark.slow
 def test_two_replicas_run_twenty_jobs_once_each_and_survive_a_kill(demo_env, postgres_url, tmp_path):
     """20 jobs submitted to either of two real servers; one is killed (SIGKILL) in the middle of a job,
-    which the other finishes after the lease: every job completed, each run to completion once."""
+    which the other finishes after the lease: every job completed, each run to completion once. Small
+    videos of many steps: a job is mostly its steps, so the kill lands in one."""
     flags = ("--store", postgres_url, "--job_lease", "3")
     env = {"WANJAX_CACHE": str(demo_env)}
     doomed, survivor = (Server(tmp_path, *flags, env=env).launch() for _ in range(2))
@@ -156,8 +158,7 @@ def test_two_replicas_run_twenty_jobs_once_each_and_survive_a_kill(demo_env, pos
         server.start_listening()
     try:
         jobs = [
-            (doomed, survivor)[n % 2].submit(prompt=f"job {n}", num_inference_steps=12, seed=n)["id"]
-            for n in range(20)
+            (doomed, survivor)[n % 2].submit(prompt=f"job {n}", seed=n, **SMALL_JOB)["id"] for n in range(20)
         ]
         deadline = time.monotonic() + 300
         while (killed_job := _running_on(postgres_url, doomed)) is None:

@@ -214,6 +214,9 @@ def demo_transformer_file(tmp_path, prefix: str = "", layers: int | None = None)
     return demo_file(tmp_path, "transformer", WAN_TRANSFORMER, prefix, layers)
 
 
+SMALL_VIDEO = ("--height", "64", "--width", "64", "--frames", "5")  # the runs compare weights, at any size
+
+
 def run_frames(args: list[str], video) -> np.ndarray:
     """``wanjax`` ``args`` writing ``video``; its frames as made (the PNG contact sheet beside it:
     H.264 would turn a one-level difference in a frame into larger ones)."""
@@ -232,7 +235,16 @@ def test_generate_with_a_transformer_file_makes_the_same_video(demo_env, tmp_pat
     from wanjax.models.vae.original_layout import WAN21_VAE_LAYOUT
 
     file = demo_transformer_file(tmp_path, prefix=COMFY)
-    args = ["generate", "--prompt", "a cat", "--num_inference_steps", "2", "--jax_cache_dir", "off"]
+    args = [
+        "generate",
+        "--prompt",
+        "a cat",
+        "--num_inference_steps",
+        "2",
+        "--jax_cache_dir",
+        "off",
+        *SMALL_VIDEO,
+    ]
     runs = {
         "directory": ["--model", "demo"],
         "files over --model": [
@@ -284,6 +296,7 @@ def test_generate_with_gguf_and_fp8_scaled_files_makes_their_dequantized_weights
         "2",
         "--jax_cache_dir",
         "off",
+        *SMALL_VIDEO,
     ]
     for file, values in references.items():
         plain = tmp_path / f"{file.stem}-dequantized.safetensors"
@@ -328,6 +341,7 @@ def test_the_three_stages_take_component_files_and_pass_them_on(demo_env, tmp_pa
         "a cat",
         *flag["transformer"],
         *flag["text_encoder"],
+        *SMALL_VIDEO,
         "--output_dir",
         str(stage),
     ]
@@ -339,7 +353,8 @@ def test_the_three_stages_take_component_files_and_pass_them_on(demo_env, tmp_pa
     assert config["encode"]["component_files"] == {k: absolute[k] for k in ("transformer", "text_encoder")}
     assert config["denoise"]["component_files"] == config["encode"]["component_files"]  # read from encode's
     assert config["decode"]["component_files"] == absolute
-    generate = ["generate", "--prompt", "a cat", *steps, *off, *[f for pair in flag.values() for f in pair]]
+    generate = ["generate", "--prompt", "a cat", *steps, *off, *SMALL_VIDEO]
+    generate += [f for pair in flag.values() for f in pair]
     assert np.abs(staged - run_frames(generate, tmp_path / "generate.mp4")).max() <= 1
 
 
