@@ -463,7 +463,10 @@ def test_two_processes_serve_one_model(demo_env, tmp_path):
     leader = Server(tmp_path / "host0", *flags, "--process_id", "0", model="demo-i2v", env=env)
     try:
         leader.start()
-        job = leader.wait(leader.submit(prompt=PROMPT, image=image, num_inference_steps=2, seed=5)["id"])
+        small = dict(size="64x64", frames=5)
+        job = leader.wait(
+            leader.submit(prompt=PROMPT, image=image, num_inference_steps=2, seed=5, **small)["id"]
+        )
         _, sheet, _ = leader.request("GET", f"/v1/videos/{job['id']}/content?variant=spritesheet")
     finally:
         assert leader.stop() == 0, leader.stderr
@@ -481,6 +484,7 @@ def test_two_processes_serve_one_model(demo_env, tmp_path):
         "2",
     ]
     args += ["--seed", "5", "--mesh", "sp=2", "--output_video", "one.mp4", "--preview", "one.png"]
+    args += ["--width", "64", "--height", "64", "--frames", "5"]
     subprocess.run(
         [sys.executable, "-m", "wanjax.cli", *args],
         cwd=tmp_path,
@@ -605,7 +609,9 @@ def test_a_vace_job_takes_a_control_video_a_mask_and_references(demo_env, tmp_pa
         _, info, _ = server.request("GET", "/v1/server")
         assert info["inputs"] == {"image": "none", "last_image": "none", "video": "optional", "mask": "optional",
                                   "reference_images": "optional"}  # fmt: skip
-        fields = dict(prompt=PROMPT, num_inference_steps=2, seed=3, conditioning_scale=0.7, frames=9)
+        fields = dict(
+            prompt=PROMPT, num_inference_steps=2, seed=3, conditioning_scale=0.7, frames=9, size="96x64"
+        )
         uploads = dict(video=data("control.mp4", "video/mp4"), mask=data("mask.png", "image/png"),
                        reference_images=[data("ref.png", "image/png")])  # fmt: skip
         many = server.request("POST", "/v1/videos", {**fields, "reference_images": [uploads["mask"]] * 5})
@@ -617,7 +623,8 @@ def test_a_vace_job_takes_a_control_video_a_mask_and_references(demo_env, tmp_pa
     finally:
         assert server.stop() == 0, server.stderr
     args = ["--prompt", PROMPT, "--num_inference_steps", "2", "--seed", "3", "--conditioning_scale", "0.7"]
-    args += ["--frames", "9", "--video", str(tmp_path / "control.mp4"), "--mask", str(tmp_path / "mask.png")]
+    args += ["--frames", "9", "--width", "96", "--height", "64"]
+    args += ["--video", str(tmp_path / "control.mp4"), "--mask", str(tmp_path / "mask.png")]
     args += ["--reference_image", str(tmp_path / "ref.png"), "--preview", str(tmp_path / "cli.png")]
     assert (
         generate_in_a_process("--model", "demo-vace", *args, "--output_video", str(tmp_path / "cli.mp4")) == 0
