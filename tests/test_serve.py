@@ -21,7 +21,7 @@ import av
 import numpy as np
 import pytest
 from helpers.processes import xla_flags
-from helpers.serve_process import Server, serve_mistake
+from helpers.serve_process import SMALL_GENERATE, SMALL_JOB, Server, serve_mistake
 from PIL import Image
 
 from wanjax.server.sqlite_store import SqliteJobStore
@@ -397,15 +397,15 @@ def test_a_refused_byte_range_is_a_json_error(server):
 def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path, tmp_path_factory):
     env = {"WANJAX_CACHE": str(demo_env)}
     flags = ("--jax_cache_dir", str(tmp_path_factory.mktemp("jax_cache")))  # starts empty
-    small = dict(size="64x64", frames=5)  # the jobs' steps are what matter
+    # small videos (SMALL_JOB): the jobs' steps are what matter
     first = Server(tmp_path, *flags, env=env).start()
     try:
         finished = first.wait(
-            first.submit(prompt="finished before the kill", num_inference_steps=2, **small)["id"]
+            first.submit(prompt="finished before the kill", num_inference_steps=2, **SMALL_JOB)["id"]
         )
         _, video, _ = first.request("GET", f"/v1/videos/{finished['id']}/content")
-        running = first.submit(prompt="running at the kill", num_inference_steps=60, seed=3, **small)
-        waiting = first.submit(prompt="waiting at the kill", num_inference_steps=2, **small)
+        running = first.submit(prompt="running at the kill", num_inference_steps=60, seed=3, **SMALL_JOB)
+        waiting = first.submit(prompt="waiting at the kill", num_inference_steps=2, **SMALL_JOB)
         deadline = time.monotonic() + 120
         while first.request("GET", f"/v1/videos/{running['id']}")[1]["step"] < 2:
             assert time.monotonic() < deadline
@@ -432,7 +432,7 @@ def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path, tmp_path_fact
         assert rerun["step"] == 60
         # the restarted server's programs come from the persistent compilation cache
         assert rerun["compiled_programs"] > 0 and rerun["compile_cache_hits"] == rerun["compiled_programs"]
-        stopped = second.submit(prompt="running at a SIGTERM", num_inference_steps=60, **small)
+        stopped = second.submit(prompt="running at a SIGTERM", num_inference_steps=60, **SMALL_JOB)
         while second.request("GET", f"/v1/videos/{stopped['id']}")[1]["step"] < 2:
             assert time.monotonic() < deadline + 120
             time.sleep(0.05)
@@ -463,9 +463,8 @@ def test_two_processes_serve_one_model(demo_env, tmp_path):
     leader = Server(tmp_path / "host0", *flags, "--process_id", "0", model="demo-i2v", env=env)
     try:
         leader.start()
-        small = dict(size="64x64", frames=5)
         job = leader.wait(
-            leader.submit(prompt=PROMPT, image=image, num_inference_steps=2, seed=5, **small)["id"]
+            leader.submit(prompt=PROMPT, image=image, num_inference_steps=2, seed=5, **SMALL_JOB)["id"]
         )
         _, sheet, _ = leader.request("GET", f"/v1/videos/{job['id']}/content?variant=spritesheet")
     finally:
@@ -484,7 +483,7 @@ def test_two_processes_serve_one_model(demo_env, tmp_path):
         "2",
     ]
     args += ["--seed", "5", "--mesh", "sp=2", "--output_video", "one.mp4", "--preview", "one.png"]
-    args += ["--width", "64", "--height", "64", "--frames", "5"]
+    args += SMALL_GENERATE
     subprocess.run(
         [sys.executable, "-m", "wanjax.cli", *args],
         cwd=tmp_path,

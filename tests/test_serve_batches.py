@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers.serve_process import Server
+from helpers.serve_process import SMALL_JOB, Server
 from PIL import Image
 
 from wanjax.server.store import COMPLETED, FAILED, QUEUED
@@ -124,14 +124,18 @@ def _sheet(server: Server, job_id: str, path) -> np.ndarray:
 @pytest.mark.bit_for_bit
 def test_four_jobs_waiting_together_run_as_one_batch_each_its_solo_video(demo_env, tmp_path):
     server = Server(tmp_path / "out", "--max_batch", "4", env={"WANJAX_CACHE": str(demo_env)}).start()
-    small = dict(size="64x64", frames=5)  # what is compared is the batch against each job alone
-    fields = [dict(prompt=f"scene {n}", seed=10 + 7 * n, num_inference_steps=3, **small) for n in range(4)]
+    # small videos (SMALL_JOB): what is compared is the batch against each job alone
+    fields = [
+        dict(prompt=f"scene {n}", seed=10 + 7 * n, num_inference_steps=3, **SMALL_JOB) for n in range(4)
+    ]
     try:
         blocker = server.submit(prompt="a long one", num_inference_steps=15)
         while server.request("GET", f"/v1/videos/{blocker['id']}")[1]["status"] != "in_progress":
             time.sleep(0.02)
         together = [server.submit(**f)["id"] for f in fields]
-        other = server.submit(prompt="scene 0", seed=10, num_inference_steps=4, **small)["id"]  # not alike
+        other = server.submit(prompt="scene 0", seed=10, num_inference_steps=4, **SMALL_JOB)[
+            "id"
+        ]  # not alike
         for job_id in [*together, other]:
             server.wait(job_id)
         batched = {job_id: _sheet(server, job_id, tmp_path / f"{job_id}.png") for job_id in together}

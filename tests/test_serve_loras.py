@@ -13,13 +13,12 @@ import time
 import numpy as np
 import pytest
 from helpers.lora import diffusers_lora_for
-from helpers.serve_process import Server
+from helpers.serve_process import SMALL_GENERATE, SMALL_JOB, Server
 from PIL import Image
 
 from wanjax import WanPipeline
 
 PROMPT = "A lighthouse in a storm"
-SMALL = {"size": "64x64", "frames": 5}  # the jobs' videos: what the test compares is their weights
 
 
 def _sheet(server: Server, job_id: str, path) -> np.ndarray:
@@ -35,7 +34,7 @@ def _generate_sheet(tmp_path, name: str, prompt: str, *loras: str) -> np.ndarray
     sheet = tmp_path / f"cli_{name}.png"
     command = [sys.executable, "-m", "wanjax.cli", "generate", "--model", "demo", "--prompt", prompt]
     command += ["--num_inference_steps", "3", "--seed", "5", "--preview", str(sheet)]
-    command += ["--width", "64", "--height", "64", "--frames", str(SMALL["frames"])]
+    command += SMALL_GENERATE  # the jobs' small videos: what the test compares is their weights
     command += ["--output_video", str(tmp_path / f"cli_{name}.mp4")]
     for value in loras:
         command += ["--lora", value]
@@ -74,7 +73,7 @@ def test_jobs_with_their_own_loras_equal_generate_and_run_grouped(demo_env, tmp_
 
         # While a job without LoRAs runs, four wait: the same prompt and seed with style_a, none and
         # style_b, and another prompt with style_a again.
-        common = {"num_inference_steps": 3, "seed": 5, **SMALL}
+        common = {"num_inference_steps": 3, "seed": 5, **SMALL_JOB}
         blocker = server.submit(prompt="a long one", num_inference_steps=20)
         while server.request("GET", f"/v1/videos/{blocker['id']}")[1]["status"] != "in_progress":
             time.sleep(0.02)

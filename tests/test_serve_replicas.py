@@ -12,7 +12,7 @@ import time
 import psycopg
 import pytest
 from helpers.serve_fakes import FakeEngine
-from helpers.serve_process import Server, serve_mistake
+from helpers.serve_process import SMALL_JOB, Server, serve_mistake
 
 from wanjax.errors import WanjaxError
 from wanjax.server.postgres_store import PostgresJobStore
@@ -21,7 +21,6 @@ from wanjax.server.store import COMPLETED, IN_PROGRESS, Swept
 from wanjax.server.worker import Worker, clean_up
 
 PARAMS = {"prompt": "p", "negative_prompt": "", "num_inference_steps": 3}
-SMALL_JOB = {"size": "64x64", "frames": 5, "num_inference_steps": 24}
 
 
 @pytest.fixture
@@ -158,7 +157,10 @@ def test_two_replicas_run_twenty_jobs_once_each_and_survive_a_kill(demo_env, pos
         server.start_listening()
     try:
         jobs = [
-            (doomed, survivor)[n % 2].submit(prompt=f"job {n}", seed=n, **SMALL_JOB)["id"] for n in range(20)
+            (doomed, survivor)[n % 2].submit(prompt=f"job {n}", seed=n, num_inference_steps=24, **SMALL_JOB)[
+                "id"
+            ]
+            for n in range(20)
         ]
         deadline = time.monotonic() + 300
         while (killed_job := _running_on(postgres_url, doomed)) is None:
