@@ -320,24 +320,25 @@ def test_attention_flags_reach_the_model(demo_env, tmp_path, capsys):
 @pytest.mark.slow
 def test_vae_flags_reach_the_decoder(demo_env, tmp_path, capsys):
     """--vae_decode_chunk all decodes the same frames as one latent frame per step; --vae_tiling
-    tiles 64x96 frames (the seams are blended, so frames change). The decode stage on two latent
-    frames: the VAE flags are its (generate's decode is the same stage)."""
+    tiles 64x128 frames (two tiles of 96 columns 64 apart, two tile shapes to compile; the seam is
+    blended, so frames change). The decode stage on two latent frames: the VAE flags are its
+    (generate's decode is the same stage)."""
     d = tmp_path / "stages"
-    latents = np.random.default_rng(0).standard_normal((1, 16, 2, 8, 12)).astype(np.float32)
+    latents = np.random.default_rng(0).standard_normal((1, 16, 2, 8, 16)).astype(np.float32)
     stages.save_latents(d / stages.LATENTS_FILE, latents)
     stages.write_config(d, stages.record_stage({}, "denoise", {"model": "demo", "seed": 1}))
     frames = {}
     for name, flags in (
         ("default", ()),
         ("whole", ("--vae_decode_chunk", "all", "--vae_weights_dtype", "float32")),
-        ("tiled", ("--vae_tiling", "48:32")),
+        ("tiled", ("--vae_tiling", "96:64")),
     ):
         path = tmp_path / f"{name}.npy"
         out = ("--frames_out", path, "--output_video", tmp_path / f"{name}.mp4", "--jax_cache_dir", "off")
         code, _, err = run(capsys, "decode", "--input_dir", d, *out, *flags)
         assert code == 0, err
         frames[name] = np.load(path)
-    assert frames["default"].shape == (1, 5, 64, 96, 3)
+    assert frames["default"].shape == (1, 5, 64, 128, 3)
     np.testing.assert_array_equal(frames["whole"], frames["default"])
     assert frames["tiled"].shape == frames["default"].shape
     assert (frames["tiled"] != frames["default"]).any()
