@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from helpers.small_video import SMALL_GENERATE
 
 from wanjax.cli.main import build_parser, main, subcommands
 from wanjax.jobs import requests
@@ -365,7 +366,7 @@ def test_several_prompts_make_a_batch_with_one_video_each(demo_env, tmp_path, ca
     prompt gives alone with seed + i."""
     prompts = ["a red fox in the snow", "a blue whale at sea"]
     common = ("--model", "demo", "--num_inference_steps", "2", "--dtype", "float32", "--jax_cache_dir", "off")
-    common += ("--height", "64", "--width", "64", "--frames", "5")
+    common += SMALL_GENERATE
     (tmp_path / "prompts.txt").write_text(f"{prompts[0]}\n\n{prompts[1]}\n")
     for name, source in (
         ("flag", ("--prompt", prompts[0], "--prompt", prompts[1])),

@@ -21,7 +21,8 @@ import av
 import numpy as np
 import pytest
 from helpers.processes import xla_flags
-from helpers.serve_process import SMALL_GENERATE, SMALL_JOB, Server, serve_mistake
+from helpers.serve_process import Server, serve_mistake
+from helpers.small_video import SMALL_GENERATE, SMALL_JOB
 from PIL import Image
 
 from wanjax.server.sqlite_store import SqliteJobStore

@@ -9,7 +9,8 @@ import time
 
 import numpy as np
 import pytest
-from helpers.serve_process import SMALL_JOB, Server
+from helpers.serve_process import Server
+from helpers.small_video import SMALL_JOB
 from PIL import Image
 
 from wanjax.server.store import COMPLETED, FAILED, QUEUED
@@ -133,9 +134,8 @@ def test_four_jobs_waiting_together_run_as_one_batch_each_its_solo_video(demo_en
         while server.request("GET", f"/v1/videos/{blocker['id']}")[1]["status"] != "in_progress":
             time.sleep(0.02)
         together = [server.submit(**f)["id"] for f in fields]
-        other = server.submit(prompt="scene 0", seed=10, num_inference_steps=4, **SMALL_JOB)[
-            "id"
-        ]  # not alike
+        other = server.submit(prompt="scene 0", seed=10, num_inference_steps=4, **SMALL_JOB)  # not alike
+        other = other["id"]
         for job_id in [*together, other]:
             server.wait(job_id)
         batched = {job_id: _sheet(server, job_id, tmp_path / f"{job_id}.png") for job_id in together}

@@ -13,7 +13,8 @@ import time
 import numpy as np
 import pytest
 from helpers.lora import diffusers_lora_for
-from helpers.serve_process import SMALL_GENERATE, SMALL_JOB, Server
+from helpers.serve_process import Server
+from helpers.small_video import SMALL_GENERATE, SMALL_JOB
 from PIL import Image
 
 from wanjax import WanPipeline

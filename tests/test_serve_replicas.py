@@ -12,7 +12,8 @@ import time
 import psycopg
 import pytest
 from helpers.serve_fakes import FakeEngine
-from helpers.serve_process import SMALL_JOB, Server, serve_mistake
+from helpers.serve_process import Server, serve_mistake
+from helpers.small_video import SMALL_JOB
 
 from wanjax.errors import WanjaxError
 from wanjax.server.postgres_store import PostgresJobStore
@@ -156,12 +157,8 @@ def test_two_replicas_run_twenty_jobs_once_each_and_survive_a_kill(demo_env, pos
     for server in (doomed, survivor):
         server.start_listening()
     try:
-        jobs = [
-            (doomed, survivor)[n % 2].submit(prompt=f"job {n}", seed=n, num_inference_steps=24, **SMALL_JOB)[
-                "id"
-            ]
-            for n in range(20)
-        ]
+        job = {"num_inference_steps": 24, **SMALL_JOB}
+        jobs = [(doomed, survivor)[n % 2].submit(prompt=f"job {n}", seed=n, **job)["id"] for n in range(20)]
         deadline = time.monotonic() + 300
         while (killed_job := _running_on(postgres_url, doomed)) is None:
             assert time.monotonic() < deadline, "the first replica never ran a job"

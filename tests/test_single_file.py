@@ -14,6 +14,7 @@ from diffusers import WanTransformer3DModel
 from diffusers.loaders.single_file_utils import convert_wan_transformer_to_diffusers
 from helpers.compare import assert_same_params
 from helpers.models import TINY_DIT, original_state
+from helpers.small_video import SMALL_GENERATE
 from safetensors.numpy import save_file
 
 from wanjax.errors import CheckpointError
@@ -214,7 +215,6 @@ def demo_transformer_file(tmp_path, prefix: str = "", layers: int | None = None)
     return demo_file(tmp_path, "transformer", WAN_TRANSFORMER, prefix, layers)
 
 
-SMALL_VIDEO = ("--height", "64", "--width", "64", "--frames", "5")  # the runs compare weights, at any size
 GENERATE = (
     "generate",
     "--prompt",
@@ -223,7 +223,7 @@ GENERATE = (
     "2",
     "--jax_cache_dir",
     "off",
-    *SMALL_VIDEO,
+    *SMALL_GENERATE,  # the runs compare weights, at any size
 )
 
 
@@ -325,7 +325,7 @@ def test_the_three_stages_take_component_files_and_pass_them_on(demo_env, tmp_pa
         "a cat",
         *flag["transformer"],
         *flag["text_encoder"],
-        *SMALL_VIDEO,
+        *SMALL_GENERATE,
         "--output_dir",
         str(stage),
     ]

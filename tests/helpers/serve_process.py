@@ -17,9 +17,6 @@ from pathlib import Path
 from typing import Any
 
 LISTENING = "wanjax serve: listening on "
-SMALL_JOB = {"size": "64x64", "frames": 5}  # a job's video where its size is not the point
-_WIDTH, _HEIGHT = SMALL_JOB["size"].split("x")
-SMALL_GENERATE = ("--width", _WIDTH, "--height", _HEIGHT, "--frames", str(SMALL_JOB["frames"]))  # generate's
 
 
 class Server:
