@@ -23,6 +23,8 @@ import pytest
 import torch
 from helpers.models import TINY_DIT, save_transformer
 
+from wanjax.runtime import jax_cache
+
 assert jax.device_count() == 8, "jax's backend started before XLA_FLAGS was set"
 os.environ["XLA_FLAGS"] = os.environ["XLA_FLAGS"].removesuffix(" --xla_force_host_platform_device_count=8")
 if not os.environ["XLA_FLAGS"]:
@@ -49,6 +51,25 @@ def _release_compiled_programs():
     jax.clear_caches()
     gc.collect()
     gc.freeze()
+
+
+@pytest.fixture(scope="session")
+def suite_jax_cache(tmp_path_factory):
+    """One persistent JAX compilation cache for the whole session: both workers, and the processes
+    the tests start (``$WANJAX_JAX_CACHE_DIR``), so a program the suite compiled once is read back
+    instead of compiled again in another module or process. A test about the cache sets its own."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax_cache"
+    folder.mkdir(exist_ok=True)
+    os.environ.setdefault(jax_cache.ENV_VAR, str(folder))
+    return folder
+
+
+@pytest.fixture(autouse=True)
+def _compile_through_the_suite_cache(suite_jax_cache):
+    """Each test starts with the session's cache on in this process (a command a test ran in this
+    process may have turned it off or moved it)."""
+    jax_cache.enable_compilation_cache(suite_jax_cache)
 
 
 @pytest.fixture(autouse=True)
