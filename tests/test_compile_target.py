@@ -136,8 +136,9 @@ def test_each_chip_is_the_compilers(generation):
 
 @pytest.mark.slow
 def test_an_impossible_block_is_the_compilers_one_line_vmem_error(v5e):
-    """A 4096 x 4096 block of splash needs far more than v5e's 16 MiB of scoped VMEM."""
-    spec = AttentionSpec("splash", block_q=4096, block_kv=4096, block_kv_compute=4096)
+    """A 2048 x 2048 block of splash needs more than v5e's 16 MiB of scoped VMEM (23 MiB; a 4096 block,
+    79 MiB, fails alike after five times the compile)."""
+    spec = AttentionSpec("splash", block_q=2048, block_kv=2048, block_kv_compute=2048)
     with building_for(v5e):
         report = compile_one(_attention_program(v5e, spec, 8192))
     assert not report.compiled
@@ -202,7 +203,7 @@ def test_plan_compile_from_the_command_line_compiles_every_program_and_writes_it
     """An image model's text encoder, image encoder, VAE encode, text K/V cache, step and VAE decode, all
     compiled for the slice (the step through Mosaic); the table on stdout, the report as JSON."""
     out = tmp_path / "report.json"
-    args = ("plan", "--model", "demo-i2v", "--height", "64", "--width", "64", "--frames", "5")
+    args = ("plan", "--model", "demo-i2v", "--height", "32", "--width", "32", "--frames", "5")
     result = _cli(*args, "--compile", "v9-8")
     assert result.returncode == 2 and result.stderr.count("\n") == 1
     assert "unknown TPU slice 'v9-8' for --compile; use one of v4-8," in result.stderr
@@ -224,7 +225,7 @@ def test_plan_compile_from_the_command_line_compiles_every_program_and_writes_it
     from wanjax.target import TPU_LANES
     from wanjax.tools.plan import model_configs, plan
 
-    size = dict(height=64, width=64, frames=5, device_memory=1 << 30)
+    size = dict(height=32, width=32, frames=5, device_memory=1 << 30)
     on_tpu, here = (
         plan(model_configs("demo-i2v"), parse_mesh("dp=2,sp=1,tp=4"), **size, lanes=lanes).on_device("decode")
         for lanes in (TPU_LANES, 1)
@@ -237,11 +238,11 @@ def test_tune_attention_keeps_only_the_candidates_that_compile_for_the_slice(cap
     from wanjax.tools.tune_attention import Problem, check_compiling
 
     problem = Problem("self", 1, 8192, 8192, 2, 128)
-    candidates = [(4096, 4096, 4096, 128), (1024, 1024, 512, 128)]
+    candidates = [(2048, 2048, 2048, 128), (1024, 1024, 512, 128)]
     kept = check_compiling(problem, "splash", jnp.bfloat16, candidates, "v5e-8")
     assert kept == [(1024, 1024, 512, 128)]
     out = capsys.readouterr().out
-    assert "(4096, 4096, 4096, 128): RESOURCE_EXHAUSTED" in out and "1 candidates compile for v5e-8" in out
+    assert "(2048, 2048, 2048, 128): RESOURCE_EXHAUSTED" in out and "1 candidates compile for v5e-8" in out
 
 
 @pytest.mark.slow
