@@ -57,7 +57,9 @@ def _release_compiled_programs():
 def suite_jax_cache(tmp_path_factory):
     """One persistent JAX compilation cache for the whole session: both workers, and the processes
     the tests start (``$WANJAX_JAX_CACHE_DIR``), so a program the suite compiled once is read back
-    instead of compiled again in another module or process. A test about the cache sets its own."""
+    instead of compiled again in another module or process. The commands the tests run leave
+    ``--jax_cache_dir`` at its default, so they compile through it too; a test about the cache sets
+    its own."""
     base = tmp_path_factory.getbasetemp()
     folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "jax_cache"
     folder.mkdir(exist_ok=True)
@@ -70,6 +72,17 @@ def _compile_through_the_suite_cache(suite_jax_cache):
     """Each test starts with the session's cache on in this process (a command a test ran in this
     process may have turned it off or moved it)."""
     jax_cache.enable_compilation_cache(suite_jax_cache)
+
+
+@pytest.fixture(autouse=True)
+def _commands_see_one_device(request, monkeypatch):
+    """A command a test runs in this process picks its mesh as on a one-device host (a user's CPU),
+    not over the eight devices this process has for the mesh tests: those name their mesh, or are
+    marked ``all_devices`` to get the command's automatic mesh over all eight."""
+    if request.node.get_closest_marker("all_devices") is None:
+        from wanjax.jobs import opening
+
+        monkeypatch.setattr(opening, "device_count", lambda: 1)
 
 
 @pytest.fixture(autouse=True)

@@ -238,8 +238,6 @@ def test_generate_rejects_bad_flags(demo_env, tmp_path, capsys, flags, needles):
         "a cat",
         "--output_video",
         out,
-        "--jax_cache_dir",
-        "off",
         *flags,
     )
     one_line_error(capsys, args, *needles)
@@ -248,33 +246,28 @@ def test_generate_rejects_bad_flags(demo_env, tmp_path, capsys, flags, needles):
 
 def test_stage_mistakes(demo_env, tmp_path, capsys):
     d = tmp_path / "stages"
-    off = ("--jax_cache_dir", "off")
     one_line_error(
-        capsys, ("denoise", "--input_dir", d, *off), "stage1_embeddings.safetensors", "run `wanjax encode"
+        capsys, ("denoise", "--input_dir", d), "stage1_embeddings.safetensors", "run `wanjax encode"
     )
-    one_line_error(
-        capsys, ("decode", "--input_dir", d, *off), "stage2_latents.safetensors", "run `wanjax denoise"
-    )
+    one_line_error(capsys, ("decode", "--input_dir", d), "stage2_latents.safetensors", "run `wanjax denoise")
 
     video = ("--height", "32", "--width", "48", "--frames", "5")
-    assert (
-        run(capsys, "encode", "--model", "demo", "--prompt", "a cat", "--output_dir", d, *video, *off)[0] == 0
-    )
+    assert run(capsys, "encode", "--model", "demo", "--prompt", "a cat", "--output_dir", d, *video)[0] == 0
     one_line_error(
-        capsys, ("denoise", "--input_dir", d, "--height", "64", *off), "--height 64 contradicts", "height 32"
+        capsys, ("denoise", "--input_dir", d, "--height", "64"), "--height 64 contradicts", "height 32"
     )
 
     bad = tmp_path / "noise.safetensors"
     stages.save_latents(bad, np.zeros((1, 16, 3, 4, 6), np.float32))  # 9 frames, not 5
     one_line_error(
         capsys,
-        ("denoise", "--input_dir", d, "--init_latents", bad, *off),
+        ("denoise", "--input_dir", d, "--init_latents", bad),
         "[1, 16, 3, 4, 6]",
         "[1, 16, 2, 4, 6]",
     )
     one_line_error(
         capsys,
-        ("denoise", "--input_dir", d, "--init_latents", tmp_path / "nope.safetensors", *off),
+        ("denoise", "--input_dir", d, "--init_latents", tmp_path / "nope.safetensors"),
         "not found",
     )
     assert not (d / stages.LATENTS_FILE).exists()
@@ -282,13 +275,11 @@ def test_stage_mistakes(demo_env, tmp_path, capsys):
     stages.save_latents(d / stages.LATENTS_FILE, np.zeros((1, 16, 2, 4, 6), np.float32))
     one_line_error(
         capsys,
-        ("decode", "--input_dir", d, "--frames", "9", *off),
+        ("decode", "--input_dir", d, "--frames", "9"),
         "--frames 9 contradicts",
         "5 frames of 48x32",
     )
-    one_line_error(
-        capsys, ("decode", "--input_dir", d, "--output_video", d / "x.gif", *off), "must end in .mp4"
-    )
+    one_line_error(capsys, ("decode", "--input_dir", d, "--output_video", d / "x.gif"), "must end in .mp4")
     assert not list(d.glob("*.mp4")) and not list(d.glob("*.tmp"))
 
 
@@ -305,8 +296,6 @@ def test_attention_flags_reach_the_model(demo_env, tmp_path, capsys):
         code, _, err = run(
             capsys,
             *DEMO_FLOAT32,
-            "--jax_cache_dir",
-            "off",
             "--frames_out",
             path,
             "--output_video",
@@ -335,7 +324,7 @@ def test_vae_flags_reach_the_decoder(demo_env, tmp_path, capsys):
         ("tiled", ("--vae_tiling", "96:64")),
     ):
         path = tmp_path / f"{name}.npy"
-        out = ("--frames_out", path, "--output_video", tmp_path / f"{name}.mp4", "--jax_cache_dir", "off")
+        out = ("--frames_out", path, "--output_video", tmp_path / f"{name}.mp4")
         code, _, err = run(capsys, "decode", "--input_dir", d, *out, *flags)
         assert code == 0, err
         frames[name] = np.load(path)
@@ -365,7 +354,7 @@ def test_several_prompts_make_a_batch_with_one_video_each(demo_env, tmp_path, ca
     """Two prompts (flag or file) run as one batch: two mp4s, frames [2, ...]; batch item i is what its
     prompt gives alone with seed + i."""
     prompts = ["a red fox in the snow", "a blue whale at sea"]
-    common = ("--model", "demo", "--num_inference_steps", "2", "--dtype", "float32", "--jax_cache_dir", "off")
+    common = ("--model", "demo", "--num_inference_steps", "2", "--dtype", "float32")
     common += SMALL_GENERATE
     (tmp_path / "prompts.txt").write_text(f"{prompts[0]}\n\n{prompts[1]}\n")
     for name, source in (
@@ -409,6 +398,6 @@ def test_several_prompts_make_a_batch_with_one_video_each(demo_env, tmp_path, ca
 
 def test_empty_prompt_file_is_a_one_line_error(demo_env, tmp_path, capsys):
     (tmp_path / "p.txt").write_text("\n  \n")
-    args = ("generate", "--model", "demo", "--prompt_file", tmp_path / "p.txt", "--jax_cache_dir", "off")
+    args = ("generate", "--model", "demo", "--prompt_file", tmp_path / "p.txt")
     one_line_error(capsys, (*args, "--output_video", tmp_path / "v.mp4"), "holds no prompt")
     assert not list(tmp_path.glob("*.mp4"))

@@ -126,10 +126,7 @@ def test_image_to_video_demo_runs_from_an_image_at_its_aspect(demo_env, tmp_path
     Image.fromarray(np.random.default_rng(0).integers(0, 256, (300, 200, 3), dtype=np.uint8)).save(image)
     video = tmp_path / "v.mp4"
     args = ["generate", "--model", "demo-i2v", "--prompt", "a cat", "--image", str(image)]
-    assert (
-        main([*args, "--num_inference_steps", "2", "--output_video", str(video), "--jax_cache_dir", "off"])
-        == 0
-    )
+    assert main([*args, "--num_inference_steps", "2", "--output_video", str(video)]) == 0
     record = json.loads(video.with_suffix(".json").read_text())
     area = DEMO_DEFAULTS.height * DEMO_DEFAULTS.width
     assert (record["video"]["height"], record["video"]["width"]) == (192, 128)  # 3:2 portrait, area 128*192
@@ -150,7 +147,7 @@ def test_two_expert_demo_is_a_diffusers_wan22_pipeline_and_runs_both_experts(dem
 
     video = tmp_path / "v.mp4"
     args = ["generate", "--model", "demo-a14b", "--prompt", "a cat", "--num_inference_steps", "4"]
-    assert main([*args, "--output_video", str(video), "--jax_cache_dir", "off"]) == 0
+    assert main([*args, "--output_video", str(video)]) == 0
     record = json.loads(video.with_suffix(".json").read_text())
     assert record["expert_steps"] == [0, 0, 1, 1] and record["sampling"]["boundary_ratio"] == 0.875
     reference = ReferencePipeline.from_pretrained(demo_model_dir(cache_root(), "demo-a14b"))

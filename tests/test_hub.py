@@ -267,7 +267,7 @@ def test_cli_revision_and_download_flags(hf_cache, demo_dir, cached_repo, capsys
         assert main(["info", REPO, *flags]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and needle in err, err
-    args = ["generate", "--model", REPO, "--revision", "v3", "--prompt", "a cat", "--jax_cache_dir", "off"]
+    args = ["generate", "--model", REPO, "--revision", "v3", "--prompt", "a cat"]
     assert main(args) == 2
     assert "--revision v3" in capsys.readouterr().err
 

@@ -255,7 +255,7 @@ def test_generate_with_two_loras_equals_diffusers(tiny_pipeline, tmp_path):
     reference = to_uint8(video)
 
     stage = tmp_path / "stages"
-    common = ["--model", str(root), "--dtype", "float32", "--jax_cache_dir", "off"]
+    common = ["--model", str(root), "--dtype", "float32"]
     lora = ["--lora", f"{first}:{weights[0]}", "--lora", f"{second}:{weights[1]}"]
     video_flags = ["--height", "48", "--width", "64", "--frames", "9"]
     assert (
@@ -272,7 +272,7 @@ def test_generate_with_two_loras_equals_diffusers(tiny_pipeline, tmp_path):
         "--init_latents",
         str(noise_file),
     ]
-    assert main(["denoise", "--input_dir", str(stage), *lora, *steps, "--jax_cache_dir", "off"]) == 0
+    assert main(["denoise", "--input_dir", str(stage), *lora, *steps]) == 0
     from safetensors.numpy import load_file
 
     latents = load_file(stage / "stage2_latents.safetensors")["latents"]
@@ -335,9 +335,7 @@ def test_cli_bad_lora_files_are_one_line_errors_before_any_weight(tiny_pipeline,
         (f"{first}:abc:", "cannot read"),
     ):
         out = tmp_path / "never.mp4"
-        assert main([*base, "--lora", str(bad), "--output_video", str(out), "--jax_cache_dir", "off"]) == 2, (
-            bad
-        )
+        assert main([*base, "--lora", str(bad), "--output_video", str(out)]) == 2, bad
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and message in err, err
         assert not out.exists()

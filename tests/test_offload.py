@@ -357,7 +357,7 @@ def test_cli_offload_and_8bit_flags_run_and_are_recorded(demo_env, tmp_path, cap
     from wanjax.cli.main import main
 
     small = ["--height", "32", "--width", "32", "--frames", "5", "--num_inference_steps", "2", "--dtype", "float32"]  # fmt: skip
-    base = ["generate", "--model", "demo", "--prompt", "a cat", *small, "--jax_cache_dir", "off"]
+    base = ["generate", "--model", "demo", "--prompt", "a cat", *small]
     frames = {}
     for name, flags in (
         ("none", []),

@@ -438,7 +438,7 @@ def test_loaders_take_precision(tiny_transformer_dir, small_vae, tmp_path):
 def test_cli_precision_flags_reach_the_run_and_its_record(demo_env, tmp_path, capsys):
     from wanjax.cli.main import main
 
-    out = ("--output_video", tmp_path / "v.mp4", "--jax_cache_dir", "off")
+    out = ("--output_video", tmp_path / "v.mp4")
     small = ("--height", "32", "--width", "32", "--frames", "5", "--num_inference_steps", "1")
     args = ["generate", "--model", "demo", "--prompt", "a cat", *small, *out]
     assert main([str(a) for a in (*args, "--precision", "high", "--vae_precision", "default")]) == 0

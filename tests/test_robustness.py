@@ -29,7 +29,6 @@ from wanjax.pipeline import stages
 from wanjax.pipeline.hub import resolve_model
 from wanjax.pipeline.results import check_steps_finite
 
-OFF = ("--jax_cache_dir", "off")
 SMALL = ("--height", "32", "--width", "48", "--frames", "5")
 PROMPT = ("--prompt", "a cat")
 
@@ -62,7 +61,7 @@ def copy_model(demo_dir: Path, tmp_path: Path) -> Path:
 
 
 def generate_args(model, out: Path, *flags) -> tuple:
-    return ("generate", "--model", model, *PROMPT, "--output_video", out / "v.mp4", *OFF, *SMALL, *flags)
+    return ("generate", "--model", model, *PROMPT, "--output_video", out / "v.mp4", *SMALL, *flags)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,7 +145,6 @@ def test_unwritable_outputs_are_refused_up_front(demo_env, tmp_path, capsys):
             "--model",
             "demo",
             *PROMPT,
-            *OFF,
             *SMALL,
             "--output_video",
             tmp_path / "v.mp4",
@@ -154,7 +152,7 @@ def test_unwritable_outputs_are_refused_up_front(demo_env, tmp_path, capsys):
             path,
         )
         one_line_error(capsys, args, flag, "is not a directory")
-    args = ("encode", "--model", "demo", *PROMPT, "--output_dir", blocker, *OFF)
+    args = ("encode", "--model", "demo", *PROMPT, "--output_dir", blocker)
     one_line_error(capsys, args, "is not a directory")
     folder = tmp_path / "sheet.png"
     folder.mkdir()
@@ -260,14 +258,12 @@ def test_bad_stage_files(demo_env, tmp_path, capsys):
     d = tmp_path / "stages"
     d.mkdir()
     (d / stages.EMBEDDINGS_FILE).write_bytes(b"\x07\x00\x00\x00\x00\x00\x00\x00{broken")
-    one_line_error(
-        capsys, ("denoise", "--model", "demo", "--input_dir", d, *OFF), "corrupt safetensors header"
-    )
+    one_line_error(capsys, ("denoise", "--model", "demo", "--input_dir", d), "corrupt safetensors header")
 
     stages.save_embeddings(d, np.zeros((1, 8, 7), np.float32), np.zeros((1, 8, 7), np.float32))
     one_line_error(
         capsys,
-        ("denoise", "--model", "demo", "--input_dir", d, *OFF, *SMALL),
+        ("denoise", "--model", "demo", "--input_dir", d, *SMALL),
         "width 7",
         "takes 64",
         "another model",
@@ -275,26 +271,26 @@ def test_bad_stage_files(demo_env, tmp_path, capsys):
     assert not (d / stages.LATENTS_FILE).exists()
 
     stages.save_latents(d / stages.LATENTS_FILE, np.zeros((1, 8, 2, 4, 6), np.float32))
-    one_line_error(capsys, ("decode", "--model", "demo", "--input_dir", d, *OFF), "8 channels", "decodes 16")
+    one_line_error(capsys, ("decode", "--model", "demo", "--input_dir", d), "8 channels", "decodes 16")
 
     nan = np.zeros((1, 16, 2, 4, 6), np.float32)
     nan[0, 3, 1] = np.nan
     stages.save_latents(d / stages.LATENTS_FILE, nan)
     one_line_error(
         capsys,
-        ("decode", "--model", "demo", "--input_dir", d, *OFF),
+        ("decode", "--model", "demo", "--input_dir", d),
         "24 NaN/inf value(s) of 768",
         "diverged",
         code=1,
     )
     (d / stages.CONFIG_FILE).write_text('{"stages": [1, 2]}')
-    one_line_error(capsys, ("decode", "--model", "demo", "--input_dir", d, *OFF), "generation_config.json")
+    one_line_error(capsys, ("decode", "--model", "demo", "--input_dir", d), "generation_config.json")
     assert not list(d.glob("*.mp4")) and not list(d.glob(".*"))
 
 
 def test_over_long_prompt_warns_with_the_dropped_token_count(demo_env, tmp_path, capsys):
     prompt = " ".join(["cat"] * 40)
-    args = ("encode", "--model", "demo", "--output_dir", tmp_path, *OFF, "--max_sequence_length", "8")
+    args = ("encode", "--model", "demo", "--output_dir", tmp_path, "--max_sequence_length", "8")
     with pytest.warns(UserWarning, match=r"the last \d+ token\(s\) were dropped"):
         code, _, err = run(capsys, *args, "--prompt", prompt)
     assert code == 0, err
@@ -373,8 +369,8 @@ def test_same_seed_same_frames_and_everything_recorded(demo_env, tmp_path, capsy
 
 def test_stage_config_records_seed_versions_and_arguments(demo_env, tmp_path, capsys):
     d = tmp_path / "s"
-    assert run(capsys, "encode", "--model", "demo", *PROMPT, "--output_dir", d, *SMALL, *OFF)[0] == 0
-    code, _, err = run(capsys, "denoise", "--input_dir", d, "--num_inference_steps", "1", "--seed", "3", *OFF)
+    assert run(capsys, "encode", "--model", "demo", *PROMPT, "--output_dir", d, *SMALL)[0] == 0
+    code, _, err = run(capsys, "denoise", "--input_dir", d, "--num_inference_steps", "1", "--seed", "3")
     assert code == 0, err
     config = stages.read_config(d)
     assert config["seed"] == 3 and config["wanjax_version"]
@@ -443,7 +439,7 @@ def test_killed_decode_leaves_no_partial_video(demo_env, tmp_path, sig):
     wrapper, marker = tmp_path / "slow.py", tmp_path / "marker"
     wrapper.write_text(_SLOW_WRITER)
     env = {**os.environ, "WANJAX_CACHE": str(demo_env), "JAX_PLATFORMS": "cpu"}
-    args = ["decode", "--input_dir", str(d), "--output_video", str(d / "video.mp4"), *OFF]
+    args = ["decode", "--input_dir", str(d), "--output_video", str(d / "video.mp4")]
     proc = subprocess.Popen(
         [sys.executable, str(wrapper), str(marker), *args],
         env=env,

@@ -110,8 +110,7 @@ def test_runs_in_the_same_second_keep_every_file_and_record_it(
 
 def test_stage_files_follow_the_umask(demo_env, tmp_path, capsys, umask_022):
     d = tmp_path / "s"
-    code, _, err = run(capsys, "encode", "--model", "demo", "--prompt", "a cat", "--output_dir", d,
-                       "--jax_cache_dir", "off")  # fmt: skip
+    code, _, err = run(capsys, "encode", "--model", "demo", "--prompt", "a cat", "--output_dir", d)
     assert code == 0, err
     for name in (stages.EMBEDDINGS_FILE, stages.CONFIG_FILE):
         assert stat.S_IMODE((d / name).stat().st_mode) == 0o644, name
@@ -126,7 +125,7 @@ def test_fresh_video_name_skips_every_name_a_run_left(tmp_path):
 
 
 def test_a_prompt_is_required_once(demo_env, tmp_path, capsys):
-    out = ("--output_video", tmp_path / "v.mp4", "--jax_cache_dir", "off")
+    out = ("--output_video", tmp_path / "v.mp4")
     one_line_error(capsys, ("generate", "--model", "demo", *out), "no prompt: give --prompt")
     one_line_error(capsys, ("encode", "--model", "demo", "--output_dir", tmp_path), "no prompt")
     (tmp_path / "p.txt").write_text("a cat\n")

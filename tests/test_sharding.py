@@ -5,6 +5,7 @@ processes."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from helpers import meshes as mesh_runs
 from helpers.meshes import write_model
 from helpers.processes import xla_flags
+from helpers.small_video import SMALL_GENERATE
 from jax.sharding import PartitionSpec as P
 
 from wanjax.errors import WanjaxError
@@ -263,7 +265,7 @@ def _generate(cwd: Path, model: str, devices: int, name: str, *flags: str) -> tu
         "JAX_PLATFORMS": "cpu",
     }
     args = ["--model", model, "--prompt", "cat", "--height", "32", "--width", "64", "--frames", "5"]
-    args += ["--num_inference_steps", "2", "--dtype", "float32", "--jax_cache_dir", "off"]
+    args += ["--num_inference_steps", "2", "--dtype", "float32"]
     args += ["--output_video", f"{name}.mp4", "--frames_out", f"{name}.npy", *flags]
     result = subprocess.run(
         [sys.executable, "-m", "wanjax.cli", "generate", *args],
@@ -286,6 +288,20 @@ def test_cli_runs_a_tp_that_does_not_divide_the_heads(model_dir, tmp_path):
     assert "mesh: dp=1, sp=1, tp=8: tokens" in report
     assert sharded.shape == (1, 5, 32, 64, 3)
     assert np.abs(sharded.astype(int) - single).max() <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.all_devices
+def test_a_command_without_a_mesh_spans_every_device(demo_env, tmp_path, capsys):
+    """No ``--mesh`` on an 8-device host: the command's automatic mesh over all eight, in its summary
+    and its record."""
+    from wanjax.cli.main import main
+
+    args = ["generate", "--model", "demo", "--prompt", "a cat", *SMALL_GENERATE, "--num_inference_steps", "1"]
+    assert main([*args, "--output_video", str(tmp_path / "v.mp4")]) == 0
+    layout = "dp=2: batch, sp=1, tp=4: heads"  # auto_mesh(8, 12): tp divides the demo's 12 heads
+    assert f"mesh: {layout}" in capsys.readouterr().out
+    assert json.loads((tmp_path / "v.json").read_text())["mesh"] == layout
 
 
 def test_the_layout_says_how_each_mesh_axis_is_used():

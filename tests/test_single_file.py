@@ -221,8 +221,6 @@ GENERATE = (
     "a cat",
     "--num_inference_steps",
     "2",
-    "--jax_cache_dir",
-    "off",
     *SMALL_GENERATE,  # the runs compare weights, at any size
 )
 
@@ -318,7 +316,7 @@ def test_the_three_stages_take_component_files_and_pass_them_on(demo_env, tmp_pa
         "vae": demo_file(tmp_path, "vae", WAN21_VAE_LAYOUT),
     }
     flag = {name: (f"--{name}", str(path)) for name, path in files.items()}
-    off, steps, stage = ("--jax_cache_dir", "off"), ("--num_inference_steps", "2"), tmp_path / "stage"
+    steps, stage = ("--num_inference_steps", "2"), tmp_path / "stage"
     encode = [
         "encode",
         "--prompt",
@@ -329,9 +327,9 @@ def test_the_three_stages_take_component_files_and_pass_them_on(demo_env, tmp_pa
         "--output_dir",
         str(stage),
     ]
-    assert main([*encode, *off]) == 0
-    assert main(["denoise", "--input_dir", str(stage), *steps, *off]) == 0
-    staged = run_frames(["decode", "--input_dir", str(stage), *flag["vae"], *off], tmp_path / "staged.mp4")
+    assert main(encode) == 0
+    assert main(["denoise", "--input_dir", str(stage), *steps]) == 0
+    staged = run_frames(["decode", "--input_dir", str(stage), *flag["vae"]], tmp_path / "staged.mp4")
     config = stages.read_config(stage)["stages"]
     absolute = {name: str(path.resolve()) for name, path in files.items()}
     assert config["encode"]["component_files"] == {k: absolute[k] for k in ("transformer", "text_encoder")}

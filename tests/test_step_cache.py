@@ -557,7 +557,7 @@ def test_cli_cache_flags_calibrate_then_reuse_and_record(demo_env, tmp_path, cap
     one-line errors (exit 2) that write nothing."""
     from wanjax.cli.main import main
 
-    small = ["--height", "32", "--width", "32", "--frames", "5", "--num_inference_steps", "8", "--jax_cache_dir", "off"]  # fmt: skip
+    small = ["--height", "32", "--width", "32", "--frames", "5", "--num_inference_steps", "8"]  # fmt: skip
     base = ["generate", "--model", "demo", "--prompt", "a cat", *small]
     ratios = tmp_path / "ratios.json"
     assert main([*base, "--cache_calibrate", str(ratios), "--output_video", str(tmp_path / "cal.mp4")]) == 0
@@ -607,9 +607,7 @@ def test_cli_cache_flags_calibrate_then_reuse_and_record(demo_env, tmp_path, cap
     assert cache["branches"]["cond"]["skipped"] and cache["branches"]["cond"]["skipped"][-1] < 7
 
     stage = tmp_path / "stages"
-    assert (
-        main(["encode", "--model", "demo", "--prompt", "a cat", "--output_dir", str(stage), *small[-2:]]) == 0
-    )
+    assert main(["encode", "--model", "demo", "--prompt", "a cat", "--output_dir", str(stage)]) == 0
     assert (
         main(
             [

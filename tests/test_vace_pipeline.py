@@ -135,7 +135,7 @@ def test_the_three_stages_with_vace_flags_are_generate(vace, tmp_path):
     clip = write_mp4(np.stack([np.asarray(f) for f in frames()]), tmp_path / "control.mp4", fps=16)
     masks()[2].save(tmp_path / "mask.png")
     references()[0].save(tmp_path / "ref.png")
-    model = ["--model", str(pipe.path), "--dtype", "float32", "--jax_cache_dir", "off", "--quiet"]
+    model = ["--model", str(pipe.path), "--dtype", "float32", "--quiet"]
     inputs = ["--prompt", PROMPT, "--video", str(clip), "--mask", str(tmp_path / "mask.png")]
     inputs += ["--reference_image", str(tmp_path / "ref.png"), "--conditioning_scale", "0.6"]
     size = ["--height", str(HEIGHT), "--width", str(WIDTH), "--frames", str(FRAMES)]
@@ -225,7 +225,7 @@ def test_generate_with_vace_flags_is_the_python_run(vace, tmp_path):
         str(FRAMES),
     ]
     args += ["--num_inference_steps", str(STEPS), "--init_latents", str(tmp_path / "noise.safetensors")]
-    assert main([*args, "--frames_out", str(tmp_path / "f.npy"), "--jax_cache_dir", "off", "--quiet"]) == 0
+    assert main([*args, "--frames_out", str(tmp_path / "f.npy"), "--quiet"]) == 0
     python = pipe(
         PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, latents=noise, video=read_frames(clip, 16, FRAMES),
         mask=Image.open(tmp_path / "mask.png"), reference_images=[Image.open(tmp_path / "ref.png")],
@@ -300,7 +300,7 @@ def test_generate_clips_and_extend_make_the_python_long_video(vace, tmp_path):
 
     _, pipe = vace
     common = ["--model", str(pipe.path), "--dtype", "float32", "--height", str(HEIGHT), "--width", str(WIDTH)]
-    common += ["--frames", str(FRAMES), "--num_inference_steps", "2", "--jax_cache_dir", "off", "--quiet"]
+    common += ["--frames", str(FRAMES), "--num_inference_steps", "2", "--quiet"]
     first = tmp_path / "two.mp4"
     args = ["generate", *common, "--prompt", PROMPT, "--prompt", "the fox turns", "--clips", "2"]
     assert main([*args, "--output_video", str(first), "--frames_out", str(tmp_path / "two.npy")]) == 0

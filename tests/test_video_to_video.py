@@ -204,7 +204,7 @@ def test_generate_and_three_stages_with_a_video_equal_diffusers(v2v, tmp_path):
     latents_ref, frames_ref, _ = diffusers_run(reference, frames[:5], 0.6)
     noise = tmp_path / "noise.safetensors"
     save_file({"latents": seed0_noise(5)}, str(noise))
-    quiet = ("--jax_cache_dir", "off", "--quiet")
+    quiet = ("--quiet",)
     text = ("--model", pipe.path, "--prompt", PROMPT, "--negative_prompt", NEGATIVE, "--dtype", "float32")
     size = ("--height", HEIGHT, "--width", WIDTH, "--frames", 5)
     sampling = (

@@ -120,17 +120,22 @@ def attention_spec(flags: AttentionFlags) -> AttentionSpec:
     return spec
 
 
+def device_count() -> int:
+    """The devices a request's mesh may span: every device this process sees."""
+    import jax
+
+    return jax.device_count()
+
+
 def mesh_request(parallel: ParallelFlags) -> tuple[MeshSpec | str | None, bool]:
     """``(mesh, fsdp)`` from ``--mesh`` or the reference's aliases; ``auto`` when more than one device
     is visible and nothing is said, one device otherwise."""
-    import jax
-
     mesh, fsdp = parallel.mesh, parallel.use_fsdp
     if parallel.use_dp or parallel.sp_num:
-        spec = mesh_spec_from_flags(mesh, jax.device_count(), use_dp=parallel.use_dp, sp_num=parallel.sp_num)
+        spec = mesh_spec_from_flags(mesh, device_count(), use_dp=parallel.use_dp, sp_num=parallel.sp_num)
         return spec, fsdp
     if mesh is None:
-        return ("auto" if jax.device_count() > 1 or fsdp else None), fsdp
+        return ("auto" if device_count() > 1 or fsdp else None), fsdp
     return (mesh if mesh == "auto" else parse_mesh(mesh)), fsdp  # a bad string fails now, before any work
 
 
