@@ -30,8 +30,8 @@ demo: $(RUN_STAMP)
 		--output_video out/demo.mp4 --preview out/demo.png --metrics_json out/demo.json
 
 # Two pytest workers, each test module whole on one (its module fixtures built once): measured on
-# 2 cores, the whole suite 1,985 s -> 1,497 s and the fast path 283 s -> 212 s (README, Tests; since
-# then 1,124 s and 173 s with the suite's compile settings in tests/conftest.py).
+# 2 cores, the whole suite 1,985 s -> 1,497 s and the fast path 283 s -> 212 s (README, Tests; now
+# 860 s and 131 s with the suite's settings in tests/conftest.py).
 PYTEST = $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 ## test: the whole test suite (parity against diffusers on tiny models)
