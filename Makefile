@@ -31,7 +31,7 @@ demo: $(RUN_STAMP)
 
 # Two pytest workers, each test module whole on one (its module fixtures built once): measured on
 # 2 cores, the whole suite 1,985 s -> 1,497 s and the fast path 283 s -> 212 s (README, Tests; now
-# 860 s and 131 s with the suite's settings in tests/conftest.py).
+# 800 s and 131 s with the suite's settings in tests/conftest.py).
 PYTEST = $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 ## test: the whole test suite (parity against diffusers on tiny models)
