@@ -111,14 +111,16 @@ def small(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.bit_for_bit
-def test_decode_chunk_sizes_give_identical_frames(small):
+@pytest.mark.parametrize("first_frame", ["alone", "scan"])
+def test_decode_chunk_sizes_give_identical_frames(small, first_frame):
     """Bit-identical: inside a chunk the decoder still runs one latent frame at a time, so every
-    operation has the same shape (and XLA the same kernel and summation order) whatever the chunk."""
+    operation has the same shape (and XLA the same kernel and summation order) whatever the chunk;
+    also where the scan decodes the first latent frame in its first chunk (a TPU's)."""
     _, _, base = small
     z = jnp.asarray(randn((2, 4, 5, *LATENT_HW), seed=21).numpy())  # 4 latent frames after the first
     frames, videos = [], []
     for chunk in (1, 3, "all"):  # 3: a padded last chunk
-        vae = WanVAE(base.cfg, base.params, decode_chunk=chunk)
+        vae = WanVAE(base.cfg, base.params, decode_chunk=chunk, first_frame=first_frame)
         frames.append(np.asarray(vae.decode_uint8(z)))
         videos.append(np.asarray(vae.decode(z)))
     assert frames[0].shape == (2, 17, 24, 40, 3)
@@ -197,13 +199,16 @@ def test_decode_memory_does_not_grow_with_length():
 
 @pytest.mark.slow
 @pytest.mark.bit_for_bit
-def test_ring_cache_matches_diffusers(case, vae):
+@pytest.mark.parametrize("first_frame", ["alone", "scan"])
+def test_ring_cache_matches_diffusers(case, vae, first_frame):
     """The accelerators' formulation (3-D convolutions over three-frame ring caches, the kernel's
     taps rotated to the slots): decode and encode equal diffusers (one-frame steps write into the
     ring; the encoder's two-frame steps take its frames in order), and the frames do not depend on
-    the chunk size."""
+    the chunk size; with the first latent frame decoded alone (GPUs) or by the scan's body from a
+    zero cache (TPUs: its skipped steps leave the cache as it was)."""
     _, model, name = case
-    ring = WanVAE(vae.cfg, vae.params, encoder_params=vae.encoder_params, conv="ring")
+    options = dict(conv="ring", first_frame=first_frame)
+    ring = WanVAE(vae.cfg, vae.params, encoder_params=vae.encoder_params, **options)
     z = randn((2, CONFIGS[name]["z_dim"], 5, *LATENT_HW), seed=31)
     video = torch.rand((2, 3, 17, 24, 40), generator=torch.Generator().manual_seed(32)) * 2 - 1
     with torch.no_grad():
@@ -213,7 +218,7 @@ def test_ring_cache_matches_diffusers(case, vae):
     assert_not_saturated(ref)
     assert relative_error(decoded, ref) <= 1e-5
     assert relative_error(ring.encode(jnp.asarray(video.numpy())), ref_latents) <= 1e-5
-    whole = WanVAE(vae.cfg, vae.params, conv="ring", decode_chunk="all")
+    whole = WanVAE(vae.cfg, vae.params, decode_chunk="all", **options)
     np.testing.assert_array_equal(np.asarray(whole.decode(jnp.asarray(z.numpy()))), decoded)
 
 

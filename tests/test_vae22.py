@@ -132,15 +132,17 @@ def test_decode_uint8_matches_pipeline_postprocessing(wan22):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("conv", ["auto", "ring"])
-def test_shortcut_phases_match_diffusers(phases, conv):
+@pytest.mark.parametrize(("conv", "first_frame"), [("auto", "auto"), ("ring", "alone"), ("ring", "scan")])
+def test_shortcut_phases_match_diffusers(phases, conv, first_frame):
     """Decode where each frame of a temporal DupUp3D repeats other input channels, and encode with a
     temporal AvgDown3D on the first level (frame 0 averaged with a zero frame) and a last block
     averaging channel pairs; also with the accelerators' ring caches (the encoder's steps after a
-    temporal downsampling take the ring's frames in order)."""
+    temporal downsampling take the ring's frames in order) and the TPU's first latent frame in the
+    scan (its one frame takes DupUp3D's last phase)."""
     model, vae = phases
     if conv != "auto":
-        vae = WanVAE(vae.cfg, vae.params, encoder_params=vae.encoder_params, conv=conv)
+        options = dict(conv=conv, first_frame=first_frame)
+        vae = WanVAE(vae.cfg, vae.params, encoder_params=vae.encoder_params, **options)
     z = randn((2, 8, 3, *LATENT_HW), seed=5)
     video = random_video(5, seed=6)
     with torch.no_grad():

@@ -15,6 +15,7 @@ from wanjax.errors import NumericalError
 from wanjax.io.checkpoint import random_params
 from wanjax.models.registry import DEMO_VAE, DEMO_VAE22
 from wanjax.models.vae import WanVAE, checkpoint_spec
+from wanjax.models.vae import programs as vae_programs
 from wanjax.models.vae.tiling import Tiling
 
 VAES = {"wan2.1": DEMO_VAE, "wan2.2": DEMO_VAE22}
@@ -58,11 +59,38 @@ def test_parts_give_the_one_programs_frames_bit_for_bit(name, dtype, chunk, fram
     assert calls == [(d, frames) for d in dict.fromkeys(done)]
 
 
+@pytest.mark.parametrize(
+    ("name", "chunk", "frames"),
+    [("wan2.1", 1, 3), ("wan2.2", 2, 3), pytest.param("wan2.1", "all", 2, marks=pytest.mark.slow)],
+)
+@pytest.mark.bit_for_bit
+def test_parts_of_the_scan_that_decodes_the_first_frame_give_its_frames(name, chunk, frames, monkeypatch):
+    """Where the scan decodes the first latent frame too (a TPU's), every part, the first included,
+    is one program (parts of ``chunk`` from the first frame on; the last one padded)."""
+    model = vae(name, decode_chunk=chunk, first_frame="scan")
+    z = latents(name, frames)
+    whole = np.asarray(model.decode_uint8(z))
+    used, compiled_part = [], vae_programs.compiled_part
+
+    def recorded(name, *args):
+        used.append((name, compiled_part(name, *args)))
+        return used[-1][1]
+
+    monkeypatch.setattr(vae_programs, "compiled_part", recorded)
+    parts, calls = in_parts(model, z)
+    np.testing.assert_array_equal(parts, whole)
+    step = frames if chunk == "all" else chunk
+    assert calls == [(d, frames) for d in dict.fromkeys([*range(step, frames, step), frames])]
+    assert [n for n, _ in used] == ["decode_cache", *["decode_uint8_part"] * len(calls)]
+    assert len({id(program) for _, program in used[1:]}) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.bit_for_bit
-def test_parts_on_an_8_device_mesh_decode_as_the_one_program_there():
+@pytest.mark.parametrize("first_frame", ["alone", "scan"])
+def test_parts_on_an_8_device_mesh_decode_as_the_one_program_there(first_frame):
     """Latents split in strips over the devices (as the pipeline places them): the sharded one
-    program's frames bit for bit."""
+    program's frames bit for bit (the first latent frame decoded alone, or by the scan's body)."""
     import jax
 
     from wanjax.parallel.layouts import spatial_sharding, to_global
@@ -70,7 +98,8 @@ def test_parts_on_an_8_device_mesh_decode_as_the_one_program_there():
     from wanjax.parallel.rules import replicated
 
     mesh = make_mesh(parse_mesh("dp=1,sp=2,tp=4"))
-    alone, sharded = vae("wan2.1"), vae("wan2.1", sharding=lambda source: replicated(mesh))
+    alone = vae("wan2.1")
+    sharded = vae("wan2.1", sharding=lambda source: replicated(mesh), first_frame=first_frame)
     z = latents("wan2.1", 3)
     wide = jnp.asarray(np.tile(np.asarray(z), (1, 1, 1, 1, 4)))  # 24 latent pixels: strips of 3
     placed = to_global(wide, spatial_sharding(mesh, wide.shape))

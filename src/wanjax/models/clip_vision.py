@@ -35,6 +35,7 @@ from wanjax.models.encoder_layouts import WAN_CLIP_LAYOUT
 from wanjax.models.image_processor import ImageInput, ImageProcessor, load_image_processor
 from wanjax.models.layers import Params, layer_norm, linear, matmul, scan_layers
 from wanjax.models.offload import DEVICE, HOST, move
+from wanjax.runtime.compile_effort import once_per_video
 
 # ----------------------------------------------------------------------------------------------
 # Config
@@ -321,7 +322,7 @@ class CLIPVisionEncoder:
         self.params = params
         self.processor = processor
         self.precision = resolve_precision(precision, "text_encoder")
-        self._encode = jax.jit(self.apply)
+        self._encode = jax.jit(self.apply, compiler_options=once_per_video() or None)  # once a video
 
     @property
     def dtype(self) -> jnp.dtype:

@@ -46,6 +46,7 @@ from wanjax.models.offload import (
 )
 from wanjax.models.tokenizer import Tokenizer, load_tokenizer
 from wanjax.parallel.layouts import batch_spec, constrain, params_mesh
+from wanjax.runtime.compile_effort import once_per_video
 
 # ----------------------------------------------------------------------------------------------
 # Config
@@ -376,8 +377,9 @@ class UMT5Encoder:
         self.precision = resolve_precision(precision, "text_encoder")
         self.stream = streams_layers(parse_offload(offload), per_step=False)
         self.mesh = params_mesh(params)  # the prompts' batch is split over its dp
-        self._forward = jax.jit(self.apply)
-        self._embed = jax.jit(self._embed_impl, static_argnames="out_length")
+        options = once_per_video() or None  # a video's prompts are encoded once
+        self._forward = jax.jit(self.apply, compiler_options=options)
+        self._embed = jax.jit(self._embed_impl, static_argnames="out_length", compiler_options=options)
 
     @property
     def dtype(self) -> jnp.dtype:

@@ -51,6 +51,7 @@ from wanjax.pipeline.step_cache import (
     resolve,
     state_shapes,
 )
+from wanjax.runtime.compile_effort import once_per_video
 from wanjax.runtime.programs import ProgramCache, signature
 from wanjax.runtime.timing import StepTimes
 
@@ -384,9 +385,9 @@ class Sampler:
         model, (_, cond, uncond, _) = self.experts[expert], args
         sharding = self._kv_sharding(expert, cond, uncond, per_video)
         fn = lambda p, c, u, i: context_cache(model, p, c, u, i, per_video)  # noqa: E731
-        return jax.jit(fn, out_shardings=sharding, keep_unused=True).lower(
-            *args
-        )  # all the weights, as the step
+        options = once_per_video() or None  # once a video, not every step
+        jitted = jax.jit(fn, out_shardings=sharding, keep_unused=True, compiler_options=options)
+        return jitted.lower(*args)  # all the weights, as the step
 
     def _context_cache(
         self,

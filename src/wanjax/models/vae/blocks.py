@@ -110,10 +110,14 @@ FrameArrays = jax.Array | tuple[jax.Array, ...]  # frames on axis 1: one array, 
 class LazyFrames:
     """``length`` frames made on demand: ``make(start, count)`` gives frames ``[start, start + count)``
     (``start`` may be traced), so a loop over them never holds them all. The frames are an array, or
-    a tuple of arrays with the same frames (see :func:`time_doubling`)."""
+    a tuple of arrays with the same frames (see :func:`time_doubling`). ``real(start)``: whether the
+    one-frame step at ``start`` is a frame at all (``None``: every frame is); a step that is not is
+    skipped, leaving the cache as it was and giving zeros (the first latent frame decoded by the
+    scan's body, see :func:`time_doubling`)."""
 
     length: int
     make: Callable[[jax.Array | int, int], FrameArrays]
+    real: Callable[[jax.Array], jax.Array] | None = None
 
 
 def frame_count(x: FrameArrays | LazyFrames) -> int:
@@ -127,7 +131,7 @@ def time_doubling(
     x: jax.Array,
     cache: Cache,
     new: Cache,
-    first: bool,
+    first: bool | jax.Array,
     nm: Numerics,
     shortcut: tuple[Layer, jax.Array] | None = None,
 ) -> FrameArrays | LazyFrames:
@@ -141,9 +145,14 @@ def time_doubling(
     frame then comes with :func:`~wanjax.models.vae.shortcuts.dup_time` of its input frame at its
     phase ``s`` (``(frames, shortcut frames)``), which the next segment adds after the spatial half.
     The first chunk keeps the last of the frames ``DupUp3D`` makes of its one frame (the
-    reference's ``first_chunk``)."""
+    reference's ``first_chunk``).
+
+    ``first`` may be traced (a one-frame chunk, decoded by the same program whatever the chunk):
+    the two frames are then made as always, except that in the first chunk the first is no frame
+    (:attr:`LazyFrames.real`) and the second is ``x`` itself, with ``DupUp3D``'s last phase; the
+    cache stays zeros."""
     (site,) = layer.cache_sites
-    if first:
+    if first is True:
         new[site] = zero_frames(x, 2)
         if shortcut is None:
             return x
@@ -151,6 +160,11 @@ def time_doubling(
         return x, dup_time(block_in, dup, dup.factors[0] - 1)
     prev = cache[site]
     new[site] = last_frames(prev, x, 2)
+    passes = first is not False  # traced: in the first chunk, x itself is the second frame
+    if passes:
+        if x.shape[1] != 1:
+            raise ValueError("a traced first chunk has one frame")
+        new[site] = tuple(jnp.where(first, jnp.zeros_like(f), f) for f in new[site])
     c = x.shape[-1]
     frames = (*prev, *(x[:, i] for i in range(x.shape[1])))
     stacked = jnp.stack(frames, axis=1) if x.shape[1] > 1 else None
@@ -162,7 +176,8 @@ def time_doubling(
         for kt in range(3):  # the order of time_conv's taps
             window = frames[kt] if stacked is None else lax.dynamic_index_in_dim(stacked, j + kt, 1, False)
             y = y + matmul(window, k[kt], nm)
-        return y.astype(x.dtype)
+        y = y.astype(x.dtype)
+        return jnp.where(first, x[:, 0], y) if passes else y
 
     def make(start: jax.Array | int, count: int) -> FrameArrays:
         phases = [((start + f) // 2, (start + f) % 2) for f in range(count)]
@@ -175,7 +190,8 @@ def time_doubling(
         ]
         return out, jnp.concatenate(shortcut_frames, axis=1)
 
-    return LazyFrames(2 * x.shape[1], make)
+    real = (lambda start: jnp.logical_not(first) | (start % 2 == 1)) if passes else None
+    return LazyFrames(2 * x.shape[1], make, real)
 
 
 def downsample(
@@ -212,7 +228,7 @@ def run_layers(
     layers: Sequence[Layer],
     x: jax.Array,
     cache: Cache,
-    first: bool,
+    first: bool | jax.Array,
     nm: Numerics,
     carried: jax.Array | None = None,
 ) -> tuple[jax.Array, Cache]:
@@ -270,11 +286,12 @@ def in_steps(
     """
     lazy = isinstance(x, LazyFrames)
     t = frame_count(x)
-    if t <= frames:
+    real = x.real if lazy else None
+    if t <= frames and real is None:
         y, new = fn(x.make(0, t) if lazy else x, cache)
         return y, {**cache, **new}
-    if t % frames:
-        raise ValueError(f"{frames} frames per step do not divide a chunk of {t} frames")
+    if t % frames or (real is not None and frames != 1):
+        raise ValueError(f"{frames} frames per step do not divide a chunk of {t} frames (or skip one)")
     n = t // frames
     if lazy:
         steps, take = jnp.arange(n), lambda i: x.make(i * frames, frames)
@@ -282,9 +299,16 @@ def in_steps(
         split = lambda a: jnp.moveaxis(a.reshape(a.shape[0], n, frames, *a.shape[2:]), 1, 0)  # noqa: E731
         steps, take = jax.tree.map(split, x), lambda xs: xs
 
-    def step(state: Cache, xs: FrameArrays) -> tuple[Cache, jax.Array]:
+    def run(state: Cache, xs: FrameArrays) -> tuple[Cache, jax.Array]:
         y, new = fn(take(xs), state)
         return {**state, **new}, y
+
+    def step(state: Cache, xs: FrameArrays) -> tuple[Cache, jax.Array]:
+        if real is None:
+            return run(state, xs)
+        skip = lambda state, xs: (state, jax.tree.map(lambda o: jnp.zeros(o.shape, o.dtype), out))  # noqa: E731
+        out = jax.eval_shape(run, state, xs)[1]
+        return lax.cond(real(xs), run, skip, state, xs)
 
     state, ys = lax.scan(step, cache, steps)
     ys = jnp.moveaxis(ys, 0, 1)

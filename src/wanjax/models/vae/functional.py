@@ -22,10 +22,25 @@ from wanjax.models.vae.postprocess import (
     to_uint8,
     unpatchify,
 )
-from wanjax.models.vae.scan import decode_first, decode_frames, decode_next, encode_frames
+from wanjax.models.vae.scan import (
+    decode_first,
+    decode_frames,
+    decode_latents,
+    decode_next,
+    encode_frames,
+    zero_cache,
+)
 from wanjax.models.vae.tiling import Tiling, decode_frames_tiled
 
-__all__ = ["decode", "decode_uint8", "decode_uint8_first", "decode_uint8_next", "encode"]
+__all__ = [
+    "decode",
+    "decode_cache",
+    "decode_uint8",
+    "decode_uint8_first",
+    "decode_uint8_next",
+    "decode_uint8_part",
+    "encode",
+]
 
 
 def _decode_any(
@@ -135,6 +150,33 @@ def decode_uint8_next(
     z = _uint8_latents(cfg, normalized_latents, nm)
     finish = _finish_patches(cfg, _uint8_finish)
     (out, counts), cache = decode_next(params, cfg, cache, z, finish, nm=nm, frames=frames)
+    return out, counts, cache
+
+
+def decode_cache(params: Params, normalized_latents: jax.Array, *, cfg: VAEConfig, nm: Numerics) -> Cache:
+    """The causal cache before the first of these latent frames ``(B, z, T', h, w)``, all zeros
+    (:func:`~wanjax.models.vae.scan.zero_cache`), for :func:`decode_uint8_part`."""
+    return zero_cache(params, cfg, _uint8_latents(cfg, normalized_latents[:, :, :1], nm), nm)
+
+
+def decode_uint8_part(
+    params: Params,
+    cache: Cache,
+    normalized_latents: jax.Array,
+    first: jax.Array,
+    *,
+    cfg: VAEConfig,
+    nm: Numerics,
+) -> tuple[jax.Array, jax.Array, Cache]:
+    """:func:`decode_uint8` in parts where the scan decodes the first frame too
+    (:func:`~wanjax.models.vae.scan.first_in_scan`): the latent frames ``(B, z, c, h, w)`` after
+    those ``cache`` has seen (``first``: they begin the video, ``cache`` from :func:`decode_cache`),
+    their ``uint8`` frames (``r c``, of which the first ``r - 1`` of the video's are skipped ones),
+    counts of non-finite values per frame and the cache after them; one program for every part,
+    the first included, and the one program's frames bit for bit."""
+    z = _uint8_latents(cfg, normalized_latents, nm)
+    y, cache = decode_latents(params, cfg, cache, z, first, nm=nm)
+    out, counts = _finish_patches(cfg, _uint8_finish)(y)
     return out, counts, cache
 
 

@@ -45,9 +45,17 @@ from wanjax.models.layers import Params
 from wanjax.models.vae import programs
 from wanjax.models.vae.config import VAEConfig, encoder_plan
 from wanjax.models.vae.layout import VAE, checkpoint_spec
-from wanjax.models.vae.ops import CONV_IMPLS, UPSAMPLE_IMPLS, Numerics, default_conv, f32_conv_output
+from wanjax.models.vae.ops import (
+    CONV_IMPLS,
+    FIRST_FRAME_IMPLS,
+    UPSAMPLE_IMPLS,
+    Numerics,
+    default_conv,
+    default_first_frame,
+    f32_conv_output,
+)
 from wanjax.models.vae.postprocess import denormalize_latents, normalize_latents
-from wanjax.models.vae.scan import parse_chunk
+from wanjax.models.vae.scan import first_in_scan, parse_chunk
 from wanjax.models.vae.tiling import Tiling
 from wanjax.runtime.programs import Signature, child_can_compile, release_free_heap, signature, unplaced
 from wanjax.target import current_target
@@ -100,6 +108,8 @@ class WanVAE:
     inputs; a failing child falls back to compiling here (with a warning).
     ``precision``: of float32 convolutions and matmuls (``highest | high | default``; None: this
     platform's default, see :func:`~wanjax.kernels.precision.default_precision`).
+    ``first_frame``: ``alone | scan`` (``auto``: the target's, see
+    :func:`~wanjax.models.vae.ops.default_first_frame`).
     """
 
     def __init__(
@@ -119,12 +129,19 @@ class WanVAE:
         tiling: Tiling | None = None,
         compile_in_child: bool | None = None,
         precision: str | None = None,
+        first_frame: str = "auto",
     ):
         precision = resolve_precision(precision, "vae")
         if conv == "auto":
             conv = default_conv(current_target().platform)
         if conv not in CONV_IMPLS:
             raise ConfigError(f"unknown conv formulation {conv!r}; use one of auto, {', '.join(CONV_IMPLS)}")
+        if first_frame == "auto":
+            first_frame = default_first_frame(current_target().platform)
+        if first_frame not in FIRST_FRAME_IMPLS:
+            raise ConfigError(
+                f"unknown first_frame {first_frame!r}; use one of auto, {', '.join(FIRST_FRAME_IMPLS)}"
+            )
         if upsample not in UPSAMPLE_IMPLS:
             raise ConfigError(
                 f"unknown upsample formulation {upsample!r}; use one of {', '.join(UPSAMPLE_IMPLS)}"
@@ -144,6 +161,7 @@ class WanVAE:
             upsample,
             precision=precision,
             f32_conv_output=f32_conv_output(current_target().platform),
+            first_frame=first_frame,
         )
         self.decode_chunk = parse_chunk(decode_chunk, "decode_chunk")
         self.encode_chunk = parse_chunk(encode_chunk, "encode_chunk")
@@ -280,24 +298,38 @@ class WanVAE:
         self, x: jax.Array, on_frames: Callable[[int, int], None]
     ) -> tuple[jax.Array, jax.Array]:
         """``decode_uint8``'s frames and non-finite count, part by part (see :meth:`decode_uint8`);
-        a last part shorter than the others is padded (causality makes that harmless) and trimmed."""
-        statics = tuple(kv for kv in self._statics_for("decode_uint8", x) if kv[0] in ("cfg", "nm", "frames"))
+        a last part shorter than the others is padded (causality makes that harmless) and trimmed.
+        Where the scan decodes the first latent frame too (:func:`first_in_scan`), the parts start
+        from a zero cache and one program decodes them all, the first included (of whose ``r``
+        frames the first ``r - 1`` are skipped ones)."""
+        statics = dict(self._statics_for("decode_uint8", x))
         params, total, r = self.params, x.shape[2], self.cfg.temporal_factor
-        chunk = max(1, total - 1 if self.decode_chunk is None else min(self.decode_chunk, total - 1))
-        first = x[:, :, :1]
-        out, counts, cache = programs.compiled_part("decode_uint8_first", statics, params, first)(
-            params, first
-        )
-        parts, nonfinite = [jax.block_until_ready(out)], jnp.sum(counts, dtype=jnp.int32)
-        on_frames(1, total)
-        done = 1
+        in_scan = first_in_scan(statics["nm"], statics["frames"])
+        base = (("cfg", statics["cfg"]), ("nm", statics["nm"]))
+        parts, nonfinite, done = [], jnp.zeros((), jnp.int32), 0
+        if in_scan:
+            chunk = total if self.decode_chunk is None else min(self.decode_chunk, total)
+            cache = programs.compiled_part("decode_cache", base, params, x[:, :, :1])(params, x[:, :, :1])
+        else:
+            chunk = max(1, total - 1 if self.decode_chunk is None else min(self.decode_chunk, total - 1))
+            base += (("frames", statics["frames"]),)
+            first = x[:, :, :1]
+            out, counts, cache = programs.compiled_part("decode_uint8_first", base, params, first)(
+                params, first
+            )
+            parts, nonfinite, done = [jax.block_until_ready(out)], jnp.sum(counts, dtype=jnp.int32), 1
+            on_frames(1, total)
         while done < total:
             n = min(chunk, total - done)
             part = jnp.pad(x[:, :, done : done + n], ((0, 0), (0, 0), (0, chunk - n), (0, 0), (0, 0)))
-            program = programs.compiled_part("decode_uint8_next", statics, params, cache, part)
-            out, counts, cache = program(params, cache, part)
-            parts.append(jax.block_until_ready(out[:, : r * n]))
-            nonfinite += jnp.sum(counts[: r * n], dtype=jnp.int32)
+            args: tuple[Any, ...] = (params, cache, part)
+            if in_scan:
+                args += (jnp.asarray(done == 0),)
+            name = "decode_uint8_part" if in_scan else "decode_uint8_next"
+            out, counts, cache = programs.compiled_part(name, base, *args)(*args)
+            skipped = r - 1 if in_scan and done == 0 else 0
+            parts.append(jax.block_until_ready(out[:, skipped : r * n]))
+            nonfinite += jnp.sum(counts[skipped : r * n], dtype=jnp.int32)
             done += n
             on_frames(done, total)
         return jnp.concatenate(parts, axis=1), nonfinite
@@ -331,6 +363,7 @@ def load_vae(
     compile_in_child: bool | None = None,
     precision: str | None = None,
     config: VAEConfig | None = None,
+    first_frame: str = "auto",
 ) -> WanVAE:
     """Load ``vae/`` of a diffusers-layout Wan 2.1 or 2.2 model (``path`` = model root or that folder),
     or one VAE weights file of any layout ``config`` describes.
@@ -342,7 +375,7 @@ def load_vae(
     ``conv``/``upsample``: convolution formulations (see :class:`~wanjax.models.vae.ops.Numerics`).
     ``tiling``: decode large frames in blended spatial tiles (:class:`Tiling`; off by default).
     ``compile_in_child``, ``precision`` (of float32 convolutions and matmuls; None: the platform's
-    default): see :class:`WanVAE`.
+    default), ``first_frame``: see :class:`WanVAE`.
     The checkpoint's names, shapes and dtypes are checked now; each part's weights are read on its
     first use, after that call's program is compiled.
     """
@@ -387,4 +420,5 @@ def load_vae(
         tiling=tiling,
         compile_in_child=compile_in_child,
         precision=precision,
+        first_frame=first_frame,
     )

@@ -29,6 +29,7 @@ Cache = dict[str, Frames]  # cache site name -> frames
 CONV_IMPLS = ("taps", "conv3d", "ring")
 ACCELERATOR_CONV = "ring"  # the formulation GPUs and TPUs run (see default_conv)
 UPSAMPLE_IMPLS = ("subpixel", "repeat")
+FIRST_FRAME_IMPLS = ("alone", "scan")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,9 @@ class Numerics:
     ``f32_conv_output``: a convolution of 16-bit operands returns float32 from the convolution
     itself (``preferred_element_type``); without it the convolution returns the activation dtype
     and is widened after. Both accumulate in float32; see :func:`f32_conv_output` for the platforms.
+    ``first_frame``: how the decoder's first latent frame runs with one frame per step: ``alone``,
+    a program part of its own before the scan (the decoder's layers compiled twice), or ``scan``,
+    the scan's first step from a zero cache (once); see :func:`default_first_frame`.
     """
 
     dtype: jnp.dtype = FLOAT32
@@ -60,6 +64,7 @@ class Numerics:
     lowres_cache: bool = True
     precision: Precision = "highest"
     f32_conv_output: bool = True
+    first_frame: str = "alone"
 
     def for_steps(self, frames: int) -> Numerics:
         """These numerics for steps of ``frames`` video frames: the low-resolution recompute (speed
@@ -83,6 +88,18 @@ def default_conv(platform: str) -> str:
     one-frame copies and 13 three-frame concatenations gone, 5.92 vs 5.79 GiB).
     """
     return "taps" if platform.lower() == "cpu" else ACCELERATOR_CONV
+
+
+def default_first_frame(platform: str) -> str:
+    """How the decoder's first latent frame runs on ``platform`` (``Numerics.first_frame``).
+
+    TPUs decode it in the scan's first step (``scan``): the TPU compiler's time and code go with the
+    layers a program holds, and decoding the first frame apart held every layer twice (the 5B's
+    decode at 1280x704: 32.4 -> 18.0 s of compile, 65 -> 34 MiB of code per chip; BENCHMARKS.md).
+    CPUs and GPUs keep it ``alone``: XLA:CPU compiles the decode in seconds either way and keeps
+    39 MiB more of it in the scan at 240x416 (917 -> 956 MiB), and on GPUs ``scan`` is not measured.
+    """
+    return "scan" if platform.lower() == "tpu" else "alone"
 
 
 def f32_conv_output(platform: str) -> bool:

@@ -51,12 +51,15 @@ from wanjax.models.vae.ops import Cache, Numerics, pointwise
 __all__ = [
     "decode_first",
     "decode_frames",
+    "decode_latents",
     "decode_next",
     "decoder_chunk",
     "encode_frames",
     "encoder_chunk",
+    "first_in_scan",
     "parse_chunk",
     "uncounted",
+    "zero_cache",
 ]
 
 Tallied = tuple[jax.Array, jax.Array]  # frames on an axis, and a count per frame (or their total)
@@ -93,10 +96,17 @@ def _block_start(layers: tuple[Layer, ...]) -> int:
 
 
 def decoder_chunk(
-    params: Params, cfg: VAEConfig, z: jax.Array, cache: Cache, first: bool, nm: Numerics, frames: int
+    params: Params,
+    cfg: VAEConfig,
+    z: jax.Array,
+    cache: Cache,
+    first: bool | jax.Array,
+    nm: Numerics,
+    frames: int,
 ) -> tuple[jax.Array, Cache]:
     """VAE latents of one chunk ``(B, t, h, w, z)`` -> decoded frames (unclamped, patches for the
-    Wan 2.2 VAE) and new caches.
+    Wan 2.2 VAE) and new caches. ``first``: whether the chunk begins the video; traced, the chunk
+    is one latent frame and ``cache`` is full (see :func:`decode_latents`).
 
     Each segment after a temporal upsampling runs in steps of ``frames`` video frames scaled to its
     frame rate (at least one frame), inside the steps of the segment before it: the activations
@@ -153,41 +163,46 @@ def encoder_chunk(
 
 
 def _scan_chunks(
-    step: Callable[[Cache, jax.Array], tuple[Cache, Tallied]],
+    step: Callable[[Cache, jax.Array, jax.Array], tuple[Cache, Tallied]],
     cache: Cache,
     x: jax.Array,
     chunk: int,
-    head: Tallied,
+    head: Tallied | None,
     per_chunk: int,
-    out_len: int,
+    kept: tuple[int, int],
     axis: int = 1,
 ) -> Tallied:
-    """Scan ``step`` over ``x (B, t, ...)`` in chunks of ``chunk`` frames (padded at the end, which
-    causality makes harmless). The output is ``head`` followed by every chunk's ``per_chunk``
-    output frames along ``axis``, trimmed to ``out_len`` frames after ``head``: each chunk is
-    written into that one buffer as the scan goes (no stacked copy to concatenate and rearrange
-    afterwards). Each output comes with counts per frame along ``axis``; the total over the frames
-    kept is returned with the output (see :func:`decode_frames`)."""
-    head, head_counts = head
+    """Scan ``step(cache, chunk's frames, chunk index)`` over ``x (B, t, ...)`` in chunks of ``chunk``
+    frames (padded at the end, which causality makes harmless). The output is ``head`` (if any)
+    followed by every chunk's ``per_chunk`` output frames along ``axis``, cut to its frames
+    ``[kept[0], kept[1])``: each chunk is written into that one buffer as the scan goes (no stacked
+    copy to concatenate and rearrange afterwards). Each output comes with counts per frame along
+    ``axis``; the total over the frames kept is returned with the output (see :func:`decode_frames`)."""
     b, t = x.shape[:2]
     n = -(-t // chunk)
     x = jnp.pad(x, ((0, 0), (0, n * chunk - t)) + ((0, 0),) * (x.ndim - 2))
     steps = jnp.moveaxis(x.reshape(b, n, chunk, *x.shape[2:]), 1, 0)
-    shape = list(head.shape)
-    shape[axis] += n * per_chunk
-    out = jax.lax.dynamic_update_slice_in_dim(jnp.zeros(shape, head.dtype), head, 0, axis)
+    head_len = 0 if head is None else head[0].shape[axis]
+    like = head[0] if head is not None else jax.eval_shape(step, cache, steps[0], jnp.int32(0))[1][0]
+    shape = list(like.shape)
+    shape[axis] = head_len + n * per_chunk
+    out = jnp.zeros(shape, like.dtype)
+    total = jnp.int32(0)
+    if head is not None:
+        out = jax.lax.dynamic_update_slice_in_dim(out, head[0], 0, axis)
+        total = jnp.sum(head[1][kept[0] :], dtype=jnp.int32)
 
-    def write(carry: tuple[Cache, jax.Array, jax.Array, jax.Array], xs: jax.Array) -> tuple[tuple, None]:
+    def write(carry: tuple[Cache, jax.Array, jax.Array, jax.Array], xs: tuple) -> tuple[tuple, None]:
         state, buf, start, total = carry
-        state, (y, counts) = step(state, xs)
+        state, (y, counts) = step(state, *xs)
         buf = jax.lax.dynamic_update_slice_in_dim(buf, y, start, axis)
-        kept = start + jnp.arange(per_chunk) < head.shape[axis] + out_len  # not the padding's frames
-        return (state, buf, start + per_chunk, total + jnp.sum(jnp.where(kept, counts, 0))), None
+        frame = start + jnp.arange(per_chunk)
+        inside = (frame >= kept[0]) & (frame < kept[1])  # not the padding's frames, nor skipped ones
+        return (state, buf, start + per_chunk, total + jnp.sum(jnp.where(inside, counts, 0))), None
 
-    start = jnp.asarray(head.shape[axis], jnp.int32)
-    carry = (cache, out, start, jnp.sum(head_counts, dtype=jnp.int32))
-    (_, out, _, total), _ = jax.lax.scan(write, carry, steps)
-    return jax.lax.slice_in_dim(out, 0, head.shape[axis] + out_len, axis=axis), total
+    carry = (cache, out, jnp.int32(head_len), total)
+    (_, out, _, total), _ = jax.lax.scan(write, carry, (steps, jnp.arange(n, dtype=jnp.int32)))
+    return jax.lax.slice_in_dim(out, kept[0], kept[1], axis=axis), total
 
 
 def decode_frames(
@@ -208,22 +223,73 @@ def decode_frames(
     ``finish`` (clamp, post-processing, the output's layout, with time on ``time_axis``) runs inside
     each chunk, which writes its result straight into the output; it returns that and a count per
     frame (e.g. of non-finite values), returned summed over the output's frames. ``chunk``: latent
-    frames per scan step after the first (``None``: all in one step).
+    frames per scan step (``None``: all in one step).
+
+    The first latent frame is decoded alone first (:func:`decode_first`), then ``chunk`` at a time;
+    or, where :func:`first_in_scan`, it is the scan's first step, decoded by the same code as the
+    others from a zero cache (:func:`decode_latents`): the program then holds the decoder once, not
+    twice.
     """
     z = vae_latents.astype(nm.dtype)
-    t = z.shape[1]
+    t, r = z.shape[1], cfg.temporal_factor
+    out_len = cfg.num_frames(t)
+    if first_in_scan(nm, frames):
+        chunk = t if chunk is None else min(chunk, t)
+
+        def step(carry: Cache, zs: jax.Array, index: jax.Array) -> tuple[Cache, Tallied]:
+            y, new = decode_latents(params, cfg, carry, zs, index == 0, nm=nm)
+            return new, finish(y)
+
+        # the first latent frame's one frame is its chunk's r-th (the ones before it are skipped)
+        cache = zero_cache(params, cfg, z[:, :1], nm)
+        return _scan_chunks(step, cache, z, chunk, None, r * chunk, (r - 1, r - 1 + out_len), time_axis)
     head, cache = decode_first(params, cfg, z[:, :1], finish, nm=nm, frames=frames)
     if t == 1:
         y, counts = head
         return y, jnp.sum(counts, dtype=jnp.int32)
     chunk = t - 1 if chunk is None else min(chunk, t - 1)
 
-    def step(carry: Cache, zs: jax.Array) -> tuple[Cache, Tallied]:
+    def step_after(carry: Cache, zs: jax.Array, index: jax.Array) -> tuple[Cache, Tallied]:
         out, new = decode_next(params, cfg, carry, zs, finish, nm=nm, frames=frames)
         return new, out
 
-    r = cfg.temporal_factor
-    return _scan_chunks(step, cache, z[:, 1:], chunk, head, r * chunk, r * (t - 1), time_axis)
+    return _scan_chunks(step_after, cache, z[:, 1:], chunk, head, r * chunk, (0, out_len), time_axis)
+
+
+def first_in_scan(nm: Numerics, frames: int) -> bool:
+    """Whether the first latent frame is decoded by the scan's body (``Numerics.first_frame`` is
+    ``scan``, with one frame per step: a step is then a whole frame or skipped whole)."""
+    return nm.first_frame == "scan" and frames == 1
+
+
+def zero_cache(params: Params, cfg: VAEConfig, z0: jax.Array, nm: Numerics) -> Cache:
+    """The decoder's causal cache before the first latent frame ``z0``: the cache the first frame
+    leaves (its shapes), all zeros ("nothing before": zero frames, owed sums and masks, an empty ring)."""
+    nm = nm.for_steps(1)
+    shapes = jax.eval_shape(lambda p, z: decoder_chunk(p, cfg, z, {}, True, nm, 1)[1], params, z0)
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def decode_latents(
+    params: Params, cfg: VAEConfig, cache: Cache, zs: jax.Array, first: jax.Array, *, nm: Numerics
+) -> tuple[jax.Array, Cache]:
+    """The latent frames ``zs (B, c, h, w, z)`` after those ``cache`` has seen, one at a time with one
+    video frame per step: their ``r c`` frames (unfinished) and the cache after them. ``first``
+    (traced): whether ``zs`` begin the video (``cache`` then zeros, see :func:`zero_cache`); their
+    first latent frame then gives one frame, the last of its ``r``, the others zeros."""
+    nm = nm.for_steps(1)
+
+    def one(carry: tuple[Cache, jax.Array], z1: jax.Array) -> tuple[tuple[Cache, jax.Array], jax.Array]:
+        cache, is_first = carry
+        y, new = decoder_chunk(params, cfg, z1[:, None], cache, is_first, nm, 1)
+        return ({**cache, **new}, jnp.zeros_like(is_first)), y
+
+    if zs.shape[1] == 1:
+        (cache, _), y = one((cache, first), zs[:, 0])
+        return y, cache
+    (cache, _), ys = jax.lax.scan(one, (cache, first), jnp.moveaxis(zs, 1, 0))
+    ys = jnp.moveaxis(ys, 0, 1)
+    return ys.reshape(ys.shape[0], -1, *ys.shape[3:]), cache
 
 
 def decode_first(
@@ -279,14 +345,14 @@ def encode_frames(
         group_step = math.gcd(chunk, max(1, frames // 4))
         video_step = math.gcd(frames, 4 * group_step)
 
-        def step(carry: Cache, xs: jax.Array) -> tuple[Cache, jax.Array]:
+        def step(carry: Cache, xs: jax.Array, index: jax.Array) -> tuple[Cache, Tallied]:
             encode_step = lambda x1, c: encoder_chunk(params, cfg, x1, c, False, nm, video_step)  # noqa: E731
             out, new = in_steps(encode_step, xs, carry, 4 * group_step)
             return new, uncounted(out)
 
         per_chunk, out_len = (4 * n // cfg.temporal_factor for n in (chunk, groups))
         y, _ = _scan_chunks(
-            step, cache, x[:, 1 : 1 + 4 * groups], 4 * chunk, uncounted(y), per_chunk, out_len
+            step, cache, x[:, 1 : 1 + 4 * groups], 4 * chunk, uncounted(y), per_chunk, (0, 1 + out_len)
         )
     z = cfg.z_dim
     quant = params["quant_conv"]
