@@ -420,8 +420,8 @@ def _compile(
         cache=request.cache.config(),
     )
     only = None if request.programs is None else request.programs.split(",")  # checked by compile_run
-    report = compile_run(run, tpu, planned, only)
-    print(report.table())
+    report = compile_run(run, tpu, planned, only, on_line=lambda line: print(line, flush=True))
+    print(report.footer())
     if request.json:
         write_text(Path(request.json), json.dumps(report.as_json(), indent=2) + "\n")
     return 0 if report.fits else 1

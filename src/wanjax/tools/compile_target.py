@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import math
 import re
 import time
@@ -210,6 +211,7 @@ class ProgramReport:
     analytic_flops: int | None = None  # the whole program's, all chips (:mod:`wanjax.tools.flops`)
     cost_model_seconds: float | None = None  # an estimate: the TPU cost model's, loops scaled
     peak_seconds: float | None = None  # a lower bound: flops_per_chip at the datasheet's peak
+    same_as: str | None = None  # the same program as this earlier one: taken from the compilation cache
 
 
 @dataclasses.dataclass
@@ -244,30 +246,49 @@ class CompileReport:
         }
 
     def table(self) -> str:
+        return "\n".join([self.header(), *(self.line(p) for p in self.programs), self.footer()])
+
+    def header(self) -> str:
         hbm, usable = self.hbm_bytes_per_chip / GiB, self.usable_hbm_bytes_per_chip / GiB
-        lines = [
+        return (
             f"compiled for {self.topology} ({self.chips} chips, {hbm:.2f} GiB HBM each, {usable:.2f} usable), "
             f"mesh {self.mesh}:"
-        ]
-        for p in self.programs:
-            if not p.compiled or p.bytes_per_chip is None:
-                lines.append(f"  {p.name:<16} FAILED: {p.error}")
-                continue
-            b = p.bytes_per_chip
-            on_chip = (b["total"] + p.resident_bytes_per_chip) / GiB
-            planned = (
-                "" if p.planned_bytes_per_chip is None else f" (plan {p.planned_bytes_per_chip / GiB:.2f})"
-            )
-            kernels = f", {p.tpu_custom_calls} Pallas calls" if p.tpu_custom_calls else ""
-            lines.append(
-                f"  {p.name:<16} {b['total'] / GiB:6.2f} GiB per chip: arguments {b['arguments'] / GiB:.2f}, "
-                f"temporaries {b['temporaries'] / GiB:.2f}, outputs {b['outputs'] / GiB:.2f}, code "
-                f"{b['code'] / GiB:.3f}; with the other weights {on_chip:.2f}{planned}; attention "
-                f"{p.attention_backend}{kernels}; {_work(p, self.chips)}compiled in {p.compile_seconds:.1f} s"
-            )
+        )
+
+    def line(self, p: ProgramReport) -> str:
+        """One program's line of the table."""
+        if not p.compiled or p.bytes_per_chip is None:
+            return f"  {p.name:<16} FAILED: {p.error}"
+        b = p.bytes_per_chip
+        on_chip = (b["total"] + p.resident_bytes_per_chip) / GiB
+        planned = "" if p.planned_bytes_per_chip is None else f" (plan {p.planned_bytes_per_chip / GiB:.2f})"
+        kernels = f", {p.tpu_custom_calls} Pallas calls" if p.tpu_custom_calls else ""
+        compiled = (
+            f"compiled in {p.compile_seconds:.1f} s"
+            if p.same_as is None
+            else f"the same program as {p.same_as}: taken from the compilation cache"
+        )
+        return (
+            f"  {p.name:<16} {b['total'] / GiB:6.2f} GiB per chip: arguments {b['arguments'] / GiB:.2f}, "
+            f"temporaries {b['temporaries'] / GiB:.2f}, outputs {b['outputs'] / GiB:.2f}, code "
+            f"{b['code'] / GiB:.3f}; with the other weights {on_chip:.2f}{planned}; attention "
+            f"{p.attention_backend}{kernels}; {_work(p, self.chips)}{compiled}"
+        )
+
+    def footer(self) -> str:
+        """The seconds a first run compiles for and the code of its programs in all, and whether
+        every program compiles and fits."""
+        compiled = [p for p in self.programs if p.same_as is None]
+        seconds = sum(p.compile_seconds for p in compiled)
+        code = sum(p.bytes_per_chip["code"] for p in compiled if p.bytes_per_chip is not None)
+        count = f"{len(compiled)} program{'s' if len(compiled) != 1 else ''}"
+        taken = len(self.programs) - len(compiled)
+        cached = f" ({taken} more taken from the compilation cache)" if taken else ""
         verdict = "every program compiles and fits" if self.fits else "does NOT compile or fit"
-        lines.append(f"  {verdict} (bytes per chip by the TPU compiler)")
-        return "\n".join(lines)
+        return (
+            f"  {count} compiled in {seconds:.1f} s{cached}, {code / GiB:.3f} GiB of code per chip; "
+            f"{verdict} (bytes per chip by the TPU compiler)"
+        )
 
 
 def _work(p: ProgramReport, chips: int) -> str:
@@ -330,14 +351,24 @@ def chip_bytes(compiled: jax.stages.Compiled) -> dict[str, int]:
     }
 
 
-def compile_one(program: Program, planned: int | None = None) -> ProgramReport:
+def compile_one(
+    program: Program, planned: int | None = None, earlier: dict[str, ProgramReport] | None = None
+) -> ProgramReport:
     """Compile one program (under :func:`~wanjax.target.building_for` its target); a compiler error
-    becomes the report's one-line ``error``."""
+    becomes the report's one-line ``error``. ``earlier``: the reports of the run's programs compiled
+    before, by their text; a program the same as one of them is not compiled again but reported as
+    a run takes it, from the compilation cache (a two-expert model's second step)."""
     start = time.perf_counter()
     try:
-        # JAX's persistent cache cannot load an executable built for a topology's devices: off
+        # JAX's persistent cache writes an executable built for a topology's devices but cannot
+        # read it back ("PjRtCompiler must be constructed with a Client"): off, every program compiled
         with persistent_cache_off():
-            compiled = program.lower().compile()
+            lowered = program.lower()
+            key = f"{program_kind(program.name)}:{hashlib.sha256(lowered.as_text().encode()).hexdigest()}"
+            if earlier is not None and key in earlier:
+                same = earlier[key]
+                return dataclasses.replace(same, name=program.name, compile_seconds=0.0, same_as=same.name)
+            compiled = lowered.compile()
     except Exception as err:  # the compiler's refusal (VMEM, HBM, an unsupported op) is the answer
         seconds = time.perf_counter() - start
         error = compiler_error(str(err))
@@ -364,6 +395,8 @@ def compile_one(program: Program, planned: int | None = None) -> ProgramReport:
             report.cost_model_seconds = cost_model_seconds(compiled, count)
         peak = datasheet_peak(current_target().device_kind)
         report.peak_seconds = None if peak is None else count.flops / peak
+    if earlier is not None:
+        earlier[key] = report
     return report
 
 
@@ -578,11 +611,13 @@ def compile_run(
     tpu: Slice,
     planned: Mapping[str, int] | None = None,
     only: Collection[str] | None = None,
+    on_line: Callable[[str], None] | None = None,
 ) -> CompileReport:
     """Every program of ``run`` compiled for ``tpu`` (no TPU needed; none is touched).
     ``planned``: :mod:`wanjax.tools.plan`'s bytes per chip of each stage (``encode``, ``denoise``,
     ``decode``), shown beside each program of the stage. ``only``: compile just these of
-    :data:`PROGRAMS` (the others' weights still count as resident)."""
+    :data:`PROGRAMS` (the others' weights still count as resident). ``on_line``: given the table's
+    header, then each program's line as soon as it is compiled (the footer is the caller's)."""
     if run.mesh.num_devices != tpu.chips:
         raise WanjaxError(
             f"mesh {run.mesh.flag} uses {run.mesh.num_devices} devices; {tpu.name} has {tpu.chips} chips"
@@ -593,15 +628,29 @@ def compile_run(
         two = v.boundary_ratio is not None
         resolve(run.cache, v.transformer, 2, run.guidance, [0, 1] if two else None, v.expand_timesteps)
     target = slice_target(tpu)
+    chip = tpu.chip
+    report = CompileReport(tpu.name, tpu.chips, chip.hbm_bytes, chip.usable_hbm_bytes, run.mesh.flag, [])
+    if on_line is not None:
+        on_line(report.header())
     with building_for(target):
         programs = list(run_programs(run, target))
-        chosen = [p for p in programs if only is None or program_kind(p.name) in only]
-        reports = [compile_one(p, None if planned is None else planned.get(p.stage)) for p in chosen]
-    if parse_offload(run.offload) == "none":  # every component's weights stay on the chips
-        for program, report in zip(chosen, reports, strict=True):
-            weights = {p.component or p.name: p.weights_bytes for p in programs}  # each component once
-            report.resident_bytes_per_chip = (
-                sum(weights.values()) - weights[program.component or program.name]
-            )
-    chip = tpu.chip
-    return CompileReport(tpu.name, tpu.chips, chip.hbm_bytes, chip.usable_hbm_bytes, run.mesh.flag, reports)
+        resident = _resident_bytes(programs, run.offload)
+        earlier: dict[str, ProgramReport] = {}
+        for program in programs:
+            if only is not None and program_kind(program.name) not in only:
+                continue
+            compiled = compile_one(program, None if planned is None else planned.get(program.stage), earlier)
+            compiled.resident_bytes_per_chip = resident(program)
+            report.programs.append(compiled)
+            if on_line is not None:
+                on_line(report.line(compiled))
+    return report
+
+
+def _resident_bytes(programs: list[Program], offload: str) -> Callable[[Program], int]:
+    """The bytes per chip of the other components' weights while a program runs: under ``--offload
+    none`` every component's weights stay on the chips; else only the running stage's."""
+    if parse_offload(offload) != "none":
+        return lambda program: 0
+    weights = {p.component or p.name: p.weights_bytes for p in programs}  # each component once
+    return lambda program: sum(weights.values()) - weights[program.component or program.name]
