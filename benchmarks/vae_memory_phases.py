@@ -47,6 +47,9 @@ def child(args: argparse.Namespace) -> None:
     import jax
     import jax.numpy as jnp
 
+    from wanjax.runtime.libtpu import skip_absent_tpu
+
+    skip_absent_tpu()  # as `wanjax` runs on a CPU: libtpu, if installed, not loaded (96 MiB of its code)
     jnp.zeros(1).block_until_ready()
     phase("jax imported")
     from wanjax.models.vae import load_vae

@@ -70,7 +70,9 @@ def child_wanjax(args: argparse.Namespace) -> dict:
 
     from wanjax.models.vae import load_vae
     from wanjax.runtime.jax_cache import enable_compilation_cache
+    from wanjax.runtime.libtpu import skip_absent_tpu
 
+    skip_absent_tpu()  # as `wanjax` runs on a CPU: libtpu, if installed, not loaded (96 MiB of its code)
     enable_compilation_cache(args.compile_cache or "off")
     vae, load_s, _ = timed(
         lambda: load_vae(
