@@ -7,7 +7,7 @@ chosen mesh:
 * the text encoder's prompt program (UMT5-XXL, 2 x 512 tokens), weights sharded as the pipeline
   loads them; with ``--offload model|blocks`` its stacked layers are host-memory arguments, streamed;
 
-* one denoising step: the real :class:`wanjax.pipeline.sampler.Sampler` step program (DiT forward on the CFG
+* one denoising step: the real :class:`wanjax.sampling.sampler.Sampler` step program (DiT forward on the CFG
   pair, guidance, UniPC update), bf16 weights sharded by the axes of :func:`wanjax.models.dit.checkpoint_spec`,
   latents ``[1,16,21,90,160]`` and the scheduler state replicated as the sampler places them;
 * the VAE decode (``decode_uint8``, float32) of those latents split spatially as
@@ -16,7 +16,7 @@ chosen mesh:
 
 ``compiled.memory_analysis()`` of an SPMD program describes one device's program: arguments (the
 weight shards and inputs), outputs, temporaries and generated code. Per-device peak =
-arguments + outputs + temporaries - aliased. This is set next to :func:`wanjax.tools.plan.plan` for the same
+arguments + outputs + temporaries - aliased. This is set next to :func:`wanjax.planning.plan.plan` for the same
 mesh (its per-device weights and activation estimate for the stage), and against ``--device_memory``
 (default: a 32 GiB TPU v6e chip) with every component's weights resident (``--offload none``: the
 pipeline keeps all three loaded) or only the running stage's (``--offload model|blocks``).
@@ -56,6 +56,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
+from wanjax.chips import GiB  # noqa: E402
 from wanjax.io.checkpoint import abstract_params  # noqa: E402
 from wanjax.models import dit, umt5, vae  # noqa: E402
 from wanjax.models.config import parse_dtype  # noqa: E402
@@ -66,9 +67,10 @@ from wanjax.models.vae.ops import ACCELERATOR_CONV  # noqa: E402
 from wanjax.parallel.layouts import spatial_sharding  # noqa: E402
 from wanjax.parallel.mesh import make_mesh, parse_mesh  # noqa: E402
 from wanjax.parallel.rules import param_sharding, replicated  # noqa: E402
-from wanjax.pipeline.sampler import Sampler  # noqa: E402
-from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler  # noqa: E402
-from wanjax.tools.plan import HEADROOM, GiB, model_configs, plan  # noqa: E402
+from wanjax.planning.models import model_configs  # noqa: E402
+from wanjax.planning.plan import HEADROOM, plan  # noqa: E402
+from wanjax.sampling.sampler import Sampler  # noqa: E402
+from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler  # noqa: E402
 
 
 def shard_bytes(tree: Any) -> int:

@@ -1,6 +1,6 @@
 """No wasted work, no host round-trip: XLA's cost analysis of one compiled denoising step vs wanjax.tools.flops.
 
-Compiles the real :class:`wanjax.pipeline.sampler.Sampler` step program (DiT forward on the CFG pair, guidance,
+Compiles the real :class:`wanjax.sampling.sampler.Sampler` step program (DiT forward on the CFG pair, guidance,
 UniPC update) for a random-weight DiT of a preset's dimensions and compares
 ``compiled.cost_analysis()["flops"]`` with the analytic matmul count :func:`wanjax.tools.flops.dit_step_flops`.
 
@@ -49,8 +49,8 @@ from wanjax.models.config import parse_dtype
 from wanjax.models.dit import WanTransformer, checkpoint_spec
 from wanjax.models.registry import transformer_preset
 from wanjax.models.settings import RunSettings
-from wanjax.pipeline.sampler import Sampler
-from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+from wanjax.sampling.sampler import Sampler
+from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 from wanjax.tools.flops import Flops, dit_step_flops
 
 HOST_OPS = ("outfeed", "infeed", "send(", "recv(", "send-done", "recv-done")

@@ -26,8 +26,8 @@ import jax
 import numpy as np
 from safetensors.numpy import save_file
 
-from wanjax.pipeline.sampler import Sampler
-from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+from wanjax.sampling.sampler import Sampler
+from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 
 PROJECTIONS = {  # original Wan module -> (out, in) as a function of (dim, ffn)
     **{f"self_attn.{p}": lambda d, f: (d, d) for p in "qkvo"},

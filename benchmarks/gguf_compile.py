@@ -43,10 +43,12 @@ def main() -> None:
     parser.add_argument("--types", nargs="+", default=["bf16", "Q8_0", "Q4_K"])
     args = parser.parse_args()
 
+    from wanjax.chips import SLICES
     from wanjax.models.registry import registry
     from wanjax.parallel.mesh import parse_mesh
-    from wanjax.tools import plan as planning
-    from wanjax.tools.compile_target import SLICES, RunSpec, compile_run, slice_target
+    from wanjax.planning import models as planning_models
+    from wanjax.planning import plan as planning
+    from wanjax.tools.compile_target import RunSpec, compile_run, slice_target
 
     variant, tpu, mesh = registry()[args.arch], SLICES[args.slice], parse_mesh(args.mesh)
     target = slice_target(tpu)  # plan's memory layout for the slice, as `plan --compile` has it
@@ -62,7 +64,7 @@ def main() -> None:
     for qtype in args.types:
         kept = {} if qtype == "bf16" else {"transformer": kept_types(variant.transformer, qtype)}
         weights = "gguf" if kept else "bf16"
-        model = dataclasses.replace(planning.model_configs(args.arch), gguf=kept)
+        model = dataclasses.replace(planning_models.model_configs(args.arch), gguf=kept)
         planned = planning.plan(
             model, mesh, **size, **layout, device_memory=tpu.chip.usable_hbm_bytes, weights_dtype=weights
         )

@@ -411,8 +411,8 @@ def child_sampler(c: Child) -> None:
     import jax.numpy as jnp
 
     import wanjax
-    from wanjax.pipeline.sampler import Sampler
-    from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+    from wanjax.sampling.sampler import Sampler
+    from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
     from wanjax.tools.measure import program_memory
 
     root = c.work / "weights" / "dit"

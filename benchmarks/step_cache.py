@@ -32,9 +32,9 @@ import common
 import jax
 import numpy as np
 
-from wanjax.pipeline.sampler import Sampler
-from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
-from wanjax.pipeline.step_cache import CacheConfig
+from wanjax.sampling.cache.step_cache import CacheConfig
+from wanjax.sampling.sampler import Sampler
+from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Policy:
     scheduler: str = "unipc"
     steps: int | None = None  # None: --steps
     guidance: float = 5.0
-    text_kv: bool = True  # the text K/V cache (pipeline/context_cache.py)
+    text_kv: bool = True  # the text K/V cache (sampling/context_cache.py)
 
 
 POLICIES = {

@@ -17,9 +17,10 @@ import argparse
 import json
 import re
 
+from wanjax.chips import SLICES
 from wanjax.kernels.attention import AttentionSpec
 from wanjax.target import building_for
-from wanjax.tools.compile_target import SLICES, attention_program, compile_one, slice_target
+from wanjax.tools.compile_target import attention_program, compile_one, slice_target
 
 CANDIDATES = (
     (3328, 2816, 256, 256),  # the seed's, tuned on v6e

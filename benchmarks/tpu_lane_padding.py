@@ -19,7 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from wanjax.tools.compile_target import SLICES, slice_target
+from wanjax.chips import SLICES
+from wanjax.tools.compile_target import slice_target
 
 SHAPES = ((1, 3, 90, 160, 96), (1, 3, 90, 160, 128), (1, 3, 90, 160, 192), (1, 3, 90, 160, 3))
 

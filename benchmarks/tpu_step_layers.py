@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from wanjax.chips import SLICES
 from wanjax.models.registry import registry
 from wanjax.parallel.mesh import parse_mesh
-from wanjax.tools.compile_target import SLICES, RunSpec, compile_run
+from wanjax.tools.compile_target import RunSpec, compile_run
 
 GiB = 1 << 30
 

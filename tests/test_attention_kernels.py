@@ -9,6 +9,7 @@ import pytest
 from helpers.attention_reference import random_qkv, reference, rel
 
 import wanjax
+from wanjax.chips import DEFAULT_BLOCKS
 from wanjax.errors import ConfigError
 from wanjax.kernels import tuning
 from wanjax.kernels.attention import AttentionSpec, InterpretModeWarning, attention
@@ -92,10 +93,10 @@ def test_tune_cache_supplies_missing_blocks(tmp_path):
     path = tmp_path / "tune.json"
     key = tuning.shape_key("splash_exp2", 1950, 1950, 64, "float32")
     spec = AttentionSpec("splash_exp2", block_q=256, tune_file=str(path))
-    assert spec.blocks(key) == (256, *tuning.DEFAULT_BLOCKS[1:])
+    assert spec.blocks(key) == (256, *DEFAULT_BLOCKS[1:])
     tuning.store(key, tuning.device_kind(), (384, 768, 384, 128), path)
     assert spec.blocks(key) == (256, 768, 384, 128)
-    assert AttentionSpec("splash_exp2", tune_file=str(path)).blocks(key + "x") == tuning.DEFAULT_BLOCKS
+    assert AttentionSpec("splash_exp2", tune_file=str(path)).blocks(key + "x") == DEFAULT_BLOCKS
 
 
 def test_a_tune_file_is_read_once_per_path(tmp_path, monkeypatch):
@@ -104,7 +105,7 @@ def test_a_tune_file_is_read_once_per_path(tmp_path, monkeypatch):
     monkeypatch.setattr(tuning, "read_cache", lambda path=None: reads.append(path) or {})
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     for _ in range(3):
-        assert tuning.lookup("key", "kind", first) == tuning.DEFAULT_BLOCKS
+        assert tuning.lookup("key", "kind", first) == DEFAULT_BLOCKS
     assert reads == [first]
     tuning.lookup("key", "kind", second)
     assert reads == [first, second]

@@ -27,7 +27,7 @@ from wanjax.io.checkpoint import (
 from wanjax.models import dit, registry, umt5
 from wanjax.models.registry import CLIP_VIT_H_14, DEMO_VAE22, UMT5_XXL, transformer_preset
 from wanjax.models.vae.config import VAEConfig
-from wanjax.pipeline import step_cache
+from wanjax.sampling.cache import step_cache
 from wanjax.tools import bench, measure
 from wanjax.tools.flops import Flops, dit_step_flops, skipped_step_flops, vae_decode_flops
 
@@ -458,8 +458,8 @@ def test_a_bench_that_cannot_fit_is_refused_naming_the_layers_that_would(monkeyp
     """The 14B's denoise stage (27 GiB of weights, 0.8 GiB of text K/V cache and its activations) on
     a machine with 24 GiB free: refused before any
     weight is drawn, with the most ``--layers`` whose stage plan says fits."""
+    from wanjax.planning.plan import HEADROOM
     from wanjax.tools import bench_memory
-    from wanjax.tools.plan import HEADROOM
 
     monkeypatch.setattr(bench_memory, "host_available", lambda: 24 << 30)
     cfg = bench.BenchConfig(arch="14B")
@@ -481,7 +481,7 @@ def test_the_bench_cli_refuses_in_one_line_and_writes_nothing(tmp_path):
     import subprocess
     import sys
 
-    from wanjax.tools.bench_memory import host_available
+    from wanjax.planning.device_memory import host_available
 
     if (host_available() or 0) > 50 << 30:
         pytest.skip("this machine has the memory to run it")

@@ -17,6 +17,7 @@ from pathlib import Path
 import jax
 import pytest
 
+from wanjax.chips import DEFAULT_BLOCKS
 from wanjax.io.paths import CacheWarning, locate_cache_root, scratch_dir, writable_dir
 from wanjax.kernels import tuning
 from wanjax.pipeline.demo import demo_model_dir, is_demo_model
@@ -138,7 +139,7 @@ def test_an_unwritable_jax_cache_is_turned_off(clean_env, jax_config, tmp_path, 
 
 def test_an_unwritable_tune_cache_is_read_as_empty_and_not_stored(blocked):
     path = blocked / "tune.json"
-    assert tuning.lookup("key", "kind", path) == tuning.DEFAULT_BLOCKS
+    assert tuning.lookup("key", "kind", path) == DEFAULT_BLOCKS
     with pytest.warns(CacheWarning, match=r"attention tune cache is not writable.*--tune_file"):
         assert tuning.store("key", "kind", (1, 2, 3, 4), path) is None
 

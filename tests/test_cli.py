@@ -14,7 +14,7 @@ from helpers.small_video import SMALL_GENERATE
 from wanjax.cli.main import build_parser, main, subcommands
 from wanjax.jobs import requests
 from wanjax.pipeline import stages
-from wanjax.tools import plan as plan_model
+from wanjax.planning import models as plan_model
 
 
 def run(capsys, *args) -> tuple[int, str, str]:

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from wanjax.chips import CHIPS, DEFAULT_BLOCKS, SLICES
 from wanjax.io.checkpoint import abstract_params
 from wanjax.kernels import tuning
 from wanjax.kernels.attention import AttentionSpec, resolve_backend
@@ -23,15 +24,13 @@ from wanjax.models.settings import RunSettings
 from wanjax.models.vae import WanVAE, checkpoint_spec
 from wanjax.models.vae.ops import default_conv
 from wanjax.parallel.mesh import parse_mesh
-from wanjax.pipeline.sampler import Sampler
-from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
-from wanjax.pipeline.step_cache import CacheConfig
 from wanjax.runtime.compile_effort import ONCE_PER_VIDEO_EFFORT, once_per_video
 from wanjax.runtime.libtpu import installed
+from wanjax.sampling.cache.step_cache import CacheConfig
+from wanjax.sampling.sampler import Sampler
+from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 from wanjax.target import Target, building_for, current_target
 from wanjax.tools.compile_target import (
-    CHIPS,
-    SLICES,
     Program,
     RunSpec,
     attention_program,
@@ -153,11 +152,11 @@ def test_default_blocks_compile_at_the_14b_720p_shape(backend, tpu, request):
     assert report.compiled and report.tpu_custom_calls >= 1, report.error
     assert report.flops_per_chip == attention_flops(1, 10, 75600, 75600, 128)
     assert tuning.default_blocks(target.device_kind, backend) == (
-        (1024, 2048, 512, 256) if (tpu, backend) == ("v5e", "splash") else tuning.DEFAULT_BLOCKS
+        (1024, 2048, 512, 256) if (tpu, backend) == ("v5e", "splash") else DEFAULT_BLOCKS
     )
 
 
-@pytest.mark.parametrize("generation", sorted(CHIPS))
+@pytest.mark.parametrize("generation", sorted({s.chip.name for s in SLICES.values()}))
 def test_each_chip_is_the_compilers(generation):
     """Device kind and usable HBM per generation, as libtpu describes the chip and the TPU compiler
     reports it when a program does not fit (a 64 GiB temporary)."""
@@ -261,8 +260,9 @@ def test_plan_compile_from_the_command_line_compiles_every_program_and_writes_it
     assert step["tpu_custom_calls"] > 0 and step["attention_backend"] == "splash_exp2"
     assert set(step["bytes_per_chip"]) >= {"arguments", "temporaries", "outputs", "code", "total"}
     # the estimate beside each program is the slice's: feature maps padded to the TPU's lanes
-    from wanjax.target import TPU_LANES
-    from wanjax.tools.plan import model_configs, plan
+    from wanjax.chips import TPU_LANES
+    from wanjax.planning.models import model_configs
+    from wanjax.planning.plan import plan
 
     size = dict(height=32, width=32, frames=5, device_memory=1 << 30)
     on_tpu, here = (

@@ -1,4 +1,4 @@
-"""The text K/V cache (``pipeline/context_cache.py``): every block's cross-attention keys and values of
+"""The text K/V cache (``sampling/context_cache.py``): every block's cross-attention keys and values of
 the prompts computed once per run. A run with it equals the run without it bit for bit (the uncached
 run is diffusers' in the parity tests): text to video guided and not, several videos one after
 another, under a step cache and with two experts; image to video (the image tokens' keys and values
@@ -18,9 +18,9 @@ from wanjax.io.checkpoint import random_params
 from wanjax.models import dit
 from wanjax.models.registry import transformer_preset
 from wanjax.models.settings import RunSettings
-from wanjax.pipeline.sampler import ImageConditioning, Sampler
-from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
-from wanjax.pipeline.step_cache import CacheConfig
+from wanjax.sampling.cache.step_cache import CacheConfig
+from wanjax.sampling.sampler import ImageConditioning, Sampler
+from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 from wanjax.tools.flops import matmul_flops
 
 TINY = transformer_preset("tiny")

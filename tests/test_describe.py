@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from wanjax.cli.main import build_parser, main, subcommands
-from wanjax.tools.plan import HEADROOM
+from wanjax.planning.plan import HEADROOM
 
 COMPONENTS = ("scheduler", "text_encoder", "tokenizer", "transformer", "vae")
 INFO_LINE = re.compile(r"(class|[\w.]*config\.json|weights|files): \S")

@@ -77,8 +77,8 @@ def test_sampler_with_image_conditioning_equals_a_diffusers_loop(tmp_path):
     condition] with the image states, CFG, UniPC), written out: the Sampler with ImageConditioning."""
     from diffusers import UniPCMultistepScheduler
 
-    from wanjax.pipeline.sampler import ImageConditioning, Sampler
-    from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+    from wanjax.sampling.sampler import ImageConditioning, Sampler
+    from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 
     torch_model = save_transformer(tmp_path, seed=4, **I2V)
     ours = load_transformer(tmp_path, "float32")

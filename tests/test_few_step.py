@@ -29,8 +29,8 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 
 import wanjax
 from wanjax.errors import ConfigError
-from wanjax.pipeline.sampler import denoise
-from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+from wanjax.sampling.sampler import denoise
+from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 
 
 def fastvideo_dmd(latents, model, draws):

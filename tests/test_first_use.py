@@ -490,8 +490,10 @@ def test_the_flag_a_refusal_names_makes_the_run_fit(model, gib, fix):
     """On a CPU (one RAM for weights waiting and running) 8-bit weights shrink every stage; offload
     does not: a 14B run at 480p needs 35.5 GiB in bf16, 22.9 in int8."""
     from wanjax.parallel.mesh import MeshSpec
-    from wanjax.tools.plan import HEADROOM, model_configs
-    from wanjax.tools.run_memory import plan_needs, remedy
+    from wanjax.planning.device_memory import plan_needs
+    from wanjax.planning.models import model_configs
+    from wanjax.planning.plan import HEADROOM
+    from wanjax.planning.run_memory import remedy
 
     configs, usable = model_configs(model), HEADROOM * gib * 2**30
     run = {"height": 480, "width": 832, "frames": 81, "dtype": "bfloat16", "vae_dtype": "float32"}

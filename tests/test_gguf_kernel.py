@@ -171,13 +171,14 @@ def test_plan_counts_the_bytes_the_kept_transformer_holds(gguf_model, mesh_flag)
     """``plan``'s transformer bytes under ``--weights_dtype gguf`` (the types read from the file's
     header) are the bytes the loaded model holds on a device: the kept blocks and the float leaves."""
     from wanjax.parallel.mesh import make_mesh, parse_mesh
-    from wanjax.tools import plan as planning
+    from wanjax.planning import models as planning_models
+    from wanjax.planning import weights as planning_weights
 
     root, files = gguf_model
     spec = parse_mesh(mesh_flag)
-    model = planning.model_configs(str(root), {"transformer": str(files["Q4_K"])})
+    model = planning_models.model_configs(str(root), {"transformer": str(files["Q4_K"])})
     assert set(model.gguf) == {"transformer"}
-    planned = planning.transformer_bytes(
+    planned = planning_weights.transformer_bytes(
         model.transformer, np.float32, spec.sizes, weights="gguf", kept=model.gguf["transformer"]
     )
     mesh = make_mesh(spec) if spec.num_devices > 1 else None
@@ -191,7 +192,7 @@ def test_plan_counts_the_bytes_the_kept_transformer_holds(gguf_model, mesh_flag)
     )
     assert planned.total == held
     if mesh is None:  # every layer's kernels kept whole: Q4_K's 144 bytes a block of 256 float32s
-        floats = planning.transformer_bytes(model.transformer, np.float32, spec.sizes)
+        floats = planning_weights.transformer_bytes(model.transformer, np.float32, spec.sizes)
         assert planned.layer * 256 * 4 == floats.layer * 144
 
 
@@ -248,12 +249,14 @@ def test_plan_compiles_the_kept_blocks_for_a_tpu_slice(demo_gguf, tmp_path):
     uint8 arguments holding the bytes ``plan`` counts (the 14B's figures at 720p: BENCHMARKS.md)."""
     import json
 
+    from wanjax.chips import SLICES
     from wanjax.cli.main import main
     from wanjax.models.registry import registry
     from wanjax.parallel.mesh import parse_mesh
+    from wanjax.planning import models as planning_models
+    from wanjax.planning import weights as planning_weights
     from wanjax.target import building_for
-    from wanjax.tools import plan as planning
-    from wanjax.tools.compile_target import SLICES, RunSpec, run_programs, slice_target
+    from wanjax.tools.compile_target import RunSpec, run_programs, slice_target
 
     mesh = "dp=2,sp=1,tp=4"
     out = tmp_path / "report.json"
@@ -264,14 +267,14 @@ def test_plan_compiles_the_kept_blocks_for_a_tpu_slice(demo_gguf, tmp_path):
     (step,) = json.loads(out.read_text())["programs"]
     assert step["compiled"] and step["tpu_custom_calls"] > 0, step
 
-    model = planning.model_configs("demo", {"transformer": str(demo_gguf)})
+    model = planning_models.model_configs("demo", {"transformer": str(demo_gguf)})
     assert set(model.gguf["transformer"].values()) == {"Q8_0"}
     run = RunSpec(registry()["demo"], 64, 64, 5, parse_mesh(mesh), weights_dtype="gguf", gguf=model.gguf)
     target = slice_target(SLICES["v6e-8"])
     with building_for(target):
         program = next(p for p in run_programs(run, target) if p.name == "step")
         lowered = program.lower().as_text()
-    kept_bytes = planning.transformer_bytes(
+    kept_bytes = planning_weights.transformer_bytes(
         model.transformer,
         np.dtype("bfloat16"),
         parse_mesh(mesh).sizes,

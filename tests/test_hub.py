@@ -22,8 +22,8 @@ import wanjax
 from wanjax import WanPipeline
 from wanjax.errors import CheckpointError, WanjaxError
 from wanjax.models import dit, tokenizer, umt5, vae
-from wanjax.pipeline import scheduler
 from wanjax.pipeline.hub import resolve_model
+from wanjax.sampling import scheduler
 
 REPO = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 MAIN = hashlib.sha1(b"main").hexdigest()

@@ -37,9 +37,9 @@ from wanjax.models.offload import streamed as streamed_leaf
 from wanjax.models.registry import transformer_preset
 from wanjax.models.settings import RunSettings
 from wanjax.parallel.rules import per_device_param_bytes
-from wanjax.pipeline.context_cache import cache_bytes
-from wanjax.pipeline.sampler import Sampler
-from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+from wanjax.sampling.context_cache import cache_bytes
+from wanjax.sampling.sampler import Sampler
+from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 
 
 def kinds(tree) -> set[str]:

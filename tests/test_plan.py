@@ -7,12 +7,14 @@ import re
 
 import jax
 
+from wanjax.chips import GiB
 from wanjax.cli.main import main
 from wanjax.io.checkpoint import abstract_params
 from wanjax.models import dit, umt5
 from wanjax.models.registry import CLIP_VIT_H_14, transformer_preset
 from wanjax.parallel.mesh import parse_mesh
-from wanjax.tools.plan import GiB, model_configs, plan
+from wanjax.planning.models import model_configs
+from wanjax.planning.plan import plan
 
 ARGS = ["plan", "--model", "14B", "--height", "720", "--width", "1280", "--frames", "81"]
 
@@ -72,7 +74,7 @@ def test_vae_decode_activations_include_the_causal_cache():
     causal conv's input, ~1.3 GiB at 240x416 (1.5x the two-frame cache: the 830 MiB measured in
     BENCHMARKS.md plus conv_out's 96-channel site)."""
     from wanjax.models.vae.config import VAEConfig
-    from wanjax.tools.plan import vae_cache_bytes
+    from wanjax.planning.plan import vae_cache_bytes
 
     assert 1.25 * GiB < vae_cache_bytes(VAEConfig(), 240, 416) < 1.4 * GiB
     model = model_configs("14B")
@@ -84,9 +86,9 @@ def test_vae_decode_activations_include_the_causal_cache():
 def test_a_tpus_lanes_pad_the_vae_feature_maps():
     """A TPU pads an array's channels to its 128 lanes: the Wan 2.1 decoder's 96- and 192-channel maps
     (the 720p cache's largest) count a third more; 384 channels and a 128-wide VAE nothing."""
+    from wanjax.chips import TPU_LANES
     from wanjax.models.vae.config import VAEConfig
-    from wanjax.target import TPU_LANES
-    from wanjax.tools.plan import lane_padded, vae_cache_bytes
+    from wanjax.planning.plan import lane_padded, vae_cache_bytes
 
     assert [lane_padded(c, TPU_LANES) for c in (3, 96, 128, 192, 384)] == [128, 128, 128, 256, 384]
     wan = VAEConfig()
@@ -460,7 +462,7 @@ def test_a_vace_model_adds_its_control_blocks_weights_and_hints():
     import jax.numpy as jnp
 
     from wanjax.io.checkpoint import LeafSource
-    from wanjax.tools.plan import VACE_LEAVES, weight_bytes
+    from wanjax.planning.weights import VACE_LEAVES, weight_bytes
 
     mesh, video = (
         parse_mesh("dp=1,sp=1,tp=8"),

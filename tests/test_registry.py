@@ -22,8 +22,8 @@ from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2
 from wanjax.models.registry import Defaults, Variant
 from wanjax.pipeline.demo import DEMO_SCHEDULER
 from wanjax.pipeline.pipeline import WanPipeline
-from wanjax.pipeline.results import Denoised
 from wanjax.runtime.timing import StepTimes
+from wanjax.sampling.results import Denoised
 from wanjax.server.api import job_params
 
 

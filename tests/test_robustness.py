@@ -27,7 +27,7 @@ from wanjax.jobs import preflight as validation
 from wanjax.models.config import TransformerConfig
 from wanjax.pipeline import stages
 from wanjax.pipeline.hub import resolve_model
-from wanjax.pipeline.results import check_steps_finite
+from wanjax.sampling.results import check_steps_finite
 
 SMALL = ("--height", "32", "--width", "48", "--frames", "5")
 PROMPT = ("--prompt", "a cat")
@@ -624,15 +624,15 @@ def test_finite_check_reads_one_flag_per_run_not_per_step(monkeypatch):
     from wanjax.io.checkpoint import random_params
     from wanjax.models.dit import WanTransformer, checkpoint_spec
     from wanjax.models.registry import transformer_preset
-    from wanjax.pipeline.sampler import Sampler
-    from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+    from wanjax.sampling.sampler import Sampler
+    from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 
     cfg = dataclasses.replace(transformer_preset("tiny"), num_layers=1)
     model = WanTransformer(cfg, random_params(checkpoint_spec(cfg), jnp.float32))
     latents = np.random.default_rng(0).standard_normal((1, 16, 1, 4, 4)).astype(np.float32)
     text = jnp.ones((1, 8, cfg.text_dim), jnp.float32)
     sampler = Sampler(model)
-    from wanjax.pipeline import results as sampling
+    from wanjax.sampling import results as sampling
 
     reads = []
     original, to_host = ArrayImpl._value, sampling.to_host

@@ -9,7 +9,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
 import wanjax
-from wanjax.pipeline.sampler import denoise
+from wanjax.sampling.sampler import denoise
 
 
 def reference_loop(model, scheduler, latents, cond, uncond, guidance):

@@ -1,4 +1,4 @@
-"""Parity of wanjax.pipeline.scheduler with diffusers' UniPCMultistepScheduler / FlowMatchEulerDiscreteScheduler.
+"""Parity of wanjax.sampling.scheduler with diffusers' UniPCMultistepScheduler / FlowMatchEulerDiscreteScheduler.
 
 The synthetic velocity field uses only +, -, *, / (no transcendental functions), so torch and XLA
 evaluate it identically and any difference comes from the scheduler arithmetic.
@@ -17,9 +17,9 @@ import pytest
 import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
-import wanjax.pipeline.scheduler.unipc as unipc_module
+import wanjax.sampling.scheduler.unipc as unipc_module
 from wanjax.errors import ConfigError
-from wanjax.pipeline.scheduler import (
+from wanjax.sampling.scheduler import (
     FlowEulerScheduler,
     SchedulerConfig,
     UniPCFlowScheduler,

@@ -21,8 +21,8 @@ from helpers.pipelines import NEGATIVE, PROMPT, branch_decisions, reference_run
 from wanjax import WanPipeline
 from wanjax.errors import ConfigError
 from wanjax.models.registry import transformer_preset
-from wanjax.pipeline import seacache, step_cache, taylorseer, teacache
-from wanjax.pipeline.step_cache import CacheConfig, mag_schedule, nearest_interp, read_mag_ratios
+from wanjax.sampling.cache import seacache, step_cache, taylorseer, teacache
+from wanjax.sampling.cache.step_cache import CacheConfig, mag_schedule, nearest_interp, read_mag_ratios
 
 HEIGHT, WIDTH, FRAMES, STEPS, GUIDANCE = 48, 64, 9, 12, 5.0
 # a decaying magnitude curve of 25 points (resampled to the 12 steps), and one of exactly 12
@@ -372,7 +372,7 @@ def test_seacache_runs_where_diffusers_runs_it():
     """diffusers' SeaCache hook decides only on a text-to-video run of a transformer whose input is the
     latents (its image-to-video and VACE pipelines give it no step: it computes every step there);
     wanjax refuses it elsewhere in one line, and takes its threshold once."""
-    from wanjax.pipeline.step_cache import resolve
+    from wanjax.sampling.cache.step_cache import resolve
 
     cache = CacheConfig("seacache", threshold=0.3)
     assert resolve(cache, transformer_preset("1.3B"), 10, True).threshold == 0.3

@@ -17,7 +17,7 @@ from wanjax import WanPipeline
 from wanjax.errors import ConfigError, WanjaxError
 from wanjax.io.video import write_mp4
 from wanjax.io.video_reader import read_frames
-from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
+from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 
 HEIGHT, WIDTH, STEPS = 48, 64, 5
 

@@ -24,7 +24,7 @@ from wanjax import WanPipeline
 from wanjax.cli.main import main
 from wanjax.errors import WanjaxError
 from wanjax.pipeline import stages
-from wanjax.pipeline.results import Denoised
+from wanjax.sampling.results import Denoised
 
 HEIGHT, WIDTH, FRAMES, STEPS = 48, 64, 9, 4
 BOUNDARY = 0.9  # 4 UniPC steps at shift 3: timesteps 999, 900 | 750, 500 (900 >= 900: the edge case)
@@ -314,7 +314,7 @@ def test_step_cache_per_expert_equals_diffusers(policy, t2v, noise):
     counting its own calls from 0; the same decisions per branch, latents and frames."""
     from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig, SeaCacheConfig, TaylorSeerCacheConfig
 
-    from wanjax.pipeline.step_cache import CacheConfig
+    from wanjax.sampling.cache.step_cache import CacheConfig
 
     root, _ = t2v
     if policy == "firstblock":
@@ -347,7 +347,7 @@ def test_magcache_with_two_experts_defaults_to_the_wan22_curve():
     both experts), never the Wan 2.1 14B one its transformer's dimensions would match alone; each
     expert's steps are scheduled from their slice of it."""
     from wanjax.models.registry import transformer_preset
-    from wanjax.pipeline import step_cache
+    from wanjax.sampling.cache import step_cache
 
     a14b = transformer_preset("A14B")
     assert step_cache.preset_for(a14b) == "wan2.1-t2v-14b"

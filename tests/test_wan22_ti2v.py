@@ -151,7 +151,7 @@ def test_step_cache_with_the_image_as_first_frame_equals_diffusers(ti2v, noise, 
     from diffusers.hooks import FirstBlockCacheConfig, MagCacheConfig
     from helpers.pipelines import branch_decisions
 
-    from wanjax.pipeline.step_cache import CacheConfig
+    from wanjax.sampling.cache.step_cache import CacheConfig
 
     root, _, reference_i2v = ti2v
     picture = Image.open(image).convert("RGB")
@@ -192,7 +192,7 @@ def test_magcache_on_ti2v_5b_defaults_to_its_published_curves():
     """TI2V-5B's MagCache curve follows the run, as the MagCache authors pick it: with an image as the
     first frame its i2v curve, else its t2v one (each at its published settings)."""
     from wanjax.models.registry import transformer_preset
-    from wanjax.pipeline import step_cache
+    from wanjax.sampling.cache import step_cache
 
     five = transformer_preset("5B")
     assert step_cache.preset_for(five) == "wan2.2-ti2v-5b-t2v"

@@ -13,10 +13,10 @@ from wanjax.version import __version__
 TYPE_CHECKING = False  # not typing's: the console script's first import stays short (cli/launch.py)
 
 _EXPORTS = {
-    "CacheConfig": "wanjax.pipeline.step_cache",
+    "CacheConfig": "wanjax.sampling.cache.step_cache",
     "CheckpointError": "wanjax.errors",
     "ConfigError": "wanjax.errors",
-    "SchedulerConfig": "wanjax.pipeline.scheduler",
+    "SchedulerConfig": "wanjax.sampling.scheduler",
     "Tiling": "wanjax.models.vae",
     "Tokenizer": "wanjax.models.tokenizer",
     "TransformerConfig": "wanjax.models.config",
@@ -77,8 +77,8 @@ if TYPE_CHECKING:
         make_scheduler,
     )
     from wanjax.pipeline.pipeline import WanPipeline
-    from wanjax.pipeline.scheduler import SchedulerConfig
-    from wanjax.pipeline.step_cache import CacheConfig
+    from wanjax.sampling.cache.step_cache import CacheConfig
+    from wanjax.sampling.scheduler import SchedulerConfig
 
 
 def __getattr__(name: str) -> Any:

@@ -19,9 +19,9 @@ from typing import Any
 
 import jax
 
-__all__ = ["TPU_LANES", "Target", "building_for", "current_target"]
+from wanjax.chips import TPU_LANES
 
-TPU_LANES = 128  # a TPU vector register's lanes: its memory pads an array's last dimension to them
+__all__ = ["TPU_LANES", "Target", "building_for", "current_target"]
 
 
 @dataclasses.dataclass(frozen=True)

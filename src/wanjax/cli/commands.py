@@ -27,9 +27,9 @@ def show(report: RunReport) -> RunReport:
 
 def cmd_generate(request: GenerateRequest) -> RunReport:
     """Prompt to mp4 in one process, refused first when ``plan`` says it cannot fit the memory here."""
-    from wanjax.tools.run_memory import check_generate_fits
+    from wanjax.jobs.generate import fits_memory_here
 
-    return show(generate(request, check_generate_fits))
+    return show(generate(request, fits_memory_here))
 
 
 def cmd_encode(request: EncodeRequest) -> RunReport:

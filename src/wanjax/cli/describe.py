@@ -41,7 +41,7 @@ def _compile_programs() -> tuple[str, ...]:
 
 
 def _slices() -> dict[str, str]:
-    from wanjax.tools.compile_target import SLICES
+    from wanjax.chips import SLICES
 
     return {"slices": ", ".join(SLICES)}
 
@@ -290,12 +290,15 @@ def cmd_plan(request: PlanRequest) -> int:
     """Print the per-device memory plan in the requested ``--offload`` / ``--weights_dtype`` mode, then
     every mode's peak on the mesh that matters; exit 1 when the requested mode does not fit on the
     requested mesh (or on any mesh), with the cheapest mode that does named."""
+    from wanjax.chips import GiB
     from wanjax.parallel.mesh import auto_mesh, parse_mesh
-    from wanjax.tools import plan as planning
+    from wanjax.planning import meshes as mesh_plans
+    from wanjax.planning import models
+    from wanjax.planning.plan import parse_memory, plan
 
-    request = dataclasses.replace(request, model=planning.model_name(request.model, request.files.given()))
-    model = planning.model_configs(request.model, request.files.given())
-    memory = planning.parse_memory(request.device_memory)
+    request = dataclasses.replace(request, model=models.model_name(request.model, request.files.given()))
+    model = models.model_configs(request.model, request.files.given())
+    memory = parse_memory(request.device_memory)
     requested = parse_mesh(request.mesh, request.use_fsdp) if request.mesh else None
     count = request.num_devices or (requested.num_devices if requested else None)
     tpu = target = None
@@ -323,17 +326,17 @@ def cmd_plan(request: PlanRequest) -> int:
         f"{count} device{'s' if count != 1 else ''}, "
         f"--offload {offload} --weights_dtype {weights}"
     )
-    meshes = [requested] if requested else planning.candidate_meshes(count, request.use_fsdp)
+    meshes = [requested] if requested else mesh_plans.candidate_meshes(count, request.use_fsdp)
     if requested:
-        result = planning.plan(model, requested, **kwargs, **mode)
+        result = plan(model, requested, **kwargs, **mode)
         print(result.table())
         fits, focus = result.fits, requested
     else:
-        plans = [planning.plan(model, m, **kwargs, **mode) for m in meshes]
+        plans = [plan(model, m, **kwargs, **mode) for m in meshes]
         for p in plans:
             print(p.table())
         heads = model.transformer.num_attention_heads
-        suggestion = planning.suggest_mesh(plans, heads)
+        suggestion = mesh_plans.suggest_mesh(plans, heads)
         fits = suggestion is not None
         if suggestion is None:
             print(
@@ -342,25 +345,23 @@ def cmd_plan(request: PlanRequest) -> int:
             focus = auto_mesh(count, heads, fsdp=request.use_fsdp)
         else:
             best = suggestion.plan
-            print(f"suggested: --mesh {best.mesh.flag} (peak {best.peak / planning.GiB:.2f} GiB)")
+            print(f"suggested: --mesh {best.mesh.flag} (peak {best.peak / GiB:.2f} GiB)")
             print(f"  why: {suggestion.reason}")
             focus = best.mesh
-    modes = planning.plan_modes(model, focus, weights, **kwargs)
-    print(planning.mode_table(modes, (offload, weights)))
+    modes = mesh_plans.plan_modes(model, focus, weights, **kwargs)
+    print(mesh_plans.mode_table(modes, (offload, weights)))
     if tpu is not None:
-        focused = planning.plan(model, focus, **kwargs, **mode)
+        focused = plan(model, focus, **kwargs, **mode)
         planned = {name: focused.on_device(name) for name in focused.stages}
         return _compile(request, tpu, target, focus, planned, model.gguf)
     if fits:
         return 0
-    cheapest = planning.cheapest_fitting(model, meshes, weights, **kwargs)
+    cheapest = mesh_plans.cheapest_fitting(model, meshes, weights, **kwargs)
     if cheapest is None:
-        print(f"hint: no --offload / --weights_dtype mode fits {memory / planning.GiB:.0f} GiB per device")
+        print(f"hint: no --offload / --weights_dtype mode fits {memory / GiB:.0f} GiB per device")
     else:
         on = "" if requested else f" --mesh {cheapest.mesh.flag}"
-        print(
-            f"hint: the cheapest mode that fits: {cheapest.mode}{on} (peak {cheapest.peak / planning.GiB:.2f} GiB)"
-        )
+        print(f"hint: the cheapest mode that fits: {cheapest.mode}{on} (peak {cheapest.peak / GiB:.2f} GiB)")
     return 1
 
 
@@ -378,7 +379,8 @@ def _check_cache_flags(request: PlanRequest) -> None:
 def _compile_slice(request: PlanRequest) -> tuple[Any, Any]:
     """The slice of ``--compile`` and its compile-only target, checked with the flags that go with
     it (before any work)."""
-    from wanjax.tools.compile_target import parse_programs, parse_slice, slice_target
+    from wanjax.chips import parse_slice
+    from wanjax.tools.compile_target import parse_programs, slice_target
 
     tpu = parse_slice(request.compile or "")
     if request.model not in registry():
@@ -396,7 +398,7 @@ def _compile(
     request: PlanRequest, tpu: Any, target: Any, mesh: Any, planned: dict[str, int], gguf: Any
 ) -> int:
     """``plan --compile``: every program of the run on ``mesh`` compiled for ``tpu`` (``gguf``: the
-    kept GGUF types of the component files, :attr:`wanjax.tools.plan_models.Model.gguf`); exit 1
+    kept GGUF types of the component files, :attr:`wanjax.planning.models.Model.gguf`); exit 1
     unless each compiles and fits."""
     from wanjax.io.atomic import write_text
     from wanjax.jobs.opening import attention_spec

@@ -23,8 +23,8 @@ from wanjax.pipeline.conditioning import check_image_size, open_image
 from wanjax.pipeline.inputs import check_image_input, check_video_to_video
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.pipeline.prompts import read_prompt_file
-from wanjax.pipeline.step_cache import resolve as resolve_cache
 from wanjax.pipeline.video_input import mask_frames
+from wanjax.sampling.cache.step_cache import resolve as resolve_cache
 
 if TYPE_CHECKING:
     from PIL import Image

@@ -33,7 +33,7 @@ from wanjax.runtime.timing import RunReport
 
 if TYPE_CHECKING:
     from wanjax.models.dit import VaceControl
-    from wanjax.pipeline.sampler import ImageConditioning
+    from wanjax.sampling.sampler import ImageConditioning
 
 
 def denoise(request: DenoiseRequest) -> RunReport:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -40,6 +41,8 @@ from wanjax.pipeline import stages
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.pipeline.prompts import negative_prompt
 from wanjax.pipeline.results import Video
+from wanjax.planning.models import model_configs
+from wanjax.planning.run_memory import check_fits
 from wanjax.runtime.timing import RunReport, StageTiming
 
 if TYPE_CHECKING:
@@ -52,7 +55,7 @@ def generate(
     request: GenerateRequest, preflight: Callable[[WanPipeline, GenerateWork], None] | None = None
 ) -> RunReport:
     """Prompt to mp4 in one process; ``preflight(pipe, work)`` checks the checked run before any
-    weight is read (the command line's: that it fits the memory, :mod:`wanjax.tools.run_memory`)."""
+    weight is read (the command line's: :func:`fits_memory_here`)."""
     start = begin(request.parallel)
     request = with_output_video(request, fresh_video_name())
     record = video_record(request)
@@ -68,6 +71,27 @@ def generate(
     video = run_generate(pipe, work, status, count_frames=status.enabled)
     status("write", 0)
     return finish(generate_outputs(pipe, work, video), request, start, record)
+
+
+def fits_memory_here(pipe: WanPipeline, work: GenerateWork) -> None:
+    """WanjaxError in one line when ``plan`` says the checked run cannot fit the memory here, naming a
+    flag that makes it fit (:func:`~wanjax.planning.run_memory.check_fits`). A CPU's devices share one
+    RAM: the whole run's bytes count; an accelerator's: one device's share on the run's mesh."""
+    request = work.request
+    arguments: dict[str, Any] = {
+        "height": work.video["height"],
+        "width": work.video["width"],
+        "frames": work.video["frames"],
+        "dtype": pipe.dtype.name,
+        "vae_dtype": pipe.vae_dtype.name,
+        "batch": work.batch,
+        "cfg": work.params["guidance_scale"] > 1,
+        "max_sequence_length": request.text.max_sequence_length,
+        "offload": request.memory.offload,
+        "weights_dtype": request.memory.weights_dtype,
+    }
+    mesh = MeshSpec() if jax.devices()[0].platform == "cpu" else pipe.mesh_spec or MeshSpec()
+    check_fits(model_configs(str(pipe.path), request.files.given()), mesh, arguments)
 
 
 def open_generate_pipeline(request: GenerateRequest, mesh: MeshSpec | str | None, fsdp: bool) -> WanPipeline:

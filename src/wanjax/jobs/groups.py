@@ -51,13 +51,13 @@ def _backends() -> tuple[str, ...]:
 
 
 def _cache_policies() -> tuple[str, ...]:
-    from wanjax.pipeline.step_cache import POLICIES
+    from wanjax.sampling.cache.step_cache import POLICIES
 
     return POLICIES
 
 
 def _scheduler_kinds() -> tuple[str, ...]:
-    from wanjax.pipeline.scheduler import SCHEDULER_KINDS
+    from wanjax.sampling.scheduler import SCHEDULER_KINDS
 
     return SCHEDULER_KINDS
 
@@ -71,8 +71,8 @@ def registry_defaults() -> dict[str, Any]:
 
 
 def _cache_defaults() -> dict[str, Any]:
-    from wanjax.pipeline import seacache, taylorseer, teacache
-    from wanjax.pipeline.step_cache import FIRST_BLOCK_THRESHOLD, MAG_DEFAULTS, presets
+    from wanjax.sampling.cache import seacache, taylorseer, teacache
+    from wanjax.sampling.cache.step_cache import FIRST_BLOCK_THRESHOLD, MAG_DEFAULTS, presets
 
     return {
         "mag": MAG_DEFAULTS,
@@ -294,7 +294,7 @@ class VaceFlags:
 
 
 def _sampling_defaults() -> dict[str, Any]:
-    from wanjax.pipeline.scheduler import DISTILL_SHIFT, DMD_SHIFT
+    from wanjax.sampling.scheduler import DISTILL_SHIFT, DMD_SHIFT
 
     return {**registry_defaults(), "distill_shift": f"{DISTILL_SHIFT:g}", "dmd_shift": f"{DMD_SHIFT:g}"}
 
@@ -485,7 +485,7 @@ def parse_lora(value: str, flag: str = "--lora") -> tuple[str, float]:
 
 @dataclasses.dataclass(frozen=True)
 class CacheFlags:
-    """The step cache (:mod:`wanjax.pipeline.step_cache`): policy and settings, MagCache's curve,
+    """The step cache (:mod:`wanjax.sampling.cache.step_cache`): policy and settings, MagCache's curve,
     and calibration's output file."""
 
     title: ClassVar[str] = "step cache"
@@ -544,9 +544,9 @@ class CacheFlags:
     )
 
     def config(self) -> Any:
-        """The :class:`~wanjax.pipeline.step_cache.CacheConfig` (ConfigError naming a bad value);
+        """The :class:`~wanjax.sampling.cache.step_cache.CacheConfig` (ConfigError naming a bad value);
         ``--cache_calibrate`` runs MagCache's calibration."""
-        from wanjax.pipeline.step_cache import CacheConfig
+        from wanjax.sampling.cache.step_cache import CacheConfig
 
         if self.cache_calibrate is not None and self.cache not in ("off", "magcache"):
             raise ConfigError(

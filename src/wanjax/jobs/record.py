@@ -13,9 +13,9 @@ from wanjax.jobs.requests import PipelineRequest
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline import stages
 from wanjax.pipeline.pipeline import WanPipeline
-from wanjax.pipeline.results import Denoised
 from wanjax.runtime.environment import environment
 from wanjax.runtime.timing import RunReport
+from wanjax.sampling.results import Denoised
 
 STAGE_COMPONENTS = {"encode": "text_encoder", "denoise": "transformer", "decode": "vae"}
 

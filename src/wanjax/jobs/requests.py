@@ -204,8 +204,8 @@ def _check_cache(request: Request) -> None:
     flags = getattr(request, "cache", None)
     if flags is None:
         return
-    from wanjax.pipeline.step_cache import read_mag_ratios
-    from wanjax.pipeline.teacache import read_coefficients
+    from wanjax.sampling.cache.step_cache import read_mag_ratios
+    from wanjax.sampling.cache.teacache import read_coefficients
 
     try:
         config = flags.config()

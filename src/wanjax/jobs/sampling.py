@@ -14,11 +14,11 @@ from wanjax.jobs.groups import CacheFlags, SamplingFlags
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline.pipeline import WanPipeline
-from wanjax.pipeline.results import Denoised
 from wanjax.runtime.timing import RunReport
+from wanjax.sampling.results import Denoised
 
 if TYPE_CHECKING:
-    from wanjax.pipeline.sampler import ImageConditioning
+    from wanjax.sampling.sampler import ImageConditioning
 
 
 def sampling_params(pipe: WanPipeline, sampling: SamplingFlags, video: bool = False) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def sampling_params(pipe: WanPipeline, sampling: SamplingFlags, video: bool = Fa
 
 def steps_run(params: Mapping[str, Any]) -> int:
     """The denoising steps a run of these parameters takes (fewer than its steps for video to video)."""
-    from wanjax.pipeline.scheduler.strength import steps_run as run
+    from wanjax.sampling.scheduler.strength import steps_run as run
 
     return run(params["num_inference_steps"], params.get("strength"))
 

@@ -15,33 +15,15 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from wanjax.chips import Blocks, attention_blocks
 from wanjax.io.atomic import write_text
 from wanjax.io.paths import cache_root, warn_unwritable
 from wanjax.target import current_target
 
-Blocks = tuple[int, int, int, int]  # (bq, bkv, bkv_compute, bkv_compute_in)
-
-# The seed's tuned values on TPU v6e (Wan 2.1 14B, 720p: ~10% faster with exp2).
-DEFAULT_BLOCKS: Blocks = (3328, 2816, 256, 256)
-
-# Per device kind and kernel, where the seed's blocks do not compile: the TPU compiler's scoped VMEM
-# (16 MiB on v4, v5e and v5p; 32 MiB on v6e) at the real shapes of every registry model (head dim 128,
-# bf16; the lengths only cut blocks down). Evidence, compiled for each slice without a TPU by
-# benchmarks/tpu_blocks.py: BENCHMARKS.md, "TPU kernel blocks per generation". `splash` with the
-# seed's blocks needs 30.2 MiB on v5e (19.0 on v5p): the 16 MiB generations take the largest
-# candidate that compiles on all three; `splash_exp2` keeps the seed's everywhere. Chosen by the
-# compiler, not timed: `wanjax tune-attention` on the chip stores faster ones.
-_SMALL_VMEM_SPLASH: Blocks = (1024, 2048, 512, 256)
-GENERATION_BLOCKS: Mapping[str, Mapping[str, Blocks]] = {
-    "TPU v4": {"splash": _SMALL_VMEM_SPLASH},
-    "TPU v5 lite": {"splash": _SMALL_VMEM_SPLASH},
-    "TPU v5": {"splash": _SMALL_VMEM_SPLASH},
-}
-
 
 def default_blocks(kind: str, backend: str) -> Blocks:
-    """The blocks ``backend`` gets on device ``kind`` when none are tuned or given."""
-    return GENERATION_BLOCKS.get(kind, {}).get(backend, DEFAULT_BLOCKS)
+    """The blocks ``backend`` gets on device ``kind`` when none are tuned or given (:mod:`wanjax.chips`)."""
+    return attention_blocks(kind, backend)
 
 
 def tune_file() -> Path:

@@ -1,6 +1,6 @@
 """The cross-attention's keys and values of the context, and the text K/V cache: every block's of a
 run's prompts (and image tokens) computed once, stacked on the layer axis, which the blocks then read
-instead of projecting the context at every step (:mod:`wanjax.pipeline.context_cache` runs it)."""
+instead of projecting the context at every step (:mod:`wanjax.sampling.context_cache` runs it)."""
 
 from __future__ import annotations
 

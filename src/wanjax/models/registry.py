@@ -144,9 +144,9 @@ class Variant:
     expand_timesteps: bool = False  # Wan 2.2 TI2V: an optional first frame, a timestep per frame
     repo: str | None = None  # the Hugging Face repository of the diffusers-layout checkpoint
     defaults: Defaults = Defaults()
-    mag_ratios: str | None = None  # the MagCache curve (pipeline/mag_ratios.json), text only
+    mag_ratios: str | None = None  # the MagCache curve (sampling/cache/mag_ratios.json), text only
     mag_ratios_image: str | None = None  # ... with an image as its first frame (TI2V)
-    teacache: str | None = None  # the TeaCache coefficients (pipeline/teacache.json)
+    teacache: str | None = None  # the TeaCache coefficients (sampling/cache/teacache.json)
     demo: bool = False  # a built-in smoke model (random weights)
 
     @property

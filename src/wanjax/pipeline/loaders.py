@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 from wanjax.models import dit, umt5, vae
 from wanjax.models import tokenizer as tok
-from wanjax.pipeline import scheduler as sched
 from wanjax.pipeline.hub import resolve_model
+from wanjax.sampling import scheduler as sched
 
 T = TypeVar("T")
 

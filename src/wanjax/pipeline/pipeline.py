@@ -71,15 +71,16 @@ from wanjax.pipeline.inputs import (
 from wanjax.pipeline.loading import PipelineComponents
 from wanjax.pipeline.model_index import read_model_index
 from wanjax.pipeline.residency import Loaded, Residency
-from wanjax.pipeline.results import Denoised, Video
-from wanjax.pipeline.sampler import ImageConditioning, Sampler
-from wanjax.pipeline.scheduler import Scheduler, make_scheduler
+from wanjax.pipeline.results import Video
 from wanjax.pipeline.sources import ComponentSources, base_model, base_variant, component_files
-from wanjax.pipeline.step_cache import CacheConfig
 from wanjax.pipeline.vace import control_latents, layer_scales
 from wanjax.pipeline.video_input import VideoInput, frames_that_fit, mask_frames, source_latents, video_frames
 from wanjax.runtime.jax_cache import enable_compilation_cache
 from wanjax.runtime.timing import StageTiming
+from wanjax.sampling.cache.step_cache import CacheConfig
+from wanjax.sampling.results import Denoised
+from wanjax.sampling.sampler import ImageConditioning, Sampler
+from wanjax.sampling.scheduler import Scheduler, make_scheduler
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -358,13 +359,13 @@ class WanPipeline(PipelineComponents):
     ) -> Denoised:
         """Denoise ``latents`` (float32 noise) with classifier-free guidance (skipped when
         ``guidance_scale <= 1``): the transformer's normalised latents, float32, and how the run went
-        (:class:`~wanjax.pipeline.results.Denoised`: step times, cache report, experts, mesh usage).
+        (:class:`~wanjax.sampling.results.Denoised`: step times, cache report, experts, mesh usage).
         ``flow_shift=None`` keeps the checkpoint's scheduler config. ``scheduler``: ``auto`` (the
         checkpoint's), ``unipc``, ``euler`` or ``distill`` (the few-step sampler of step-distilled
         models and LoRAs, whose re-noising draws come from ``seed``; see
-        :mod:`wanjax.pipeline.scheduler`). ``image``: an image-to-video model's conditioning
+        :mod:`wanjax.sampling.scheduler`). ``image``: an image-to-video model's conditioning
         (:meth:`prepare_image`), required by such a model. ``cache``: a step-cache policy
-        (:class:`~wanjax.pipeline.step_cache.CacheConfig`); the result's ``cache_report`` tells what it
+        (:class:`~wanjax.sampling.cache.step_cache.CacheConfig`); the result's ``cache_report`` tells what it
         skipped. A two-expert model (Wan 2.2 A14B): ``guidance_scale_2`` for the
         low-noise expert (default ``guidance_scale``, as diffusers), ``boundary_ratio`` in place of
         the checkpoint's (:attr:`boundary_ratio`); the result's ``expert_steps`` tell which expert

@@ -6,7 +6,7 @@ list of images or ``uint8 [T, H, W, 3]`` frames. Each frame is resized and scale
 image-to-video model's image is (a Lanczos resize to exactly ``width x height``, [-1, 1]: diffusers'
 ``VideoProcessor``), the clip VAE-encoded (the posterior's mode) and normalised. The sampler starts
 from these latents noised to the first step a ``strength`` runs
-(:mod:`~wanjax.pipeline.scheduler.strength`).
+(:mod:`~wanjax.sampling.scheduler.strength`).
 """
 
 from __future__ import annotations

@@ -189,7 +189,7 @@ def remix_body(source: Job, body: Any, video: bytes) -> dict[str, Any]:
 
 def steps_run(params: Mapping[str, Any]) -> int:
     """The denoising steps a job runs (a video's strength runs the last ones only)."""
-    from wanjax.pipeline.scheduler.strength import steps_run as run
+    from wanjax.sampling.scheduler.strength import steps_run as run
 
     return run(params["num_inference_steps"], params.get("strength") if params.get("video") else None)
 

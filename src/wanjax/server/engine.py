@@ -242,10 +242,10 @@ class Engine:
         device's memory is unknown), else what it needs against what there is."""
         if self.device_memory is None:
             return None
-        from wanjax.tools import plan as planning
+        from wanjax.planning.plan import HEADROOM, plan, size_text
 
         base, mesh = self.base, self.pipe.mesh_spec
-        estimate = planning.plan(
+        estimate = plan(
             self._plan_model,
             mesh if mesh is not None else MeshSpec(),
             height=params["height"],
@@ -261,16 +261,16 @@ class Engine:
         if estimate.fits:
             return None
         return (
-            f"needs about {planning.size_text(estimate.peak)} a device by wanjax plan's estimate, but a "
-            f"device has {planning.size_text(self.device_memory)} ({planning.HEADROOM:.0%} of it usable)"
+            f"needs about {size_text(estimate.peak)} a device by wanjax plan's estimate, but a "
+            f"device has {size_text(self.device_memory)} ({HEADROOM:.0%} of it usable)"
         )
 
     @functools.cached_property
     def _plan_model(self) -> Any:
         """The model's configs as ``wanjax plan`` reads them (once, not per request)."""
-        from wanjax.tools import plan as planning
+        from wanjax.planning.models import model_configs
 
-        return planning.model_configs(str(self.pipe.path))
+        return model_configs(str(self.pipe.path))
 
     def remove_partial_files(self, job_id: str | None = None) -> None:
         """Temporary files a killed server left half-written (:func:`~wanjax.io.atomic.atomic_path`):

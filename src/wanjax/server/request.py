@@ -137,7 +137,7 @@ def check_server(server: ServerFlags, cache: CacheFlags) -> None:
     check_store_flag(server.store)
     if server.lora_dir is not None and not Path(server.lora_dir).is_dir():
         raise WanjaxError(f"--lora_dir {server.lora_dir}: no such folder; give the folder of the LoRA files")
-    from wanjax.tools.plan import parse_memory
+    from wanjax.planning.plan import parse_memory
 
     parse_memory(server.lora_cache, "--lora_cache", zero=True)
     if not server.job_lease > 0:

@@ -98,8 +98,8 @@ def open_engine(request: ServeRequest) -> Engine:
         max_queue=flags.max_queue,
         max_body_bytes=flags.max_body_bytes or UPLOAD_BODY,
     )
+    from wanjax.planning.plan import parse_memory
     from wanjax.server.loras import LoraLibrary
-    from wanjax.tools.plan import parse_memory
 
     loras = LoraLibrary(None if flags.lora_dir is None else Path(flags.lora_dir))
     lora_cache = parse_memory(flags.lora_cache, "--lora_cache", zero=True)
@@ -165,10 +165,10 @@ def url_host(host: str, port: int) -> str:
 def device_memory(given: str | None) -> int | None:
     """``--device_memory`` in bytes, else the first device's own figure (None where JAX has none: CPU)."""
     if given is not None:
-        from wanjax.tools.plan import parse_memory
+        from wanjax.planning.plan import parse_memory
 
         return parse_memory(given)
-    from wanjax.tools.measure import device_memory_limit
+    from wanjax.planning.device_memory import device_memory_limit
 
     return device_memory_limit()
 

@@ -71,11 +71,11 @@ from wanjax.models.umt5 import UMT5Config
 from wanjax.models.vae import WanVAE
 from wanjax.models.vae import checkpoint_spec as vae_spec
 from wanjax.models.vae.config import VAEConfig
-from wanjax.pipeline.context_cache import cache_bytes
 from wanjax.pipeline.residency import Residency
-from wanjax.pipeline.sampler import ImageConditioning, Sampler
-from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
-from wanjax.pipeline.step_cache import POLICIES, CacheConfig, presets
+from wanjax.sampling.cache.step_cache import POLICIES, CacheConfig, presets
+from wanjax.sampling.context_cache import cache_bytes
+from wanjax.sampling.sampler import ImageConditioning, Sampler
+from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 from wanjax.tools.bench_memory import check_memory
 from wanjax.tools.bench_report import MEMORY_LEGEND, format_table
 from wanjax.tools.flops import (

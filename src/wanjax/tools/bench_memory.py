@@ -1,41 +1,20 @@
-"""Whether ``wanjax bench``'s stages fit the memory here, asked of :mod:`wanjax.tools.plan` before
+"""Whether ``wanjax bench``'s stages fit the memory here, asked of :mod:`wanjax.planning.plan` before
 any weight is drawn: a run that cannot fit is refused in one line, not killed by the system."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
-import jax
-
+from wanjax.chips import GiB
 from wanjax.errors import WanjaxError
 from wanjax.parallel.mesh import MeshSpec
-from wanjax.tools.measure import device_memory_limit
-from wanjax.tools.plan import HEADROOM, GiB, Model, plan
+from wanjax.planning.device_memory import available_memory, plan_needs
+from wanjax.planning.models import Model
+from wanjax.planning.plan import HEADROOM
 
-__all__ = ["available_memory", "check_memory", "plan_needs", "stage_needs"]
-
-
-def host_available() -> int | None:
-    """The memory this machine can still give (``MemAvailable``; None where it does not say)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def available_memory() -> tuple[int | None, str]:
-    """What one device can hold and what it is called: a CPU's free RAM (its device memory and host
-    memory are the same RAM), an accelerator's allocator limit. None where neither is known."""
-    device = jax.devices()[0]
-    if device.platform == "cpu":
-        return host_available(), "this machine"
-    return device_memory_limit(), f"one {device.device_kind}"
+__all__ = ["check_memory", "stage_needs"]
 
 
 def stage_needs(cfg: Any) -> dict[str, int]:
@@ -57,15 +36,6 @@ def stage_needs(cfg: Any) -> dict[str, int]:
         offload=cfg.offload,
         weights_dtype=cfg.weights_dtype,
     )
-
-
-def plan_needs(model: Model, mesh: MeshSpec, **arguments: Any) -> dict[str, int]:
-    """Bytes each stage of a run (``plan``'s ``arguments``) needs on one device: its weights (on a CPU,
-    whose device and host memory are one RAM, all of them, those waiting in host memory included) and
-    its activations."""
-    run = plan(model, mesh, device_memory=1, **arguments)
-    on_cpu = jax.devices()[0].platform == "cpu"
-    return {name: (s.stored if on_cpu else s.weights) + s.activations for name, s in run.stages.items()}
 
 
 def check_memory(cfg: Any, stages: Iterable[str]) -> None:

@@ -7,7 +7,7 @@ those devices, every component is built as the pipeline builds it (same settings
 offload, 8-bit weights, attention backend) but with abstract weights, and each program the run would
 compile is lowered from abstract inputs and compiled by the TPU compiler (Mosaic included). Per
 program the report gives: compiled or the compiler's error in one line (VMEM, HBM), per-chip bytes by
-``memory_analysis()`` beside :mod:`wanjax.tools.plan`'s estimate, the Pallas kernels in the program
+``memory_analysis()`` beside :mod:`wanjax.planning.plan`'s estimate, the Pallas kernels in the program
 (``tpu_custom_call``), its FLOPs per chip counted in the compiled HLO (:mod:`wanjax.tools.hlo_flops`)
 beside the analytic count, their time at the datasheet peak and the cost model's (an estimate), and
 compile seconds. Nothing runs and no TPU is touched, even where one is attached.
@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from wanjax.chips import GiB, Slice, datasheet_peak
 from wanjax.errors import WanjaxError
 from wanjax.io.checkpoint import abstract_params
 from wanjax.io.gguf_kernel import abstract_kept
@@ -44,11 +45,11 @@ from wanjax.parallel.layouts import spatial_sharding
 from wanjax.parallel.mesh import MeshSpec, make_mesh
 from wanjax.parallel.rules import param_sharding, replicated
 from wanjax.pipeline.demo import demo_text_encoder_config
-from wanjax.pipeline.sampler import ImageConditioning, Sampler
-from wanjax.pipeline.scheduler import SchedulerConfig, make_scheduler
-from wanjax.pipeline.step_cache import CacheConfig, resolve
 from wanjax.runtime.jax_cache import persistent_cache_off
 from wanjax.runtime.libtpu import compiler_environment, installed
+from wanjax.sampling.cache.step_cache import CacheConfig, resolve
+from wanjax.sampling.sampler import ImageConditioning, Sampler
+from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 from wanjax.target import Target, building_for, current_target
 from wanjax.tools.flops import (
     clip_vision_flops,
@@ -58,106 +59,21 @@ from wanjax.tools.flops import (
     vae_decode_flops,
 )
 from wanjax.tools.hlo_flops import FlopCount, UnknownTripCount, count_flops
-from wanjax.tools.measure import datasheet_peak
 
 __all__ = [
-    "CHIPS",
     "PROGRAMS",
-    "SLICES",
-    "Chip",
     "CompileReport",
     "Program",
     "ProgramReport",
     "RunSpec",
-    "Slice",
     "attention_program",
     "compile_one",
     "compile_run",
     "compiler_error",
     "parse_programs",
-    "parse_slice",
     "run_programs",
     "slice_target",
 ]
-
-GiB = 1 << 30
-
-
-@dataclasses.dataclass(frozen=True)
-class Chip:
-    """A TPU generation: its device kind, the HBM per chip, and the part of it the TPU compiler lets
-    a program use (its "available HBM" when a program does not fit)."""
-
-    generation: str
-    device_kind: str
-    hbm_bytes: int
-    usable_hbm_bytes: int
-
-
-CHIPS: Mapping[str, Chip] = {
-    c.generation: c
-    for c in (
-        Chip("v4", "TPU v4", 32 * GiB, int(30.75 * GiB)),
-        Chip("v5e", "TPU v5 lite", 16 * GiB, int(15.75 * GiB)),
-        Chip("v5p", "TPU v5", 96 * GiB, int(95.74 * GiB)),
-        Chip("v6e", "TPU v6 lite", 32 * GiB, int(31.25 * GiB)),
-        Chip("v7x", "TPU7x", 96 * GiB, int(94.75 * GiB)),  # per TensorCore: a chip's two are two devices
-    )
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Slice:
-    """A TPU slice one rents: its name (``v6e-8``), libtpu's topology name (``v6e:2x4``) and options,
-    its chips and their generation."""
-
-    name: str
-    topology: str
-    chips: int
-    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-    @property
-    def chip(self) -> Chip:
-        return CHIPS[self.name.split("-")[0]]
-
-    @property
-    def accelerator_type(self) -> str:
-        """The name TPU VMs give the slice (``TPU_ACCELERATOR_TYPE``): ``v5litepod-8`` for ``v5e-8``,
-        ``tpu7x-8`` for ``v7x-8``."""
-        return self.name.replace("v5e-", "v5litepod-").replace("v7x-", "tpu7x-")
-
-
-def _slices() -> dict[str, Slice]:
-    one = {"chips_per_host_bounds": (1, 1, 1)}
-    single = {"chips_per_host_bounds": (2, 4, 1)}  # v5e-8 / v6e-8: one host with 8 chips
-    four = {"chips_per_host_bounds": (2, 2, 1)}
-    megacore = {"chip_config_name": "megacore"}
-    table = [
-        Slice("v4-8", "v4:2x2x1", 4, megacore),
-        Slice("v4-16", "v4:2x2x2", 8, megacore),
-        Slice("v5e-1", "v5e:1x1", 1, one),
-        Slice("v5e-4", "v5e:2x2", 4, four),
-        Slice("v5e-8", "v5e:2x4", 8, single),
-        Slice("v5e-16", "v5e:4x4", 16, four),
-        Slice("v5p-8", "v5p:2x2x1", 4),
-        Slice("v5p-16", "v5p:2x2x2", 8),
-        Slice("v6e-1", "v6e:1x1", 1, one),
-        Slice("v6e-4", "v6e:2x2", 4, four),
-        Slice("v6e-8", "v6e:2x4", 8, single),
-        Slice("v6e-16", "v6e:4x4", 16, four),
-        Slice("v7x-8", "tpu7x:2x2x1", 8),  # 4 chips, 8 TensorCores (devices)
-    ]
-    return {s.name: s for s in table}
-
-
-SLICES: Mapping[str, Slice] = _slices()
-
-
-def parse_slice(name: str) -> Slice:
-    """The slice named ``name``; WanjaxError listing the known ones."""
-    if name not in SLICES:
-        raise WanjaxError(f"unknown TPU slice {name!r} for --compile; use one of {', '.join(SLICES)}")
-    return SLICES[name]
 
 
 def slice_target(tpu: Slice) -> Target:
@@ -310,7 +226,7 @@ def _work(p: ProgramReport, chips: int) -> str:
 @dataclasses.dataclass(frozen=True)
 class Program:
     """A program of the run: its name, how to lower it, the run stage it belongs to (``encode``,
-    ``denoise``, ``decode``: :mod:`wanjax.tools.plan`'s), the attention backend it uses, its
+    ``denoise``, ``decode``: :mod:`wanjax.planning.plan`'s), the attention backend it uses, its
     weights' bytes per chip in device memory (resident for the whole run under ``--offload none``),
     its analytic FLOPs over all chips (``None``: not counted, e.g. the VAE encoder) and the
     component whose weights those are (default: its own; an expert's text K/V cache and step share
@@ -614,7 +530,7 @@ def compile_run(
     on_line: Callable[[str], None] | None = None,
 ) -> CompileReport:
     """Every program of ``run`` compiled for ``tpu`` (no TPU needed; none is touched).
-    ``planned``: :mod:`wanjax.tools.plan`'s bytes per chip of each stage (``encode``, ``denoise``,
+    ``planned``: :mod:`wanjax.planning.plan`'s bytes per chip of each stage (``encode``, ``denoise``,
     ``decode``), shown beside each program of the stage. ``only``: compile just these of
     :data:`PROGRAMS` (the others' weights still count as resident). ``on_line``: given the table's
     header, then each program's line as soon as it is compiled (the footer is the caller's)."""

@@ -148,7 +148,7 @@ def skipped_step_flops(
 def context_kv_flops(
     cfg: TransformerConfig, rows: int, text_len: int = TEXT_LENGTH, image_len: int = 0
 ) -> Flops:
-    """The text K/V cache of ``rows`` forward rows (:mod:`wanjax.pipeline.context_cache`): the text
+    """The text K/V cache of ``rows`` forward rows (:mod:`wanjax.sampling.context_cache`): the text
     (and image) embedder and every block's (and control block's) keys and values of the context."""
     embed = _context_embed_flops(cfg, rows, text_len, image_len)
     blocks = cfg.num_layers + len(cfg.vace_layers or ())

@@ -10,20 +10,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from wanjax.chips import datasheet_peak
 from wanjax.models.config import parse_dtype
 from wanjax.models.offload import program_memory as split_program_memory
-
-# Dense bf16 peak, TFLOP/s per chip, matched against ``device.device_kind`` (first match wins).
-PEAK_TFLOPS: tuple[tuple[str, float], ...] = (
-    ("TPU v6", 918.0),  # v6e ("TPU v6 lite")
-    ("TPU v5 lite", 197.0),  # v5e
-    ("TPU v5e", 197.0),
-    ("TPU v5", 459.0),  # v5p
-    ("TPU v4", 275.0),
-    ("H200", 989.0),
-    ("H100", 989.0),
-    ("A100", 312.0),
-)
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -38,11 +27,6 @@ def measure_cpu_matmul_peak(n: int = 2048, repeats: int = 5, dtype: Any = jnp.bf
     f = jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=jnp.float32))
     jax.block_until_ready(f(a, a))
     return 2 * n**3 / min(timed(lambda: f(a, a)) for _ in range(repeats))
-
-
-def datasheet_peak(device_kind: str) -> float | None:
-    """The datasheet's dense bf16 FLOP/s of one device of this kind (None: not in :data:`PEAK_TFLOPS`)."""
-    return next((tflops * 1e12 for name, tflops in PEAK_TFLOPS if name in device_kind), None)
 
 
 def device_peak(dtype: str = "bfloat16") -> tuple[float, str]:
@@ -61,12 +45,6 @@ def device_peak(dtype: str = "bfloat16") -> tuple[float, str]:
         peak = measure_cpu_matmul_peak(dtype=parse_dtype(dtype))
         return peak, f"cpu: measured {name} matmul (2048^3, f32 accumulation)"
     return float("nan"), f"{kind}: unknown peak"
-
-
-def device_memory_limit() -> int | None:
-    """The first local device's allocator limit (``memory_stats()["bytes_limit"]``; None where the
-    device keeps no statistics: CPU)."""
-    return (jax.local_devices()[0].memory_stats() or {}).get("bytes_limit")
 
 
 def allocator_peak_bytes() -> int | None:

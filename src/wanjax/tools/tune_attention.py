@@ -208,8 +208,9 @@ def check_compiling(
 ) -> list[tuning.Blocks]:
     """The candidates that the TPU compiler compiles for one chip of ``slice_name`` (each failure
     logged with the compiler's one-line reason, e.g. the scoped VMEM it needed)."""
+    from wanjax.chips import parse_slice
     from wanjax.target import building_for
-    from wanjax.tools.compile_target import attention_program, compile_one, parse_slice, slice_target
+    from wanjax.tools.compile_target import attention_program, compile_one, slice_target
 
     target = slice_target(parse_slice(slice_name))
     shape = (problem.batch, problem.q_len, problem.heads, problem.head_dim)

@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wanjax.pipeline.scheduler.config import SchedulerConfig
-from wanjax.pipeline.scheduler.ops import scalar_times, true_div
-from wanjax.pipeline.scheduler.sigmas import check_steps, unipc_flow_schedule
-from wanjax.pipeline.scheduler.strength import PartialStart, start_step
+from wanjax.sampling.scheduler.config import SchedulerConfig
+from wanjax.sampling.scheduler.ops import scalar_times, true_div
+from wanjax.sampling.scheduler.sigmas import check_steps, unipc_flow_schedule
+from wanjax.sampling.scheduler.strength import PartialStart, start_step
 
 __all__ = ["UNIPC_COEFFICIENTS", "UniPCFlowScheduler", "UniPCState"]
 
@@ -157,7 +157,7 @@ class UniPCFlowScheduler(PartialStart):
 
     Attributes: ``timesteps`` (numpy int64, N values, fed to the model), ``sigmas`` (numpy float32,
     N+1 values, last 0), ``num_inference_steps``, ``config``, ``start`` (the first step run: 0, or
-    where a ``strength`` starts, :mod:`~wanjax.pipeline.scheduler.strength`).
+    where a ``strength`` starts, :mod:`~wanjax.sampling.scheduler.strength`).
 
     One deliberate deviation: with ``solver_type="bh1"`` diffusers' final step computes
     ``(alpha * B_h) * 0`` with ``B_h = -inf`` and returns NaN; here the final step returns the last x0

@@ -26,7 +26,7 @@ import numpy as np
 from wanjax.errors import ConfigError
 from wanjax.models.config import TransformerConfig
 from wanjax.models.registry import match
-from wanjax.pipeline.cache_files import number_list, packaged_presets, read_json_file
+from wanjax.sampling.cache.files import number_list, packaged_presets, read_json_file
 
 PRESETS_FILE = "teacache.json"
 MODES = ("time_embedding", "ret_steps")  # the modulated input: temb (e), or time_mod (e0)

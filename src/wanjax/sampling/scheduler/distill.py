@@ -12,7 +12,7 @@ diffusers computes them; the model is conditioned on ``sigma * 1000`` (937.5, 83
 The noise is JAX's, from a key the state carries (``jax.random.fold_in(key, step)``), so a seed gives
 the same video on every platform; it cannot equal torch's draws.
 
-The same sampler runs the distilled models' own schedules (:mod:`~wanjax.pipeline.scheduler.few_step`:
+The same sampler runs the distilled models' own schedules (:mod:`~wanjax.sampling.scheduler.few_step`:
 FastWan's ``dmd``, TurboWan's ``rcm``), which give their own timesteps, sigmas and starting-noise factor.
 """
 
@@ -24,11 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wanjax.pipeline.scheduler.config import SchedulerConfig
-from wanjax.pipeline.scheduler.few_step import FewStepSchedule
-from wanjax.pipeline.scheduler.ops import scalar_times
-from wanjax.pipeline.scheduler.sigmas import check_steps
-from wanjax.pipeline.scheduler.strength import PartialStart, start_step
+from wanjax.sampling.scheduler.config import SchedulerConfig
+from wanjax.sampling.scheduler.few_step import FewStepSchedule
+from wanjax.sampling.scheduler.ops import scalar_times
+from wanjax.sampling.scheduler.sigmas import check_steps
+from wanjax.sampling.scheduler.strength import PartialStart, start_step
 
 __all__ = ["DISTILL_SHIFT", "DistillState", "FlowDistillScheduler", "distill_schedule"]
 

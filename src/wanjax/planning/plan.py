@@ -25,45 +25,38 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
-from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 
+from wanjax.chips import GiB
 from wanjax.errors import WanjaxError
-from wanjax.io.checkpoint import LeafSource, abstract_params, leaf_dtype, linear_kernel
-from wanjax.io.gguf_kernel import blocks_shape, blocks_spec
+from wanjax.io.checkpoint import abstract_params
 from wanjax.io.quantizable import (
     KEPT_GGUF,
-    SCALE_DTYPE,
     UNQUANTIZED,
     WEIGHTS_DTYPES,
-    is_quantizable,
-    scale_dims,
-    weights_dtype,
 )
-from wanjax.models import clip_vision, dit, umt5, vae
+from wanjax.models import clip_vision, umt5, vae
 from wanjax.models.clip_vision import CLIPVisionConfig
-from wanjax.models.config import TransformerConfig, parse_dtype
+from wanjax.models.config import parse_dtype
 from wanjax.models.defaults import TEXT_LENGTH
-from wanjax.models.dit_context import CONTEXT_KV_WEIGHTS
-from wanjax.models.offload import OFFLOAD_MODES, STREAMED_LAYERS, parse_offload, streams_layers
+from wanjax.models.offload import STREAMED_LAYERS, parse_offload, streams_layers
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import ACCELERATOR_CONV, Numerics
 from wanjax.models.vae.scan import decoder_chunk, encoder_chunk
 from wanjax.parallel.attention import sequence_mode
 from wanjax.parallel.layouts import TokenLayout, strip_count, token_layout
-from wanjax.parallel.mesh import MeshSpec, auto_mesh
-from wanjax.parallel.rules import leaf_spec, num_shards, per_device_param_bytes
-from wanjax.pipeline.context_cache import cache_bytes, default_on
+from wanjax.parallel.mesh import MeshSpec
+from wanjax.parallel.rules import per_device_param_bytes
+from wanjax.planning.models import Model
+from wanjax.planning.weights import WeightBytes, copied_stack_bytes, transformer_bytes, weight_bytes
+from wanjax.sampling.context_cache import cache_bytes, default_on
 from wanjax.target import current_target
-from wanjax.tools.plan_models import Model, model_configs, model_name  # noqa: F401 (plan's API)
 
 HEADROOM = 0.9
-GiB = 1 << 30
 
 
 def size_text(size: float) -> str:
@@ -168,145 +161,13 @@ class Plan:
         return "\n".join(lines)
 
 
-@dataclasses.dataclass(frozen=True)
-class WeightBytes:
-    """Bytes per device of one component's weights: the leaves outside the layer stack, and one layer
-    of the stacked leaves (whose layer axis is never sharded)."""
-
-    fixed: int
-    layer: int
-    num_layers: int
-    dequantized_layer: int = 0  # one layer's quantised kernels in the model dtype (0 if not quantised)
-    kernels_16bit_layer: int = 0  # one layer's stacked matmul kernels stored in 16 bits
-
-    @property
-    def kernels_16bit(self) -> int:
-        """Every layer's stacked 16-bit matmul kernels (what a v7x step copies:
-        :attr:`~wanjax.target.Target.copies_16bit_stacks`)."""
-        return self.kernels_16bit_layer * self.num_layers
-
-    @property
-    def stacked(self) -> int:
-        return self.layer * self.num_layers
-
-    @property
-    def total(self) -> int:
-        return self.fixed + self.stacked
-
-    def stage(self, activations: int, stream: bool) -> StagePlan:
-        """The stage running this component: all its weights on the device, or with ``stream`` the
-        non-stacked ones and :data:`~wanjax.models.offload.STREAMED_LAYERS` layers (the rest in host memory)."""
-        if not stream:
-            return StagePlan(self.total, activations)
-        on_device = self.fixed + min(STREAMED_LAYERS, self.num_layers) * self.layer
-        return StagePlan(on_device, activations, self.total, self.stacked)
-
-
-def weight_bytes(
-    spec: Any,
-    dtype: Any,
-    sizes: dict[str, int],
-    fsdp: bool = False,
-    weights: str = UNQUANTIZED,
-    kept: Mapping[str, str] | None = None,
-) -> WeightBytes:
-    """Per-device bytes of a LeafSource tree loaded in ``dtype`` under ``sizes``, with ``weights``
-    (``--weights_dtype``) 8-bit: each :func:`~wanjax.io.quantizable.is_quantizable` leaf as 1 byte per
-    element plus a float32 scale per output channel, split as the kernel's output axis is; ``gguf``:
-    the leaves of ``kept`` (key path -> GGUF type, :func:`wanjax.pipeline.sources.kept_gguf_types`)
-    as their blocks, split as :func:`~wanjax.io.gguf_kernel.blocks_spec` splits them."""
-    quantized = weights_dtype(weights)
-    kept = (kept or {}) if weights == KEPT_GGUF else {}
-    dtype = np.dtype(dtype)
-    fixed = layer = dequantized = kernels_16bit = 0
-    num_layers = 0
-    leaves = jax.tree_util.tree_flatten_with_path(spec, is_leaf=lambda x: isinstance(x, LeafSource))[0]
-    for key, source in leaves:
-        qtype = kept.get(jax.tree_util.keystr(key))
-        shape = source.target_shape()
-        entries = tuple(leaf_spec(source, sizes, fsdp))
-        entries += (None,) * (len(shape) - len(entries))
-        if source.stacked:  # one layer: the layer axis is never split
-            if entries[0] is not None:
-                raise WanjaxError(f"{source.names[0]}: a stacked leaf split over its layers")
-            if num_layers not in (0, len(source.names)):
-                raise WanjaxError(
-                    f"{source.names[0]}: stacked leaves of {num_layers} and {len(source.names)} layers"
-                )
-            num_layers = len(source.names)
-            shape, entries = shape[1:], entries[1:]
-        stored = quantized if quantized is not None and is_quantizable(source) else None
-        if qtype is not None:
-            blocks = blocks_spec(entries, shape, qtype, sizes)
-            nbytes = _shard_bytes(blocks_shape(shape, qtype), blocks, np.dtype(np.uint8), sizes)
-        elif stored is not None:
-            nbytes = _shard_bytes(shape, entries, stored, sizes)
-            nbytes += _shard_bytes(scale_dims(shape), scale_dims(entries), SCALE_DTYPE, sizes)
-        else:
-            nbytes = _shard_bytes(shape, entries, leaf_dtype(source, dtype), sizes)
-        if source.stacked and (qtype or stored) is not None:  # one layer dequantised for its matmuls
-            dequantized += _shard_bytes(shape, entries, dtype, sizes)
-        if source.stacked and source.layout == linear_kernel:  # streamed (offload.streamed)
-            layer += nbytes
-            if (qtype or stored) is None and leaf_dtype(source, dtype).itemsize == 2:
-                kernels_16bit += nbytes
-        else:  # the rest stays on the device, streaming or not, stacked norms and biases included
-            fixed += nbytes * (len(source.names) if source.stacked else 1)
-    return WeightBytes(fixed, layer, num_layers, dequantized, kernels_16bit)
-
-
-VACE_LEAVES = ("vace_patch_embedding", "vace_proj_in", "vace_blocks")
-
-
-def transformer_bytes(
-    cfg: TransformerConfig,
-    dtype: Any,
-    sizes: dict[str, int],
-    fsdp: bool = False,
-    weights: str = UNQUANTIZED,
-    kept: Mapping[str, str] | None = None,
-) -> WeightBytes:
-    """:func:`weight_bytes` of a transformer: a VACE model's control blocks (their own stack, never
-    streamed) count with the weights that stay on the device."""
-    spec = dit.checkpoint_spec(cfg)
-    control = {name: spec.pop(name) for name in VACE_LEAVES if name in spec}
-    found = weight_bytes(spec, dtype, sizes, fsdp, weights, kept)
-    if not control:
-        return found
-    return dataclasses.replace(
-        found, fixed=found.fixed + weight_bytes(control, dtype, sizes, fsdp, weights, kept).total
-    )
-
-
-def copied_stack_bytes(
-    cfg: TransformerConfig,
-    dtype: Any,
-    sizes: dict[str, int],
-    fsdp: bool,
-    weights: str,
-    kept: Mapping[str, str] | None,
-    context_cached: bool,
-) -> int:
-    """The stacked 16-bit matmul kernels a v7x step copies (:attr:`~wanjax.target.Target.copies_16bit_stacks`):
-    those the step reads, so not the cross-attention's context projections when the text K/V cache
-    holds their keys and values (measured: 8 of the 14B's 10 kernels a layer, 1.39 GiB per 10 layers
-    on dp=2,tp=4)."""
-    spec = dit.checkpoint_spec(cfg)
-    for name in VACE_LEAVES:
-        spec.pop(name, None)
-    if context_cached:
-        spec["blocks"]["attn2"] = {
-            k: v for k, v in spec["blocks"]["attn2"].items() if k not in CONTEXT_KV_WEIGHTS
-        }
-    return weight_bytes(spec, dtype, sizes, fsdp, weights, kept).kernels_16bit
-
-
-def _shard_bytes(
-    shape: tuple[int, ...], entries: tuple[Any, ...], dtype: np.dtype, sizes: dict[str, int]
-) -> int:
-    return (
-        math.prod(shape) * np.dtype(dtype).itemsize // num_shards(jax.sharding.PartitionSpec(*entries), sizes)
-    )
+def component_stage(weights: WeightBytes, activations: int, stream: bool) -> StagePlan:
+    """The stage running a component of these weights: all of them on the device, or with ``stream``
+    the non-stacked ones and :data:`~wanjax.models.offload.STREAMED_LAYERS` layers (the rest in host memory)."""
+    if not stream:
+        return StagePlan(weights.total, activations)
+    on_device = weights.fixed + min(STREAMED_LAYERS, weights.num_layers) * weights.layer
+    return StagePlan(on_device, activations, weights.total, weights.stacked)
 
 
 def plan(
@@ -427,8 +288,8 @@ def plan(
     vae_act = vae_live_bytes(cache, batch * pixels * c0 * vae_item, spatial) + video // spatial
 
     stages = {
-        "encode": e_bytes.stage(te_act, streams_layers(offload, per_step=False)),
-        "denoise": d_bytes.stage(dit_act, streams_layers(offload)),
+        "encode": component_stage(e_bytes, te_act, streams_layers(offload, per_step=False)),
+        "denoise": component_stage(d_bytes, dit_act, streams_layers(offload)),
         "decode": StagePlan(v_weights, vae_act),
     }
     if model.experts == 2:  # both experts resident, or (offload) the idle one in host memory
@@ -562,15 +423,6 @@ def vae_encoder_cache_bytes(
     return feature_bytes(cache, lanes)
 
 
-def candidate_meshes(num_devices: int, fsdp: bool = False) -> list[MeshSpec]:
-    """Every (dp, sp, tp) factorisation of the devices."""
-    out = []
-    for dp, sp in itertools.product(range(1, num_devices + 1), repeat=2):
-        if num_devices % (dp * sp) == 0:
-            out.append(MeshSpec((("dp", dp), ("sp", sp), ("tp", num_devices // (dp * sp))), fsdp))
-    return out
-
-
 def parse_memory(text: str, flag: str = "--device_memory", zero: bool = False) -> int:
     """``32GiB``, ``16G``, ``80`` (GiB) -> bytes (``zero``: 0 allowed); WanjaxError naming ``flag``."""
     units = {"gib": GiB, "gb": GiB, "g": GiB, "mib": 1 << 20, "mb": 1 << 20, "m": 1 << 20, "": GiB}
@@ -584,92 +436,3 @@ def parse_memory(text: str, flag: str = "--device_memory", zero: bool = False) -
     if unit not in units or value < 0 or (value == 0 and not zero):
         raise WanjaxError(f"bad {flag} {text!r}; write it like 32GiB or 16G")
     return int(value * units[unit])
-
-
-@dataclasses.dataclass(frozen=True)
-class Suggestion:
-    """The mesh ``wanjax plan`` suggests, and why (one line, from the plans' numbers)."""
-
-    plan: Plan
-    reason: str
-
-
-def suggest_mesh(plans: list[Plan], heads: int) -> Suggestion | None:
-    """Of ``plans`` (one per :func:`candidate_meshes` mesh), the ``--mesh auto`` mesh (what ``generate``
-    runs) when it fits, else the fitting mesh with the lowest peak; None when none fits."""
-    fitting = [p for p in plans if p.fits]
-    if not fitting:
-        return None
-    leanest = min(fitting, key=lambda p: p.peak)
-    preferred = auto_mesh(plans[0].mesh.num_devices, heads, fsdp=plans[0].mesh.fsdp)
-    auto = next(p for p in plans if p.mesh.shape == preferred.shape)
-    if not auto.fits:
-        usable = HEADROOM * auto.device_memory
-        return Suggestion(
-            leanest,
-            f"--mesh auto ({auto.mesh.flag}) would peak at {auto.peak / GiB:.2f} GiB, over the "
-            f"{usable / GiB:.1f} GiB usable; this is the fitting mesh with the lowest peak",
-        )
-    n = auto.block_devices
-    devices = "one device" if n == 1 else f"{n} devices that exchange activations"
-    reason = f"--mesh auto (generate's default) fits; each DiT block runs on {devices}{auto.roles}"
-    if leanest.peak < auto.peak:
-        on = "but on" if leanest.block_devices > n else "on the same"
-        lower = (auto.peak - leanest.peak) / GiB
-        reason += (
-            f"; {leanest.mesh.flag} peaks {lower:.2f} GiB lower, {on} {leanest.block_devices} devices"
-            f"{leanest.roles}"
-        )
-    return Suggestion(auto, reason)
-
-
-def mode_order(weights_dtype: str = UNQUANTIZED) -> list[tuple[str, str]]:
-    """``(offload, weights_dtype)`` pairs, cheapest first: unquantised before 8-bit (offloading changes
-    where weights wait, not the video; quantisation changes the video), and within each, less
-    host-to-device traffic first (none, model, blocks). The 8-bit dtype is ``weights_dtype`` when it is
-    one (or ``gguf``), else fp8 (int8 takes the same memory)."""
-    quantized = weights_dtype if weights_dtype != UNQUANTIZED else "fp8"
-    return [(o, w) for w in (UNQUANTIZED, quantized) for o in OFFLOAD_MODES]
-
-
-def plan_modes(
-    model: Model, mesh: MeshSpec, weights_dtype: str = UNQUANTIZED, **kwargs: Any
-) -> dict[tuple[str, str], Plan]:
-    """:func:`plan` of ``mesh`` in every mode of :func:`mode_order`."""
-    return {
-        (o, w): plan(model, mesh, offload=o, weights_dtype=w, **kwargs) for o, w in mode_order(weights_dtype)
-    }
-
-
-def mode_table(plans: dict[tuple[str, str], Plan], chosen: tuple[str, str]) -> str:
-    """Each mode's peak on one mesh (a :func:`plan_modes` result), offload by row, weights by column."""
-    first = next(iter(plans.values()))
-    columns = list(dict.fromkeys(w for _, w in plans))
-    usable = HEADROOM * first.device_memory / GiB
-    lines = [
-        f"modes on mesh {first.mesh.flag} (peak GiB per device, {usable:.1f} usable):",
-        "  --offload " + "".join(f"{'--weights_dtype ' + w:<24}" for w in columns).rstrip(),
-    ]
-    for offload in OFFLOAD_MODES:
-        cells = []
-        for w in columns:
-            p = plans[(offload, w)]
-            mark = " <-" if (offload, w) == chosen else ""
-            cells.append(f"{p.peak / GiB:6.2f} {'fits' if p.fits else 'no'}{mark}")
-        lines.append(f"  {offload:<10}" + "".join(f"{c:<24}" for c in cells).rstrip())
-    return "\n".join(lines)
-
-
-def cheapest_fitting(
-    model: Model, meshes: list[MeshSpec], weights_dtype: str = UNQUANTIZED, **kwargs: Any
-) -> Plan | None:
-    """The plan of the first mode of :func:`mode_order` that fits on one of ``meshes`` (with several,
-    on the mesh :func:`suggest_mesh` picks), or None."""
-    for offload, w in mode_order(weights_dtype):
-        plans = [plan(model, m, offload=offload, weights_dtype=w, **kwargs) for m in meshes]
-        if len(plans) == 1:
-            if plans[0].fits:
-                return plans[0]
-        elif suggestion := suggest_mesh(plans, model.transformer.num_attention_heads):
-            return suggestion.plan
-    return None

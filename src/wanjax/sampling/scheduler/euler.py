@@ -8,10 +8,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from wanjax.pipeline.scheduler.config import SchedulerConfig
-from wanjax.pipeline.scheduler.ops import scalar_times
-from wanjax.pipeline.scheduler.sigmas import check_steps, euler_flow_schedule
-from wanjax.pipeline.scheduler.strength import PartialStart, start_step
+from wanjax.sampling.scheduler.config import SchedulerConfig
+from wanjax.sampling.scheduler.ops import scalar_times
+from wanjax.sampling.scheduler.sigmas import check_steps, euler_flow_schedule
+from wanjax.sampling.scheduler.strength import PartialStart, start_step
 
 __all__ = ["EulerState", "FlowEulerScheduler"]
 

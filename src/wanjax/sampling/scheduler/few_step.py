@@ -1,5 +1,5 @@
 """The schedules of step-distilled Wan models, as their authors' samplers build them: each is run by the
-re-noising sampler (:class:`~wanjax.pipeline.scheduler.distill.FlowDistillScheduler`): ``x0 = x -
+re-noising sampler (:class:`~wanjax.sampling.scheduler.distill.FlowDistillScheduler`): ``x0 = x -
 sigma_k * v``, then ``x = (1 - sigma_{k+1}) * x0 + sigma_{k+1} * eps_k``, the last step returning ``x0``.
 
 * ``dmd`` — FastWan (FastVideo's ``DmdDenoisingStage``, hao-ai-lab/FastVideo @ 2f3d407,

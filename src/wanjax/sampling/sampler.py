@@ -34,26 +34,20 @@ from wanjax.models.dit import VaceControl, WanTransformer
 from wanjax.models.layers import Params
 from wanjax.parallel.layouts import to_global, to_host
 from wanjax.parallel.rules import replicated
-from wanjax.pipeline.context_cache import (
+from wanjax.runtime.compile_effort import once_per_video
+from wanjax.runtime.programs import ProgramCache, signature
+from wanjax.runtime.timing import StepTimes
+from wanjax.sampling.cache.forward import cached_forward, state_shapes
+from wanjax.sampling.cache.step_cache import CacheConfig, CacheReport, StepCache, resolve
+from wanjax.sampling.context_cache import (
     ContextCache,
     cache_sharding,
     context_cache,
     default_on,
     guided_context,
 )
-from wanjax.pipeline.results import Denoised
-from wanjax.pipeline.scheduler import Scheduler
-from wanjax.pipeline.step_cache import (
-    CacheConfig,
-    CacheReport,
-    StepCache,
-    cached_forward,
-    resolve,
-    state_shapes,
-)
-from wanjax.runtime.compile_effort import once_per_video
-from wanjax.runtime.programs import ProgramCache, signature
-from wanjax.runtime.timing import StepTimes
+from wanjax.sampling.results import Denoised
+from wanjax.sampling.scheduler import Scheduler
 
 __all__ = ["ImageConditioning", "Sampler", "StepTimes", "denoise", "guide", "guided_batch", "guided_velocity"]
 
@@ -156,7 +150,7 @@ def guided_velocity(
     """``uncond + g * (cond - uncond)`` in the model dtype (:func:`guide`); only the conditional pass
     without negatives. Both passes of a video run batched in one forward; the videos of a batch one
     after another (:func:`one_by_one`). ``kv``: the run's text K/V cache
-    (:mod:`~wanjax.pipeline.context_cache`), per video when they run one after another."""
+    (:mod:`~wanjax.sampling.context_cache`), per video when they run one after another."""
     if one_by_one(model, image):
 
         def alone(item: tuple[Any, ...]) -> jax.Array:
@@ -202,9 +196,9 @@ class Sampler:
 
     A program is built per (scheduler config and step count, guidance on/off, input shapes) and
     kept, so repeated calls (several seeds, the same shape) compile nothing. ``context_cache``
-    (exact; None: :func:`~wanjax.pipeline.context_cache.default_on`): the blocks' cross-attention
+    (exact; None: :func:`~wanjax.sampling.context_cache.default_on`): the blocks' cross-attention
     keys and values of the prompts are computed once per expert before its first step
-    (:mod:`~wanjax.pipeline.context_cache`), not at every step.
+    (:mod:`~wanjax.sampling.context_cache`), not at every step.
     """
 
     def __init__(
@@ -441,7 +435,7 @@ class Sampler:
         decided (:class:`Denoised`). ``image``: an image-to-video model's
         conditioning (:class:`ImageConditioning`).
 
-        ``cache``: a step-cache policy (:mod:`wanjax.pipeline.step_cache`); what it decided is the
+        ``cache``: a step-cache policy (:mod:`wanjax.sampling.cache.step_cache`); what it decided is the
         result's ``cache_report``.
 
         Two experts (a Sampler built with ``model_2``, Wan 2.2 A14B): each step runs the first expert

@@ -62,7 +62,7 @@ def context_cache(
 ) -> ContextCache:
     """The run's cache in the rows the step reads them in: the guided batch's (``(layers, rows, Lc,
     heads, head_dim)``), or with ``per_video`` each video's own rows (``(videos, layers, rows, ...)``,
-    for a step that runs the videos one after another: :func:`~wanjax.pipeline.sampler.one_by_one`)."""
+    for a step that runs the videos one after another: :func:`~wanjax.sampling.sampler.one_by_one`)."""
     if not per_video:
         return model.context_kv(params, *guided_context(model, prompt_embeds, negative_prompt_embeds, image))
 

@@ -10,7 +10,7 @@ step-distilled models and LoRAs):
 * :class:`FlowDistillScheduler` — ``FlowMatchEulerDiscreteScheduler(stochastic_sampling=True)`` on the
   grid ``linspace(1, 0, N+1)[:-1]``: each step predicts the clean latents and re-noises them with fresh
   noise, as LightX2V runs its 4-step distilled models; the same sampler on FastWan's (``dmd``) and
-  TurboWan's (``rcm``) own schedules (:mod:`~wanjax.pipeline.scheduler.few_step`).
+  TurboWan's (``rcm``) own schedules (:mod:`~wanjax.sampling.scheduler.few_step`).
 
 Each scheduler is built on the host for a fixed number of steps. All scalar coefficients of every step
 are precomputed in numpy float32, following the reference's torch float32 operation order (``log`` and
@@ -45,14 +45,14 @@ from pathlib import Path
 from typing import Any
 
 from wanjax.errors import ConfigError
-from wanjax.pipeline.scheduler.config import EULER_CLASS, UNIPC_CLASS, SchedulerConfig, load_scheduler_config
-from wanjax.pipeline.scheduler.config import IGNORED_FIELDS as IGNORED_FIELDS
-from wanjax.pipeline.scheduler.distill import DISTILL_SHIFT, DistillState, FlowDistillScheduler
-from wanjax.pipeline.scheduler.euler import EulerState, FlowEulerScheduler
-from wanjax.pipeline.scheduler.few_step import DMD_SHIFT, RCM_SIGMA_MAX, dmd_schedule, rcm_schedule
-from wanjax.pipeline.scheduler.sigmas import euler_flow_schedule as euler_flow_schedule
-from wanjax.pipeline.scheduler.sigmas import unipc_flow_schedule as unipc_flow_schedule
-from wanjax.pipeline.scheduler.unipc import UNIPC_COEFFICIENTS, UniPCFlowScheduler, UniPCState
+from wanjax.sampling.scheduler.config import EULER_CLASS, UNIPC_CLASS, SchedulerConfig, load_scheduler_config
+from wanjax.sampling.scheduler.config import IGNORED_FIELDS as IGNORED_FIELDS
+from wanjax.sampling.scheduler.distill import DISTILL_SHIFT, DistillState, FlowDistillScheduler
+from wanjax.sampling.scheduler.euler import EulerState, FlowEulerScheduler
+from wanjax.sampling.scheduler.few_step import DMD_SHIFT, RCM_SIGMA_MAX, dmd_schedule, rcm_schedule
+from wanjax.sampling.scheduler.sigmas import euler_flow_schedule as euler_flow_schedule
+from wanjax.sampling.scheduler.sigmas import unipc_flow_schedule as unipc_flow_schedule
+from wanjax.sampling.scheduler.unipc import UNIPC_COEFFICIENTS, UniPCFlowScheduler, UniPCState
 
 __all__ = [
     "DISTILL_SHIFT",
@@ -91,12 +91,12 @@ def make_scheduler(
     dict or a :class:`SchedulerConfig`. ``flow_shift=None`` keeps the config's shift (``distill``:
     :data:`DISTILL_SHIFT`, what the distilled models are run with). ``kind``: ``"unipc"``, ``"euler"``,
     ``"auto"`` (from the config's ``_class_name``), ``"distill"`` (the few-step re-noising sampler of
-    step-distilled models and LoRAs, :mod:`~wanjax.pipeline.scheduler.distill`; ``seed`` picks its noise),
+    step-distilled models and LoRAs, :mod:`~wanjax.sampling.scheduler.distill`; ``seed`` picks its noise),
     ``"dmd"`` (FastWan's 3 steps; ``flow_shift`` that of its sigma table, default 8), ``"rcm"``
     (TurboWan's 1 to 4 steps, no shift; ``image``: an image-to-video model's ``sigma_max``) or
     ``"rcm_ode"`` (the same with its deterministic update).
     ``strength``: run only the last ``int(N * strength)`` steps, from source latents noised to the first
-    one's sigma (``noised``), as diffusers' video-to-video (:mod:`~wanjax.pipeline.scheduler.strength`).
+    one's sigma (``noised``), as diffusers' video-to-video (:mod:`~wanjax.sampling.scheduler.strength`).
     """
     if kind not in SCHEDULER_KINDS:
         raise ConfigError(
