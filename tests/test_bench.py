@@ -459,9 +459,10 @@ def test_a_bench_that_cannot_fit_is_refused_naming_the_layers_that_would(monkeyp
     a machine with 24 GiB free: refused before any
     weight is drawn, with the most ``--layers`` whose stage plan says fits."""
     from wanjax.planning.plan import HEADROOM
+    from wanjax.planning import device_memory
     from wanjax.tools import bench_memory
 
-    monkeypatch.setattr(bench_memory, "host_available", lambda: 24 << 30)
+    monkeypatch.setattr(device_memory, "host_available", lambda: 24 << 30)
     cfg = bench.BenchConfig(arch="14B")
     with pytest.raises(WanjaxError) as refused:
         bench.run_bench(cfg)

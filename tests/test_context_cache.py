@@ -19,7 +19,8 @@ from wanjax.models import dit
 from wanjax.models.registry import transformer_preset
 from wanjax.models.settings import RunSettings
 from wanjax.sampling.cache.step_cache import CacheConfig
-from wanjax.sampling.sampler import ImageConditioning, Sampler
+from wanjax.sampling.guidance import ImageConditioning
+from wanjax.sampling.sampler import Sampler
 from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 from wanjax.tools.flops import matmul_flops
 

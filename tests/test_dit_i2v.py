@@ -77,7 +77,8 @@ def test_sampler_with_image_conditioning_equals_a_diffusers_loop(tmp_path):
     condition] with the image states, CFG, UniPC), written out: the Sampler with ImageConditioning."""
     from diffusers import UniPCMultistepScheduler
 
-    from wanjax.sampling.sampler import ImageConditioning, Sampler
+    from wanjax.sampling.guidance import ImageConditioning
+    from wanjax.sampling.sampler import Sampler
     from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 
     torch_model = save_transformer(tmp_path, seed=4, **I2V)

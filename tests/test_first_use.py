@@ -465,7 +465,7 @@ def test_a_generate_that_cannot_fit_is_refused_before_any_weight(demo_env, tmp_p
     """``plan``'s estimate of each stage against the memory here (fixed small): one line naming the
     stage, what it needs and what there is, exit 2, nothing written; with enough, the run goes."""
     from wanjax.cli.main import main
-    from wanjax.tools import run_memory
+    from wanjax.planning import run_memory
 
     args = ["generate", "--model", "demo", "--prompt", "a cat", "--output_video", str(tmp_path / "v.mp4")]
     monkeypatch.setattr(run_memory, "available_memory", lambda: (2 << 20, "this machine"))

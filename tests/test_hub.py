@@ -243,8 +243,8 @@ def test_make_scheduler_takes_model_names(cached_repo, demo_dir):
 
 def test_pipeline_from_pretrained_takes_revisions(hf_cache, demo_dir, cached_repo):
     v2 = add_snapshot(hf_cache, REPO, demo_dir, V2, "v2")
-    assert wanjax.WanPipeline.from_pretrained(REPO, jax_cache_dir=False).path == cached_repo
-    assert wanjax.WanPipeline.from_pretrained(REPO, revision="v2", jax_cache_dir=False).path == v2
+    assert wanjax.WanPipeline.from_pretrained(REPO, jax_cache_dir=False).components.path == cached_repo
+    assert wanjax.WanPipeline.from_pretrained(REPO, revision="v2", jax_cache_dir=False).components.path == v2
     with pytest.raises(WanjaxError, match="HF_HUB_OFFLINE"), pytest.MonkeyPatch.context() as mp:
         mp.setattr(constants, "HF_HUB_OFFLINE", True)
         wanjax.WanPipeline.from_pretrained("Wan-AI/Missing", download=True, jax_cache_dir=False)

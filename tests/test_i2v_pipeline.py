@@ -21,7 +21,7 @@ from safetensors.numpy import load_file
 from wanjax import WanPipeline
 from wanjax.cli.main import main
 from wanjax.errors import WanjaxError
-from wanjax.pipeline import stages
+from wanjax.pipeline import preparation, stages
 from wanjax.pipeline.conditioning import condition_mask
 
 HEIGHT, WIDTH, FRAMES, STEPS = 48, 64, 9, 3
@@ -89,13 +89,21 @@ def test_image_to_video_equals_diffusers(i2v):
     latents_ref, frames_ref = diffusers_run(reference_pipe, image, noise)
     pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
     pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
-    conditioning = pipe.prepare_image(image, 1, HEIGHT, WIDTH, FRAMES)
+    conditioning = preparation.image_conditioning(pipe.components, image, 1, HEIGHT, WIDTH, FRAMES)
     latents = pipe.denoise(
         pos, neg, noise.numpy(), num_inference_steps=STEPS, progress=False, image=conditioning
     ).latents
     assert relative_error(latents, latents_ref) <= 1e-5
     frames = pipe(
-        PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, latents=noise.numpy(), image=image, progress=False
+        PROMPT,
+        NEGATIVE,
+        height=HEIGHT,
+        width=WIDTH,
+        num_frames=FRAMES,
+        num_inference_steps=STEPS,
+        latents=noise.numpy(),
+        image=image,
+        progress=False,
     ).frames
     assert np.abs(frames.astype(np.int16) - frames_ref).max() <= 2
     with pytest.raises(WanjaxError, match="needs an image"):
@@ -163,13 +171,15 @@ def test_first_last_frame_through_python_equals_diffusers(flf2v, images, noise):
     latents_ref, _ = diffusers_run(reference_pipe, first, noise[0], last)
     pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
     pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
-    conditioning = pipe.prepare_image(first, 1, HEIGHT, WIDTH, FRAMES, last_image=last)
+    conditioning = preparation.image_conditioning(
+        pipe.components, first, 1, HEIGHT, WIDTH, FRAMES, last_image=last
+    )
     latents = pipe.denoise(
         pos, neg, noise[0].numpy(), num_inference_steps=STEPS, progress=False, image=conditioning
     ).latents
     assert relative_error(latents, latents_ref) <= 1e-5
     with pytest.raises(WanjaxError, match="first-last-frame model"):
-        pipe.prepare_image(first, 1, HEIGHT, WIDTH, FRAMES)
+        preparation.image_conditioning(pipe.components, first, 1, HEIGHT, WIDTH, FRAMES)
 
 
 def example_size(width: int, height: int, max_area: int, mod: int) -> tuple[int, int]:
@@ -189,15 +199,18 @@ def test_the_video_size_follows_the_image_as_diffusers_examples_compute_it(i2v):
             expected = example_size(width, height, area, 16)
             assert size_for_image((width, height), area, 16) == expected
             image = Image.new("RGB", (width, height))
-            assert pipe.video_size(image, max_area=area) == expected
-    assert pipe.video_size(Image.new("RGB", (1000, 500)), height=480) == (480, 960)  # width from the aspect
-    assert pipe.video_size(Image.new("RGB", (1000, 500)), width=320) == (160, 320)
-    assert pipe.video_size(Image.new("RGB", (1000, 500)), 64, 64) == (64, 64)
-    assert pipe.video_size(None) == (480, 832)
+            assert preparation.video_size(pipe.components, image, max_area=area) == expected
+    assert preparation.video_size(pipe.components, Image.new("RGB", (1000, 500)), height=480) == (
+        480,
+        960,
+    )  # width from the aspect
+    assert preparation.video_size(pipe.components, Image.new("RGB", (1000, 500)), width=320) == (160, 320)
+    assert preparation.video_size(pipe.components, Image.new("RGB", (1000, 500)), 64, 64) == (64, 64)
+    assert preparation.video_size(pipe.components, None) == (480, 832)
     with pytest.raises(WanjaxError, match="too narrow"):
-        pipe.video_size(Image.new("RGB", (40000, 16)))
+        preparation.video_size(pipe.components, Image.new("RGB", (40000, 16)))
     with pytest.raises(WanjaxError, match="too small"):
-        pipe.video_size(Image.new("RGB", (15, 200)))
+        preparation.video_size(pipe.components, Image.new("RGB", (15, 200)))
 
 
 @pytest.mark.parametrize("mode", ["RGBA", "LA", "P", "L", "I;16", "CMYK", "1"])
@@ -275,9 +288,20 @@ def test_model_offload_moves_the_image_encoder_and_keeps_the_frames(i2v):
     kwargs = dict(latents=noise.numpy(), image=image, progress=False)
     resident = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
     offloaded = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False, offload="model")
-    expected = resident(PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, **kwargs).frames
+    expected = resident(
+        PROMPT, NEGATIVE, height=HEIGHT, width=WIDTH, num_frames=FRAMES, num_inference_steps=STEPS, **kwargs
+    ).frames
     np.testing.assert_array_equal(
-        offloaded(PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, **kwargs).frames, expected
+        offloaded(
+            PROMPT,
+            NEGATIVE,
+            height=HEIGHT,
+            width=WIDTH,
+            num_frames=FRAMES,
+            num_inference_steps=STEPS,
+            **kwargs,
+        ).frames,
+        expected,
     )
     leaves = jax.tree.leaves(offloaded.image_encoder.params)
     assert {memory_kind(a) for a in leaves} == {HOST}

@@ -15,7 +15,7 @@ def test_a_transformer_passed_in_is_used_and_denoises_as_the_loaded_one(demo_env
     """As diffusers' pipelines take components: the pipeline runs the given transformer (not a copy read
     from the checkpoint), and denoises exactly as a pipeline that loads it itself."""
     plain = WanPipeline.from_pretrained("demo", "float32", jax_cache_dir=False)
-    given = load_transformer(plain.path, "float32")
+    given = load_transformer(plain.components.path, "float32")
     pipe = WanPipeline.from_pretrained("demo", "float32", jax_cache_dir=False, transformer=given)
     assert pipe.transformer is given and plain.transformer is not given
     text = jax.random.normal(jax.random.key(0), (1, 8, given.cfg.text_dim))

@@ -406,14 +406,14 @@ def test_pipeline_precisions(tiny_transformer_dir):
     root, _ = tiny_transformer_dir
     pipe = WanPipeline.from_pretrained(root, jax_cache_dir=False)
     platform = jax.default_backend()
-    assert pipe.precisions == {
+    assert pipe.components.precisions == {
         c: default_precision(platform, c) for c in ("transformer", "text_encoder", "vae")
     }
 
     pipe = WanPipeline.from_pretrained(
         root, dtype="float32", precision="default", vae_precision="HIGH", jax_cache_dir=False
     )
-    assert pipe.precisions == {"transformer": "default", "text_encoder": "default", "vae": "high"}
+    assert pipe.components.precisions == {"transformer": "default", "text_encoder": "default", "vae": "high"}
     assert pipe.transformer.settings.precision == "default"
     with pytest.raises(ConfigError, match="unknown precision 'tf32'"):
         WanPipeline.from_pretrained(root, vae_precision="tf32", jax_cache_dir=False)

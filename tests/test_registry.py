@@ -20,6 +20,7 @@ from wanjax.jobs.sampling import sampling_params
 from wanjax.models import registry
 from wanjax.models.dit import TRANSFORMER, TRANSFORMER_2
 from wanjax.models.registry import Defaults, Variant
+from wanjax.pipeline import preparation
 from wanjax.pipeline.demo import DEMO_SCHEDULER
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.runtime.timing import StepTimes
@@ -46,33 +47,34 @@ def config_only_checkpoint(parent, v: Variant):
     return root
 
 
-def python_call_values(pipe: WanPipeline, image: Image.Image | None) -> dict:
+def python_call_values(pipe: WanPipeline, image: Image.Image | None, monkeypatch) -> dict:
     """What ``pipe(prompt)`` (given only an image where the model needs one) runs with: the stages are
     replaced by recorders, so no weight is read."""
     seen: dict = {}
-    text = pipe.transformer_config.text_dim
+    text = pipe.components.transformer_config.text_dim
 
     def encode_prompt(prompt, negative, length):
         return jnp.zeros((1, 4, text)), jnp.zeros((1, 4, text))
 
     def prepare_latents(batch, height, width, frames, seed):
         seen.update(height=height, width=width, frames=frames, seed=seed)
-        return jnp.zeros(pipe.geometry.latent_shape(batch, height, width, frames))
+        return jnp.zeros(pipe.components.geometry.latent_shape(batch, height, width, frames))
 
-    def denoise(cond, uncond, latents, **kwargs):
-        seen.update(steps=kwargs["num_inference_steps"], guidance=kwargs["guidance_scale"])
+    def denoise(cond, uncond, latents, options, **kwargs):
+        seen.update(steps=options.num_inference_steps, guidance=options.guidance_scale)
         return Denoised(latents, StepTimes())
 
     pipe.encode_prompt, pipe.prepare_latents, pipe.denoise = encode_prompt, prepare_latents, denoise
-    pipe.prepare_image = pipe.prepare_vace = lambda *args, **kwargs: None
+    for name in ("image_conditioning", "vace_control"):
+        monkeypatch.setattr(preparation, name, lambda *args, **kwargs: None)
     pipe.decode = lambda latents, progress=False: None
-    last = image if pipe.transformer_config.first_last_frame else None
+    last = image if pipe.components.transformer_config.first_last_frame else None
     pipe("a cat", image=image, last_image=last, progress=False)
     return seen
 
 
 @pytest.mark.parametrize("name", list(registry.registry()))
-def test_every_entry_point_uses_the_registry_defaults(name, tmp_path):
+def test_every_entry_point_uses_the_registry_defaults(name, tmp_path, monkeypatch):
     """``WanPipeline(...)(prompt)``, ``wanjax generate`` and the server fill what a request leaves out
     with the same values: the registry entry's (recognised from a checkpoint of its configs and its
     repository's name; a demo model by its name)."""
@@ -81,12 +83,12 @@ def test_every_entry_point_uses_the_registry_defaults(name, tmp_path):
     pipe = WanPipeline.from_pretrained(
         name if v.demo else config_only_checkpoint(tmp_path, v), jax_cache_dir=False
     )
-    assert pipe.variant == v and pipe.defaults == d
+    assert pipe.components.variant == v and pipe.defaults == d
     needs_image = v.transformer.image_to_video and not v.expand_timesteps
     # an image of the default's aspect: the video keeps it at the default area
     image = Image.fromarray(np.zeros((d.height, d.width, 3), np.uint8)) if needs_image else None
     expected = dict(height=d.height, width=d.width, frames=d.frames, seed=d.seed)
-    python = python_call_values(pipe, image)
+    python = python_call_values(pipe, image, monkeypatch)
     assert python == {**expected, "steps": d.num_inference_steps, "guidance": d.guidance_scale}
 
     video = resolve_video(pipe, {}, {}, None, 1, None, image)
@@ -99,7 +101,7 @@ def test_every_entry_point_uses_the_registry_defaults(name, tmp_path):
     )
     assert defaults_of(pipe).fps == d.fps
 
-    params, _ = job_params({"prompt": "a cat"}, defaults_of(pipe), pipe.geometry.temporal, name)
+    params, _ = job_params({"prompt": "a cat"}, defaults_of(pipe), pipe.components.geometry.temporal, name)
     server = {k: params[k] for k in ("height", "width", "frames", "seed")}
     assert server == expected
     assert (params["num_inference_steps"], params["guidance_scale"], params["fps"]) == (

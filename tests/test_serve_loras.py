@@ -45,7 +45,7 @@ def _generate_sheet(tmp_path, name: str, prompt: str, *loras: str) -> np.ndarray
 
 @pytest.mark.slow
 def test_jobs_with_their_own_loras_equal_generate_and_run_grouped(demo_env, tmp_path):
-    cfg = WanPipeline.from_pretrained("demo").transformer_config
+    cfg = WanPipeline.from_pretrained("demo").components.transformer_config
     folder = tmp_path / "loras"
     folder.mkdir()
     for seed, name in enumerate(("style_a", "style_b")):

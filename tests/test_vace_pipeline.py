@@ -91,7 +91,8 @@ def test_vace_equals_diffusers(vace, case):
         ).frames  # fmt: skip
     latents_ref, frames_ref = final[-1].numpy(), to_uint8(frames_ref)
     video = pipe(
-        PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, guidance_scale=5.0, latents=noise.numpy(),
+        PROMPT, NEGATIVE, height=HEIGHT, width=WIDTH, num_frames=FRAMES, num_inference_steps=STEPS,
+        guidance_scale=5.0, latents=noise.numpy(),
         conditioning_scale=scale, progress=False, **inputs,
     )  # fmt: skip
     assert relative_error(video.denoised.latents, latents_ref) <= 1e-5
@@ -135,7 +136,7 @@ def test_the_three_stages_with_vace_flags_are_generate(vace, tmp_path):
     clip = write_mp4(np.stack([np.asarray(f) for f in frames()]), tmp_path / "control.mp4", fps=16)
     masks()[2].save(tmp_path / "mask.png")
     references()[0].save(tmp_path / "ref.png")
-    model = ["--model", str(pipe.path), "--dtype", "float32", "--quiet"]
+    model = ["--model", str(pipe.components.path), "--dtype", "float32", "--quiet"]
     inputs = ["--prompt", PROMPT, "--video", str(clip), "--mask", str(tmp_path / "mask.png")]
     inputs += ["--reference_image", str(tmp_path / "ref.png"), "--conditioning_scale", "0.6"]
     size = ["--height", str(HEIGHT), "--width", str(WIDTH), "--frames", str(FRAMES)]
@@ -166,12 +167,15 @@ def test_vace_on_a_mesh_equals_one_device(vace, mesh):
     noise = torch.randn(
         (1, 16, 4, HEIGHT // 8, WIDTH // 8), generator=torch.Generator().manual_seed(1)
     ).numpy()
-    args = (PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS)
-    kwargs = dict(guidance_scale=5.0, latents=noise, conditioning_scale=scale, progress=False, **inputs)
-    alone = one(*args, **kwargs)
-    sharded = WanPipeline.from_pretrained(one.path, dtype="float32", jax_cache_dir=False, mesh=mesh)(
-        *args, **kwargs
+    args = (PROMPT, NEGATIVE)
+    kwargs = dict(
+        height=HEIGHT, width=WIDTH, num_frames=FRAMES, num_inference_steps=STEPS, guidance_scale=5.0
     )
+    kwargs.update(latents=noise, conditioning_scale=scale, progress=False, **inputs)
+    alone = one(*args, **kwargs)
+    sharded = WanPipeline.from_pretrained(
+        one.components.path, dtype="float32", jax_cache_dir=False, mesh=mesh
+    )(*args, **kwargs)
     assert relative_error(sharded.denoised.latents, alone.denoised.latents) <= 1e-5
     assert np.abs(sharded.frames.astype(np.int16) - alone.frames).max() <= 1
 
@@ -198,7 +202,7 @@ def test_generate_with_vace_flags_is_the_python_run(vace, tmp_path):
     args = [
         "generate",
         "--model",
-        str(pipe.path),
+        str(pipe.components.path),
         "--prompt",
         PROMPT,
         "--negative_prompt",
@@ -227,7 +231,8 @@ def test_generate_with_vace_flags_is_the_python_run(vace, tmp_path):
     args += ["--num_inference_steps", str(STEPS), "--init_latents", str(tmp_path / "noise.safetensors")]
     assert main([*args, "--frames_out", str(tmp_path / "f.npy"), "--quiet"]) == 0
     python = pipe(
-        PROMPT, NEGATIVE, HEIGHT, WIDTH, FRAMES, STEPS, latents=noise, video=read_frames(clip, 16, FRAMES),
+        PROMPT, NEGATIVE, height=HEIGHT, width=WIDTH, num_frames=FRAMES, num_inference_steps=STEPS, latents=noise,
+        video=read_frames(clip, 16, FRAMES),
         mask=Image.open(tmp_path / "mask.png"), reference_images=[Image.open(tmp_path / "ref.png")],
         conditioning_scale=0.7, progress=False,
     )  # fmt: skip
@@ -299,7 +304,16 @@ def test_generate_clips_and_extend_make_the_python_long_video(vace, tmp_path):
     from wanjax.io.video_reader import read_frames
 
     _, pipe = vace
-    common = ["--model", str(pipe.path), "--dtype", "float32", "--height", str(HEIGHT), "--width", str(WIDTH)]
+    common = [
+        "--model",
+        str(pipe.components.path),
+        "--dtype",
+        "float32",
+        "--height",
+        str(HEIGHT),
+        "--width",
+        str(WIDTH),
+    ]
     common += ["--frames", str(FRAMES), "--num_inference_steps", "2", "--quiet"]
     first = tmp_path / "two.mp4"
     args = ["generate", *common, "--prompt", PROMPT, "--prompt", "the fox turns", "--clips", "2"]

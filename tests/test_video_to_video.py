@@ -17,6 +17,7 @@ from wanjax import WanPipeline
 from wanjax.errors import ConfigError, WanjaxError
 from wanjax.io.video import write_mp4
 from wanjax.io.video_reader import read_frames
+from wanjax.pipeline import preparation
 from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 
 HEIGHT, WIDTH, STEPS = 48, 64, 5
@@ -83,8 +84,8 @@ def test_video_to_video_equals_diffusers(v2v, strength):
     result = pipe(
         PROMPT,
         NEGATIVE,
-        HEIGHT,
-        WIDTH,
+        height=HEIGHT,
+        width=WIDTH,
         num_inference_steps=STEPS,
         guidance_scale=5.0,
         latents=seed0_noise(len(frames)),
@@ -166,12 +167,14 @@ def test_the_video_gives_the_frames_and_aspect(v2v):
     """Frames left out: as many as the video has (4n+1); asked for more than it has: one line naming
     how many it can give; the size left out keeps the video's aspect at the model's area."""
     _, pipe = v2v
-    assert len(pipe.video_input(source_frames(11))) == 9
+    assert len(preparation.read_video(pipe.components, source_frames(11))) == 9
     with pytest.raises(
         WanjaxError, match="gives 11 frames at 16 fps, fewer than the 13 asked for: ask for 9"
     ):
-        pipe.video_input(source_frames(11), 13)
-    assert pipe.video_size(source_frames(1)[0]) == pipe.video_size(Image.new("RGB", (80, 56)))
+        preparation.read_video(pipe.components, source_frames(11), 13)
+    assert preparation.video_size(pipe.components, source_frames(1)[0]) == preparation.video_size(
+        pipe.components, Image.new("RGB", (80, 56))
+    )
 
 
 def test_video_to_video_needs_a_text_to_video_model_and_no_image(v2v):
@@ -205,7 +208,16 @@ def test_generate_and_three_stages_with_a_video_equal_diffusers(v2v, tmp_path):
     noise = tmp_path / "noise.safetensors"
     save_file({"latents": seed0_noise(5)}, str(noise))
     quiet = ("--quiet",)
-    text = ("--model", pipe.path, "--prompt", PROMPT, "--negative_prompt", NEGATIVE, "--dtype", "float32")
+    text = (
+        "--model",
+        pipe.components.path,
+        "--prompt",
+        PROMPT,
+        "--negative_prompt",
+        NEGATIVE,
+        "--dtype",
+        "float32",
+    )
     size = ("--height", HEIGHT, "--width", WIDTH, "--frames", 5)
     sampling = (
         "--num_inference_steps",

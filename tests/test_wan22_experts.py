@@ -23,7 +23,7 @@ from safetensors.numpy import load_file
 from wanjax import WanPipeline
 from wanjax.cli.main import main
 from wanjax.errors import WanjaxError
-from wanjax.pipeline import stages
+from wanjax.pipeline import preparation, stages
 from wanjax.sampling.results import Denoised
 
 HEIGHT, WIDTH, FRAMES, STEPS = 48, 64, 9, 4
@@ -112,10 +112,12 @@ def test_two_experts_switch_where_diffusers_does_and_give_its_latents_and_frames
     assert experts_ref == [0, 0, 1, 1]
 
     pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
-    assert pipe.boundary_ratio == BOUNDARY
+    assert pipe.components.boundary_ratio == BOUNDARY
     conditioning = None
     if variant == "i2v":  # no image encoder: the conditioning latents alone
-        conditioning = pipe.prepare_image(extra["image"], 1, HEIGHT, WIDTH, FRAMES)
+        conditioning = preparation.image_conditioning(
+            pipe.components, extra["image"], 1, HEIGHT, WIDTH, FRAMES
+        )
         assert conditioning.image_embeds is None
     denoised = our_run(pipe, noise, conditioning)
     latents = denoised.latents

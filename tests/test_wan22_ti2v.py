@@ -20,7 +20,7 @@ from safetensors.numpy import load_file
 from wanjax import WanPipeline
 from wanjax.cli.main import main
 from wanjax.errors import WanjaxError
-from wanjax.pipeline import stages
+from wanjax.pipeline import preparation, stages
 
 HEIGHT, WIDTH, FRAMES, STEPS, Z = 64, 96, 9, 3, 12
 VAE22 = dict(
@@ -99,9 +99,17 @@ def test_text_and_image_to_video_equal_diffusers(ti2v, noise, image, with_image)
     else:
         latents_ref, frames_ref = diffusers_run(reference, noise[0])
     pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
-    assert pipe.expand_timesteps and pipe.geometry.spatial == 16 and pipe.geometry.z_dim == Z
+    assert (
+        pipe.components.expand_timesteps
+        and pipe.components.geometry.spatial == 16
+        and pipe.components.geometry.z_dim == Z
+    )
     pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
-    conditioning = pipe.prepare_image(picture, 1, HEIGHT, WIDTH, FRAMES) if with_image else None
+    conditioning = (
+        preparation.image_conditioning(pipe.components, picture, 1, HEIGHT, WIDTH, FRAMES)
+        if with_image
+        else None
+    )
     if with_image:
         assert conditioning.first_frame and conditioning.latents.shape == (1, Z, 1, HEIGHT // 16, WIDTH // 16)
     latents = pipe.denoise(
@@ -140,7 +148,7 @@ def test_generate_and_three_stages_with_an_image(ti2v, noise, image, tmp_path):
     np.testing.assert_array_equal(np.load(d / "s.npy"), generated)
     pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
     with pytest.raises(WanjaxError, match="takes a first frame only"):
-        pipe.prepare_image(image, 1, HEIGHT, WIDTH, FRAMES, last_image=image)
+        preparation.image_conditioning(pipe.components, image, 1, HEIGHT, WIDTH, FRAMES, last_image=image)
 
 
 @pytest.mark.slow
@@ -179,7 +187,7 @@ def test_step_cache_with_the_image_as_first_frame_equals_diffusers(ti2v, noise, 
 
     pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False)
     pos, neg = pipe.encode_prompt(PROMPT, NEGATIVE)
-    conditioning = pipe.prepare_image(picture, 1, HEIGHT, WIDTH, FRAMES)
+    conditioning = preparation.image_conditioning(pipe.components, picture, 1, HEIGHT, WIDTH, FRAMES)
     denoised = pipe.denoise(
         pos, neg, noise[0].numpy(), num_inference_steps=STEPS, progress=False, image=conditioning, cache=ours
     )

@@ -9,6 +9,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from wanjax.pipeline import preparation
+
 
 def write_model(root: Path, heads: int = 12) -> Path:
     """The demo pipeline with a 12-head transformer: 8 devices cannot split its heads evenly."""
@@ -86,15 +88,17 @@ def demo_parity(root: str, variant: str, meshes: list[str], strength: float | No
         pipe = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False, mesh=mesh)
         pos, neg = pipe.encode_prompt("a red cat walks", None, max_sequence_length=16)
         conditioning, found = None, {}
-        if pipe.transformer_config.image_to_video or pipe.expand_timesteps:
-            conditioning = pipe.prepare_image(image, 1, GEN["height"], GEN["width"], GEN["num_frames"])
+        if pipe.components.transformer_config.image_to_video or pipe.components.expand_timesteps:
+            conditioning = preparation.image_conditioning(
+                pipe.components, image, 1, GEN["height"], GEN["width"], GEN["num_frames"]
+            )
             found = {"condition": to_host(conditioning.latents)}
             if conditioning.image_embeds is not None:
                 found["states"] = to_host(conditioning.image_embeds)
         source = None
         if strength is not None:
             frames = [np.roll(image, 3 * t, axis=1) for t in range(GEN["num_frames"])]
-            source = pipe.prepare_video(frames, GEN["height"], GEN["width"])
+            source = preparation.video_latents(pipe.components, frames, GEN["height"], GEN["width"])
             found = {"condition": to_host(source)}
         noise = pipe.prepare_latents(1, **GEN)
         denoised = pipe.denoise(

@@ -189,11 +189,11 @@ def _variant_info(v: Variant) -> None:
 
 def _print_registry_match(source: ModelSource) -> None:
     """The registry variant a model directory is recognised as, and the defaults its runs get."""
-    from wanjax.pipeline.pipeline import WanPipeline
+    from wanjax.pipeline.loading import Components, LoadSettings
 
     try:
-        pipe = WanPipeline(source)
-        found, defaults = pipe.variant, pipe.defaults
+        parts = Components(source, LoadSettings())
+        found, defaults = parts.variant, parts.defaults
     except WanjaxError:  # a directory a run would refuse: its parts are still listed
         return
     print(f"  variant: {found.name} ({found.title})" if found else "  variant: none in the registry")

@@ -18,6 +18,7 @@ from wanjax.jobs.requests import OUTPUT_SUFFIXES, Request
 from wanjax.kernels.attention import AttentionSpec
 from wanjax.models.config import TransformerConfig
 from wanjax.parallel.mesh import MeshSpec
+from wanjax.pipeline import preparation
 from wanjax.pipeline.components import IMAGE_COMPONENTS
 from wanjax.pipeline.conditioning import check_image_size, open_image
 from wanjax.pipeline.inputs import check_image_input, check_video_to_video
@@ -42,9 +43,9 @@ def check_attention(pipe: WanPipeline, cfg: TransformerConfig) -> None:
     from wanjax.kernels.attention import check_backend
     from wanjax.models.dit import attention_shapes
 
-    spec = pipe.attention_backend
+    spec = pipe.components.settings.attention_backend
     window = spec.window_size if isinstance(spec, AttentionSpec) else None
-    check_backend(spec, attention_shapes(cfg, pipe.dtype, window))
+    check_backend(spec, attention_shapes(cfg, pipe.components.settings.dtype, window))
 
 
 def check_output_paths(request: Request, **more: str | Path | None) -> None:
@@ -57,9 +58,9 @@ def check_output_paths(request: Request, **more: str | Path | None) -> None:
 
 def check_vae_tiling(pipe: WanPipeline) -> None:
     """``--vae_tiling`` against the VAE's config (read without weights), before any work."""
-    if pipe.vae_tiling is not None:
+    if pipe.components.settings.vae_tiling is not None:
         try:
-            pipe.vae_tiling.check_stride(pipe.geometry.spatial)
+            pipe.components.settings.vae_tiling.check_stride(pipe.components.geometry.spatial)
         except ConfigError as e:
             raise ConfigError(f"--vae_tiling {e}") from None
 
@@ -79,7 +80,9 @@ def resolve_video(
     latents' shape when there are some (which hold a latent frame per VACE reference image first)."""
     from_init = {}
     if init is not None:
-        from_init = pipe.geometry.video_size((*init.shape[:2], init.shape[2] - references, *init.shape[3:]))
+        from_init = pipe.components.geometry.video_size(
+            (*init.shape[:2], init.shape[2] - references, *init.shape[3:])
+        )
     defaults = defaults_of(pipe)
     video: dict[str, int] = {}
     for key in ("height", "width", "frames"):
@@ -89,12 +92,12 @@ def resolve_video(
                 break
     if image is not None and not {"height", "width"} <= video.keys():
         area = defaults.height * defaults.width
-        video["height"], video["width"] = pipe.video_size(
-            image, video.get("height"), video.get("width"), area
+        video["height"], video["width"] = preparation.video_size(
+            pipe.components, image, video.get("height"), video.get("width"), area
         )
     video = {key: video.get(key, getattr(defaults, key)) for key in ("height", "width", "frames")}
-    frames = video["frames"] + references * pipe.geometry.temporal
-    expected = pipe.geometry.latent_shape(batch, video["height"], video["width"], frames)
+    frames = video["frames"] + references * pipe.components.geometry.temporal
+    expected = pipe.components.geometry.latent_shape(batch, video["height"], video["width"], frames)
     if init is not None and tuple(init.shape) != expected:
         raise WanjaxError(
             f"--init_latents {init_name} has shape {list(init.shape)} but {batch} prompt(s) at "
@@ -109,11 +112,11 @@ def open_images(
     """``--image`` and ``--last_image`` opened, after checking that the model takes them (and, when it
     does, that its image components are sound); one-line errors for unreadable or too small images."""
     given = (flags.image is not None, flags.last_image is not None)
-    check_image_input(cfg, *given, model_label(pipe.source), pipe.expand_timesteps)
+    check_image_input(cfg, *given, model_label(pipe.components.source), pipe.components.expand_timesteps)
     if flags.image is None:
         return None, None
-    pipe.sources.check((*IMAGE_COMPONENTS, "vae") if cfg.image_tokens else ("vae",))
-    step = pipe.geometry.pixel_steps[0]
+    pipe.components.sources.check((*IMAGE_COMPONENTS, "vae") if cfg.image_tokens else ("vae",))
+    step = pipe.components.geometry.pixel_steps[0]
     opened = []
     for name in ("image", "last_image"):
         path = getattr(flags, name)
@@ -141,17 +144,17 @@ def open_source_video(
         check_video_to_video(cfg, False)
     except WanjaxError:
         raise WanjaxError(
-            f"--video is for a text-to-video model; {model_label(pipe.source)} starts from an image (--image)"
+            f"--video is for a text-to-video model; {model_label(pipe.components.source)} starts from an image (--image)"
         ) from None
-    pipe.sources.check(("vae",))
+    pipe.components.sources.check(("vae",))
     path = Path(flags.video)
     if not path.is_file():
         raise WanjaxError(f"--video {path}: file not found")
     try:
-        opened = pipe.video_input(path, frames, fps)
+        opened = preparation.read_video(pipe.components, path, frames, fps)
     except WanjaxError as e:
         raise WanjaxError(f"--video: {e}") from None
-    check_image_size(opened[0], pipe.geometry.pixel_steps[0], f"--video {path}")
+    check_image_size(opened[0], pipe.components.geometry.pixel_steps[0], f"--video {path}")
     return opened
 
 
@@ -175,7 +178,7 @@ def open_vace_inputs(
         if flags.given:
             raise WanjaxError(
                 f"--mask, --reference_image and --conditioning_scale are for a VACE model; "
-                f"{model_label(pipe.source)} is not one"
+                f"{model_label(pipe.components.source)} is not one"
             )
         return None
     masks = None

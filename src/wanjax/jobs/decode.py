@@ -45,16 +45,16 @@ def decode(request: DecodeRequest) -> RunReport:
     pipe = open_pipeline(
         request.common, model, None, mesh, fsdp, revision=revision, vae=request.vae, files=files
     )
-    vae_cfg = pipe.sources.check(("vae",))["vae"]
+    vae_cfg = pipe.components.sources.check(("vae",))["vae"]
     check_vae_tiling(pipe)
     if latents.shape[1] != vae_cfg.z_dim:
         raise WanjaxError(
             f"{latents_path}: latents have {latents.shape[1]} channels but the VAE of "
-            f"{model_label(pipe.source)} decodes {vae_cfg.z_dim}; they come from another model"
+            f"{model_label(pipe.components.source)} decodes {vae_cfg.z_dim}; they come from another model"
         )
     check_devices(mesh, None)
     latents = latents[:, :, int(earlier.get("reference_frames", 0)) :]  # a VACE run's references: not video
-    size = pipe.geometry.video_size(latents.shape)
+    size = pipe.components.geometry.video_size(latents.shape)
     given = dataclasses.asdict(request.video)
     for key in ("height", "width", "frames"):
         if given[key] is not None and given[key] != size[key]:
@@ -64,7 +64,7 @@ def decode(request: DecodeRequest) -> RunReport:
             )
     batch = latents.shape[0]
     status = Status.for_terminal("decode", 0, request.common.quiet, frames=latents.shape[2])
-    status.header(f"{headline(model_label(pipe.source), batch, size)}, from {latents_path}")
+    status.header(f"{headline(model_label(pipe.components.source), batch, size)}, from {latents_path}")
     status("decode", 0)
     frames = pipe.decode(latents, on_frames=(lambda done: status("decode", done)) if status.enabled else None)
     fps = request.video.fps or earlier.get("fps") or defaults_of(pipe).fps
@@ -72,10 +72,10 @@ def decode(request: DecodeRequest) -> RunReport:
     status("write", 0)
     outputs = write_outputs(frames, request.outputs, fps, clip_infos(batch, earlier.get("prompt"), described))
     entry = {
-        "model": model_label(pipe.source),
+        "model": model_label(pipe.components.source),
         "revision": revision or request.common.revision,
-        "vae_dtype": pipe.vae_dtype.name,
-        "vae_weights_dtype": pipe.vae_weights_dtype.name,
+        "vae_dtype": pipe.components.settings.vae_dtype.name,
+        "vae_weights_dtype": pipe.components.settings.vae_weights_dtype.name,
         "fps": fps,
         "output_video": request.outputs.output_video,
         "frames_out": request.outputs.frames_out,

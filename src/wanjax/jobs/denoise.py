@@ -33,7 +33,7 @@ from wanjax.runtime.timing import RunReport
 
 if TYPE_CHECKING:
     from wanjax.models.dit import VaceControl
-    from wanjax.sampling.sampler import ImageConditioning
+    from wanjax.sampling.guidance import ImageConditioning
 
 
 def denoise(request: DenoiseRequest) -> RunReport:
@@ -63,22 +63,24 @@ def denoise(request: DenoiseRequest) -> RunReport:
         adapters=request.adapters,
         files=files,
     )
-    cfg = pipe.sources.check(("transformer",))["transformer"]
+    cfg = pipe.components.sources.check(("transformer",))["transformer"]
     control = stage_vace(pipe, cfg, directory)
     references = int(earlier.get("reference_frames", 0))
     if pos.shape[2] != cfg.text_dim:
         raise WanjaxError(
             f"{directory / stages.EMBEDDINGS_FILE}: embeddings of width {pos.shape[2]} but the transformer of "
-            f"{model_label(pipe.source)} takes {cfg.text_dim}; they come from another model (re-run "
+            f"{model_label(pipe.components.source)} takes {cfg.text_dim}; they come from another model (re-run "
             "`wanjax encode` with this model)"
         )
     init_name = request.sampling.init_latents
     init = stages.load_latents(init_name) if init_name else None
     batch = pos.shape[0]
     video = resolve_video(pipe, given, earlier, init, batch, init_name, None, references)
-    latent_shape = pipe.geometry.latent_shape(batch, **video_args(video))
-    noised = video["frames"] + references * pipe.geometry.temporal  # a latent frame per VACE reference
-    noised_shape = pipe.geometry.latent_shape(1, video["height"], video["width"], noised)
+    latent_shape = pipe.components.geometry.latent_shape(batch, **video_args(video))
+    noised = (
+        video["frames"] + references * pipe.components.geometry.temporal
+    )  # a latent frame per VACE reference
+    noised_shape = pipe.components.geometry.latent_shape(1, video["height"], video["width"], noised)
     if control is not None and control.latents.shape[2:] != noised_shape[2:]:
         raise WanjaxError(
             f"{directory / stages.VACE_FILE}: control latents {list(control.latents.shape)} do not fit the "
@@ -86,11 +88,11 @@ def denoise(request: DenoiseRequest) -> RunReport:
         )
     conditioning = stage_image(pipe, cfg, directory, latent_shape)
     source = stage_video(pipe, cfg, directory, latent_shape)
-    validation.check_rope(cfg, pipe.geometry, video)
+    validation.check_rope(cfg, pipe.components.geometry, video)
     check_devices(mesh, cfg.num_attention_heads)
     check_attention(pipe, cfg)
     params = sampling_params(pipe, request.sampling, video=source is not None)
-    first_frame = conditioning is not None and pipe.expand_timesteps
+    first_frame = conditioning is not None and pipe.components.expand_timesteps
     check_cache(request.cache, cfg, params, params["guidance_scale"] > 1, first_frame)
     if init is None:
         init = pipe.prepare_latents(batch, video["height"], video["width"], noised, seed=params["seed"])
@@ -99,7 +101,7 @@ def denoise(request: DenoiseRequest) -> RunReport:
         conditioning = conditioning.repeat(batch)
     steps = steps_run(params)
     status = Status.for_terminal("denoise", steps, request.common.quiet)
-    status.header(headline(model_label(pipe.source), batch, video, steps))
+    status.header(headline(model_label(pipe.components.source), batch, video, steps))
     status("denoise", 0)
     on_step = lambda done: status("denoise", done)  # noqa: E731
     denoised = denoise_latents(
@@ -122,9 +124,9 @@ def denoise(request: DenoiseRequest) -> RunReport:
         stages.save_latents(path, final)
     fps = request.video.fps
     entry = {
-        "model": model_label(pipe.source),
+        "model": model_label(pipe.components.source),
         "revision": revision or request.common.revision,
-        "dtype": pipe.dtype.name,
+        "dtype": pipe.components.settings.dtype.name,
         **video,
         **({"fps": fps} if fps else {}),
         **params,
@@ -144,12 +146,12 @@ def stage_vace(pipe: WanPipeline, cfg: TransformerConfig, directory: Path) -> Va
     control = stages.load_vace(directory)
     if cfg.vace and control is None:
         raise WanjaxError(
-            f"{directory}: no {stages.VACE_FILE}, and {model_label(pipe.source)} is a VACE model; "
+            f"{directory}: no {stages.VACE_FILE}, and {model_label(pipe.components.source)} is a VACE model; "
             f"run `wanjax encode --model ... --output_dir {directory}` with it first"
         )
     if control is not None and not cfg.vace:
         raise WanjaxError(
-            f"{directory / stages.VACE_FILE}: a VACE model's control, but {model_label(pipe.source)} is not "
+            f"{directory / stages.VACE_FILE}: a VACE model's control, but {model_label(pipe.components.source)} is not "
             "one; denoise with the VACE model that encoded it (--model)"
         )
     return control
@@ -165,7 +167,9 @@ def stage_video(
         try:
             check_video_latents(cfg, False, source.shape, latent_shape)
         except WanjaxError as e:
-            raise WanjaxError(f"{directory / stages.VIDEO_FILE}: {e} ({model_label(pipe.source)})") from None
+            raise WanjaxError(
+                f"{directory / stages.VIDEO_FILE}: {e} ({model_label(pipe.components.source)})"
+            ) from None
     return source
 
 
@@ -175,11 +179,11 @@ def stage_image(
     """The stage directory's image conditioning (one video) when the model takes an image, checked
     against the model and the video; None for a text-to-video model (whose directory must hold none)."""
     path = directory / stages.IMAGE_FILE
-    expand = pipe.expand_timesteps  # Wan 2.2 TI2V: an image is optional
+    expand = pipe.components.expand_timesteps  # Wan 2.2 TI2V: an image is optional
     if not cfg.image_to_video and not expand:
         if path.exists():
             raise WanjaxError(
-                f"{path}: the stage directory holds an image's conditioning but {model_label(pipe.source)} "
+                f"{path}: the stage directory holds an image's conditioning but {model_label(pipe.components.source)} "
                 "is a text-to-video model; denoise with the image-to-video model that encoded it (--model)"
             )
         return None
@@ -187,7 +191,7 @@ def stage_image(
         if expand:
             return None
         raise WanjaxError(
-            f"{directory}: no {stages.IMAGE_FILE}, and {model_label(pipe.source)} is an image-to-video model; "
+            f"{directory}: no {stages.IMAGE_FILE}, and {model_label(pipe.components.source)} is an image-to-video model; "
             f"run `wanjax encode --image IMAGE --output_dir {directory}` first"
         )
     conditioning = dataclasses.replace(stages.load_image_conditioning(directory), first_frame=expand)

@@ -25,7 +25,7 @@ from wanjax.jobs.sampling import video_args
 from wanjax.jobs.status import ENCODE_WORK, Status
 from wanjax.parallel.layouts import to_host
 from wanjax.parallel.multihost import is_primary
-from wanjax.pipeline import stages
+from wanjax.pipeline import preparation, stages
 from wanjax.pipeline.prompts import negative_prompt
 from wanjax.runtime.timing import RunReport
 
@@ -54,15 +54,17 @@ def encode(request: EncodeRequest) -> RunReport:
         vae=request.vae,
         files=request.files,
     )
-    pipe.sources.check(("tokenizer", "text_encoder"))
-    cfg = pipe.transformer_config
+    pipe.components.sources.check(("tokenizer", "text_encoder"))
+    cfg = pipe.components.transformer_config
     if request.vace.extending or request.vace.overlap is not None:
         raise WanjaxError(
             "--extend, --clips and --overlap make a long video in `wanjax generate`; the stages make one clip"
         )
     fps = request.video.fps or defaults_of(pipe).fps
-    source = open_source_video(pipe, request.source, pipe.transformer_config, fps, request.video.frames)
-    image, last_image = open_images(pipe, request.images, pipe.transformer_config)
+    source = open_source_video(
+        pipe, request.source, pipe.components.transformer_config, fps, request.video.frames
+    )
+    image, last_image = open_images(pipe, request.images, pipe.components.transformer_config)
     check_devices(mesh, None)
     given = {k: v for k, v in dataclasses.asdict(request.video).items() if v is not None}
     prompts = prompt_list(request.text)
@@ -75,21 +77,23 @@ def encode(request: EncodeRequest) -> RunReport:
         given = {**given, **resolve_video(pipe, given, {}, None, len(prompts), None, None)}
     elif {"height", "width", "frames"} & given.keys():
         defaults = dataclasses.asdict(defaults_of(pipe))
-        pipe.geometry.check(*(given.get(k, defaults[k]) for k in ("height", "width", "frames")))
+        pipe.components.geometry.check(*(given.get(k, defaults[k]) for k in ("height", "width", "frames")))
     vace = open_vace_inputs(pipe, request.vace, cfg, given.get("frames", 0), fps)  # None: not VACE
     negative = negative_prompt(request.text.negative_prompt)
     length = request.text.max_sequence_length
     status = Status.for_terminal("encode", 0, request.common.quiet, ENCODE_WORK)
     given_input = ", an image" if image is not None else ", a video to re-make" if source is not None else ""
     status.header(
-        f"model {model_label(pipe.source)}, {len(prompts)} prompt{'s' * (len(prompts) > 1)}{given_input}"
+        f"model {model_label(pipe.components.source)}, {len(prompts)} prompt{'s' * (len(prompts) > 1)}{given_input}"
     )
     status("encode", 0)
     pos, neg = (to_host(e) for e in pipe.encode_prompt(prompts, [negative] * len(prompts), length))
     conditioning = video_latents = control = None
     if image is not None:
         status("image", 0)
-        conditioning = pipe.prepare_image(image, 1, **video_args(given), last_image=last_image)
+        conditioning = preparation.image_conditioning(
+            pipe.components, image, 1, **video_args(given), last_image=last_image
+        )
         conditioning = jax_tree_to_host(conditioning)
     if vace is not None:
         status("vace", 0)
@@ -102,10 +106,10 @@ def encode(request: EncodeRequest) -> RunReport:
             given["frames"],
             vace.scale,
         )
-        control = jax_tree_to_host(pipe.prepare_vace(*args))
+        control = jax_tree_to_host(preparation.vace_control(pipe.components, *args))
     elif source is not None:
         status("video", 0)
-        video_latents = pipe.prepare_video(source, given["height"], given["width"])
+        video_latents = preparation.video_latents(pipe.components, source, given["height"], given["width"])
     status("write", 0)
     path = out / stages.EMBEDDINGS_FILE
     if is_primary():
@@ -114,9 +118,9 @@ def encode(request: EncodeRequest) -> RunReport:
         stages.save_video_latents(out, video_latents)
         stages.save_vace(out, control)
     params = {
-        "model": model_label(pipe.source),
+        "model": model_label(pipe.components.source),
         "revision": request.common.revision,
-        "dtype": pipe.text_encoder_dtype.name,
+        "dtype": pipe.components.settings.text_encoder_dtype.name,
         "prompt": prompts[0] if len(prompts) == 1 else prompts,
         "negative_prompt": negative,
         "max_sequence_length": length,

@@ -37,7 +37,7 @@ from wanjax.jobs.requests import GenerateRequest
 from wanjax.jobs.sampling import cache_outputs, denoise_latents, sampling_params, steps_run, video_args
 from wanjax.jobs.status import Status, headline
 from wanjax.parallel.mesh import MeshSpec
-from wanjax.pipeline import stages
+from wanjax.pipeline import preparation, stages
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.pipeline.prompts import negative_prompt
 from wanjax.pipeline.results import Video
@@ -65,7 +65,9 @@ def generate(
     work = check_generate(pipe, request, mesh)
     if preflight is not None:
         preflight(pipe, work)
-    frames = 0 if work.extension else pipe.geometry.latent_frames(work.video["frames"])  # clips: inside
+    frames = (
+        0 if work.extension else pipe.components.geometry.latent_frames(work.video["frames"])
+    )  # clips: inside
     status = Status.for_terminal("generate", steps_run(work.params), request.common.quiet, frames=frames)
     status.header(work.headline(pipe))
     video = run_generate(pipe, work, status, count_frames=status.enabled)
@@ -82,16 +84,16 @@ def fits_memory_here(pipe: WanPipeline, work: GenerateWork) -> None:
         "height": work.video["height"],
         "width": work.video["width"],
         "frames": work.video["frames"],
-        "dtype": pipe.dtype.name,
-        "vae_dtype": pipe.vae_dtype.name,
+        "dtype": pipe.components.settings.dtype.name,
+        "vae_dtype": pipe.components.settings.vae_dtype.name,
         "batch": work.batch,
         "cfg": work.params["guidance_scale"] > 1,
         "max_sequence_length": request.text.max_sequence_length,
         "offload": request.memory.offload,
         "weights_dtype": request.memory.weights_dtype,
     }
-    mesh = MeshSpec() if jax.devices()[0].platform == "cpu" else pipe.mesh_spec or MeshSpec()
-    check_fits(model_configs(str(pipe.path), request.files.given()), mesh, arguments)
+    mesh = MeshSpec() if jax.devices()[0].platform == "cpu" else pipe.components.mesh_spec or MeshSpec()
+    check_fits(model_configs(str(pipe.components.path), request.files.given()), mesh, arguments)
 
 
 def open_generate_pipeline(request: GenerateRequest, mesh: MeshSpec | str | None, fsdp: bool) -> WanPipeline:
@@ -137,12 +139,12 @@ class GenerateWork:
 
     def headline(self, pipe: WanPipeline) -> str:
         """What the run makes, in one line (see :func:`wanjax.jobs.status.headline`)."""
-        return headline(model_label(pipe.source), self.batch, self.video, steps_run(self.params))
+        return headline(model_label(pipe.components.source), self.batch, self.video, steps_run(self.params))
 
     def described(self, pipe: WanPipeline) -> dict[str, Any]:
         """The run's parameters as its videos' metadata records them."""
         return {
-            "model": model_label(pipe.source),
+            "model": model_label(pipe.components.source),
             "negative_prompt": self.negative,
             **(image_record(self.request.images) if self.image is not None else {}),
             **(source_record(self.request.source) if self.source is not None else {}),
@@ -156,7 +158,7 @@ class GenerateWork:
 def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec | str | None) -> GenerateWork:
     """Every check of a ``generate`` request against the pipeline's model (one-line WanjaxError), and
     the values the run will use; reads no weight."""
-    configs = pipe.sources.check(("tokenizer", "text_encoder", "transformer", "vae"))
+    configs = pipe.components.sources.check(("tokenizer", "text_encoder", "transformer", "vae"))
     check_vae_tiling(pipe)
     fps = request.video.fps or defaults_of(pipe).fps
     source = open_source_video(pipe, request.source, configs["transformer"], fps, request.video.frames)
@@ -174,13 +176,13 @@ def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec |
     if extension is not None and extension.overlap >= video["frames"]:
         raise WanjaxError(f"--overlap {extension.overlap} must be under the clip's {video['frames']} frames")
     vace = open_vace_inputs(pipe, request.vace, configs["transformer"], video["frames"], fps)
-    validation.check_rope(configs["transformer"], pipe.geometry, video)
+    validation.check_rope(configs["transformer"], pipe.components.geometry, video)
     check_devices(mesh, configs["transformer"].num_attention_heads)
     check_attention(pipe, configs["transformer"])
     params = sampling_params(pipe, request.sampling, video=source is not None and vace is None)
     if vace is not None:
         params["conditioning_scale"] = vace.scale
-    first_frame = image is not None and pipe.expand_timesteps
+    first_frame = image is not None and pipe.components.expand_timesteps
     check_cache(request.cache, configs["transformer"], params, params["guidance_scale"] > 1, first_frame)
     return GenerateWork(
         request,
@@ -223,7 +225,7 @@ def check_extension(
         return None
     if not cfg.vace:
         raise WanjaxError(
-            f"--extend and --clips continue a video with a VACE model's control; {model_label(pipe.source)} is not one"
+            f"--extend and --clips continue a video with a VACE model's control; {model_label(pipe.components.source)} is not one"
         )
     if request.source.video or flags.mask or flags.reference_image:
         raise WanjaxError(
@@ -257,7 +259,7 @@ def run_generate(
     (without it, the denoising bar shows on a terminal); with ``count_frames`` also after each part
     of the decode, with the latent frames decoded (the decode then runs in parts)."""
     report = on_progress or (lambda stage, done: None)
-    pipe.reset_timings()
+    pipe.components.timings.clear()
     report("encode", 0)
     if work.extension is not None:
         return run_extension(pipe, work, report)
@@ -267,22 +269,22 @@ def run_generate(
     )
     conditioning = source = vace = None
     if work.image is not None:
-        conditioning = pipe.prepare_image(
-            work.image, batch, **video_args(work.video), last_image=work.last_image
+        conditioning = preparation.image_conditioning(
+            pipe.components, work.image, batch, **video_args(work.video), last_image=work.last_image
         )
     height, width, frames = work.video["height"], work.video["width"], work.video["frames"]
     references = 0
     if work.vace is not None:
         inputs = work.vace
-        vace = pipe.prepare_vace(
-            work.source, inputs.masks, inputs.references, height, width, frames, inputs.scale
+        vace = preparation.vace_control(
+            pipe.components, work.source, inputs.masks, inputs.references, height, width, frames, inputs.scale
         )
         references = len(inputs.references)
     elif work.source is not None:
-        source = pipe.prepare_video(work.source, height, width)
+        source = preparation.video_latents(pipe.components, work.source, height, width)
     latents = work.init
     if latents is None:  # a VACE model's references: a latent frame each, before the video's
-        noised = frames + references * pipe.geometry.temporal
+        noised = frames + references * pipe.components.geometry.temporal
         if work.seeds is None:
             latents = pipe.prepare_latents(batch, height, width, noised, seed=work.params["seed"])
         else:  # each item from its own seed's noise, as when it runs alone

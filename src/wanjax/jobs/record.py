@@ -83,16 +83,22 @@ def make_report(
     order = [s for s in stages.STAGES if s in pipe.timings]
     return RunReport(
         command=command,
-        model=model_label(pipe.source),
-        smoke_model=pipe.source.is_demo,
+        model=model_label(pipe.components.source),
+        smoke_model=pipe.components.source.is_demo,
         stages={s: pipe.timings[s] for s in order},
         steps=None if denoised is None else denoised.step_times,
         video=video,
         outputs=outputs,
         extra={
-            "dtype": str(pipe.dtype),
-            "precision": {s: pipe.precisions[c] for s, c in STAGE_COMPONENTS.items() if s in order},
+            "dtype": str(pipe.components.settings.dtype),
+            "precision": {
+                s: pipe.components.precisions[c] for s, c in STAGE_COMPONENTS.items() if s in order
+            },
             **({"mesh": denoised.mesh_usage} if denoised and denoised.mesh_usage else {}),
-            **({"expert_steps": list(denoised.expert_steps)} if denoised and pipe.boundary_ratio else {}),
+            **(
+                {"expert_steps": list(denoised.expert_steps)}
+                if denoised and pipe.components.boundary_ratio
+                else {}
+            ),
         },
     )

@@ -18,7 +18,7 @@ from wanjax.runtime.timing import RunReport
 from wanjax.sampling.results import Denoised
 
 if TYPE_CHECKING:
-    from wanjax.sampling.sampler import ImageConditioning
+    from wanjax.sampling.guidance import ImageConditioning
 
 
 def sampling_params(pipe: WanPipeline, sampling: SamplingFlags, video: bool = False) -> dict[str, Any]:
@@ -34,19 +34,19 @@ def sampling_params(pipe: WanPipeline, sampling: SamplingFlags, video: bool = Fa
         raise WanjaxError("--strength is for video to video: give the video too (--video FILE)")
     strength = {"strength": _given_or(sampling.strength, defaults.strength)} if video else {}
     try:
-        scheduler = pipe.build_scheduler(steps, sampling.flow_shift, kind, **strength)
+        scheduler = pipe.components.build_scheduler(steps, sampling.flow_shift, kind, **strength)
     except ConfigError as e:
         raise ConfigError(f"--{e}" if strength and str(e).startswith("strength") else str(e)) from None
     experts = {}
-    if pipe.boundary_ratio is not None:  # two experts: the switch and the second guidance
+    if pipe.components.boundary_ratio is not None:  # two experts: the switch and the second guidance
         experts = {
-            "boundary_ratio": _given_or(sampling.boundary_ratio, pipe.boundary_ratio),
+            "boundary_ratio": _given_or(sampling.boundary_ratio, pipe.components.boundary_ratio),
             "guidance_scale_2": sampling.guidance_scale_2,
         }
     elif sampling.boundary_ratio is not None or sampling.guidance_scale_2 is not None:
         raise WanjaxError(
             f"--boundary_ratio and --guidance_scale_2 are for two-expert models (Wan 2.2 A14B); "
-            f"{model_label(pipe.source)} has one transformer"
+            f"{model_label(pipe.components.source)} has one transformer"
         )
     return {
         "num_inference_steps": steps,

@@ -6,7 +6,7 @@ last image as its last frame), VAE-encoded (the posterior's mode) and normalised
 say which latent frames hold a given image: the mask is 1 on the given frames, 0 elsewhere, and the
 first frame counts ``temporal`` times (one per pixel frame of the first latent frame), folded into the
 latent frames' 4 sub-frames. The result, ``[mask (4); latents (z)]`` per latent frame, is what the
-transformer reads beside the noisy latents (:class:`~wanjax.sampling.sampler.ImageConditioning`).
+transformer reads beside the noisy latents (:class:`~wanjax.sampling.guidance.ImageConditioning`).
 """
 
 from __future__ import annotations

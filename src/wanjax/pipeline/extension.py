@@ -18,6 +18,7 @@ import numpy as np
 from PIL import Image
 
 from wanjax.errors import WanjaxError
+from wanjax.pipeline import preparation
 from wanjax.pipeline.results import Video
 from wanjax.pipeline.video_input import VideoInput, video_frames
 
@@ -93,7 +94,7 @@ def extend(
     continued by ``clips`` clips of ``num_frames`` frames (default the model's), each with its prompt
     (one for all, or one per clip) and the seed ``seed + i``; ``call``: the rest of
     :meth:`WanPipeline.__call__`'s arguments, for every clip."""
-    if not pipe.transformer_config.vace:
+    if not pipe.components.transformer_config.vace:
         raise WanjaxError("extending a video needs a VACE model (its control frames and mask)")
     prompts = [prompt] * clips if isinstance(prompt, str) else list(prompt)
     if len(prompts) != clips or clips < 1:
@@ -102,7 +103,9 @@ def extend(
     frames, fps = num_frames or d.frames, fps or d.fps
     seed = d.seed if seed is None else seed
     given = None if video is None else video_frames(video, fps, 1 << 30)
-    height, width = pipe.video_size(None if given is None else given[0], height, width)
+    height, width = preparation.video_size(
+        pipe.components, None if given is None else given[0], height, width
+    )
     runs: list[Video] = []
     overlap_error: list[float] = []
     round_trip_error: list[float | None] = []
@@ -133,7 +136,7 @@ def mean_abs(a: np.ndarray, b: np.ndarray) -> float:
 
 def round_trip(pipe: Any, frames: np.ndarray, height: int, width: int) -> float | None:
     """The mean absolute difference of ``frames`` and their VAE round trip (None unless ``4n + 1`` of them)."""
-    if (len(frames) - 1) % pipe.geometry.temporal:
+    if (len(frames) - 1) % pipe.components.geometry.temporal:
         return None
-    latents = pipe.prepare_video([Image.fromarray(f) for f in frames], height, width)
+    latents = preparation.video_latents(pipe.components, [Image.fromarray(f) for f in frames], height, width)
     return mean_abs(pipe.decode(latents)[0], frames)

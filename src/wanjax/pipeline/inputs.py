@@ -10,7 +10,7 @@ from typing import Any
 from wanjax.errors import WanjaxError
 from wanjax.models.config import TransformerConfig
 from wanjax.models.dit import WanTransformer
-from wanjax.sampling.sampler import ImageConditioning
+from wanjax.sampling.guidance import ImageConditioning
 
 
 def check_image_input(

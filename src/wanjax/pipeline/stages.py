@@ -38,7 +38,7 @@ from wanjax.errors import NumericalError, WanjaxError
 from wanjax.io.atomic import atomic_path, write_text
 from wanjax.io.checkpoint import open_safetensors
 from wanjax.models.dit import VaceControl
-from wanjax.sampling.sampler import ImageConditioning
+from wanjax.sampling.guidance import ImageConditioning
 
 EMBEDDINGS_FILE = "stage1_embeddings.safetensors"
 IMAGE_FILE = "stage1_image.safetensors"

@@ -16,7 +16,6 @@ is read.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import statistics
@@ -30,7 +29,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from wanjax.errors import ConfigError
-from wanjax.models.dit import VaceControl, WanTransformer
+from wanjax.models.dit import WanTransformer
 from wanjax.models.layers import Params
 from wanjax.parallel.layouts import to_global, to_host
 from wanjax.parallel.rules import replicated
@@ -44,151 +43,20 @@ from wanjax.sampling.context_cache import (
     cache_sharding,
     context_cache,
     default_on,
-    guided_context,
+)
+from wanjax.sampling.guidance import (
+    ImageConditioning,
+    StepConditioning,
+    guide,
+    guided_batch,
+    guided_velocity,
+    is_first_frame,
+    one_by_one,
 )
 from wanjax.sampling.results import Denoised
 from wanjax.sampling.scheduler import Scheduler
 
-__all__ = ["ImageConditioning", "Sampler", "StepTimes", "denoise", "guide", "guided_batch", "guided_velocity"]
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class ImageConditioning:
-    """What an image-to-video transformer reads besides the text, for every step: the conditioning
-    latents ``(B, 20, T', h, w)`` (4 mask channels, then the VAE latents of the given frames)
-    concatenated to the noisy latents along channels, and the image encoder's states ``(B, Li, Di)``
-    (for a transformer that takes them). With ``first_frame`` (Wan 2.2 TI2V's ``expand_timesteps``)
-    the latents are the image's own ``(B, z, 1, h, w)``: they replace the first latent frame of the
-    transformer's input at every step (that frame's tokens at timestep 0) and of the final latents.
-    Both branches of a guided step get the same (as diffusers' ``WanImageToVideoPipeline``)."""
-
-    latents: jax.Array
-    image_embeds: jax.Array | None = None  # None: a transformer without image tokens (Wan 2.2 I2V)
-    first_frame: bool = dataclasses.field(default=False, metadata={"static": True})
-
-    def repeat(self, batch: int) -> ImageConditioning:
-        """This conditioning (of one video) for ``batch`` videos: each array tiled ``batch`` times along
-        its first axis, as diffusers repeats them (a first-last-frame model's two image states stay
-        paired: ``[first, last, first, last, ...]``)."""
-        states = None if self.image_embeds is None else jnp.tile(self.image_embeds, (batch, 1, 1))
-        return ImageConditioning(jnp.tile(self.latents, (batch, 1, 1, 1, 1)), states, self.first_frame)
-
-    def impose(self, latents: jax.Array) -> jax.Array:
-        """``first_frame``: ``latents`` with their first latent frame replaced by the image's (exactly
-        diffusers' ``(1 - mask) * condition + mask * latents`` for its 0/1 mask)."""
-        return latents.at[:, :, :1].set(self.latents.astype(latents.dtype))
-
-
-StepConditioning = ImageConditioning | VaceControl  # what a step reads besides the text
-
-
-def is_first_frame(conditioning: StepConditioning | None) -> bool:
-    """The conditioning is an image standing in for the first latent frame (Wan 2.2 TI2V)."""
-    return isinstance(conditioning, ImageConditioning) and conditioning.first_frame
-
-
-def guided_batch(
-    model: WanTransformer,
-    latents: jax.Array,
-    timestep: jax.Array,
-    prompt_embeds: jax.Array,
-    negative_prompt_embeds: jax.Array | None,
-    image: StepConditioning | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None, VaceControl | None]:
-    """The transformer's inputs for one step: the conditional rows, then (guided) the unconditional
-    ones; with ``image``, its latents joined to the noisy ones and its states for every row; with a
-    VACE model's control, its latents for every row (``(x, times, text, image states, control)``)."""
-    batch = latents.shape[0]
-    times = jnp.full((batch,), timestep)
-    control = None
-    if isinstance(image, VaceControl):
-        control, image = image, None
-    if image is None:
-        x = latents
-    elif image.first_frame:  # the image's latents as frame 0, whose tokens are at timestep 0
-        x = image.impose(latents)
-        times = jnp.full((batch, latents.shape[2]), timestep, jnp.float32).at[:, 0].set(0.0)
-    else:
-        x = jnp.concatenate([latents, image.latents.astype(latents.dtype)], axis=1)
-    x = x.astype(model.dtype)
-    embeds, images = guided_context(model, prompt_embeds, negative_prompt_embeds, image)
-    if negative_prompt_embeds is None:
-        return x, times, embeds, images, control
-    if control is not None:
-        control = VaceControl(jnp.concatenate([control.latents, control.latents]), control.scale)
-    return jnp.concatenate([x, x]), jnp.concatenate([times, times]), embeds, images, control
-
-
-def guide(
-    model: WanTransformer, velocity: jax.Array, batch: int, guidance_scale: float | jax.Array
-) -> jax.Array:
-    """``uncond + g * (cond - uncond)`` in the model dtype from the batched prediction (as it is
-    when it holds only the conditional rows).
-
-    Rounded as torch does it for the reference: the difference in the model dtype, the product with
-    the (float32) scale rounded to the model dtype, then the sum.
-    """
-    if velocity.shape[0] == batch:
-        return velocity
-    cond, uncond = velocity[:batch], velocity[batch:]
-    scaled = jnp.asarray(guidance_scale, jnp.float32) * (cond - uncond).astype(jnp.float32)
-    return uncond + scaled.astype(model.dtype)
-
-
-def guided_velocity(
-    model: WanTransformer,
-    params: Params,
-    latents: jax.Array,
-    timestep: jax.Array,
-    prompt_embeds: jax.Array,
-    negative_prompt_embeds: jax.Array | None,
-    guidance_scale: float | jax.Array,
-    image: StepConditioning | None = None,
-    kv: ContextCache | None = None,
-) -> jax.Array:
-    """``uncond + g * (cond - uncond)`` in the model dtype (:func:`guide`); only the conditional pass
-    without negatives. Both passes of a video run batched in one forward; the videos of a batch one
-    after another (:func:`one_by_one`). ``kv``: the run's text K/V cache
-    (:mod:`~wanjax.sampling.context_cache`), per video when they run one after another."""
-    if one_by_one(model, image):
-
-        def alone(item: tuple[Any, ...]) -> jax.Array:
-            *rows, cache = item
-            x, cond, uncond = (None if v is None else v[None] for v in rows)
-            return batched_velocity(model, params, x, timestep, cond, uncond, guidance_scale, None, cache)[0]
-
-        return jax.lax.map(alone, (latents, prompt_embeds, negative_prompt_embeds, kv))
-    return batched_velocity(
-        model, params, latents, timestep, prompt_embeds, negative_prompt_embeds, guidance_scale, image, kv
-    )
-
-
-def batched_velocity(
-    model: WanTransformer,
-    params: Params,
-    latents: jax.Array,
-    timestep: jax.Array,
-    prompt_embeds: jax.Array,
-    negative_prompt_embeds: jax.Array | None,
-    guidance_scale: float | jax.Array,
-    image: StepConditioning | None = None,
-    kv: ContextCache | None = None,
-) -> jax.Array:
-    """:func:`guided_velocity` of the whole batch in one forward."""
-    inputs = guided_batch(model, latents, timestep, prompt_embeds, negative_prompt_embeds, image)
-    return guide(model, model.apply(params, *inputs, kv=kv), latents.shape[0], guidance_scale)
-
-
-def one_by_one(model: WanTransformer, image: StepConditioning | None) -> bool:
-    """Whether the step runs the batch's videos one after another (a lone video too, so both take the
-    same program): a video is then computed exactly as when it runs alone. A larger forward may sum in
-    another order (a backend picks its kernels by shape) and XLA may keep excess precision across
-    what it fuses: in bfloat16 a batch's video drifted from its solo run by up to 14 levels in 3 steps
-    of the demo model with guidance; this way they are equal bit for bit (tests/test_serve_batches.py).
-    Not with image conditioning, nor across a ``dp`` axis (which splits the batch over devices)."""
-    mesh = model.settings.mesh
-    return image is None and (mesh is None or dict(mesh.shape).get("dp", 1) == 1)
+__all__ = ["Sampler", "denoise"]
 
 
 class Sampler:

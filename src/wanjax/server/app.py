@@ -121,7 +121,7 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
                     "negative_prompt": "",
                 },
                 "inputs": engine.image_inputs(),
-                "smoke_model": engine.pipe.source.is_demo,
+                "smoke_model": engine.pipe.components.source.is_demo,
                 "size_presets": engine.size_presets(),
                 "limits": {
                     "max_frames": limits.max_frames,

@@ -98,15 +98,17 @@ class Engine:
         self._loras_checked: set[tuple[str, str, float]] = set()  # (field, file, mtime) that fit
         self.videos = Path(output_dir) / VIDEOS
         self.inputs = Path(output_dir) / INPUTS
-        self.model = model_label(pipe.source)
+        self.model = model_label(pipe.components.source)
         self.defaults = defaults_of(pipe)
 
     def accept(self, job_id: str, body: Any) -> dict[str, Any]:
         """A request body as job ``job_id``'s parameters (its images saved as the job's input files),
         after every check a ``generate`` run of it would pass, the server's limits and the memory
         check (ApiError 400 with the CLI's message otherwise; nothing kept); reads no weight."""
-        v2v = not self.pipe.transformer_config.vace  # a VACE model's video is its control
-        params, images = job_params(body, self.defaults, self.pipe.geometry.temporal, self.model, v2v)
+        v2v = not self.pipe.components.transformer_config.vace  # a VACE model's video is its control
+        params, images = job_params(
+            body, self.defaults, self.pipe.components.geometry.temporal, self.model, v2v
+        )
         check_limits(params, self.limits)  # before anything sized by them is built
         self.check_prompts(params)
         self.check_loras(params)
@@ -127,7 +129,7 @@ class Engine:
         """Whether the model's jobs take ``image``, ``last_image`` and a ``video`` to re-make:
         ``required``, ``optional`` or ``none``, as :func:`~wanjax.pipeline.inputs.check_image_input`
         and :func:`~wanjax.pipeline.inputs.check_video_to_video` decide."""
-        cfg, expand = self.pipe.transformer_config, self.pipe.expand_timesteps
+        cfg, expand = self.pipe.components.transformer_config, self.pipe.components.expand_timesteps
 
         def takes(image: bool, last_image: bool) -> bool:
             try:
@@ -152,7 +154,7 @@ class Engine:
         """``WIDTHxHEIGHT`` sizes of the model's default area: its default, the same turned upright and
         a square (each side a multiple of the model's size step, as an image's aspect is sized), within
         ``--max_pixels``."""
-        d, step = self.defaults, self.pipe.geometry.pixel_steps[0]
+        d, step = self.defaults, self.pipe.components.geometry.pixel_steps[0]
         sizes = [
             size_for_image(aspect, d.width * d.height, step)
             for aspect in ((d.width, d.height), (d.height, d.width), (1, 1))
@@ -202,7 +204,7 @@ class Engine:
         """The model's tokenizer, read once (the prompt check reads no weight)."""
         from wanjax.models.tokenizer import TOKENIZER, load_tokenizer
 
-        return load_tokenizer(self.pipe.path / TOKENIZER.folder)
+        return load_tokenizer(self.pipe.components.path / TOKENIZER.folder)
 
     def check_loras(self, params: Mapping[str, Any]) -> None:
         """The job's LoRAs are files of ``--lora_dir`` that fit the model (each file read once while
@@ -213,7 +215,9 @@ class Engine:
                 if key in self._loras_checked:
                     continue
                 try:
-                    self.pipe.check_loras([(path, weight)], load_into_transformer_2=field == "lora_2")
+                    self.pipe.components.check_loras(
+                        [(path, weight)], load_into_transformer_2=field == "lora_2"
+                    )
                 except WanjaxError as e:  # named as the job named it, not by the server's path
                     message = api_message(one_line(e), {f"LoRA {path.stem}": path})
                     raise ApiError(400, f"{field}: {message}", param=field) from None
@@ -223,7 +227,7 @@ class Engine:
         """The pipeline's weights with these adapters merged, unless they already are (jobs of one
         LoRA set run back to back: :meth:`JobStore.claim`)."""
         for field, specs in (("lora", adapters.loras()), ("lora_2", adapters.loras_2())):
-            current = self.pipe.loras_2 if field == "lora_2" else self.pipe.loras
+            current = self.pipe.components.loras_2 if field == "lora_2" else self.pipe.components.loras
             if set_key(specs) != set_key(current):
                 self.pipe.set_loras(
                     specs, load_into_transformer_2=field == "lora_2", cache=self.lora_caches[field]
@@ -244,7 +248,7 @@ class Engine:
             return None
         from wanjax.planning.plan import HEADROOM, plan, size_text
 
-        base, mesh = self.base, self.pipe.mesh_spec
+        base, mesh = self.base, self.pipe.components.mesh_spec
         estimate = plan(
             self._plan_model,
             mesh if mesh is not None else MeshSpec(),
@@ -252,8 +256,8 @@ class Engine:
             width=params["width"],
             frames=params["frames"],
             device_memory=self.device_memory,
-            dtype=self.pipe.dtype.name,
-            vae_dtype=self.pipe.vae_dtype.name,
+            dtype=self.pipe.components.settings.dtype.name,
+            vae_dtype=self.pipe.components.settings.vae_dtype.name,
             offload=base.memory.offload,
             weights_dtype=base.memory.weights_dtype,
             batch=batch,
@@ -270,7 +274,7 @@ class Engine:
         """The model's configs as ``wanjax plan`` reads them (once, not per request)."""
         from wanjax.planning.models import model_configs
 
-        return model_configs(str(self.pipe.path))
+        return model_configs(str(self.pipe.components.path))
 
     def remove_partial_files(self, job_id: str | None = None) -> None:
         """Temporary files a killed server left half-written (:func:`~wanjax.io.atomic.atomic_path`):
@@ -379,7 +383,7 @@ class Engine:
     def draws_noise(self, params: Mapping[str, Any]) -> bool:
         """The job's sampler (``--scheduler``'s, or the model's) draws fresh noise at its steps."""
         kind = self.base.sampling.scheduler or "auto"
-        return self.pipe.build_scheduler(params["num_inference_steps"], kind=kind).draws_noise
+        return self.pipe.components.build_scheduler(params["num_inference_steps"], kind=kind).draws_noise
 
     def batch_that_fits(self, params: Mapping[str, Any], most: int) -> int:
         """The largest batch of jobs like this one, up to ``most``, that fits a device by ``wanjax

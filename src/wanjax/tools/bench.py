@@ -74,7 +74,8 @@ from wanjax.models.vae.config import VAEConfig
 from wanjax.pipeline.residency import Residency
 from wanjax.sampling.cache.step_cache import POLICIES, CacheConfig, presets
 from wanjax.sampling.context_cache import cache_bytes
-from wanjax.sampling.sampler import ImageConditioning, Sampler
+from wanjax.sampling.guidance import ImageConditioning
+from wanjax.sampling.sampler import Sampler
 from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 from wanjax.tools.bench_memory import check_memory
 from wanjax.tools.bench_report import MEMORY_LEGEND, format_table

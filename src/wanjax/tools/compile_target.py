@@ -48,7 +48,8 @@ from wanjax.pipeline.demo import demo_text_encoder_config
 from wanjax.runtime.jax_cache import persistent_cache_off
 from wanjax.runtime.libtpu import compiler_environment, installed
 from wanjax.sampling.cache.step_cache import CacheConfig, resolve
-from wanjax.sampling.sampler import ImageConditioning, Sampler
+from wanjax.sampling.guidance import ImageConditioning
+from wanjax.sampling.sampler import Sampler
 from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 from wanjax.target import Target, building_for, current_target
 from wanjax.tools.flops import (
