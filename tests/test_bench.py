@@ -24,6 +24,8 @@ from wanjax.io.checkpoint import (
     random_tensor,
     stacked,
 )
+from wanjax.jobs.cache_flags import CacheFlags
+from wanjax.jobs.groups import MemoryFlags
 from wanjax.models import dit, registry, umt5
 from wanjax.models.registry import CLIP_VIT_H_14, DEMO_VAE22, UMT5_XXL, transformer_preset
 from wanjax.models.vae.config import VAEConfig
@@ -198,7 +200,7 @@ def test_denoise_bench_offload_and_weights_dtype(tmp_path, capsys, offload, weig
     )
     bench.run(args)
     written = json.loads(out.read_text())
-    assert written["config"]["offload"] == offload and written["config"]["weights_dtype"] == weights
+    assert written["config"]["memory"] == {"offload": offload, "weights_dtype": weights}
     denoise = written["stages"]["denoise"]
     assert denoise["s_per_step_median"] > 0
     assert denoise["weights_to_device_s"] >= 0  # model and blocks: back from pinned host memory
@@ -266,7 +268,7 @@ def test_bad_offload_or_weights_dtype_is_a_one_line_usage_error(capsys, flag, va
     assert len(err.splitlines()) == 1 and value in err and flag.lstrip("-") in err
     field = flag.lstrip("-")
     with pytest.raises(WanjaxError, match=f"unknown {flag}"):
-        bench.run_bench(bench.BenchConfig(stages=("denoise",), **{field: value}))
+        bench.run_bench(bench.BenchConfig(stages=("denoise",), memory=MemoryFlags(**{field: value})))
 
 
 def test_encode_bench_reports_program_memory_with_device_weights(capsys):
@@ -430,9 +432,11 @@ def test_two_expert_arch_draws_both_experts_and_caches_per_expert(monkeypatch):
     )
     assert result["stages"]["denoise"]["weights_bytes"]["device"] == expected
     assert result["stages"]["denoise"]["expert_steps"] == [0, 1]  # timesteps 999 | 500, boundary 875
-    cached = bench.run_bench(dataclasses.replace(cfg, cache="firstblock"))["stages"]["denoise"]["cache"]
+    firstblock = dataclasses.replace(cfg, cache=CacheFlags(cache="firstblock"))
+    cached = bench.run_bench(firstblock)["stages"]["denoise"]["cache"]
     assert cached["policy"] == "firstblock" and cached["branches"]["cond"]["evaluated_steps"] == 2
-    mag = dataclasses.replace(cfg, cache="magcache", mag_ratios="wan2.2-t2v-a14b", cache_retention=0.0)
+    magcache = CacheFlags(cache="magcache", mag_ratios="wan2.2-t2v-a14b", cache_retention=0.0)
+    mag = dataclasses.replace(cfg, cache=magcache)
     cached = bench.run_bench(mag)["stages"]["denoise"]["cache"]
     assert cached["mag_ratios"].startswith("preset wan2.2-t2v-a14b") and cached["dit_evaluations"] == 4
 
@@ -458,8 +462,8 @@ def test_a_bench_that_cannot_fit_is_refused_naming_the_layers_that_would(monkeyp
     """The 14B's denoise stage (27 GiB of weights, 0.8 GiB of text K/V cache and its activations) on
     a machine with 24 GiB free: refused before any
     weight is drawn, with the most ``--layers`` whose stage plan says fits."""
-    from wanjax.planning.plan import HEADROOM
     from wanjax.planning import device_memory
+    from wanjax.planning.plan import HEADROOM
     from wanjax.tools import bench_memory
 
     monkeypatch.setattr(device_memory, "host_available", lambda: 24 << 30)

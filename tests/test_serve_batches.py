@@ -89,7 +89,8 @@ def test_the_batch_key_joins_only_jobs_that_differ_in_prompt_and_seed(demo_env, 
     """Jobs alike share a key; other steps or sizes do not; a job with an upload, or any job of a server
     with a step cache (its skips are decided for the whole batch), runs alone."""
     from wanjax import WanPipeline
-    from wanjax.jobs.groups import CacheFlags, CommonFlags
+    from wanjax.jobs.cache_flags import CacheFlags
+    from wanjax.jobs.groups import CommonFlags
     from wanjax.server.api import Limits
     from wanjax.server.engine import Engine
     from wanjax.server.request import ServeRequest

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from wanjax.errors import CheckpointError, WanjaxError
 from wanjax.io.weights_file import FORMATS
+from wanjax.jobs.cache_flags import CacheFlags
 from wanjax.jobs.flags import option
 from wanjax.jobs.groups import (
     DEFAULT_DTYPE,
     AttentionFlags,
-    CacheFlags,
     ComponentFileFlags,
     MemoryFlags,
     VaeFlags,

@@ -55,11 +55,11 @@ def scale_shape(source: LeafSource) -> tuple[int, ...]:
     return scale_dims(source.target_shape())
 
 
-def weights_dtype(name: str) -> np.dtype | None:
+def weights_dtype(name: str, what: str = "weights dtype") -> np.dtype | None:
     """``--weights_dtype`` -> the 8-bit storage dtype, or None for ``bf16`` and ``gguf`` (nothing
-    quantised on loading); ConfigError for anything else."""
+    quantised on loading); ConfigError naming ``what`` (e.g. the flag) for anything else."""
     if name in (UNQUANTIZED, KEPT_GGUF):
         return None
     if name not in QUANTIZED_DTYPES:
-        raise ConfigError(f"unknown weights dtype {name!r}; use one of {', '.join(WEIGHTS_DTYPES)}")
+        raise ConfigError(f"unknown {what} {name!r}; use one of {', '.join(WEIGHTS_DTYPES)}")
     return QUANTIZED_DTYPES[name]

@@ -12,7 +12,8 @@ import numpy as np
 
 from wanjax.errors import ConfigError, WanjaxError
 from wanjax.jobs import preflight as validation
-from wanjax.jobs.groups import CacheFlags, ImageFlags, PromptFlags, SourceVideoFlags, VaceFlags
+from wanjax.jobs.cache_flags import CacheFlags
+from wanjax.jobs.groups import ImageFlags, PromptFlags, SourceVideoFlags, VaceFlags
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.jobs.requests import OUTPUT_SUFFIXES, Request
 from wanjax.kernels.attention import AttentionSpec

@@ -42,9 +42,7 @@ def decode(request: DecodeRequest) -> RunReport:
     model = request.common.model or earlier.get("model")
     revision = None if request.common.model else earlier.get("revision")
     files = stage_files(request.files, earlier)
-    pipe = open_pipeline(
-        request.common, model, None, mesh, fsdp, revision=revision, vae=request.vae, files=files
-    )
+    pipe = open_pipeline(request, mesh, fsdp, model=model, revision=revision, files=files)
     vae_cfg = pipe.components.sources.check(("vae",))["vae"]
     check_vae_tiling(pipe)
     if latents.shape[1] != vae_cfg.z_dim:

@@ -50,19 +50,7 @@ def denoise(request: DenoiseRequest) -> RunReport:
     model, dtype = request.common.model or earlier.get("model"), request.dtype or earlier.get("dtype")
     revision = None if request.common.model else earlier.get("revision")
     files = stage_files(request.files, earlier)
-    pipe = open_pipeline(
-        request.common,
-        model,
-        dtype,
-        mesh,
-        fsdp,
-        precision=request.precision,
-        revision=revision,
-        memory=request.memory,
-        attention=request.attention,
-        adapters=request.adapters,
-        files=files,
-    )
+    pipe = open_pipeline(request, mesh, fsdp, model=model, dtype=dtype, revision=revision, files=files)
     cfg = pipe.components.sources.check(("transformer",))["transformer"]
     control = stage_vace(pipe, cfg, directory)
     references = int(earlier.get("reference_frames", 0))

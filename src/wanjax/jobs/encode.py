@@ -43,17 +43,7 @@ def encode(request: EncodeRequest) -> RunReport:
         **{"--output_dir": out / stages.EMBEDDINGS_FILE, "--image": image_file, "--video": video_file},
     )
     mesh, fsdp = mesh_request(request.parallel)
-    pipe = open_pipeline(
-        request.common,
-        request.common.model,
-        request.dtype,
-        mesh,
-        fsdp,
-        precision=request.precision,
-        memory=request.memory,
-        vae=request.vae,
-        files=request.files,
-    )
+    pipe = open_pipeline(request, mesh, fsdp)
     pipe.components.sources.check(("tokenizer", "text_encoder"))
     cfg = pipe.components.transformer_config
     if request.vace.extending or request.vace.overlap is not None:

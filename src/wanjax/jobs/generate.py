@@ -61,7 +61,7 @@ def generate(
     record = video_record(request)
     check_output_paths(request, **{"--metrics_json": record})
     mesh, fsdp = mesh_request(request.parallel)
-    pipe = open_generate_pipeline(request, mesh, fsdp)
+    pipe = open_pipeline(request, mesh, fsdp)
     work = check_generate(pipe, request, mesh)
     if preflight is not None:
         preflight(pipe, work)
@@ -94,23 +94,6 @@ def fits_memory_here(pipe: WanPipeline, work: GenerateWork) -> None:
     }
     mesh = MeshSpec() if jax.devices()[0].platform == "cpu" else pipe.components.mesh_spec or MeshSpec()
     check_fits(model_configs(str(pipe.components.path), request.files.given()), mesh, arguments)
-
-
-def open_generate_pipeline(request: GenerateRequest, mesh: MeshSpec | str | None, fsdp: bool) -> WanPipeline:
-    """The pipeline a ``generate`` request runs on (no weight is read yet)."""
-    return open_pipeline(
-        request.common,
-        request.common.model,
-        request.dtype,
-        mesh,
-        fsdp,
-        precision=request.precision,
-        memory=request.memory,
-        vae=request.vae,
-        attention=request.attention,
-        adapters=request.adapters,
-        files=request.files,
-    )
 
 
 @dataclasses.dataclass(frozen=True)

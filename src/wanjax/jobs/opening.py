@@ -12,7 +12,6 @@ from wanjax.jobs.groups import (
     DEFAULT_DTYPE,
     DEFAULT_MODEL,
     AttentionFlags,
-    CommonFlags,
     ComponentFileFlags,
     LoraFlags,
     MemoryFlags,
@@ -59,32 +58,35 @@ def files_record(files: ComponentFileFlags) -> dict[str, dict[str, str]]:
 
 
 def open_pipeline(
-    common: CommonFlags,
-    model: str | None,
-    dtype: str | None,
+    request: Any,
     mesh: MeshSpec | str | None,
     fsdp: bool,
     *,
-    precision: str | None = None,
+    model: str | None = None,
+    dtype: str | None = None,
     revision: str | None = None,
-    memory: MemoryFlags = MemoryFlags(),  # noqa: B008 (frozen)
-    vae: VaeFlags = VaeFlags(),  # noqa: B008 (frozen)
-    attention: AttentionFlags = AttentionFlags(),  # noqa: B008 (frozen)
-    adapters: LoraFlags = LoraFlags(),  # noqa: B008 (frozen)
-    files: ComponentFileFlags = ComponentFileFlags(),  # noqa: B008 (frozen)
+    files: ComponentFileFlags | None = None,
 ) -> WanPipeline:
-    """The pipeline of ``model`` (a hub model at ``revision``, else ``--revision``; none with a
-    ``--transformer`` file: its variant's), with the components given as files read from them; its
-    LoRAs are read and checked against the transformer's config here, before any weight."""
+    """The pipeline a request runs on, with the settings of the flag groups it has (a stage may take
+    its ``model``, ``dtype``, ``revision`` and component ``files`` from the stage before): the model (a
+    hub model at the revision; none with a ``--transformer`` file: its variant's), the components
+    given as files read from them; its LoRAs are read and checked against the transformer's config
+    here, before any weight."""
     from wanjax.models.vae import Tiling
 
-    given = files.given()
+    common = request.common
+    memory: MemoryFlags = getattr(request, "memory", MemoryFlags())
+    vae: VaeFlags = getattr(request, "vae", VaeFlags())
+    attention: AttentionFlags = getattr(request, "attention", AttentionFlags())
+    adapters: LoraFlags = getattr(request, "adapters", LoraFlags())
+    given = (files or request.files).given()
+    model = model or common.model
     return WanPipeline.from_pretrained(
         model or (None if "transformer" in given else DEFAULT_MODEL),
-        dtype or DEFAULT_DTYPE,
+        dtype or getattr(request, "dtype", None) or DEFAULT_DTYPE,
         vae_dtype=vae.vae_dtype,
         vae_weights_dtype=vae.vae_weights_dtype,
-        precision=precision,
+        precision=getattr(request, "precision", None),
         vae_precision=vae.vae_precision,
         vae_decode_chunk=vae.vae_decode_chunk,
         vae_tiling=Tiling.parse(vae.vae_tiling) if vae.vae_tiling else None,

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from wanjax.errors import ConfigError, WanjaxError
 from wanjax.io.atomic import write_text
-from wanjax.jobs.groups import CacheFlags, SamplingFlags
+from wanjax.jobs.cache_flags import CacheFlags
+from wanjax.jobs.groups import SamplingFlags
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline.pipeline import WanPipeline

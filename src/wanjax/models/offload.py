@@ -49,11 +49,12 @@ HOST_KINDS = frozenset({"pinned_host", "unpinned_host"})
 Tree = Any
 
 
-def parse_offload(value: Any) -> Offload:
-    """``value`` as an :data:`Offload` mode (None: ``"none"``); ConfigError naming the choices."""
+def parse_offload(value: Any, what: str = "offload") -> Offload:
+    """``value`` as an :data:`Offload` mode (None: ``"none"``); ConfigError naming ``what`` (e.g. the
+    flag) and the choices."""
     name = "none" if value is None else str(value).lower()
     if name not in OFFLOAD_MODES:
-        raise ConfigError(f"unknown offload {value!r}; use one of {', '.join(OFFLOAD_MODES)}")
+        raise ConfigError(f"unknown {what} {value!r}; use one of {', '.join(OFFLOAD_MODES)}")
     return name  # type: ignore[return-value]
 
 

@@ -37,8 +37,8 @@ from wanjax.io.checkpoint import abstract_params
 from wanjax.io.quantizable import (
     KEPT_GGUF,
     UNQUANTIZED,
-    WEIGHTS_DTYPES,
 )
+from wanjax.io.quantizable import weights_dtype as weights_storage
 from wanjax.models import clip_vision, umt5, vae
 from wanjax.models.clip_vision import CLIPVisionConfig
 from wanjax.models.config import parse_dtype
@@ -192,14 +192,11 @@ def plan(
     (:data:`~wanjax.io.quantizable.WEIGHTS_DTYPES`) as the flags of those names; ``lanes`` and
     ``copies_stacks``: the target's (:attr:`~wanjax.target.Target.lanes`,
     :attr:`~wanjax.target.Target.copies_16bit_stacks`; the devices built for when not given)."""
-    offload = parse_offload(offload)
+    offload = parse_offload(offload, "--offload")
+    weights_storage(weights_dtype, "--weights_dtype")
     target = current_target()
     lanes = target.lanes if lanes is None else lanes
     copies_stacks = target.copies_16bit_stacks if copies_stacks is None else copies_stacks
-    if weights_dtype not in WEIGHTS_DTYPES:
-        raise WanjaxError(
-            f"unknown --weights_dtype {weights_dtype!r}; use one of {', '.join(WEIGHTS_DTYPES)}"
-        )
     if weights_dtype == KEPT_GGUF and not model.gguf:
         raise WanjaxError(
             "--weights_dtype gguf keeps a GGUF file's quantised kernels, and no GGUF component file was "

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import ClassVar
 
 from wanjax.errors import WanjaxError
+from wanjax.jobs.cache_flags import CacheFlags
 from wanjax.jobs.flags import option
 from wanjax.jobs.groups import (
     AttentionFlags,
-    CacheFlags,
     CommonFlags,
     ComponentFileFlags,
     LoraFlags,

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from wanjax.errors import ConfigError, WanjaxError
-from wanjax.jobs.generate import open_generate_pipeline
-from wanjax.jobs.opening import begin, defaults_of, mesh_request
+from wanjax.jobs.opening import begin, defaults_of, mesh_request, open_pipeline
 from wanjax.parallel.multihost import is_primary
 from wanjax.server.request import UPLOAD_BODY, ServeRequest
 from wanjax.server.store import JobStore
@@ -89,7 +88,7 @@ def open_engine(request: ServeRequest) -> Engine:
     flags = request.server
     mesh, fsdp = mesh_request(request.parallel)
     base = request.job_base()
-    pipe = open_generate_pipeline(base, mesh, fsdp)
+    pipe = open_pipeline(base, mesh, fsdp)
     defaults = defaults_of(pipe)
     limits = Limits(
         max_frames=flags.max_frames or defaults.frames,

@@ -57,31 +57,32 @@ from wanjax.errors import WanjaxError
 from wanjax.io.atomic import write_text
 from wanjax.io.checkpoint import ShardingFn, abstract_params, random_params, random_params_on_device
 from wanjax.io.quant import leaf_builder
-from wanjax.io.quantizable import KEPT_GGUF, UNQUANTIZED, WEIGHTS_DTYPES, weights_dtype
+from wanjax.io.quantizable import KEPT_GGUF, UNQUANTIZED, weights_dtype
 from wanjax.jobs.flags import add_flags, from_namespace, option
-from wanjax.jobs.groups import DEFAULT_DTYPE, PromptFlags, VaeFlags, cache_options
 from wanjax.jobs.status import Status
 from wanjax.models import clip_vision, dit, umt5
-from wanjax.models.clip_vision import CLIPVisionConfig
-from wanjax.models.config import TransformerConfig, parse_dtype
-from wanjax.models.offload import OFFLOAD_MODES, device_bytes, host_bytes, parse_offload
-from wanjax.models.registry import Variant, released
+from wanjax.models.config import parse_dtype
+from wanjax.models.offload import device_bytes, host_bytes, parse_offload
+from wanjax.models.registry import released
 from wanjax.models.settings import RunSettings
-from wanjax.models.umt5 import UMT5Config
 from wanjax.models.vae import WanVAE
 from wanjax.models.vae import checkpoint_spec as vae_spec
-from wanjax.models.vae.config import VAEConfig
 from wanjax.pipeline.residency import Residency
-from wanjax.sampling.cache.step_cache import POLICIES, CacheConfig, presets
 from wanjax.sampling.context_cache import cache_bytes
 from wanjax.sampling.guidance import ImageConditioning
 from wanjax.sampling.sampler import Sampler
 from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
+from wanjax.tools.bench_config import (
+    BENCH_VOCAB,
+    CPU_DEVICE_DRAW_MIN_PARAMS,
+    RANDOM_WEIGHTS,
+    STAGE_NAMES,
+    BenchConfig,
+    StageResult,
+)
 from wanjax.tools.bench_memory import check_memory
 from wanjax.tools.bench_report import MEMORY_LEGEND, format_table
 from wanjax.tools.flops import (
-    Flops,
-    achieved,
     clip_vision_flops,
     context_kv_flops,
     dit_step_flops,
@@ -97,212 +98,6 @@ from wanjax.tools.measure import (
     program_memory,
     timed,
 )
-
-BENCH_VOCAB = 32_128
-RANDOM_WEIGHTS = ("auto", "numpy", "device")
-CPU_DEVICE_DRAW_MIN_PARAMS = 300_000_000  # --random_weights auto on a CPU: jax.random from this size
-
-
-def _cpu_draw_min() -> dict[str, str]:
-    return {"min_params": f"{CPU_DEVICE_DRAW_MIN_PARAMS // 10**6}M"}
-
-
-def _mag_presets() -> dict[str, str]:
-    return {"presets": ", ".join(presets())}
-
-
-@dataclasses.dataclass(frozen=True)
-class BenchConfig:
-    """What to run (the ``wanjax bench`` flags); the defaults are the issue's quick CPU run."""
-
-    arch: str = option(
-        "1.3B", choices=lambda: tuple(released()), help="a registry variant (default {default})"
-    )
-    layers: int | None = option(None, help="DiT/UMT5/CLIP layers, at least 1 (default: all)")
-    height: int = option(240, help="pixels, multiple of 16 (default {default})")
-    width: int = option(416, help="pixels, multiple of 16 (default {default})")
-    frames: int = option(17, help="4n+1 frames (default {default})")
-    num_inference_steps: int = option(
-        2, help="denoising steps per timed run, and in the pipeline line (default {default})"
-    )
-    guidance_scale: float = option(
-        5.0, help="classifier-free guidance; > 1 batches the CFG pair (default {default})"
-    )
-    dtype: str = option(DEFAULT_DTYPE, help="DiT / UMT5 dtype (default {default})")
-    vae_dtype: str = option(VaeFlags.vae_dtype, help="VAE dtype (default {default})")
-    max_sequence_length: int = option(
-        PromptFlags.max_sequence_length, help="text tokens of the encoded prompt (default {default})"
-    )
-    repeats: int = option(2, help="timed runs per stage after the warm-up (default {default})")
-    stages: tuple[str, ...] = option(
-        ("encode", "image", "denoise", "decode"),
-        choices=lambda: tuple(STAGES),
-        help="stages to time (default: {default}; image: image-to-video archs only)",
-    )
-    random_weights: str = option(
-        "auto",
-        choices=RANDOM_WEIGHTS,
-        help="draw the random weights with numpy (host, then copied) or on the device (jax.random, "
-        "straight into place); auto: on the device, except models under {min_params} weights on a CPU "
-        "(default {default})",
-        values=_cpu_draw_min,
-    )
-    offload: str = option(
-        "none",
-        choices=OFFLOAD_MODES,
-        help="where the DiT's weights wait (default {default}: on the device); model: to pinned host memory "
-        "and back before the denoise stage (the move is timed); blocks: the stacked layers in pinned "
-        "host memory, streamed per layer",
-    )
-    weights_dtype: str = option(
-        UNQUANTIZED,
-        choices=tuple(w for w in WEIGHTS_DTYPES if w != KEPT_GGUF),  # gguf needs a file's blocks
-        help="matmul kernels of the DiT and text encoder (default {default}: in --dtype); int8, fp8: "
-        "8 bits with a float32 scale per output channel (drawn with NumPy: no on-device quantised draw)",
-    )
-    cache: str = option(
-        "off",
-        choices=POLICIES,
-        help="step cache of the denoise stage (default {default}; see wanjax generate --help)",
-    )
-    cache_threshold: float | None = option(None, help="the policy's threshold (default: the policy's)")
-    cache_max_skip: int | None = option(None, help="magcache: skips in a row (default: the policy's)")
-    cache_retention: float | None = option(None, help="magcache: retention ratio (default: the policy's)")
-    mag_ratios: str | None = option(
-        None,
-        help="magcache's curve: a preset ({presets}) or a JSON file (default: the architecture's preset, "
-        "when --layers keeps its depth)",
-        values=_mag_presets,
-    )
-    teacache_coefficients: str | None = option(
-        None,
-        metavar="NAME|FILE.json",
-        help="teacache's polynomial: a preset or a JSON list (default: the architecture's; see wanjax generate --help)",
-    )
-    teacache_ret_steps: bool = option(False, help="teacache: the authors' use_ret_steps mode")
-    cache_option: tuple[str, ...] = option(
-        (),
-        repeat=True,
-        metavar="NAME=VALUE",
-        help="taylorseer or seacache: a TaylorSeerCacheConfig or SeaCacheConfig field (see wanjax generate --help)",
-    )
-
-    def cache_config(self) -> CacheConfig:
-        """The step cache the denoise stage runs with."""
-        return CacheConfig(
-            self.cache,
-            threshold=self.cache_threshold,
-            max_skip_steps=self.cache_max_skip,
-            retention_ratio=self.cache_retention,
-            mag_ratios=self.mag_ratios,
-            coefficients=self.teacache_coefficients,
-            ret_steps=self.teacache_ret_steps,
-            options=cache_options(self.cache_option) or None,
-        )
-
-    @property
-    def variant(self) -> Variant:
-        """The architecture's registry entry (:func:`wanjax.models.registry.released`)."""
-        return released()[self.arch]
-
-    @property
-    def vae(self) -> VAEConfig:
-        """The architecture's VAE (the Wan 2.2 VAE's shapes for TI2V-5B)."""
-        return self.variant.vae
-
-    def text_config(self) -> UMT5Config:
-        """The text encoder drawn: ``--layers`` of its layers (at most all), a small vocabulary."""
-        text = self.variant.text_encoder
-        layers = min(self.layers or text.num_layers, text.num_layers)
-        return dataclasses.replace(text, num_layers=layers, vocab_size=BENCH_VOCAB)
-
-    def image_encoder_config(self) -> CLIPVisionConfig | None:
-        """The CLIP encoder drawn (``--layers`` of its layers, at most all); None: the model has none."""
-        clip = self.variant.image_encoder
-        if clip is None:
-            return None
-        layers = min(self.layers or clip.num_hidden_layers, clip.num_hidden_layers)
-        return dataclasses.replace(clip, num_hidden_layers=layers)
-
-    def transformer_config(self) -> TransformerConfig:
-        """The DiT drawn: ``--layers`` blocks (default all; a VACE model keeps the control blocks of
-        those layers)."""
-        base = self.variant.transformer
-        layers = self.layers or base.num_layers
-        if base.vace_layers is None:
-            return dataclasses.replace(base, num_layers=layers)
-        vace = tuple(i for i in base.vace_layers if i < layers)
-        return dataclasses.replace(base, num_layers=layers, vace_layers=vace)
-
-    def latent_shape(self) -> tuple[int, int, int, int, int]:
-        f = self.vae.spatial_factor
-        if self.height % (2 * f) or self.width % (2 * f) or (self.frames - 1) % 4:
-            raise WanjaxError(
-                f"{self.width}x{self.height}, {self.frames} frames: width and height must be multiples of "
-                f"{2 * f} and frames 4n+1"
-            )
-        return (1, self.vae.z_dim, (self.frames - 1) // 4 + 1, self.height // f, self.width // f)
-
-
-@dataclasses.dataclass
-class StageResult:
-    """Timings of one stage: warm-up (compile + first run) and steady runs, in seconds."""
-
-    warmup: float
-    steady: list[float]
-    flops: Flops | None = None
-    per_step: list[float] | None = None  # denoise: the steady steps
-    executed_flops: Flops | None = None  # decode: what wanjax's formulation computes, if not ``flops``
-    program_memory: dict[str, int] | None = None  # memory_analysis() of the stage's compiled program
-    allocator_peak_bytes: int | None = None  # the device allocator's peak so far, after the stage
-    weights: tuple[str, float] | None = None  # how the random weights were drawn, and the seconds it took
-    weights_bytes: dict[str, int] | None = None  # the weights' bytes in device and in host memory
-    to_device_s: float | None = None  # offload model/blocks: the weights' move back to the device
-    cache: dict[str, Any] | None = None  # denoise with a step cache: what it skipped (CacheReport JSON)
-    effective_step_s: float | None = None  # denoise: a whole loop's seconds / its steps (median loop)
-    tflop_known: float | None = None  # image: the CLIP encoder's TFLOP (the VAE encode's not counted)
-    expert_steps: list[int] | None = None  # denoise, two experts: which one ran each step
-    text_kv: dict[str, Any] | None = None  # denoise: the text K/V cache (the TFLOP each step saves, bytes)
-
-    def summary(self) -> dict[str, Any]:
-        med = statistics.median(self.steady) if self.steady else float("nan")
-        out: dict[str, Any] = {
-            "warmup_s": self.warmup,
-            "steady_median_s": med,
-            "steady_min_s": min(self.steady, default=float("nan")),
-            "steady_max_s": max(self.steady, default=float("nan")),
-            "program_memory": self.program_memory,
-            "allocator_peak_bytes": self.allocator_peak_bytes,
-        }
-        if self.weights is not None:
-            out["random_weights"], out["random_weights_s"] = self.weights
-        if self.weights_bytes is not None:
-            out["weights_bytes"] = self.weights_bytes
-        if self.text_kv is not None:
-            out["text_kv"] = self.text_kv
-        if self.to_device_s is not None:
-            out["weights_to_device_s"] = self.to_device_s
-        if self.effective_step_s is not None:
-            out["s_per_step_effective"] = self.effective_step_s
-        if self.cache is not None:
-            out["cache"] = self.cache
-        if self.tflop_known is not None:
-            out["tflop_clip"] = self.tflop_known
-        if self.expert_steps is not None:
-            out["expert_steps"] = self.expert_steps
-        if self.per_step is not None:
-            out["s_per_step_median"] = statistics.median(self.per_step) if self.per_step else float("nan")
-            out["s_per_step_spread"] = [min(self.per_step, default=0.0), max(self.per_step, default=0.0)]
-        if self.flops is not None:
-            seconds = out.get("s_per_step_median", med)
-            out["tflop"] = self.flops.total / 1e12
-            out["tflop_attention"] = self.flops.attention / 1e12
-            if self.cache is None:  # a cached step computes less than a step's FLOPs
-                out["achieved_tflops"] = achieved(self.flops, seconds) / 1e12
-        if self.executed_flops is not None:
-            out["tflop_executed"] = self.executed_flops.total / 1e12
-            out["achieved_tflops_executed"] = achieved(self.executed_flops, med) / 1e12
-        return out
 
 
 def random_weights_path(choice: str, num_params: int = 0) -> str:
@@ -358,7 +153,7 @@ def _repeat(fn: Callable[[], Any], repeats: int) -> StageResult:
 def bench_encode(cfg: BenchConfig) -> StageResult:
     ucfg = cfg.text_config()
     params, weights = bench_params(
-        cfg, umt5.checkpoint_spec(ucfg), parse_dtype(cfg.dtype), weights=cfg.weights_dtype
+        cfg, umt5.checkpoint_spec(ucfg), parse_dtype(cfg.dtype), weights=cfg.memory.weights_dtype
     )
     length = cfg.max_sequence_length
     ids = jax.random.randint(jax.random.key(1), (2, length), 0, BENCH_VOCAB)  # prompt + negative
@@ -409,15 +204,15 @@ def bench_image(cfg: BenchConfig) -> StageResult:
 def bench_denoise(cfg: BenchConfig) -> StageResult:
     tcfg = cfg.transformer_config()
     dtype = parse_dtype(cfg.dtype)
-    offload = parse_offload(cfg.offload)
+    offload = parse_offload(cfg.memory.offload)
     sharding = dit.transformer_sharding(offload=offload)  # blocks: the stacked layers in pinned host
-    params, weights = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.weights_dtype)
+    params, weights = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.memory.weights_dtype)
     model = dit.WanTransformer(tcfg, params, RunSettings(dtype, offload=offload))
     boundary = cfg.variant.boundary_ratio
     residency = Residency(offload)  # as WanPipeline moves the weights
     second = None
     if boundary is not None:  # Wan 2.2 A14B: a second expert of the same architecture
-        params_2, _ = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.weights_dtype)
+        params_2, _ = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.memory.weights_dtype)
         second = dit.WanTransformer(tcfg, params_2, RunSettings(dtype, offload=offload))
         residency.park(second)  # it waits on the host until its first step
     experts = (model,) if second is None else (model, second)
@@ -549,12 +344,9 @@ STAGE_WORK = {
     "decode": "the VAE decoder: random weights drawn, compiled, timed",
 }
 
-STAGES: dict[str, Callable[[BenchConfig], StageResult]] = {
-    "encode": bench_encode,
-    "image": bench_image,
-    "denoise": bench_denoise,
-    "decode": bench_decode,
-}
+STAGES: dict[str, Callable[[BenchConfig], StageResult]] = dict(
+    zip(STAGE_NAMES, (bench_encode, bench_image, bench_denoise, bench_decode), strict=True)
+)
 
 
 def run_bench(cfg: BenchConfig, on_stage: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -573,12 +365,12 @@ def run_bench(cfg: BenchConfig, on_stage: Callable[[str], None] | None = None) -
     for dtype in (cfg.dtype, cfg.vae_dtype):
         parse_dtype(dtype)
     random_weights_path(cfg.random_weights)
-    if cfg.offload not in OFFLOAD_MODES:
-        raise WanjaxError(f"unknown --offload {cfg.offload!r}; choose from {', '.join(OFFLOAD_MODES)}")
-    if cfg.weights_dtype not in WEIGHTS_DTYPES:
+    cfg.memory.check()
+    if cfg.memory.weights_dtype == KEPT_GGUF:
         raise WanjaxError(
-            f"unknown --weights_dtype {cfg.weights_dtype!r}; choose from {', '.join(WEIGHTS_DTYPES)}"
+            "--weights_dtype gguf keeps a GGUF file's blocks; bench draws random weights: use int8 or fp8"
         )
+    cfg.cache_config()
     check_memory(cfg, wanted)  # every flag checked first: plan reads them
     dtype, vae_dtype = (jnp.dtype(parse_dtype(d)).name for d in (cfg.dtype, cfg.vae_dtype))
     image_dtypes = ("float32",) if "image" in wanted else ()

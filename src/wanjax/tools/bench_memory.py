@@ -33,8 +33,8 @@ def stage_needs(cfg: Any) -> dict[str, int]:
         vae_dtype=cfg.vae_dtype,
         cfg=cfg.guidance_scale > 1,
         max_sequence_length=cfg.max_sequence_length,
-        offload=cfg.offload,
-        weights_dtype=cfg.weights_dtype,
+        offload=cfg.memory.offload,
+        weights_dtype=cfg.memory.weights_dtype,
     )
 
 

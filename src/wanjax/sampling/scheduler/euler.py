@@ -10,8 +10,8 @@ import numpy as np
 
 from wanjax.sampling.scheduler.config import SchedulerConfig
 from wanjax.sampling.scheduler.ops import scalar_times
-from wanjax.sampling.scheduler.sigmas import check_steps, euler_flow_schedule
-from wanjax.sampling.scheduler.strength import PartialStart, start_step
+from wanjax.sampling.scheduler.sigmas import euler_flow_schedule
+from wanjax.sampling.scheduler.strength import PartialStart
 
 __all__ = ["EulerState", "FlowEulerScheduler"]
 
@@ -35,13 +35,7 @@ class FlowEulerScheduler(PartialStart):
     def __init__(
         self, config: SchedulerConfig, num_inference_steps: int, strength: float | None = None
     ) -> None:
-        config.validate()
-        self.config = config
-        self.num_inference_steps = check_steps(num_inference_steps)
-        self.timesteps, self.sigmas = euler_flow_schedule(
-            self.num_inference_steps, float(config.flow_shift), config.num_train_timesteps
-        )
-        self.start = start_step(self.timesteps, strength)
+        self._flow_schedule(config, num_inference_steps, strength, euler_flow_schedule)
         self._dt = (self.sigmas[1:] - self.sigmas[:-1]).astype(np.float32)
 
     def model_timestep(self, step_index: jax.Array | int) -> jax.Array:

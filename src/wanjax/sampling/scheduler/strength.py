@@ -3,9 +3,13 @@ at and the source latents noised to that step's sigma."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from wanjax.errors import ConfigError
+from wanjax.sampling.scheduler.config import SchedulerConfig
+from wanjax.sampling.scheduler.sigmas import check_steps
 
 __all__ = ["PartialStart", "check_strength", "noised", "start_step", "steps_run"]
 
@@ -66,6 +70,23 @@ class PartialStart:
     sigmas: np.ndarray
     start: int
     draws_noise: bool = False  # its steps draw fresh noise from the seed (a batch's items share one draw)
+
+    def _flow_schedule(
+        self,
+        config: SchedulerConfig,
+        num_inference_steps: int,
+        strength: float | None,
+        schedule: Callable[[int, float, int], tuple[np.ndarray, np.ndarray]],
+    ) -> None:
+        """Set ``config``, the step count, ``timesteps`` and ``sigmas`` of ``schedule`` (a flow
+        schedule of the steps, the shift and the training timesteps) and the ``start`` step."""
+        config.validate()
+        self.config = config
+        self.num_inference_steps = check_steps(num_inference_steps)
+        self.timesteps, self.sigmas = schedule(
+            self.num_inference_steps, float(config.flow_shift), config.num_train_timesteps
+        )
+        self.start = start_step(self.timesteps, strength)
 
     def noised(self, latents: np.ndarray, noise: np.ndarray) -> np.ndarray:
         """``latents`` noised to the first step's sigma (:func:`noised`)."""

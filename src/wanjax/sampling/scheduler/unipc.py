@@ -14,8 +14,8 @@ import numpy as np
 
 from wanjax.sampling.scheduler.config import SchedulerConfig
 from wanjax.sampling.scheduler.ops import scalar_times, true_div
-from wanjax.sampling.scheduler.sigmas import check_steps, unipc_flow_schedule
-from wanjax.sampling.scheduler.strength import PartialStart, start_step
+from wanjax.sampling.scheduler.sigmas import unipc_flow_schedule
+from wanjax.sampling.scheduler.strength import PartialStart
 
 __all__ = ["UNIPC_COEFFICIENTS", "UniPCFlowScheduler", "UniPCState"]
 
@@ -169,13 +169,7 @@ class UniPCFlowScheduler(PartialStart):
     def __init__(
         self, config: SchedulerConfig, num_inference_steps: int, strength: float | None = None
     ) -> None:
-        config.validate()
-        self.config = config
-        self.num_inference_steps = check_steps(num_inference_steps)
-        self.timesteps, self.sigmas = unipc_flow_schedule(
-            self.num_inference_steps, float(config.flow_shift), config.num_train_timesteps
-        )
-        self.start = start_step(self.timesteps, strength)
+        self._flow_schedule(config, num_inference_steps, strength, unipc_flow_schedule)
         self._table = _unipc_table(
             self.sigmas, config.solver_order, config.solver_type, tuple(config.disable_corrector), self.start
         )
