@@ -14,6 +14,7 @@ from wanjax.jobs.cache_flags import CacheFlags
 from wanjax.jobs.groups import SamplingFlags
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.parallel.multihost import is_primary
+from wanjax.pipeline.options import RunOptions
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.runtime.timing import RunReport
 from wanjax.sampling.results import Denoised
@@ -27,13 +28,18 @@ def sampling_params(pipe: WanPipeline, sampling: SamplingFlags, video: bool = Fa
     checkpoint's, or the distill sampler's, unless given), seed (None with init latents), and for
     video to video (``video``) the strength; the flags' values were checked when the request was
     built."""
-    defaults = defaults_of(pipe)
     init = sampling.init_latents
-    steps = _given_or(sampling.num_inference_steps, defaults.num_inference_steps)
-    kind = sampling.scheduler or "auto"
     if sampling.strength is not None and not video:
         raise WanjaxError("--strength is for video to video: give the video too (--video FILE)")
-    strength = {"strength": _given_or(sampling.strength, defaults.strength)} if video else {}
+    given = RunOptions(
+        num_inference_steps=sampling.num_inference_steps,
+        guidance_scale=sampling.guidance_scale,
+        seed=sampling.seed,
+        strength=sampling.strength,
+    )
+    o = given.filled(defaults_of(pipe), video=video)
+    steps, kind = o.num_inference_steps, sampling.scheduler or "auto"
+    strength = {"strength": o.strength} if video else {}
     try:
         scheduler = pipe.components.build_scheduler(steps, sampling.flow_shift, kind, **strength)
     except ConfigError as e:
@@ -51,11 +57,11 @@ def sampling_params(pipe: WanPipeline, sampling: SamplingFlags, video: bool = Fa
         )
     return {
         "num_inference_steps": steps,
-        "guidance_scale": _given_or(sampling.guidance_scale, defaults.guidance_scale),
+        "guidance_scale": o.guidance_scale,
         **experts,
         "scheduler": scheduler.kind,
         "flow_shift": float(scheduler.config.flow_shift),
-        "seed": None if init else _given_or(sampling.seed, defaults.seed),
+        "seed": None if init else o.seed,
         "init_latents": str(Path(init).resolve()) if init else None,
         **strength,
     }

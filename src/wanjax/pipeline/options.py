@@ -50,9 +50,10 @@ class RunOptions:
         TypeError naming an unknown one."""
         return dataclasses.replace(options or cls(), **values)
 
-    def filled(self, defaults: Defaults) -> RunOptions:
+    def filled(self, defaults: Defaults, video: bool = False) -> RunOptions:
         """These options with what they leave out taken from ``defaults`` (the video's size stays
-        open: it may follow an image's aspect)."""
+        open: it may follow an image's aspect), the strength too for video to video (``video``): the
+        one place a run's defaults are filled in, for the Python API, the command line and the server."""
         given = lambda value, default: default if value is None else value  # noqa: E731
         return dataclasses.replace(
             self,
@@ -62,4 +63,5 @@ class RunOptions:
             seed=given(self.seed, defaults.seed),
             fps=given(self.fps, defaults.fps),
             conditioning_scale=given(self.conditioning_scale, defaults.conditioning_scale),
+            strength=given(self.strength, defaults.strength) if video else self.strength,
         )

@@ -166,25 +166,28 @@ class WanPipeline:
         from tqdm import tqdm
 
         parts = self.components
-        o = RunOptions.of(options, values).filled(parts.defaults)
+        o = RunOptions.of(options, values)
+        if video_latents is None and o.strength is not None:
+            raise WanjaxError("a strength is for video to video: give the source video's latents too")
+        o = o.filled(parts.defaults, video=video_latents is not None)
         parts.enter("denoise")
         model, second = parts.transformer, parts.transformer_2
-        self._check_denoise(model, second, o, image, vace, video_latents)
+        self._check_denoise(model, second, o, image, vace)
         check_embeddings(model, prompt_embeds, negative_prompt_embeds, latents, o.guidance_scale)
         if vace is not None:
             rows = latents.shape[0]
             vace = VaceControl(jnp.tile(jnp.asarray(vace.latents), (rows, 1, 1, 1, 1)), vace.scale)
-        strength = None
         if video_latents is not None:
             check_video_latents(model.cfg, image is not None, video_latents.shape, latents.shape)
-            strength = parts.defaults.strength if o.strength is None else o.strength
         cfg_pair = negative_prompt_embeds is not None and o.guidance_scale > 1  # run as one batch
         layout = model.token_layout((latents.shape[0] * (2 if cfg_pair else 1), *latents.shape[1:]))
         mesh_usage = None if layout is None else layout.describe(dict(parts.mesh.shape))
         if self._sampler is None:
             self._sampler = Sampler(model, second)
         with parts.stage_timing("denoise").running():
-            steps = parts.build_scheduler(o.num_inference_steps, o.flow_shift, o.scheduler, o.seed, strength)
+            steps = parts.build_scheduler(
+                o.num_inference_steps, o.flow_shift, o.scheduler, o.seed, o.strength
+            )
             if video_latents is not None:
                 latents = steps.noised(to_host(video_latents), to_host(latents))
             cond = jnp.asarray(prompt_embeds).astype(model.dtype)
@@ -215,11 +218,10 @@ class WanPipeline:
         o: RunOptions,
         image: ImageConditioning | None,
         vace: VaceControl | None,
-        video_latents: np.ndarray | None,
     ) -> None:
         """WanjaxError for a denoise the model cannot run: expert options without two experts, an
         image model without its image (or the reverse), a VACE model without its control (or the
-        reverse), a strength without a source video."""
+        reverse)."""
         if second is None and (o.guidance_scale_2 is not None or o.boundary_ratio is not None):
             raise WanjaxError(
                 "guidance_scale_2 and boundary_ratio are for two-expert models (Wan 2.2 A14B: transformer_2)"
@@ -236,8 +238,6 @@ class WanPipeline:
                 if vace is None
                 else "a VACE control was given but this is not a VACE model"
             )
-        if video_latents is None and o.strength is not None:
-            raise WanjaxError("a strength is for video to video: give the source video's latents too")
 
     def decode(
         self, latents: jax.Array, progress: bool = False, on_frames: Callable[[int], None] | None = None

@@ -21,6 +21,7 @@ from wanjax.io.video import fps_problem
 from wanjax.jobs.groups import ImageFlags, LoraFlags, OutputFlags, SourceVideoFlags, VaceFlags, VideoFlags
 from wanjax.jobs.requests import GenerateRequest
 from wanjax.models.registry import Defaults
+from wanjax.pipeline.options import RunOptions
 from wanjax.server.errors import ApiError
 from wanjax.server.loras import LORA_FIELDS, lora_entries
 from wanjax.server.store import Job
@@ -125,12 +126,22 @@ def job_params(
         if not match:
             raise ApiError(400, f'size {body["size"]!r} must be WIDTHxHEIGHT, e.g. "832x480"', param="size")
         width, height = int(match[1]), int(match[2])
-    fps = float(body.get("fps", defaults.fps))
+    to_video = "video" in uploads and video_to_video
+    given = RunOptions(
+        num_frames=body.get("frames"),
+        num_inference_steps=body.get("num_inference_steps"),
+        guidance_scale=body.get("guidance_scale"),
+        seed=body.get("seed"),
+        strength=body.get("strength"),
+        fps=body.get("fps"),
+    )
+    filled = given.filled(defaults, video=to_video)
+    fps = float(filled.fps)
     if problem := fps_problem(fps):
         raise ApiError(400, f"fps {problem}", param="fps")
     if "frames" in body and "seconds" in body:
         raise ApiError(400, "give frames or seconds, not both", param="seconds")
-    frames = body.get("frames", defaults.frames)
+    frames = filled.num_frames
     if "seconds" in body:
         seconds = body["seconds"]
         if not (math.isfinite(seconds * fps) and seconds > 0):
@@ -146,15 +157,13 @@ def job_params(
         "height": height,
         "frames": frames,
         "fps": fps,
-        "num_inference_steps": body.get("num_inference_steps", defaults.num_inference_steps),
-        "guidance_scale": float(body.get("guidance_scale", defaults.guidance_scale)),
-        "seed": body.get("seed", defaults.seed),
+        "num_inference_steps": filled.num_inference_steps,
+        "guidance_scale": float(filled.guidance_scale),
+        "seed": filled.seed,
         **{name: name in uploads for name in UPLOADS},
         REFERENCES: len(body.get(REFERENCES, ())),
         "conditioning_scale": body.get("conditioning_scale"),
-        "strength": float(body.get("strength", defaults.strength))
-        if "video" in uploads and video_to_video
-        else body.get("strength"),
+        "strength": float(filled.strength) if to_video else filled.strength,
         **requested,  # echoed as asked (the video object's ``seconds``)
         **{name: entries for name, entries in loras.items() if entries},  # on top of the server's
     }
