@@ -315,16 +315,9 @@ def forward(
     the other modes run the resident scan. The numerics are the same either way.
     """
     x, cond = embed_inputs(
-        params,
-        cfg,
-        latents,
-        timestep,
-        prompt_embeds,
-        settings=settings,
-        image_embeds=image_embeds,
-        control=control,
-        kv=kv,
-    )
+        params, cfg, latents, timestep, prompt_embeds, settings=settings, image_embeds=image_embeds,
+        control=control, kv=kv,
+    )  # fmt: skip
     x = run_blocks(params, cfg, x, cond, settings=settings)
     return project(params, cfg, x, cond, settings=settings)
 
