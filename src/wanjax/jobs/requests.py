@@ -77,10 +77,10 @@ class Request:
 
 
 @dataclasses.dataclass(frozen=True)
-class GenerateRequest(Request):
-    """``wanjax generate``: prompt to mp4 in one run."""
+class InputsRequest(Request):
+    """The flags of a command that takes a run's inputs: the model and its dtypes, the prompts, the
+    images, a source or control video and the video's size (``generate`` and ``encode``)."""
 
-    command: ClassVar[str] = "generate"
     common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
     dtype: str | None = dtype_flag()
     precision: str | None = precision_flag()
@@ -89,6 +89,13 @@ class GenerateRequest(Request):
     source: SourceVideoFlags = dataclasses.field(default_factory=SourceVideoFlags)
     vace: VaceFlags = dataclasses.field(default_factory=VaceFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateRequest(InputsRequest):
+    """``wanjax generate``: prompt to mp4 in one run."""
+
+    command: ClassVar[str] = "generate"
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
@@ -101,18 +108,10 @@ class GenerateRequest(Request):
 
 
 @dataclasses.dataclass(frozen=True)
-class EncodeRequest(Request):
+class EncodeRequest(InputsRequest):
     """``wanjax encode``: prompts to the stage directory's embeddings."""
 
     command: ClassVar[str] = "encode"
-    common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
-    dtype: str | None = dtype_flag()
-    precision: str | None = precision_flag()
-    text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
-    images: ImageFlags = dataclasses.field(default_factory=ImageFlags)
-    source: SourceVideoFlags = dataclasses.field(default_factory=SourceVideoFlags)
-    vace: VaceFlags = dataclasses.field(default_factory=VaceFlags)
-    video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
     output_dir: str = stage_dir_flag()
     files: ComponentFileFlags = dataclasses.field(default_factory=ComponentFileFlags)

@@ -20,7 +20,7 @@ import dataclasses
 import math
 from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -315,16 +315,11 @@ def forward(
 
 
 def prompt_embeddings(
-    params: Params,
-    cfg: UMT5Config,
-    input_ids: jax.Array,
-    attention_mask: jax.Array,
-    *,
-    precision: Precision = "highest",
-    stream: bool = False,
+    params: Params, cfg: UMT5Config, input_ids: jax.Array, attention_mask: jax.Array, **options: Any
 ) -> jax.Array:
-    """``forward`` with positions at or past each row's length (``mask.sum()``) set to exact zeros."""
-    hidden = forward(params, cfg, input_ids, attention_mask, precision=precision, stream=stream)
+    """:func:`forward` (``options``: its ``precision``, ``stream``) with positions at or past each
+    row's length (``mask.sum()``) set to exact zeros."""
+    hidden = forward(params, cfg, input_ids, attention_mask, **options)
     lengths = attention_mask.astype(jnp.int32).sum(axis=-1)
     keep = jnp.arange(input_ids.shape[1])[None, :] < lengths[:, None]
     return jnp.where(keep[..., None], hidden, jnp.zeros((), hidden.dtype))

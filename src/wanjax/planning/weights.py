@@ -113,24 +113,15 @@ def weight_bytes(
 VACE_LEAVES = ("vace_patch_embedding", "vace_proj_in", "vace_blocks")
 
 
-def transformer_bytes(
-    cfg: TransformerConfig,
-    dtype: Any,
-    sizes: dict[str, int],
-    fsdp: bool = False,
-    weights: str = UNQUANTIZED,
-    kept: Mapping[str, str] | None = None,
-) -> WeightBytes:
-    """:func:`weight_bytes` of a transformer: a VACE model's control blocks (their own stack, never
-    streamed) count with the weights that stay on the device."""
+def transformer_bytes(cfg: TransformerConfig, *args: Any, **kwargs: Any) -> WeightBytes:
+    """:func:`weight_bytes` (with its other arguments) of a transformer: a VACE model's control blocks
+    (their own stack, never streamed) count with the weights that stay on the device."""
     spec = dit.checkpoint_spec(cfg)
     control = {name: spec.pop(name) for name in VACE_LEAVES if name in spec}
-    found = weight_bytes(spec, dtype, sizes, fsdp, weights, kept)
+    found = weight_bytes(spec, *args, **kwargs)
     if not control:
         return found
-    return dataclasses.replace(
-        found, fixed=found.fixed + weight_bytes(control, dtype, sizes, fsdp, weights, kept).total
-    )
+    return dataclasses.replace(found, fixed=found.fixed + weight_bytes(control, *args, **kwargs).total)
 
 
 def copied_stack_bytes(

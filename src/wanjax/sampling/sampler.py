@@ -135,19 +135,6 @@ class Sampler:
         # inputs stay the arguments (what memory_analysis' readers pair them with)
         return jax.jit(step, out_shardings=out, keep_unused=True).lower(*args)
 
-    def _cached_program(
-        self,
-        scheduler: Scheduler,
-        cache: StepCache,
-        args: tuple[Any, ...],
-        cache_sharding: Any,
-        expert: int = 0,
-    ) -> jax.stages.Compiled:
-        """The step program under a step cache (:meth:`_cached_lower`), compiled once per shape."""
-        key = ("cached", expert, *cache.key, *schedule_key(scheduler))
-        lower = functools.partial(self._cached_lower, scheduler, cache, args, cache_sharding, expert)
-        return self._programs.get((*key, signature(args)), lower)
-
     def _placement(self, params: Params) -> jax.sharding.Sharding | None:
         """Where the step's inputs go: replicated over the mesh, else on the device of ``params``
         (arrays or ShapeDtypeStructs; None: no sharding, or several devices without a mesh, inputs
@@ -387,7 +374,9 @@ class Sampler:
                     program = self._program(scheduler, args, k)
                 else:  # each expert starts from an empty cache, as diffusers' hook on each transformer
                     extra, cache_sharding = self._cache_inputs(step_cache, latents, place, k, i)
-                    program = self._cached_program(scheduler, step_cache, args + extra, cache_sharding, k)
+                    key = ("cached", k, *step_cache.key, *schedule_key(scheduler), signature(args + extra))
+                    lower = (scheduler, step_cache, args + extra, cache_sharding, k)
+                    program = self._programs.get(key, functools.partial(self._cached_lower, *lower))
                 times.compile += time.perf_counter() - start
                 current = k
             start = time.perf_counter()

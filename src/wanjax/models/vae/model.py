@@ -353,33 +353,20 @@ def load_vae(
     dtype: str | jnp.dtype = "float32",
     weights_dtype: str | jnp.dtype | None = None,
     *,
-    decode_chunk: int | str | None = 1,
-    encode_chunk: int | str | None = 1,
-    frames_per_step: int = 1,
-    conv: str = "auto",
-    upsample: str = "subpixel",
-    tiling: Tiling | None = None,
     sharding: ShardingFn | None = None,
-    compile_in_child: bool | None = None,
-    precision: str | None = None,
     config: VAEConfig | None = None,
-    first_frame: str = "auto",
+    **options: Any,
 ) -> WanVAE:
     """Load ``vae/`` of a diffusers-layout Wan 2.1 or 2.2 model (``path`` = model root or that folder),
     or one VAE weights file of any layout ``config`` describes.
 
     ``dtype``: activations; ``weights_dtype``: how the weights are stored (default: ``dtype``);
-    weights are cast to ``dtype`` at use. ``decode_chunk``: latent frames per decode step;
-    ``encode_chunk``: groups of 4 frames per encode step (an int or ``"all"``).
-    ``frames_per_step``: frames per step in the full-frame-rate layers (memory vs. speed).
-    ``conv``/``upsample``: convolution formulations (see :class:`~wanjax.models.vae.ops.Numerics`).
-    ``tiling``: decode large frames in blended spatial tiles (:class:`Tiling`; off by default).
-    ``compile_in_child``, ``precision`` (of float32 convolutions and matmuls; None: the platform's
-    default), ``first_frame``: see :class:`WanVAE`.
+    weights are cast to ``dtype`` at use. ``sharding``: each weight's placement. ``options``:
+    :class:`WanVAE`'s (``decode_chunk``, ``encode_chunk``, ``frames_per_step``, ``conv``,
+    ``upsample``, ``tiling``, ``compile_in_child``, ``precision``, ``first_frame``).
     The checkpoint's names, shapes and dtypes are checked now; each part's weights are read on its
     first use, after that call's program is compiled.
     """
-    precision = resolve_precision(precision, "vae")
     cfg, stored = VAE.stored(path, config)
     dtype = parse_dtype(dtype)
     weights_dtype = parse_dtype(weights_dtype) if weights_dtype is not None else dtype
@@ -412,13 +399,5 @@ def load_vae(
         params_like=like("decoder"),
         encoder_params=lambda: load("encoder"),
         encoder_like=like("encoder"),
-        decode_chunk=decode_chunk,
-        encode_chunk=encode_chunk,
-        frames_per_step=frames_per_step,
-        conv=conv,
-        upsample=upsample,
-        tiling=tiling,
-        compile_in_child=compile_in_child,
-        precision=precision,
-        first_frame=first_frame,
+        **options,
     )
