@@ -247,6 +247,8 @@ def test_generate_and_three_stages_with_a_video_equal_diffusers(v2v, tmp_path):
 
 MISTAKES = {
     "not a video": (("--video", "notes.mp4"), "--video: notes.mp4 is not a video PyAV can read"),
+    "an image as the video": (("--video", "clip.png"), "--video: clip.png is an image (PNG), not a video"),
+    "a JPEG named mp4": (("--video", "photo.mp4"), "--video: photo.mp4 is an image (JPEG), not a video"),
     "strength zero": (("--video", "clip.mp4", "--strength", "0"), "--strength must be over 0 and at most 1"),
     "strength over one": (
         ("--video", "clip.mp4", "--strength", "1.5"),
@@ -296,6 +298,7 @@ def test_video_mistakes_are_one_line_exit_2_and_nothing_written(tmp_path, demo_e
         cwd.mkdir()
         write_clip(cwd / "clip.mp4", source_frames(40, (64, 48)), fps=24)  # 27 frames at 16 fps
         source_frames(1)[0].save(cwd / "clip.png")
+        source_frames(1)[0].save(cwd / "photo.mp4", format="JPEG")
         (cwd / "notes.mp4").write_text("not a video")
         command = [sys.executable, "-m", "wanjax.cli", "generate", "--model", "demo", "--prompt", "a cat"]
         env = {**os.environ, "JAX_PLATFORMS": "cpu", "WANJAX_CACHE": str(demo_env)}
