@@ -315,7 +315,19 @@ def _run_in_terminal(args: list[str], env: dict[str, str], cwd: Path) -> tuple[i
             break
         shown += chunk
     os.close(leader)
-    return proc.wait(timeout=300), shown.decode().replace("\r\n", "\n")
+    return proc.wait(timeout=300), _kept(shown.decode().replace("\r\n", "\n"))
+
+
+def _kept(shown: str) -> str:
+    """What stays on a terminal of ``shown``: a silent stage's word (rewritten in place while a stage is
+    silent, then erased or overwritten) left out; a count's rewrites kept, each after its ``\\r``."""
+    lines = []
+    for line in shown.split("\n"):
+        parts = [p for p in line.replace("\r\x1b[K", "\r").split("\r") if p and "still running" not in p]
+        lines.append(
+            "".join(f"\r{p}" for p in parts) if any(p.endswith("\x1b[K") for p in parts) else "".join(parts)
+        )
+    return "\n".join(lines)
 
 
 def _counted(shown: str) -> str:
@@ -372,6 +384,37 @@ def test_a_terminal_shows_the_stages_as_they_start_and_a_pipe_only_the_table(dem
 
 
 @pytest.mark.slow
+def test_a_long_video_on_a_terminal_says_its_frames_and_counts_each_clip(demo_env, tmp_path):
+    """``--clips 2``: the header the whole video's (29 frames, 2 clips), a line per clip and its steps."""
+    args = (
+        "generate",
+        "--model",
+        "demo-vace",
+        "--prompt",
+        "a cat",
+        "--clips",
+        "2",
+        "--height",
+        "32",
+        "--width",
+        "48",
+    )
+    code, shown = _run_in_terminal(
+        _command(*args, "--num_inference_steps", "2", "--output_video", "v.mp4"), _env(demo_env), tmp_path
+    )
+    assert code == 0, shown
+    lines = shown.split("\n")
+    assert lines[0] == (
+        "wanjax generate: model demo-vace, 1 video of 29 frames 48x32, 2 steps per clip, in 2 clips of 17 "
+        "frames (5 shared with the one before)"
+    ), lines
+    starts = [line.split("] ", 1)[1].split(":")[0] for line in lines if line.startswith("[")]
+    assert starts == ["clip 1/2", "denoise", "clip 2/2", "denoise", "write"], lines
+    counted = [[_counted(c) for c in line.split("\r")[1:]] for line in lines if "denoise: step" in line]
+    assert counted == [["denoise: step 1/2", "denoise: step 2/2"]] * 2, lines
+
+
+@pytest.mark.slow
 def test_encode_on_a_terminal_says_what_it_encodes(demo_env, tmp_path):
     """The header, then a line as each part starts: the text, the video to re-make, the files."""
     import numpy as np
@@ -419,7 +462,7 @@ def test_status_lines_count_the_steps_with_an_eta_and_stay_silent_when_disabled(
     for stage, done in [("encode", 0), ("denoise", 0), ("denoise", 1), ("denoise", 2), ("denoise", 3)]:
         status(stage, done)
     for done in (3, 1, 2, 3):  # the stage's start (with the steps run), then the latent frames decoded
-        status("decode", done)
+        status("decode", done)  # the first alone: it and the part after it compile, then the ETA
     status("write", 0)
     assert out.getvalue().split("\n") == [
         "wanjax generate: model demo",
@@ -430,16 +473,80 @@ def test_status_lines_count_the_steps_with_an_eta_and_stay_silent_when_disabled(
         "\r[  14.0 s] denoise: step 3/3, 1.000 s/step, about 0.0 s left\x1b[K",
         "[  15.0 s] decode: the VAE decoder (loaded and compiled on first use)",
         "\r[  20.0 s] decode: latent frame 1/3\x1b[K"
-        "\r[  22.5 s] decode: latent frame 2/3, 2.500 s/latent frame, about 2.5 s left\x1b[K"
+        "\r[  22.5 s] decode: latent frame 2/3\x1b[K"
         "\r[  25.0 s] decode: latent frame 3/3, 2.500 s/latent frame, about 0.0 s left\x1b[K",
         "[  26.0 s] write: the outputs",
         "",
     ]
     silent = io.StringIO()
-    quiet = Status("generate", 3, silent, enabled=False)
+    quiet = Status("generate", 3, silent, mode=None)
     quiet.header("model demo")
     quiet("encode", 0)
     assert silent.getvalue() == ""
+
+
+def test_piped_status_prints_whole_lines_a_count_at_most_every_30_s():
+    import io
+
+    from wanjax.jobs.status import Status
+
+    ticks = iter([0.0, 1.0, 2.0, 10.0, 20.0, 45.0, 50.0, 60.0])
+    out = io.StringIO()
+    status = Status("generate", 5, out, mode="lines", clock=lambda: next(ticks))
+    for done in range(6):
+        status("denoise", done)
+    status("write", 0)
+    assert out.getvalue().split("\n") == [
+        "[   1.0 s] denoise: the transformer, 5 steps",
+        "[   2.0 s] denoise: step 1/5",  # the first (its compile is over)
+        "[  45.0 s] denoise: step 4/5, 14.333 s/step, about 14.3 s left",  # 30 s after the last line
+        "[  50.0 s] denoise: step 5/5, 12.000 s/step, about 0.0 s left",  # the last
+        "[  60.0 s] write: the outputs",
+        "",
+    ]
+    # held back for the run's first 30 s: a quick run prints nothing, a long one all its lines
+    for end, shown in [
+        (29.0, ""),
+        (31.0, "[   1.0 s] encode: the text encoder (loaded and compiled on first use)\n"),
+    ]:
+        ticks = iter([0.0, 1.0, end])
+        out = io.StringIO()
+        status = Status("generate", 5, out, mode="lines", clock=ticks.__next__, hold=30.0)
+        status("encode", 0)
+        status("denoise", 0)
+        assert out.getvalue() == (shown and shown + f"[{end:6.1f} s] denoise: the transformer, 5 steps\n")
+
+
+def test_a_silent_stage_says_it_still_runs_and_on_which_unit():
+    """A first step that compiles for minutes: the watching thread's word, in place on a terminal
+    (erased when the step ends) and as a line when piped."""
+    import io
+    import threading
+
+    from wanjax.jobs.status import Status
+
+    now = [0.0]
+    for mode, expected in [
+        ("terminal", "\r[  90.0 s] denoise: step 1/10 (the first compiles its program), still running\x1b[K"),
+        ("lines", "[  90.0 s] denoise: step 1/10 (the first compiles its program), still running\n"),
+    ]:
+        now[0] = 0.0
+        out = io.StringIO()
+        with Status("generate", 10, out, mode=mode, clock=lambda: now[0], tick=0.01) as status:
+            status("denoise", 0)
+            now[0] = 90.0
+            deadline = threading.Event()
+            for _ in range(500):  # the thread looks every 10 ms
+                if "still running" in out.getvalue():
+                    break
+                deadline.wait(0.01)
+            shown = out.getvalue()
+            assert shown.startswith("[   0.0 s] denoise: the transformer, 10 steps\n"), shown
+            assert shown.endswith(expected), shown
+            now[0] = 91.0
+            status("denoise", 1)
+        if mode == "terminal":  # the step's count replaces the word in place
+            assert out.getvalue().endswith("still running\x1b[K\r[  91.0 s] denoise: step 1/10\x1b[K\n")
 
 
 @pytest.mark.slow

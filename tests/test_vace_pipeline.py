@@ -325,6 +325,10 @@ def test_generate_clips_and_extend_make_the_python_long_video(vace, tmp_path):
     record = json.loads(first.with_suffix(".json").read_text())
     assert record["clips"]["count"] == 2 and record["clips"]["programs_compiled"][1] == 0
     assert record["video"]["frames"] == FRAMES + FRAMES - 5
+    # the report is the whole video's: both clips' steps, and each stage's programs of both clips
+    assert record["denoise"]["steps"] == 4 and len(record["denoise"]["step_s"]) == 4
+    programs = sum(stage["programs"] for stage in record["stages"].values())
+    assert programs == sum(record["clips"]["programs_compiled"]) > 0
     args = ["generate", *common, "--prompt", "the fox sleeps", "--extend", str(first), "--overlap", "3"]
     assert (
         main([*args, "--frames_out", str(tmp_path / "three.npy"), "--output_video", str(tmp_path / "x.mp4")])

@@ -61,29 +61,33 @@ def decode(request: DecodeRequest) -> RunReport:
                 f"{size['frames']} frames of {size['width']}x{size['height']}); leave --{key} out"
             )
     batch = latents.shape[0]
-    status = Status.for_terminal("decode", 0, request.common.quiet, frames=latents.shape[2])
-    status.header(f"{headline(model_label(pipe.components.source), batch, size)}, from {latents_path}")
-    status("decode", 0)
-    frames = pipe.decode(latents, on_frames=(lambda done: status("decode", done)) if status.enabled else None)
-    fps = request.video.fps or earlier.get("fps") or defaults_of(pipe).fps
-    described = {**earlier, **size, "fps": fps}
-    status("write", 0)
-    outputs = write_outputs(frames, request.outputs, fps, clip_infos(batch, earlier.get("prompt"), described))
-    entry = {
-        "model": model_label(pipe.components.source),
-        "revision": revision or request.common.revision,
-        "vae_dtype": pipe.components.settings.vae_dtype.name,
-        "vae_weights_dtype": pipe.components.settings.vae_weights_dtype.name,
-        "fps": fps,
-        "output_video": request.outputs.output_video,
-        "frames_out": request.outputs.frames_out,
-        "preview": request.outputs.preview,
-        "written": outputs,
-        **files_record(files),
-        **recorded(request),
-    }
-    if is_primary():
-        stages.write_config(directory, stages.record_stage(config, "decode", entry))
-    return finish(
-        make_report("decode", pipe, {"batch": batch, **size, "fps": fps}, outputs), request, start, record
-    )
+    with Status.for_terminal("decode", 0, request.common.quiet, frames=latents.shape[2]) as status:
+        status.header(f"{headline(model_label(pipe.components.source), batch, size)}, from {latents_path}")
+        status("decode", 0)
+        frames = pipe.decode(
+            latents, on_frames=(lambda done: status("decode", done)) if status.in_place else None
+        )
+        fps = request.video.fps or earlier.get("fps") or defaults_of(pipe).fps
+        described = {**earlier, **size, "fps": fps}
+        status("write", 0)
+        outputs = write_outputs(
+            frames, request.outputs, fps, clip_infos(batch, earlier.get("prompt"), described)
+        )
+        entry = {
+            "model": model_label(pipe.components.source),
+            "revision": revision or request.common.revision,
+            "vae_dtype": pipe.components.settings.vae_dtype.name,
+            "vae_weights_dtype": pipe.components.settings.vae_weights_dtype.name,
+            "fps": fps,
+            "output_video": request.outputs.output_video,
+            "frames_out": request.outputs.frames_out,
+            "preview": request.outputs.preview,
+            "written": outputs,
+            **files_record(files),
+            **recorded(request),
+        }
+        if is_primary():
+            stages.write_config(directory, stages.record_stage(config, "decode", entry))
+        return finish(
+            make_report("decode", pipe, {"batch": batch, **size, "fps": fps}, outputs), request, start, record
+        )

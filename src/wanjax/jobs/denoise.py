@@ -88,45 +88,45 @@ def denoise(request: DenoiseRequest) -> RunReport:
     if conditioning is not None:
         conditioning = conditioning.repeat(batch)
     steps = steps_run(params)
-    status = Status.for_terminal("denoise", steps, request.common.quiet)
-    status.header(headline(model_label(pipe.components.source), batch, video, steps))
-    status("denoise", 0)
-    on_step = lambda done: status("denoise", done)  # noqa: E731
-    denoised = denoise_latents(
-        pipe,
-        pos,
-        neg,
-        latents,
-        params,
-        request.cache,
-        conditioning,
-        on_step,
-        progress=False,
-        video_latents=source,
-        vace=control,
-    )
-    final = to_host(denoised.latents)
-    path = directory / stages.LATENTS_FILE
-    status("write", 0)
-    if is_primary():
-        stages.save_latents(path, final)
-    fps = request.video.fps
-    entry = {
-        "model": model_label(pipe.components.source),
-        "revision": revision or request.common.revision,
-        "dtype": pipe.components.settings.dtype.name,
-        **video,
-        **({"fps": fps} if fps else {}),
-        **params,
-        **files_record(files),
-        **recorded(request),
-    }
-    if is_primary():
-        stages.write_config(directory, stages.record_stage(config, "denoise", entry))
-    report = make_report("denoise", pipe, {"batch": batch, **video}, {"latents": str(path)}, denoised)
-    report.extra["sampling"] = params
-    cache_outputs(report, denoised, request.cache)
-    return finish(report, request, start)
+    with Status.for_terminal("denoise", steps, request.common.quiet) as status:
+        status.header(headline(model_label(pipe.components.source), batch, video, steps))
+        status("denoise", 0)
+        on_step = lambda done: status("denoise", done)  # noqa: E731
+        denoised = denoise_latents(
+            pipe,
+            pos,
+            neg,
+            latents,
+            params,
+            request.cache,
+            conditioning,
+            on_step,
+            progress=False,
+            video_latents=source,
+            vace=control,
+        )
+        final = to_host(denoised.latents)
+        path = directory / stages.LATENTS_FILE
+        status("write", 0)
+        if is_primary():
+            stages.save_latents(path, final)
+        fps = request.video.fps
+        entry = {
+            "model": model_label(pipe.components.source),
+            "revision": revision or request.common.revision,
+            "dtype": pipe.components.settings.dtype.name,
+            **video,
+            **({"fps": fps} if fps else {}),
+            **params,
+            **files_record(files),
+            **recorded(request),
+        }
+        if is_primary():
+            stages.write_config(directory, stages.record_stage(config, "denoise", entry))
+        report = make_report("denoise", pipe, {"batch": batch, **video}, {"latents": str(path)}, denoised)
+        report.extra["sampling"] = params
+        cache_outputs(report, denoised, request.cache)
+        return finish(report, request, start)
 
 
 def stage_vace(pipe: WanPipeline, cfg: TransformerConfig, directory: Path) -> VaceControl | None:

@@ -71,67 +71,71 @@ def encode(request: EncodeRequest) -> RunReport:
     vace = open_vace_inputs(pipe, request.vace, cfg, given.get("frames", 0), fps)  # None: not VACE
     negative = negative_prompt(request.text.negative_prompt)
     length = request.text.max_sequence_length
-    status = Status.for_terminal("encode", 0, request.common.quiet, ENCODE_WORK)
-    given_input = ", an image" if image is not None else ", a video to re-make" if source is not None else ""
-    status.header(
-        f"model {model_label(pipe.components.source)}, {len(prompts)} prompt{'s' * (len(prompts) > 1)}{given_input}"
-    )
-    status("encode", 0)
-    pos, neg = (to_host(e) for e in pipe.encode_prompt(prompts, [negative] * len(prompts), length))
-    conditioning = video_latents = control = None
-    if image is not None:
-        status("image", 0)
-        conditioning = preparation.image_conditioning(
-            pipe.components, image, 1, **video_args(given), last_image=last_image
+    with Status.for_terminal("encode", 0, request.common.quiet, ENCODE_WORK) as status:
+        given_input = (
+            ", an image" if image is not None else ", a video to re-make" if source is not None else ""
         )
-        conditioning = jax_tree_to_host(conditioning)
-    if vace is not None:
-        status("vace", 0)
-        args = (
-            source,
-            vace.masks,
-            vace.references,
-            given["height"],
-            given["width"],
-            given["frames"],
-            vace.scale,
+        status.header(
+            f"model {model_label(pipe.components.source)}, {len(prompts)} prompt{'s' * (len(prompts) > 1)}{given_input}"
         )
-        control = jax_tree_to_host(preparation.vace_control(pipe.components, *args))
-    elif source is not None:
-        status("video", 0)
-        video_latents = preparation.video_latents(pipe.components, source, given["height"], given["width"])
-    status("write", 0)
-    path = out / stages.EMBEDDINGS_FILE
-    if is_primary():
-        stages.save_embeddings(out, pos, neg)
-        stages.save_image_conditioning(out, conditioning)
-        stages.save_video_latents(out, video_latents)
-        stages.save_vace(out, control)
-    params = {
-        "model": model_label(pipe.components.source),
-        "revision": request.common.revision,
-        "dtype": pipe.components.settings.text_encoder_dtype.name,
-        "prompt": prompts[0] if len(prompts) == 1 else prompts,
-        "negative_prompt": negative,
-        "max_sequence_length": length,
-        **(image_record(request.images) if image is not None else {}),
-        **(source_record(request.source) if source is not None else {}),
-        **(vace_record(request.vace) if vace is not None else {}),
-        **({"reference_frames": len(vace.references), "conditioning_scale": vace.scale} if vace else {}),
-        **given,
-        **files_record(request.files),
-        **recorded(request),
-    }
-    if is_primary():
-        stages.write_config(out, stages.record_stage({}, "encode", params))
-    shape = {"batch": int(pos.shape[0]), "tokens": int(pos.shape[1]), "text_dim": int(pos.shape[2])}
-    outputs = {
-        "embeddings": str(path),
-        **({"image": str(image_file)} if image_file else {}),
-        **({"video": str(video_file)} if video_file and control is None else {}),
-        **({"vace": str(out / stages.VACE_FILE)} if control is not None else {}),
-    }
-    return finish(make_report("encode", pipe, shape, outputs), request, start)
+        status("encode", 0)
+        pos, neg = (to_host(e) for e in pipe.encode_prompt(prompts, [negative] * len(prompts), length))
+        conditioning = video_latents = control = None
+        if image is not None:
+            status("image", 0)
+            conditioning = preparation.image_conditioning(
+                pipe.components, image, 1, **video_args(given), last_image=last_image
+            )
+            conditioning = jax_tree_to_host(conditioning)
+        if vace is not None:
+            status("vace", 0)
+            args = (
+                source,
+                vace.masks,
+                vace.references,
+                given["height"],
+                given["width"],
+                given["frames"],
+                vace.scale,
+            )
+            control = jax_tree_to_host(preparation.vace_control(pipe.components, *args))
+        elif source is not None:
+            status("video", 0)
+            video_latents = preparation.video_latents(
+                pipe.components, source, given["height"], given["width"]
+            )
+        status("write", 0)
+        path = out / stages.EMBEDDINGS_FILE
+        if is_primary():
+            stages.save_embeddings(out, pos, neg)
+            stages.save_image_conditioning(out, conditioning)
+            stages.save_video_latents(out, video_latents)
+            stages.save_vace(out, control)
+        params = {
+            "model": model_label(pipe.components.source),
+            "revision": request.common.revision,
+            "dtype": pipe.components.settings.text_encoder_dtype.name,
+            "prompt": prompts[0] if len(prompts) == 1 else prompts,
+            "negative_prompt": negative,
+            "max_sequence_length": length,
+            **(image_record(request.images) if image is not None else {}),
+            **(source_record(request.source) if source is not None else {}),
+            **(vace_record(request.vace) if vace is not None else {}),
+            **({"reference_frames": len(vace.references), "conditioning_scale": vace.scale} if vace else {}),
+            **given,
+            **files_record(request.files),
+            **recorded(request),
+        }
+        if is_primary():
+            stages.write_config(out, stages.record_stage({}, "encode", params))
+        shape = {"batch": int(pos.shape[0]), "tokens": int(pos.shape[1]), "text_dim": int(pos.shape[2])}
+        outputs = {
+            "embeddings": str(path),
+            **({"image": str(image_file)} if image_file else {}),
+            **({"video": str(video_file)} if video_file and control is None else {}),
+            **({"vace": str(out / stages.VACE_FILE)} if control is not None else {}),
+        }
+        return finish(make_report("encode", pipe, shape, outputs), request, start)
 
 
 def jax_tree_to_host(tree: Any) -> Any:

@@ -43,7 +43,7 @@ from wanjax.pipeline.prompts import negative_prompt
 from wanjax.pipeline.results import Video
 from wanjax.planning.models import model_configs
 from wanjax.planning.run_memory import check_fits
-from wanjax.runtime.timing import RunReport, StageTiming
+from wanjax.runtime.timing import RunReport, StageTiming, StepTimes
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -68,11 +68,13 @@ def generate(
     frames = (
         0 if work.extension else pipe.components.geometry.latent_frames(work.video["frames"])
     )  # clips: inside
-    status = Status.for_terminal("generate", steps_run(work.params), request.common.quiet, frames=frames)
-    status.header(work.headline(pipe))
-    video = run_generate(pipe, work, status, count_frames=status.enabled)
-    status("write", 0)
-    return finish(generate_outputs(pipe, work, video), request, start, record)
+    with Status.for_terminal(
+        "generate", steps_run(work.params), request.common.quiet, frames=frames
+    ) as status:
+        status.header(work.headline(pipe))
+        video = run_generate(pipe, work, status, count_frames=status.in_place)
+        status("write", 0)
+        return finish(generate_outputs(pipe, work, video), request, start, record)
 
 
 def fits_memory_here(pipe: WanPipeline, work: GenerateWork) -> None:
@@ -121,8 +123,18 @@ class GenerateWork:
         return 1 if self.extension is not None else len(self.prompts)
 
     def headline(self, pipe: WanPipeline) -> str:
-        """What the run makes, in one line (see :func:`wanjax.jobs.status.headline`)."""
-        return headline(model_label(pipe.components.source), self.batch, self.video, steps_run(self.params))
+        """What the run makes, in one line (see :func:`wanjax.jobs.status.headline`); a long video's
+        frames in all, and its clips."""
+        e, label, steps = self.extension, model_label(pipe.components.source), steps_run(self.params)
+        if e is None:
+            return headline(label, self.batch, self.video, steps)
+        frames = self.video["frames"]
+        given = 0 if e.video is None else len(e.video)
+        total = (given or frames) + (e.clips - (0 if given else 1)) * (frames - e.overlap)
+        line = headline(label, 1, {**self.video, "frames": total}, steps)
+        return (
+            f"{line} per clip, in {e.clips} clips of {frames} frames ({e.overlap} shared with the one before)"
+        )
 
     def described(self, pipe: WanPipeline) -> dict[str, Any]:
         """The run's parameters as its videos' metadata records them."""
@@ -243,9 +255,9 @@ def run_generate(
     of the decode, with the latent frames decoded (the decode then runs in parts)."""
     report = on_progress or (lambda stage, done: None)
     pipe.components.timings.clear()
-    report("encode", 0)
     if work.extension is not None:
         return run_extension(pipe, work, report)
+    report("encode", 0)
     batch = work.batch
     pos, neg = pipe.encode_prompt(
         work.prompts, [work.negative] * batch, work.request.text.max_sequence_length
@@ -295,10 +307,16 @@ def run_generate(
 
 
 def run_extension(pipe: WanPipeline, work: GenerateWork, report: Callable[[str, int], None]) -> Video:
-    """A long video's clips in turn (:meth:`WanPipeline.extend`): its frames, the last clip's
-    denoising and the clips' timings summed."""
+    """A long video's clips in turn (:meth:`WanPipeline.extend`), each reported as it starts and step
+    by step: its frames, the last clip's denoising with every clip's steps, the clips' timings summed."""
     e, params = work.extension, work.params
     assert e is not None and work.vace is not None
+
+    def step(done: int) -> None:
+        if done == 1:  # the clip's steps start (its prompt is encoded)
+            report("denoise", 0)
+        report("denoise", done)
+
     out = pipe.extend(
         work.prompts if len(work.prompts) > 1 else work.prompts[0],
         e.video,
@@ -317,13 +335,16 @@ def run_extension(pipe: WanPipeline, work: GenerateWork, report: Callable[[str, 
         max_sequence_length=work.request.text.max_sequence_length,
         conditioning_scale=work.vace.scale,
         progress=False,
+        on_clip=lambda i: report(f"clip {i + 1}/{e.clips}", 0),
+        on_step=step,
     )
-    report("decode", steps_run(params))
     timings: dict[str, StageTiming] = {}
     for clip in out.clips:
         for stage, t in clip.timings.items():
             timings[stage] = timings.get(stage, StageTiming()) + t
-    return Video(out.frames, out.clips[-1].denoised, timings, out.report())
+    steps = StepTimes.joined([clip.denoised.step_times for clip in out.clips])
+    denoised = dataclasses.replace(out.clips[-1].denoised, step_times=steps)
+    return Video(out.frames, denoised, timings, out.report())
 
 
 def generate_outputs(pipe: WanPipeline, work: GenerateWork, video: Video) -> RunReport:
@@ -333,7 +354,7 @@ def generate_outputs(pipe: WanPipeline, work: GenerateWork, video: Video) -> Run
     clips = clip_infos(batch, work.prompts, work.described(pipe))
     outputs = write_outputs(video.frames, request.outputs, work.fps, clips)
     size = {"batch": batch, **work.video, "frames": int(video.frames.shape[1]), "fps": work.fps}
-    report = make_report("generate", pipe, size, outputs, video.denoised)
+    report = make_report("generate", pipe, size, outputs, video.denoised, video.timings)
     report.extra.update(sampling=work.params, prompts=work.prompts, negative_prompt=work.negative)
     cache_outputs(report, video.denoised, request.cache)
     if video.clips:  # a long video: what each clip compiled (the first, all) and how it continued

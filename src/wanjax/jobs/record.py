@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline import stages
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.runtime.environment import environment
-from wanjax.runtime.timing import RunReport
+from wanjax.runtime.timing import RunReport, StageTiming
 from wanjax.sampling.results import Denoised
 
 STAGE_COMPONENTS = {"encode": "text_encoder", "denoise": "transformer", "decode": "vae"}
@@ -78,14 +79,17 @@ def make_report(
     video: dict[str, Any],
     outputs: dict[str, str],
     denoised: Denoised | None = None,
+    timings: Mapping[str, StageTiming] | None = None,
 ) -> RunReport:
-    """A run's report: the pipeline's stage timings, and what its denoising returned (if it ran)."""
-    order = [s for s in stages.STAGES if s in pipe.timings]
+    """A run's report: its stage timings (default: the pipeline's; a long video's: its clips' summed),
+    and what its denoising returned (if it ran)."""
+    timings = pipe.timings if timings is None else timings
+    order = [s for s in stages.STAGES if s in timings]
     return RunReport(
         command=command,
         model=model_label(pipe.components.source),
         smoke_model=pipe.components.source.is_demo,
-        stages={s: pipe.timings[s] for s in order},
+        stages={s: timings[s] for s in order},
         steps=None if denoised is None else denoised.step_times,
         video=video,
         outputs=outputs,

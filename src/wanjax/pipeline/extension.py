@@ -11,7 +11,7 @@ has the same shapes, so the programs compiled for the first serve the others.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -88,12 +88,13 @@ def extend(
     width: int | None = None,
     fps: float | None = None,
     seed: int | None = None,
+    on_clip: Callable[[int], None] | None = None,
     **call: Any,
 ) -> Extension:
     """``video`` (a file read at ``fps``, images or frames; None: the first clip from the prompt alone)
     continued by ``clips`` clips of ``num_frames`` frames (default the model's), each with its prompt
-    (one for all, or one per clip) and the seed ``seed + i``; ``call``: the rest of
-    :meth:`WanPipeline.__call__`'s arguments, for every clip."""
+    (one for all, or one per clip) and the seed ``seed + i``; ``on_clip(i)`` as clip ``i`` (from 0)
+    starts; ``call``: the rest of :meth:`WanPipeline.__call__`'s arguments, for every clip."""
     if not pipe.components.transformer_config.vace:
         raise WanjaxError("extending a video needs a VACE model (its control frames and mask)")
     prompts = [prompt] * clips if isinstance(prompt, str) else list(prompt)
@@ -114,6 +115,8 @@ def extend(
         resized = [f.convert("RGB").resize((width, height), Image.Resampling.LANCZOS) for f in given]
         out = np.stack([np.asarray(f) for f in resized])
     for i, text in enumerate(prompts):
+        if on_clip is not None:
+            on_clip(i)
         control = {}
         if out is not None:
             control["video"], control["mask"] = extension_inputs(out[-overlap:], frames)

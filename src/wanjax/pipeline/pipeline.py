@@ -276,6 +276,7 @@ class WanPipeline:
         reference_images: Sequence[ImageInput] = (),
         latents: jax.Array | np.ndarray | None = None,
         progress: bool = True,
+        on_step: Callable[[int], None] | None = None,
         **values: Any,
     ) -> Video:
         """Generate videos: a :class:`~wanjax.pipeline.results.Video` whose ``frames`` are
@@ -286,6 +287,7 @@ class WanPipeline:
         with an image that area with the image's aspect (:func:`~wanjax.pipeline.preparation.video_size`).
 
         ``latents``: starting noise ``[B, 16, T', H/8, W/8]`` instead of drawing it from ``seed``.
+        ``on_step(done)``: after each denoising step (:meth:`denoise`).
         ``image`` (and ``last_image``): the first (and last) frame for an image-to-video model (a PIL
         image, a path or uint8 pixels), resized to ``width x height`` (:func:`~wanjax.pipeline.preparation.image_conditioning`).
         ``video``: video to video (a text-to-video model): a file (read at ``fps``), images or ``uint8
@@ -353,6 +355,7 @@ class WanPipeline:
             image=conditioning,
             video_latents=source,
             vace=vace,
+            on_step=on_step,
             progress=progress,
         )
         frames_out = self.decode(denoised.latents[:, :, references:], progress)

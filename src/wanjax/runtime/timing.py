@@ -13,7 +13,7 @@ import dataclasses
 import json
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +131,15 @@ class StepTimes:
     def per_step(self) -> float:
         """Seconds per step: the median of the steady steps (the first one if there is no other)."""
         return statistics.median(self.steady) if self.steady else self.first
+
+    @classmethod
+    def joined(cls, runs: Sequence[StepTimes]) -> StepTimes:
+        """The steps of several runs one after another (a long video's clips): the compiles summed, the
+        first run's first step first, every later step steady."""
+        if not runs:
+            return cls()
+        later = [s for run in runs[1:] for s in (run.first, *run.steady) if run.steps]
+        return cls(sum(r.compile for r in runs), runs[0].first, [*runs[0].steady, *later])
 
 
 def _seconds(value: float | None) -> str:

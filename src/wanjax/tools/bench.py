@@ -461,13 +461,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_request(request: BenchRequest) -> dict[str, Any]:
     """``wanjax bench``: run (a status line per stage on a terminal), print the table, write the JSON file."""
     cfg = request.config
-    status = Status.for_terminal("bench", cfg.num_inference_steps, quiet=False, work=STAGE_WORK)
     layers = "all layers" if cfg.layers is None else f"{cfg.layers} layer{'s' if cfg.layers > 1 else ''}"
-    status.header(
-        f"--arch {cfg.arch} ({layers}), {cfg.frames} frames {cfg.width}x{cfg.height}, {cfg.repeats} timed runs"
-    )
-    result = run_bench(cfg, on_stage=lambda name: status(name, 0))
-    status.close()
+    steps = cfg.num_inference_steps
+    with Status.for_terminal("bench", steps, quiet=False, work=STAGE_WORK, counts=False) as status:
+        status.header(
+            f"--arch {cfg.arch} ({layers}), {cfg.frames} frames {cfg.width}x{cfg.height}, {cfg.repeats} timed runs"
+        )
+        result = run_bench(cfg, on_stage=lambda name: status(name, 0))
     print(format_table(result))
     if request.json:
         write_text(request.json, json.dumps(result, indent=2) + "\n")
