@@ -56,6 +56,30 @@ COMMANDS = "generate, encode, denoise, decode, serve, plan, bench, tune-attentio
             f"wanjax generate: error: argument --attention: invalid choice 'nope' {ATTENTION_CHOICES}",
         ),
         (("generate", "--nope", "3"), "wanjax generate: error: unrecognized arguments: --nope 3"),
+        (
+            ("generate", "--steps", "5"),
+            "wanjax generate: error: unrecognized arguments: --steps 5 (did you mean --num_inference_steps?)",
+        ),
+        (
+            ("generate", "--cfg=4"),
+            "wanjax generate: error: unrecognized arguments: --cfg=4 (did you mean --guidance_scale?)",
+        ),
+        (
+            ("generate", "--negative", "blur"),
+            "wanjax generate: error: unrecognized arguments: --negative blur (did you mean --negative_prompt?)",
+        ),
+        (
+            ("generate", "--num-frames", "33"),
+            "wanjax generate: error: unrecognized arguments: --num-frames 33 (did you mean --frames?)",
+        ),
+        (
+            ("decode", "--output", "v.mp4"),
+            "wanjax decode: error: unrecognized arguments: --output v.mp4 (did you mean --output_video?)",
+        ),
+        (  # an alias whose flag the command lacks suggests nothing
+            ("info", "demo", "--steps", "5"),
+            "wanjax info: error: unrecognized arguments: --steps 5",
+        ),
         (("decode", "--frames", "x"), "wanjax decode: error: argument --frames: invalid int value: 'x'"),
         (
             ("bench", "--stages", "all"),
