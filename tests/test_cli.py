@@ -250,6 +250,20 @@ def test_missing_model_path(tmp_path, capsys):
         ),
         (("--bqsize", "100"), ("bqsize=100", "multiple of 128")),
         (("--window_size", "-1"), ("window_size must be >= 0",)),
+        (  # the demo's 10 steps: the flag to change, and to what
+            ("--scheduler", "rcm"),
+            (
+                "--scheduler rcm runs 1 to 4 steps (TurboDiffusion's trained times); set --num_inference_steps 4 or fewer, not 10",
+            ),
+        ),
+        (
+            ("--scheduler", "rcm_ode", "--num_inference_steps", "6"),
+            ("--scheduler rcm_ode runs 1 to 4 steps", "set --num_inference_steps 4 or fewer, not 6"),
+        ),
+        (
+            ("--scheduler", "dmd", "--num_inference_steps", "4"),
+            ("--scheduler dmd runs FastWan's 3 steps [1000, 757, 522]; set --num_inference_steps 3, not 4",),
+        ),
     ],
 )
 def test_generate_rejects_bad_flags(demo_env, tmp_path, capsys, flags, needles):
