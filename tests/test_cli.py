@@ -56,6 +56,30 @@ COMMANDS = "generate, encode, denoise, decode, serve, plan, bench, tune-attentio
             f"wanjax generate: error: argument --attention: invalid choice 'nope' {ATTENTION_CHOICES}",
         ),
         (("generate", "--nope", "3"), "wanjax generate: error: unrecognized arguments: --nope 3"),
+        (
+            ("generate", "--steps", "5"),
+            "wanjax generate: error: unrecognized arguments: --steps 5 (did you mean --num_inference_steps?)",
+        ),
+        (
+            ("generate", "--cfg=4"),
+            "wanjax generate: error: unrecognized arguments: --cfg=4 (did you mean --guidance_scale?)",
+        ),
+        (
+            ("generate", "--negative", "blur"),
+            "wanjax generate: error: unrecognized arguments: --negative blur (did you mean --negative_prompt?)",
+        ),
+        (
+            ("generate", "--num-frames", "33"),
+            "wanjax generate: error: unrecognized arguments: --num-frames 33 (did you mean --frames?)",
+        ),
+        (
+            ("decode", "--output", "v.mp4"),
+            "wanjax decode: error: unrecognized arguments: --output v.mp4 (did you mean --output_video?)",
+        ),
+        (  # an alias whose flag the command lacks suggests nothing
+            ("info", "demo", "--steps", "5"),
+            "wanjax info: error: unrecognized arguments: --steps 5",
+        ),
         (("decode", "--frames", "x"), "wanjax decode: error: argument --frames: invalid int value: 'x'"),
         (
             ("bench", "--stages", "all"),
@@ -226,6 +250,20 @@ def test_missing_model_path(tmp_path, capsys):
         ),
         (("--bqsize", "100"), ("bqsize=100", "multiple of 128")),
         (("--window_size", "-1"), ("window_size must be >= 0",)),
+        (  # the demo's 10 steps: the flag to change, and to what
+            ("--scheduler", "rcm"),
+            (
+                "--scheduler rcm runs 1 to 4 steps (TurboDiffusion's trained times); set --num_inference_steps 4 or fewer, not 10",
+            ),
+        ),
+        (
+            ("--scheduler", "rcm_ode", "--num_inference_steps", "6"),
+            ("--scheduler rcm_ode runs 1 to 4 steps", "set --num_inference_steps 4 or fewer, not 6"),
+        ),
+        (
+            ("--scheduler", "dmd", "--num_inference_steps", "4"),
+            ("--scheduler dmd runs FastWan's 3 steps [1000, 757, 522]; set --num_inference_steps 3, not 4",),
+        ),
     ],
 )
 def test_generate_rejects_bad_flags(demo_env, tmp_path, capsys, flags, needles):

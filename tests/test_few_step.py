@@ -124,10 +124,14 @@ def test_rcm_steps_equal_turbodiffusions(steps, image, kind):
 
 
 def test_few_step_refusals():
-    with pytest.raises(ConfigError, match="FastWan's 3 steps"):
+    """A step count a schedule lacks is refused with the counts it runs (the library names no flag:
+    the command line names its own, tests/test_cli.py)."""
+    with pytest.raises(ConfigError) as refused:
         make_scheduler(SchedulerConfig(), 4, kind="dmd")
-    with pytest.raises(ConfigError, match="1 to 4 steps"):
+    assert str(refused.value) == "the dmd sampler runs FastWan's 3 steps [1000, 757, 522], not 4"
+    with pytest.raises(ConfigError) as refused:
         make_scheduler(SchedulerConfig(), 5, kind="rcm")
+    assert str(refused.value) == "the rcm sampler runs 1 to 4 steps (TurboDiffusion's trained times), not 5"
     with pytest.raises(ConfigError, match="drop --flow_shift"):
         make_scheduler(SchedulerConfig(), 4, kind="rcm", flow_shift=5.0)
 

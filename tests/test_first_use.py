@@ -291,11 +291,40 @@ def test_an_empty_prompt_and_a_misspelt_negative_name_warn_in_one_line_each(demo
     result = subprocess.run(_command(*args), env=_env(demo_env), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip().splitlines() == [
-        'wanjax: warning: --prompt is empty: the video follows no text (diffusers allows it); give --prompt "what it shows"',
+        f"wanjax: warning: {UNCONDITIONED}",
         "wanjax: warning: --negative_prompt 'officail' is used as the text itself; "
         "did you mean the named prompt 'official'?",
     ]
     assert (out / "stage1_embeddings.safetensors").is_file()
+
+
+UNCONDITIONED = (
+    "--prompt is empty: the video will be unconditioned (it follows no text; diffusers allows it); "
+    'give --prompt "what it shows"'
+)
+
+
+def test_an_empty_prompt_on_a_text_to_video_model_warns_unless_quiet(demo_env, tmp_path):
+    """``generate --prompt ""`` runs (exit 0, the video written) with one warning line that the video
+    is unconditioned; ``--quiet`` runs it without a word."""
+    started = {}
+    for quiet in ((), ("--quiet",)):
+        out = tmp_path / f"quiet{len(quiet)}" / "v.mp4"
+        args = ("generate", "--model", "demo", "--prompt", "", "--output_video", str(out), *quiet)
+        small = ("--num_inference_steps", "1", "--frames", "5", "--height", "32", "--width", "48")
+        proc = subprocess.Popen(
+            _command(*args, *small),
+            env=_env(demo_env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        started[quiet] = (proc, out)
+    for quiet, (proc, out) in started.items():
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        assert err.strip().splitlines() == ([] if quiet else [f"wanjax: warning: {UNCONDITIONED}"])
+        assert out.is_file()
 
 
 def _run_in_terminal(args: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:

@@ -616,6 +616,45 @@ def test_runtime_failures_exit_1_and_user_mistakes_exit_2(demo_env, tmp_path, ca
     assert WanjaxError.exit_code == 2 and NumericalError.exit_code == 1
 
 
+def test_a_full_disk_names_the_folder_and_what_was_being_written(demo_env, tmp_path, capsys, monkeypatch):
+    """ENOSPC while the video is written (PyAV's write fails): one line naming the full folder, the
+    file and that nothing of it was kept, exit 1, no partial file; still an OSError to a caller."""
+    import errno
+
+    import av
+
+    from wanjax.errors import RuntimeFailure
+    from wanjax.io.atomic import write_text
+
+    real_open = av.open
+
+    def full(file, mode="r", **kwargs):
+        if mode == "w":
+            raise OSError(errno.ENOSPC, "No space left on device", file)
+        return real_open(file, mode, **kwargs)
+
+    monkeypatch.setattr(av, "open", full)
+    out = tmp_path / "out"
+    line = one_line_error(capsys, generate_args("demo", out, "--num_inference_steps", "1"), code=1)
+    assert line == (
+        f"wanjax: error: the disk of {out} is full: v.mp4 was not written and nothing of it was kept; "
+        "free space there, or write to another disk"
+    )
+    assert not out.exists() or list(out.iterdir()) == []
+
+    def no_room(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")  # Python's own writes name no file
+
+    monkeypatch.setattr(Path, "write_text", no_room)
+    with pytest.raises(OSError) as failed:
+        write_text(tmp_path / "notes" / "record.json", "{}")
+    assert isinstance(failed.value, RuntimeFailure) and failed.value.errno == errno.ENOSPC
+    assert str(failed.value).startswith(
+        f"the disk of {tmp_path / 'notes'} is full: record.json was not written"
+    )
+    assert list((tmp_path / "notes").iterdir()) == []
+
+
 def test_finite_check_reads_one_flag_per_run_not_per_step(monkeypatch):
     """The per-step flags stay on the device: no read in the loop, one read for the check."""
     import jax.numpy as jnp

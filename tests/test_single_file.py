@@ -428,6 +428,35 @@ def test_convert_writes_a_diffusers_directory_of_the_same_weights(demo_env, tmp_
     assert "exists; give a new directory" in capsys.readouterr().err
 
 
+def test_what_convert_writes_without_a_model_says_what_it_is_and_how_to_use_it(demo_env, tmp_path, capsys):
+    """``convert`` without ``--model`` writes the component's folder alone: ``info`` of it says what it
+    holds and how to use it (exit 0, its component described); given as ``--model`` (the directory,
+    or its weights file) it is one line naming the flag it goes to, exit 2, nothing written."""
+    from wanjax.cli.main import main
+
+    out = tmp_path / "converted"
+    file = demo_transformer_file(tmp_path, prefix=COMFY)
+    assert main(["convert", str(out), "--transformer", str(file)]) == 0
+    weights = out / "transformer" / "diffusion_pytorch_model.safetensors"
+    holds = "a Wan transformer (demo, "  # the variants the file is recognised as (info's own words)
+    use = f"give it as --transformer {weights} (with --model for the rest)"
+    assert use in capsys.readouterr().out  # said when written too
+    assert main(["info", str(out)]) == 0
+    shown = capsys.readouterr().out
+    header = shown.splitlines()[0]
+    assert header.startswith(f"{out} holds component folders, not a whole model (no model_index.json): ")
+    assert f"transformer/ with {holds}" in header and "diffusers layout" in header
+    assert f"as `wanjax convert` writes without --model; {use}, or convert again with --model" in header
+    assert "[transformer]" in shown and "weights: 123 tensors" in shown
+    for model, starts in ((out, header), (weights, f"{weights} is a weights file, not a model: {holds}")):
+        video = tmp_path / "video" / "v.mp4"
+        args = ["generate", "--model", str(model), "--prompt", "a cat", "--output_video", str(video)]
+        assert main(args) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"wanjax: error: {starts}"), err
+        assert use in err[0] and not video.parent.exists()
+
+
 def demo_state() -> dict[str, np.ndarray]:
     from safetensors.numpy import load_file
 

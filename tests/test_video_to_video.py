@@ -163,6 +163,27 @@ def test_a_video_file_is_read_at_the_runs_frame_rate(tmp_path):
         read_frames(text, 16, 5)
 
 
+def test_a_mask_that_is_neither_a_video_nor_an_image_says_what_to_give(tmp_path):
+    """A mask is one image (for every frame) or a video; a file that is neither is named as neither."""
+    from wanjax.pipeline.video_input import mask_frames
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a mask")
+    with pytest.raises(WanjaxError) as refused:
+        mask_frames(notes, 5, 16.0)
+    assert str(refused.value) == (
+        f"{notes} is neither a video nor an image that can be read: give the mask as one image (for "
+        "every frame) or a video of the run's frames, white where the video is generated and black "
+        "where it is kept (e.g. a PNG or an mp4)"
+    )
+    source_frames(1)[0].save(tmp_path / "mask.png")
+    assert len(mask_frames(tmp_path / "mask.png", 5, 16.0)) == 5
+    write_clip(tmp_path / "mask.mp4", source_frames(5), fps=16)
+    assert len(mask_frames(tmp_path / "mask.mp4", 5, 16.0)) == 5
+    with pytest.raises(WanjaxError, match="the mask has 5 frames; the video has 9"):  # a video's own problem
+        mask_frames(tmp_path / "mask.mp4", 9, 16.0)
+
+
 def test_the_video_gives_the_frames_and_aspect(v2v):
     """Frames left out: as many as the video has (4n+1); asked for more than it has: one line naming
     how many it can give; the size left out keeps the video's aspect at the model's area."""
@@ -267,6 +288,10 @@ MISTAKES = {
     "mask for a text-to-video model": (
         ("--video", "clip.mp4", "--mask", "clip.png"),
         "--mask, --reference_image and --conditioning_scale are for a VACE model; demo is not one",
+    ),
+    "a mask that is neither a video nor an image": (
+        ("--model", "demo-vace", "--mask", "notes.mp4"),
+        "--mask: notes.mp4 is neither a video nor an image that can be read: give the mask as one image",
     ),
     "a reference that is no image": (
         ("--model", "demo-vace", "--reference_image", "notes.mp4"),

@@ -2,7 +2,8 @@
 
 The command line prints them as one line (``--debug`` shows the traceback) and exits with the
 class's ``exit_code``: 2 for mistakes in the user's inputs (flags, model directories, stage files),
-1 for failures while running (a run that diverged to NaN/inf, an output that could not be written).
+1 for failures while running (a run that diverged to NaN/inf, an output that could not be written, a
+full disk).
 """
 
 
@@ -24,6 +25,11 @@ class RuntimeFailure(WanjaxError):
     """A run that started on valid inputs but failed while working (exit code 1)."""
 
     exit_code = 1
+
+
+class DiskFull(RuntimeFailure, OSError):
+    """An output that could not be written for want of space (its ``errno`` ENOSPC or EDQUOT): still
+    an OSError to whoever catches one (a cache write that may fail quietly)."""
 
 
 class NumericalError(RuntimeFailure):

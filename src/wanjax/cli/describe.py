@@ -104,6 +104,7 @@ class InfoRequest(Request):
 def cmd_info(request: InfoRequest) -> None:
     """Print components, their configs, tensor counts, sizes and dtypes."""
     from wanjax.pipeline.hub import resolve_model
+    from wanjax.pipeline.sources import not_a_model
 
     if request.model.endswith(FORMATS):
         _file_info(Path(request.model))
@@ -129,6 +130,11 @@ def cmd_info(request: InfoRequest) -> None:
         _print_registry_match(source)
     elif (root / marker).is_file():
         components, root = [root.name], root.parent
+    elif root.is_file():
+        raise WanjaxError(not_a_model(root))
+    elif (parts := not_a_model(root)) is not None:  # component folders alone (`convert` without --model)
+        print(parts)
+        components = [p.name for p in sorted(root.iterdir()) if (p / _component(p.name).marker).is_file()]
     else:
         raise WanjaxError(
             f"{root}: neither model_index.json nor {marker} found; pass a diffusers model directory"
@@ -214,8 +220,7 @@ def _file_info(path: Path) -> None:
         except CheckpointError:
             raise component_error from None
         return
-    prefix = f", names prefixed {d.prefix!r}" if d.prefix else ""
-    print(f"{path}: Wan {d.folder} ({d.variants}), {d.layout} layout{prefix}")
+    print(f"{path}: {d.summary}")
     size = path.stat().st_size / 2**20
     print(f"  weights: {sum(d.kinds.values())} tensors, {d.params / 1e6:.2f} M params, file {size:.1f} MiB")
     print("  stored: " + ", ".join(f"{kind} x{n}" for kind, n in sorted(d.kinds.items())))

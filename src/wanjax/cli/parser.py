@@ -16,6 +16,28 @@ from wanjax.errors import one_line
 
 _INVALID_CHOICE = re.compile(r"invalid choice: (?P<value>.*) \(choose from (?P<choices>.*)\)")
 
+# Other tools' names for wanjax's flags (diffusers' scripts, Wan's generate.py, common shorthands):
+# suggested when the command has the flag. Spelling is compared with '-' as '_'.
+ALIASES = {
+    "--steps": "--num_inference_steps",
+    "--num_steps": "--num_inference_steps",
+    "--sample_steps": "--num_inference_steps",
+    "--cfg": "--guidance_scale",
+    "--cfg_scale": "--guidance_scale",
+    "--sample_guide_scale": "--guidance_scale",
+    "--negative": "--negative_prompt",
+    "--neg_prompt": "--negative_prompt",
+    "--num_frames": "--frames",
+    "--frame_num": "--frames",
+    "--output": "--output_video",
+    "--out": "--output_video",
+    "--save_file": "--output_video",
+    "--shift": "--flow_shift",
+    "--sample_shift": "--flow_shift",
+    "--base_seed": "--seed",
+    "--ckpt_dir": "--model",
+}
+
 
 class UsageError(Exception):
     """A command-line mistake argparse found; the message is the whole line to print."""
@@ -55,13 +77,15 @@ class CliParser(argparse.ArgumentParser):
 
 
 def _hint(parser: argparse.ArgumentParser, argv: list[str], unknown: list[str]) -> str:
-    """What the user likely meant: the flag a typo is closest to (``--promt``: ``--prompt``), or the
-    quotes that make words after a flag's value part of it (``--prompt A cat walks``)."""
+    """What the user likely meant: the flag another tool's name stands for (``--steps``:
+    ``--num_inference_steps``, :data:`ALIASES`) or a typo is closest to (``--promt``: ``--prompt``),
+    or the quotes that make words after a flag's value part of it (``--prompt A cat walks``)."""
     first = unknown[0]
     if first.startswith("--"):
         name = first.split("=", 1)[0]
         flags = [o for action in parser._actions for o in action.option_strings if o.startswith("--")]
-        close = difflib.get_close_matches(name, flags, n=1, cutoff=0.75)
+        alias = ALIASES.get("--" + name[2:].replace("-", "_"))
+        close = [alias] if alias in flags else difflib.get_close_matches(name, flags, n=1, cutoff=0.75)
         return f" (did you mean {close[0]}?)" if close else ""
     if first.startswith("-"):
         return ""

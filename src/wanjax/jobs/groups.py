@@ -124,7 +124,10 @@ class CommonFlags:
         help="persistent compilation cache (default $WANJAX_JAX_CACHE_DIR or ~/.cache/wanjax/jax; 'off')",
     )
     metrics_json: str | None = option(None, help="also write the timing report as JSON to this file")
-    quiet: bool = option(False, help="no status lines while running on a terminal: the final table only")
+    quiet: bool = option(
+        False,
+        help="no status lines while running on a terminal (the final table only), no empty-prompt warning",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

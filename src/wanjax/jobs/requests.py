@@ -217,18 +217,20 @@ def _check_cache(request: Request) -> None:
 
 
 def _check_prompts(flags: dict[str, Any]) -> None:
-    """A command that encodes text is given exactly one of ``--prompt`` and ``--prompt_file``."""
+    """A command that encodes text is given exactly one of ``--prompt`` and ``--prompt_file``; an empty
+    prompt is warned of (unless ``--quiet``)."""
     if "prompt" not in flags:
         return
     if not flags["prompt"] and not flags["prompt_file"]:
         raise WanjaxError('no prompt: give --prompt "what the video shows" (or --prompt_file FILE)')
     if flags["prompt"] and flags["prompt_file"]:
         raise WanjaxError("--prompt and --prompt_file both given; give one of them")
-    if any(not p.strip() for p in flags["prompt"]):
-        warnings.warn(
-            '--prompt is empty: the video follows no text (diffusers allows it); give --prompt "what it shows"',
-            stacklevel=2,
-        )
+    if any(not p.strip() for p in flags["prompt"]) and not flags.get("quiet"):
+        if any(flags.get(name) for name in ("image", "video", "reference_image", "extend")):
+            problem = "the video follows no text (diffusers allows it)"  # but the image or video
+        else:
+            problem = "the video will be unconditioned (it follows no text; diffusers allows it)"
+        warnings.warn(f'--prompt is empty: {problem}; give --prompt "what it shows"', stacklevel=2)
     _hint_negative_name(flags.get("negative_prompt"))
     if flags.get("last_image") and not flags.get("image"):
         raise WanjaxError("--last_image needs --image (the first frame) too")

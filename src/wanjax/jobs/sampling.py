@@ -18,6 +18,7 @@ from wanjax.pipeline.options import RunOptions
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.runtime.timing import RunReport
 from wanjax.sampling.results import Denoised
+from wanjax.sampling.scheduler.few_step import StepCountError
 
 if TYPE_CHECKING:
     from wanjax.sampling.guidance import ImageConditioning
@@ -42,6 +43,13 @@ def sampling_params(pipe: WanPipeline, sampling: SamplingFlags, video: bool = Fa
     strength = {"strength": o.strength} if video else {}
     try:
         scheduler = pipe.components.build_scheduler(steps, sampling.flow_shift, kind, **strength)
+    except StepCountError as e:  # the rule is the schedule's; the flags to change are named here
+        whose = "" if sampling.scheduler else " (the model's)"
+        fewer = " or fewer" if e.fewer else ""
+        raise ConfigError(
+            f"--scheduler {e.kind}{whose} runs {e.steps}; set --num_inference_steps {e.most}{fewer}, "
+            f"not {e.given}"
+        ) from None
     except ConfigError as e:
         raise ConfigError(f"--{e}" if strength and str(e).startswith("strength") else str(e)) from None
     experts = {}

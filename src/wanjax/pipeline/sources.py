@@ -132,6 +132,10 @@ class ComponentSources:
     files: dict[str, Path]
     configs: dict[str, Any] = dataclasses.field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if self.path.is_file():  # a component's weights file given as the model
+            raise CheckpointError(not_a_model(self.path))
+
     def config(self, component: Component) -> Any:
         """A component's config: the model's ``<folder>/config.json``; for a component given as a
         file, the same checked against the file, or the registry's where the model has none."""
@@ -147,7 +151,12 @@ class ComponentSources:
 
     def check(self, names: Sequence[str]) -> dict[str, Any]:
         """Each named component checked where it is read from, from configs and weights' headers only
-        (no weight read); their configs by name."""
+        (no weight read); their configs by name. A directory of component folders lacking one of
+        them is named as such (:func:`not_a_model`)."""
+        if any(n not in self.files and not (self.path / n).is_dir() for n in names):
+            problem = not_a_model(self.path)
+            if problem is not None:
+                raise CheckpointError(problem)
         return {
             name: self.config(COMPONENTS[name]) if name in self.files else COMPONENTS[name].check(self.path)
             for name in names
@@ -172,6 +181,12 @@ class FileDescription:
     prefix: str
     params: int
     kinds: dict[str, int]
+
+    @property
+    def summary(self) -> str:
+        """``Wan transformer (T2V-1.3B), diffusers layout`` (and the names' prefix, if any)."""
+        prefix = f", names prefixed {self.prefix!r}" if self.prefix else ""
+        return f"Wan {self.folder} ({self.variants}), {self.layout} layout{prefix}"
 
 
 def stored_kind(ref: Any) -> str:
@@ -201,4 +216,49 @@ def describe_file(path: Path) -> FileDescription:
         raise first_error
     raise CheckpointError(
         f"{path}: not a Wan component file (transformer, VAE, text or image encoder) or LoRA"
+    )
+
+
+def not_a_model(path: Path) -> str | None:
+    """What ``path``, given as a model, holds instead and how to use it, as a one-line error: a
+    component's weights file (its :func:`describe_file`), or a directory of component folders
+    without ``model_index.json`` (what ``wanjax convert`` writes without ``--model``); None for
+    anything else."""
+    from wanjax.pipeline.model_index import INDEX_FILE
+
+    if path.is_file():
+        try:
+            d = describe_file(path)
+        except CheckpointError:
+            return f"{path} is a file, not a model: pass a diffusers model directory, a hub id or demo"
+        return (
+            f"{path} is a weights file, not a model: a {d.summary}; give it as --{d.folder} {path} "
+            "(with --model for the rest)"
+        )
+    if not path.is_dir() or (path / INDEX_FILE).is_file():
+        return None
+    held, usable = [], []
+    for folder in FILE_COMPONENTS:
+        component = COMPONENTS[folder]
+        if not (path / folder / component.marker).is_file():
+            continue
+        files = [path / folder / f"{stem}.safetensors" for stem in component.weight_stems]
+        file = next((f for f in files if f.is_file()), None)
+        if file is None:  # sharded: no one file to give
+            held.append(f"{folder}/ (sharded)")
+            continue
+        try:
+            held.append(f"{folder}/ with a {describe_file(file).summary}")
+        except CheckpointError:
+            held.append(f"{folder}/")
+        usable.append(f"--{folder} {file}")
+    if not held:
+        return None
+    use = ""
+    if usable:
+        them = "it" if len(usable) == 1 else "them"
+        use = f"give {them} as {' '.join(usable)} (with --model for the rest), or "
+    return (
+        f"{path} holds component folders, not a whole model (no {INDEX_FILE}): {' and '.join(held)}, as "
+        f"`wanjax convert` writes without --model; {use}convert again with --model BASE for a whole model"
     )

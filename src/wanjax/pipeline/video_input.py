@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image
 
 from wanjax.errors import WanjaxError
-from wanjax.io.video_reader import read_frames
+from wanjax.io.video_reader import NotAVideo, read_frames
 from wanjax.models.image_processor import ImageInput
 from wanjax.pipeline.conditioning import encode_video, open_image, video_frame
 
@@ -63,7 +63,8 @@ def source_latents(
 
 def mask_frames(mask: VideoInput | ImageInput, num_frames: int, fps: float) -> list[Image.Image]:
     """A mask of ``num_frames`` frames: one image (a PIL image, an image file) for every frame, or a
-    video's frames (as :func:`video_frames`); WanjaxError when a video's count differs."""
+    video's frames (as :func:`video_frames`); WanjaxError when a video's count differs, or for a file
+    that is neither."""
     if isinstance(mask, Image.Image):
         return [mask] * num_frames
     if isinstance(mask, str | Path):
@@ -71,7 +72,14 @@ def mask_frames(mask: VideoInput | ImageInput, num_frames: int, fps: float) -> l
             return [open_image(mask)] * num_frames
         except (WanjaxError, OSError):
             pass  # not an image: a video
-    frames = video_frames(mask, fps, num_frames)
+    try:
+        frames = video_frames(mask, fps, num_frames)
+    except NotAVideo:
+        raise WanjaxError(
+            f"{mask} is neither a video nor an image that can be read: give the mask as one image (for "
+            "every frame) or a video of the run's frames, white where the video is generated and black "
+            "where it is kept (e.g. a PNG or an mp4)"
+        ) from None
     if len(frames) != num_frames:
         raise WanjaxError(f"the mask has {len(frames)} frames; the video has {num_frames}: give as many")
     return frames

@@ -4,8 +4,8 @@ written as a diffusers-layout model directory, for users who want to move to one
 Each file's tensors are read through its component's one spec renamed into the file's layout, and
 written under diffusers' names in ``--dtype`` (GGUF and fp8-scaled weights dequantised), sharded
 like diffusers' ``save_pretrained`` (5 GiB files and an index); its config beside them. With
-``--model``, the base's other components are copied too, so the output is a whole model. The
-directory appears only when complete.
+``--model``, the base's other components are copied too, so the output is a whole model (without,
+what it holds and how to use it is printed). The directory appears only when complete.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from wanjax.jobs.requests import Request
 from wanjax.models.config import parse_dtype
 from wanjax.pipeline.components import COMPONENTS
 from wanjax.pipeline.hub import resolve_model
-from wanjax.pipeline.sources import file_config
+from wanjax.pipeline.sources import file_config, not_a_model
 
 SHARD_BYTES = 5 * 2**30  # diffusers' default max_shard_size
 # the diffusers classes whose configs wanjax writes itself (the encoders' configs are transformers'
@@ -82,6 +82,8 @@ def run_request(request: ConvertRequest) -> None:
             print(f"{folder}: {path} -> {output / folder}")
         work.rename(output)
     print(f"wrote {output}")
+    if base is None:  # how the folders alone are used
+        print(not_a_model(output))
 
 
 def copy_base(base: Path, out: Path, exclude: set[str]) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "RCM_SIGMA_MAX",
     "RCM_TIMES",
     "FewStepSchedule",
+    "StepCountError",
     "dmd_schedule",
     "rcm_schedule",
 ]
@@ -44,6 +45,16 @@ DMD_TIMESTEPS = (1000, 757, 522)  # FastWan's dmd_denoising_steps
 DMD_SHIFT = 8.0  # the shift of the table DmdDenoisingStage looks sigmas up in
 RCM_TIMES = (1.5, 1.4, 1.0)  # TurboDiffusion's mid TrigFlow times (``mid_t``)
 RCM_SIGMA_MAX = {"text": 80.0, "image": 200.0}  # its --sigma_max for T2V and for I2V
+
+
+class StepCountError(ConfigError):
+    """A step count a schedule does not run: ``kind`` runs ``steps`` (its words, e.g. ``1 to 4 steps
+    (...)``), at most ``most`` (``fewer``: fewer run too), not ``given``; a front end names its own
+    flags from these."""
+
+    def __init__(self, kind: str, steps: str, most: int, given: int, fewer: bool = False):
+        super().__init__(f"the {kind} sampler runs {steps}, not {given}")
+        self.kind, self.steps, self.most, self.given, self.fewer = kind, steps, most, given, fewer
 
 
 class FewStepSchedule(NamedTuple):
@@ -57,12 +68,10 @@ class FewStepSchedule(NamedTuple):
 
 
 def dmd_schedule(num_inference_steps: int, shift: float = DMD_SHIFT, num_train_timesteps: int = 1000):
-    """FastWan's DMD schedule (see the module docstring); ConfigError for another step count."""
+    """FastWan's DMD schedule (see the module docstring); StepCountError for another step count."""
     if num_inference_steps != len(DMD_TIMESTEPS):
-        raise ConfigError(
-            f"the dmd sampler runs FastWan's {len(DMD_TIMESTEPS)} steps {list(DMD_TIMESTEPS)}, not "
-            f"{num_inference_steps}: use --num_inference_steps {len(DMD_TIMESTEPS)}"
-        )
+        steps = f"FastWan's {len(DMD_TIMESTEPS)} steps {list(DMD_TIMESTEPS)}"
+        raise StepCountError("dmd", steps, len(DMD_TIMESTEPS), num_inference_steps)
     n = np.float32(num_train_timesteps)
     grid = np.linspace(1, num_train_timesteps, num_train_timesteps, dtype=np.float32)[::-1] / n
     table = np.float32(shift) * grid / (np.float32(1) + np.float32(shift - 1) * grid)
@@ -75,11 +84,11 @@ def rcm_schedule(
     num_inference_steps: int, sigma_max: float = RCM_SIGMA_MAX["text"], ode: bool = False
 ) -> FewStepSchedule:
     """TurboWan's rCM schedule (see the module docstring; ``ode``: its deterministic update);
-    ConfigError outside 1 to 4 steps."""
-    if not 1 <= num_inference_steps <= len(RCM_TIMES) + 1:
-        raise ConfigError(
-            f"the rcm sampler runs 1 to {len(RCM_TIMES) + 1} steps (TurboDiffusion's), not {num_inference_steps}"
-        )
+    StepCountError outside 1 to 4 steps."""
+    most = len(RCM_TIMES) + 1
+    if not 1 <= num_inference_steps <= most:
+        steps = f"1 to {most} steps (TurboDiffusion's trained times)"
+        raise StepCountError("rcm_ode" if ode else "rcm", steps, most, num_inference_steps, fewer=True)
     times = np.array([math.atan(sigma_max), *RCM_TIMES[: num_inference_steps - 1], 0.0])
     s = (np.sin(times) / (np.cos(times) + np.sin(times))).astype(np.float32)
     s[-1] = 0.0
