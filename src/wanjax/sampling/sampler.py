@@ -20,7 +20,7 @@ import functools
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -160,19 +160,8 @@ class Sampler:
         _, state, _, _, uncond, _, image, _ = step_args
         two = len(self.experts) == 2
         steps = scheduler.num_inference_steps
-        step_cache = (
-            None
-            if cache is None
-            else resolve(
-                cache,
-                self.model.cfg,
-                steps,
-                uncond is not None,
-                [min(i, 1) for i in range(steps)] if two else None,  # each expert's turn: shapes only
-                is_first_frame(image),
-                sigmas=scheduler.sigmas,
-            )
-        )
+        turns = [min(i, 1) for i in range(steps)] if two else None  # each expert's turn: shapes only
+        step_cache = self._step_cache(cache, scheduler, uncond is not None, turns, image)
         if step_cache is None:
             return self._lower(scheduler, step_args, expert)
         specs, sharding = self._cache_specs(step_cache, state.sample.shape, expert)
@@ -343,19 +332,9 @@ class Sampler:
         index0 = place(jnp.int32(0))
         times = StepTimes()
         image = None if image is None else jax.tree.map(place, image)
-        step_cache = (
-            None
-            if cache is None
-            else resolve(
-                cache,
-                self.model.cfg,
-                scheduler.num_inference_steps,
-                uncond is not None,
-                experts if two else None,
-                is_first_frame(image),
-                self._time_inputs(scheduler, latents.shape[2], is_first_frame(image)),
-                scheduler.sigmas,
-            )
+        time_inputs = self._time_inputs(scheduler, latents.shape[2], is_first_frame(image))
+        step_cache = self._step_cache(
+            cache, scheduler, uncond is not None, experts if two else None, image, time_inputs
         )
         finite: list[jax.Array] = []
         decisions: list[tuple[jax.Array, jax.Array]] = []
@@ -404,6 +383,21 @@ class Sampler:
         if check_finite:
             result.check_finite(self.model.dtype)
         return result
+
+    def _step_cache(
+        self,
+        cache: CacheConfig | None,
+        scheduler: Scheduler,
+        guided: bool,
+        experts: Sequence[int] | None,
+        image: Any,
+        time_inputs: Callable[[bool], np.ndarray] | None = None,
+    ) -> StepCache | None:
+        """``cache`` resolved for this run's schedule (:func:`~wanjax.sampling.cache.step_cache.resolve`)."""
+        if cache is None:
+            return None
+        steps, first = scheduler.num_inference_steps, is_first_frame(image)
+        return resolve(cache, self.model.cfg, steps, guided, experts, first, time_inputs, scheduler.sigmas)
 
     def _time_inputs(
         self, scheduler: Scheduler, frames: int, first_frame: bool
