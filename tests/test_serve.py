@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import av
 import numpy as np
 import pytest
 from helpers.processes import xla_flags
-from helpers.serve_process import Server, serve_mistake
+from helpers.serve_process import TERMINATED, Server, multipart, serve_mistake
 from helpers.small_video import SMALL_GENERATE, SMALL_JOB
 from PIL import Image
 
@@ -45,7 +46,7 @@ def server(demo_env, tmp_path_factory):
     flags = ("--max_queue", "2", "--max_body_bytes", "1024", "--max_steps", "60")
     server = Server(out, *flags, api_key=KEY, env={"WANJAX_CACHE": str(demo_env)}).start()
     yield server
-    assert server.stop() == 0, server.stderr
+    assert server.stop() == TERMINATED, server.stderr
 
 
 def assert_error(status: int, body, expected: int, words: str) -> None:
@@ -285,7 +286,7 @@ def test_a_stored_record_with_a_lone_surrogate_does_not_break_the_listing(demo_e
         status, video, _ = server.request("GET", "/v1/videos/poisoned")
         assert status == 200 and video["prompt"] == "a \ufffd cat"
     finally:
-        assert server.stop() == 0, server.stderr
+        assert server.stop() == TERMINATED, server.stderr
 
 
 @pytest.mark.slow
@@ -416,6 +417,9 @@ def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path, tmp_path_fact
 
     second = Server(tmp_path, *flags, env=env).start()
     try:
+        assert second.listening.endswith(
+            "(took back 1 job a server left running: it runs again from the start)"
+        )
         _, page, _ = second.request("GET", "/v1/videos?order=asc")
         assert [v["id"] for v in page["data"]] == [finished["id"], running["id"], waiting["id"]]
         assert page["data"][0] == {**finished}  # the finished record, unchanged
@@ -438,11 +442,93 @@ def test_a_killed_server_loses_no_finished_job(demo_env, tmp_path, tmp_path_fact
             assert time.monotonic() < deadline + 120
             time.sleep(0.05)
     finally:
-        assert second.stop() == 0, second.stderr
+        assert second.stop() == TERMINATED, second.stderr
+    assert second.stderr.splitlines()[-1] == (
+        "wanjax serve: stopped by SIGTERM; the job it was running is back in the queue, to run again "
+        "from the start; 1 job waits for the next start"
+    )
     assert not list(tmp_path.glob("videos/.*"))  # no half-written file left
     store = SqliteJobStore(tmp_path)  # a clean stop puts the running job back in the queue
     assert store.get(stopped["id"]).status == "queued" and store.get(rerun["id"]).status == "completed"
     store.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("stop", "status", "by"),
+    [(signal.SIGINT, 130, "Ctrl-C (SIGINT)"), (signal.SIGTERM, TERMINATED, "SIGTERM")],
+)
+def test_a_signal_stops_it_with_one_line_and_its_exit_status(demo_env, tmp_path, stop, status, by):
+    """Ctrl-C or SIGTERM: the running job goes back to the queue and the server says so, and how many
+    jobs wait, in one line on stderr, exiting as any wanjax command that signal stops (130, 143). A
+    start over the folder of a server that died running a job says it took that job back."""
+    store = SqliteJobStore(tmp_path)
+    params = dict(prompt="running when its server died", negative_prompt="", width=64, height=64, frames=5)
+    params |= dict(fps=16.0, num_inference_steps=2, guidance_scale=5.0, seed=0, image=False, last_image=False)
+    store.add("interrupted", params, max_queued=5)
+    assert store.claim().id == "interrupted"  # in progress, its server gone
+    store.close()
+    server = Server(tmp_path, "--max_steps", "1000", env={"WANJAX_CACHE": str(demo_env)}).start()
+    try:
+        assert server.listening == (
+            f"wanjax serve: listening on {server.url} (took back 1 job a server left running: it runs "
+            "again from the start)"
+        )
+        assert server.wait("interrupted")["step"] == 2
+        running = server.submit(prompt="running at the signal", num_inference_steps=1000, **SMALL_JOB)
+        waiting = server.submit(prompt="waiting at the signal", num_inference_steps=2, **SMALL_JOB)
+        deadline = time.monotonic() + 120
+        while server.request("GET", f"/v1/videos/{running['id']}")[1]["step"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        server.process.send_signal(stop)
+        assert server.stop(signal_it=False) == status, server.stderr
+    finally:
+        server.kill()
+    assert server.stderr.splitlines()[-1] == (
+        f"wanjax serve: stopped by {by}; the job it was running is back in the queue, to run again from "
+        "the start; 2 jobs wait for the next start"
+    )
+    assert "Traceback" not in server.stderr
+    store = SqliteJobStore(tmp_path)
+    assert [store.get(job["id"]).status for job in (running, waiting)] == ["queued", "queued"]
+    store.close()
+
+
+@pytest.mark.slow
+def test_a_deeply_nested_body_is_a_400_as_any_malformed_body(demo_env, tmp_path):
+    """JSON nested past the parser's recursion limit (a prompt of 100,000 brackets), or just under it
+    (the next function walking the value would hit it), as the body or as a form's lora field: a 400
+    in the API's error shape, nothing stored, no traceback in the server's log."""
+    deep = "[" * 100_000 + "]" * 100_000
+    under = "[" * 990 + "]" * 990
+    server = Server(tmp_path, env={"WANJAX_CACHE": str(demo_env)}).start()
+    try:
+        for body in (
+            '{"prompt": ' + deep + "}",
+            '{"prompt": "a", "lora": [{"name": "x", "scale": ' + under + "}]}",
+        ):
+            status, error, _ = server.request("POST", "/v1/videos", raw=body.encode())
+            assert_error(
+                status, error, 400, "the body's JSON has arrays and objects nested more than 64 levels"
+            )
+            assert error["error"]["param"] is None
+        for lora in (deep, under):  # JSON text in a field: a form's, or a JSON body's string
+            form, headers = multipart(prompt="a", lora=lora)
+            text = json.dumps({"prompt": "a", "lora": lora}).encode()
+            answers = [server.request("POST", "/v1/videos", raw=form, headers=headers)]
+            answers.append(server.request("POST", "/v1/videos", raw=text))
+            for status, error, _ in answers:
+                assert_error(
+                    status, error, 400, "got JSON with arrays and objects nested more than 64 levels"
+                )
+                assert error["error"]["message"].startswith("lora must be a list of up to 8")
+                assert error["error"]["param"] == "lora"
+        assert server.request("GET", "/v1/videos")[1]["data"] == []  # nothing stored
+        assert not list(tmp_path.glob("inputs/*"))
+    finally:
+        assert server.stop() == TERMINATED, server.stderr
+    assert "Traceback" not in server.stderr and "RecursionError" not in server.stderr, server.stderr
 
 
 @pytest.mark.slow
@@ -469,7 +555,7 @@ def test_two_processes_serve_one_model(demo_env, tmp_path):
         )
         _, sheet, _ = leader.request("GET", f"/v1/videos/{job['id']}/content?variant=spritesheet")
     finally:
-        assert leader.stop() == 0, leader.stderr
+        assert leader.stop() == TERMINATED, leader.stderr
         assert follower.stop(signal_it=False) == 0, follower.stderr  # told to stop by process 0
     assert not [p for p in (tmp_path / "host1").rglob("*") if p.is_file()]  # process 1 kept no file
     args = [
@@ -548,8 +634,15 @@ def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
         assert "Python" not in error["error"]["message"] and "FILE" not in error["error"]["message"]
         unreadable = base64.b64encode(b"not an image").decode()
         status, error, _ = server.request("POST", "/v1/videos", {"prompt": PROMPT, "image": unreadable})
-        assert_error(status, error, 400, "image: cannot read image")  # the field, not the server's file
-        assert str(server.output_dir) not in error["error"]["message"] and error["error"]["param"] == "image"
+        not_an_image = (
+            "not an image Pillow can read (PNG, JPEG, WebP, ...); send the first frame as an image file"
+        )
+        assert_error(status, error, 400, f"image: {not_an_image}")  # the field, not the server's file
+        assert error["error"]["message"] == f"image: {not_an_image}" and error["error"]["param"] == "image"
+        form, headers = multipart(prompt=PROMPT, input_reference=("notes.txt", b"a text file\n"))
+        status, error, _ = server.request("POST", "/v1/videos", raw=form, headers=headers)
+        assert_error(status, error, 400, f"input_reference: {not_an_image}")  # as OpenAI's SDK named it
+        assert error["error"]["param"] == "input_reference"
         job = server.wait(server.submit(prompt=PROMPT, image=image, num_inference_steps=2, seed=3)["id"])
         assert job["image"] is True and job["last_image"] is False
         _, sheet, _ = server.request("GET", f"/v1/videos/{job['id']}/content?variant=spritesheet")
@@ -569,7 +662,7 @@ def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
             assert server.request("DELETE", f"/v1/videos/{done['id']}")[0] == 200
         assert not list((server.output_dir / "inputs").iterdir())  # the inputs went with them
     finally:
-        assert server.stop() == 0, server.stderr
+        assert server.stop() == TERMINATED, server.stderr
     args = ["--prompt", PROMPT, "--image", str(tmp_path / "first.png"), "--num_inference_steps", "2"]
     args += [
         "--seed",
@@ -621,7 +714,7 @@ def test_a_vace_job_takes_a_control_video_a_mask_and_references(demo_env, tmp_pa
         assert job["strength"] is None  # the video is the control, not a video to re-make
         _, sheet, _ = server.request("GET", f"/v1/videos/{job['id']}/content?variant=spritesheet")
     finally:
-        assert server.stop() == 0, server.stderr
+        assert server.stop() == TERMINATED, server.stderr
     args = ["--prompt", PROMPT, "--num_inference_steps", "2", "--seed", "3", "--conditioning_scale", "0.7"]
     args += ["--frames", "9", "--width", "96", "--height", "64"]
     args += ["--video", str(tmp_path / "control.mp4"), "--mask", str(tmp_path / "mask.png")]

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers.serve_process import Server
+from helpers.serve_process import TERMINATED, Server
 from helpers.small_video import SMALL_JOB
 from PIL import Image
 
@@ -146,7 +146,7 @@ def test_four_jobs_waiting_together_run_as_one_batch_each_its_solo_video(demo_en
             server.wait(job_id)
             alone.append(_sheet(server, job_id, tmp_path / f"alone_{job_id}.png"))
     finally:
-        assert server.stop() == 0, server.stderr
+        assert server.stop() == TERMINATED, server.stderr
     records = [
         json.loads((tmp_path / "out" / "videos" / f"{job_id}.json").read_text()) for job_id in together
     ]

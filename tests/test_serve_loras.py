@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 from helpers.lora import diffusers_lora_for
-from helpers.serve_process import Server
+from helpers.serve_process import TERMINATED, Server
 from helpers.small_video import SMALL_GENERATE, SMALL_JOB
 from PIL import Image
 
@@ -86,7 +86,7 @@ def test_jobs_with_their_own_loras_equal_generate_and_run_grouped(demo_env, tmp_
         done = {name: server.wait(job["id"]) for name, job in jobs.items()}
         sheets = {name: _sheet(server, job["id"], tmp_path / f"{name}.png") for name, job in jobs.items()}
     finally:
-        assert server.stop() == 0, server.stderr
+        assert server.stop() == TERMINATED, server.stderr
     assert done["a"]["lora"] == [{"name": "style_a", "scale": 0.8}] and done["plain"]["lora"] == []
     order = re.findall(r"job (\S+) completed in", server.stderr)
     ran = {job["id"]: name for name, job in jobs.items()}

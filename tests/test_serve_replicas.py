@@ -12,7 +12,7 @@ import time
 import psycopg
 import pytest
 from helpers.serve_fakes import FakeEngine
-from helpers.serve_process import Server, serve_mistake
+from helpers.serve_process import TERMINATED, Server, serve_mistake
 from helpers.small_video import SMALL_JOB
 
 from wanjax.errors import WanjaxError
@@ -167,7 +167,7 @@ def test_two_replicas_run_twenty_jobs_once_each_and_survive_a_kill(demo_env, pos
         finished = [survivor.wait(job_id, timeout=300) for job_id in jobs]
     finally:
         doomed.kill()
-        assert survivor.stop() == 0, survivor.stderr
+        assert survivor.stop() == TERMINATED, survivor.stderr
     assert all(video["status"] == "completed" for video in finished)
     assert all((tmp_path / "videos" / f"{job_id}.mp4").stat().st_size > 0 for job_id in jobs)
     completions = collections.Counter(

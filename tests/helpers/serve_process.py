@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 LISTENING = "wanjax serve: listening on "
+TERMINATED = 143  # the exit status of a server stopped by SIGTERM (128 + 15, as any wanjax command's)
 
 
 class Server:
@@ -35,6 +36,7 @@ class Server:
         self.env = {**inherited, **(env or {})}
         self.process: subprocess.Popen | None = None
         self.url = ""
+        self.listening = ""  # the line saying it listens (and what it took back from a stopped server)
         self.stderr = ""
         self._stderr = tempfile.TemporaryFile("w+")  # noqa: SIM115 (a file: a chatty server never blocks on a pipe)
 
@@ -66,6 +68,7 @@ class Server:
                     raise RuntimeError(f"the server exited: {self.read_stderr()}") from None
                 continue
             if line.startswith(LISTENING):
+                self.listening = line.rstrip("\n")
                 self.url = line[len(LISTENING) :].split()[0]
                 return self
         self.kill()
@@ -138,6 +141,20 @@ class Server:
                 return video
             time.sleep(0.1)
         raise TimeoutError(f"job {job_id} not {status} in {timeout} s")
+
+
+def multipart(**fields: str | tuple[str, bytes]) -> tuple[bytes, dict[str, str]]:
+    """A ``multipart/form-data`` body of ``fields`` (text, or ``(file name, bytes)`` for a file) and
+    its ``Content-Type`` header."""
+    parts = []
+    for name, value in fields.items():
+        if isinstance(value, tuple):
+            head = f'name="{name}"; filename="{value[0]}"\r\nContent-Type: application/octet-stream'
+            data = value[1]
+        else:
+            head, data = f'name="{name}"', value.encode()
+        parts.append(f"--B\r\nContent-Disposition: form-data; {head}\r\n\r\n".encode() + data + b"\r\n")
+    return b"".join(parts) + b"--B--\r\n", {"Content-Type": "multipart/form-data; boundary=B"}
 
 
 def serve_mistake(capsys, *args: str) -> str:

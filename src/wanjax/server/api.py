@@ -203,13 +203,18 @@ def steps_run(params: Mapping[str, Any]) -> int:
     return run(params["num_inference_steps"], params.get("strength") if params.get("video") else None)
 
 
-def form_body(items: Iterable[tuple[str, str | bytes]]) -> dict[str, Any]:
+def form_body(items: Iterable[tuple[str, str | bytes]]) -> tuple[dict[str, Any], dict[str, str]]:
     """A ``multipart/form-data`` request (what OpenAI's SDK sends) as the JSON body it stands for: the
     numbers parsed from their text, a file as an image field's bytes, OpenAI's ``input_reference``
-    (a file, or ``input_reference[image_url]``) as ``image``; ``reference_images`` repeated, as a list."""
+    (a file, or ``input_reference[image_url]``) as ``image``; ``reference_images`` repeated, as a list.
+    With it, the fields the form sent by OpenAI's names (``{"image": "input_reference"}``: see
+    :func:`as_sent`)."""
     body: dict[str, Any] = {}
-    for name, value in items:
-        name = OPENAI_NAMES.get(name, name)
+    sent_as: dict[str, str] = {}
+    for sent, value in items:
+        name = OPENAI_NAMES.get(sent, sent)
+        if name != sent:
+            sent_as[name] = sent
         if name in LIST_FIELDS:
             body.setdefault(name, []).append(value)
             continue
@@ -219,7 +224,17 @@ def form_body(items: Iterable[tuple[str, str | bytes]]) -> dict[str, Any]:
         body[name] = (
             parse_number(name, value, name in INT_FIELDS) if numeric and isinstance(value, str) else value
         )
-    return body
+    return body, sent_as
+
+
+def as_sent(error: ApiError, sent_as: Mapping[str, str]) -> ApiError:
+    """``error`` naming its field as the client sent it (``sent_as``: :func:`form_body`'s), e.g.
+    ``input_reference: ...`` for a form's first frame, not the ``image`` it stands for."""
+    sent = sent_as.get(error.param or "")
+    if sent is None:
+        return error
+    message = re.sub(rf"^('?){re.escape(error.param or '')}\b", lambda m: m[1] + sent, error.message)
+    return dataclasses.replace(error, message=message, param=sent)
 
 
 INTEGER_TEXT = re.compile(r"[+-]?[0-9]+")
@@ -367,6 +382,7 @@ FLAG = re.compile(r"--(\w+)")
 FLAG_FIELDS = {"height": "size (height)", "width": "size (width)", "reference_image": REFERENCES}
 PYTHON_HINT = re.compile(r" \(Python: (?:[^()]|\([^()]*\))*\)")  # the CLI's note for Python users
 METAVAR = re.compile(r"(--\w+) (?:FILE|PATH|N)\b")
+REPEATED_FIELD = re.compile(rf"\b({'|'.join(sorted(UPLOADS, key=len, reverse=True))}):? \1\b")
 
 
 def api_message(message: str, paths: Mapping[str, Any] | None = None) -> str:
@@ -382,7 +398,7 @@ def api_message(message: str, paths: Mapping[str, Any] | None = None) -> str:
         name = match[1]
         return FLAG_FIELDS.get(name, name) if name in api_names else match[0]
 
-    return FLAG.sub(rename, message)
+    return REPEATED_FIELD.sub(r"\1", FLAG.sub(rename, message))  # "--image PATH" read "image image"
 
 
 def message_param(message: str) -> str | None:

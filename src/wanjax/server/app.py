@@ -40,7 +40,8 @@ from starlette.responses import (
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from wanjax.server.api import ApiError, Limits, form_body, remix_body, video_object
+from wanjax.server import json_text
+from wanjax.server.api import ApiError, Limits, as_sent, form_body, remix_body, video_object
 from wanjax.server.engine import Engine
 from wanjax.server.loras import lora_group
 from wanjax.server.store import COMPLETED, IN_PROGRESS, QUEUED, Job, JobStore, QueueFull
@@ -138,7 +139,9 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
             }
         )
 
-    async def parsed_body(request: Request) -> Any:
+    async def parsed_body(request: Request) -> tuple[Any, dict[str, str]]:
+        """The request's body as JSON stands for it, and the fields a form sent by OpenAI's names
+        (:func:`~wanjax.server.api.form_body`)."""
         body = await read_body(request, limits.max_body_bytes)
         media = request.headers.get("content-type", "").split(";")[0].strip().lower()
         if media == "multipart/form-data":
@@ -150,12 +153,20 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
                 "application/json, or multipart/form-data",
             )
         try:
-            return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return json_text.loads(body), {}
+        except json_text.TooDeep as e:
+            raise ApiError(
+                400, f"the body's JSON has {e}; a request's fields nest 3 levels at most"
+            ) from None
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
             raise ApiError(400, f"the body is not JSON: {e}") from None
 
     async def create(request: Request) -> Response:
-        return await submit(await parsed_body(request))
+        body, sent_as = await parsed_body(request)
+        try:
+            return await submit(body)
+        except ApiError as e:
+            raise as_sent(e, sent_as) from None
 
     async def remix(request: Request) -> Response:
         source = find(request.path_params["id"])
@@ -166,12 +177,15 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
                 "conflict_error",
                 code="video_not_ready",
             )
-        body = await parsed_body(request)
+        body, sent_as = await parsed_body(request)
         path = engine.files(source.id)["video"]
         if not path.is_file():
             raise ApiError(404, f"the video of {source.id} is missing on the server", "not_found_error")
         video = await run_in_threadpool(path.read_bytes)
-        return await submit(remix_body(source, body, video), {"remixed_from_video_id": source.id})
+        try:
+            return await submit(remix_body(source, body, video), {"remixed_from_video_id": source.id})
+        except ApiError as e:
+            raise as_sent(e, sent_as) from None
 
     async def submit(body: Any, extra: dict[str, Any] | None = None) -> Response:
         """Queue the job of a create body (202 with its video object)."""

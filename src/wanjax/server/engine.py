@@ -30,11 +30,13 @@ from PIL import Image
 
 from wanjax.errors import WanjaxError, one_line
 from wanjax.io.atomic import atomic_path
+from wanjax.io.video_reader import read_frames
 from wanjax.jobs.generate import GenerateWork, check_generate, generate_outputs, run_generate
 from wanjax.jobs.groups import ImageFlags, LoraFlags, OutputFlags, SourceVideoFlags, VaceFlags
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.jobs.record import finish
 from wanjax.jobs.requests import GenerateRequest
+from wanjax.models.image_processor import load_image
 from wanjax.models.lora import MergedCache, set_key
 from wanjax.parallel.mesh import MeshSpec
 from wanjax.pipeline.conditioning import size_for_image
@@ -62,6 +64,8 @@ log = logging.getLogger("wanjax.serve")
 VIDEOS = "videos"
 INPUTS = "inputs"
 BATCH_FREE = {"prompt", "seed", "seconds"}  # what may differ between jobs of one batch ("seconds": as asked)
+NOT_AN_IMAGE = "not an image Pillow can read (PNG, JPEG, WebP, ...)"
+NOT_A_VIDEO = "not a video PyAV can read (MP4, WebM, MOV, ...)"
 FILE_SUFFIXES = {"video": ".mp4", "thumbnail": ".webp", "spritesheet": ".png", "record": ".json"}
 
 
@@ -306,9 +310,47 @@ class Engine:
             request.check()
             return check_generate(self.pipe, request, self.mesh)
         except WanjaxError as e:
+            unreadable = self.unreadable_upload(one_line(e), job_id, params)
+            if unreadable is not None:
+                raise unreadable from None
             named = {**inputs, **{f"the job's {kind}": path for kind, path in files.items()}}
             message = api_message(one_line(e), named)
             raise ApiError(400, message, param=message_param(message)) from None
+
+    def unreadable_upload(self, message: str, job_id: str, params: Mapping[str, Any]) -> ApiError | None:
+        """The API's one sentence for the upload a failed check's ``message`` names when it is no file
+        its field takes (an image Pillow reads; a video PyAV reads; either, for a mask); None when the
+        check failed for another reason."""
+        inputs, names = self.input_files(job_id), upload_names(params)
+        references = sum(name.startswith(f"{REFERENCES}.") for name in names)
+        for name in names:
+            path = inputs[name]
+            if str(path) not in message:
+                continue
+            field, _, index = name.partition(".")
+            if field in ("video", "mask") and readable(read_frames, path, params["fps"], 1):
+                continue
+            if field == "video" and readable(load_image, path):
+                continue  # an image: the check's own sentence says so
+            if field != "video" and readable(load_image, path):
+                continue
+            if field == "video":
+                vace = self.pipe.components.transformer_config.vace
+                what = "the control video" if vace else "the video to re-make"
+                sentence = f"video: {NOT_A_VIDEO}; send {what} as a video file"
+            elif field == "mask":
+                either = f"{NOT_AN_IMAGE.removeprefix('not ')} nor {NOT_A_VIDEO.removeprefix('not ')}"
+                sentence = f"mask: neither {either}; send the mask as an image or a video file"
+            elif field == REFERENCES:
+                sentence = (
+                    f"{field}: image {int(index) + 1} of {references} is {NOT_AN_IMAGE}; send each "
+                    "reference image as an image file"
+                )
+            else:
+                frame = "the first frame" if field == "image" else "the last frame"
+                sentence = f"{field}: {NOT_AN_IMAGE}; send {frame} as an image file"
+            return ApiError(400, sentence, param=field)
+        return None
 
     def files(self, job_id: str) -> dict[str, Path]:
         """A job's files by kind: ``video`` (mp4), ``thumbnail`` (the first frame, WebP), ``spritesheet``
@@ -441,6 +483,15 @@ def follow(engine: Engine, channel: JobChannel) -> None:
         finally:
             for path in engine.input_files(job_id).values():
                 path.unlink(missing_ok=True)
+
+
+def readable(read: Callable[..., Any], *args: Any) -> bool:
+    """``read(*args)`` reads the file (no WanjaxError)."""
+    try:
+        read(*args)
+    except WanjaxError:
+        return False
+    return True
 
 
 def item(video: Video, index: int, batch: int) -> Video:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from wanjax.server import json_text
 from wanjax.server.errors import ApiError
 
 LORA_FIELDS = ("lora", "lora_2")  # into the transformer; into a two-expert model's low-noise expert
@@ -25,7 +26,9 @@ def lora_entries(field: str, value: Any) -> list[dict[str, Any]]:
     shape = f'{field} must be a list of up to {MAX_LORAS} {{"name": ..., "scale": ...}} objects'
     if isinstance(value, str):  # a multipart form sends it as JSON text
         try:
-            value = json.loads(value)
+            value = json_text.loads(value)
+        except json_text.TooDeep as e:
+            raise ApiError(400, f"{shape}, got JSON with {e}", param=field) from None
         except ValueError:
             raise ApiError(400, f"{shape}, got text that is not JSON", param=field) from None
     if not isinstance(value, list) or len(value) > MAX_LORAS:

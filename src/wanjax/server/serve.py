@@ -3,8 +3,11 @@
 Start-up does every check a ``generate`` run would (a request of the model's defaults must pass
 them, and the largest request the limits allow must fit a device's memory by ``wanjax plan``'s
 estimate when the device's size is known), binds the port, loads the weights and puts the jobs a
-dead server left back in the queue, before it prints ``wanjax serve: listening on URL``. Process 0 of
-a multi-process run serves HTTP; the others run the jobs it sends them (:func:`engine.follow`).
+dead server left back in the queue, before it prints ``wanjax serve: listening on URL`` (and how
+many jobs it took back). Ctrl-C or SIGTERM stops it at the running job's next step, that job back in
+the queue; it ends with one line on stderr saying so and how many jobs wait, and the exit status of
+every ``wanjax`` command stopped by that signal (130, 143). Process 0 of a multi-process run serves
+HTTP; the others run the jobs it sends them (:func:`engine.follow`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from wanjax.errors import ConfigError, WanjaxError
 from wanjax.jobs.opening import begin, defaults_of, mesh_request, open_pipeline
 from wanjax.parallel.multihost import is_primary
 from wanjax.server.request import UPLOAD_BODY, ServeRequest
-from wanjax.server.store import JobStore
+from wanjax.server.store import MAX_ATTEMPTS, QUEUED, JobStore
 
 if TYPE_CHECKING:
     from wanjax.server.engine import Engine
@@ -32,7 +35,8 @@ log = logging.getLogger("wanjax.serve")
 
 
 def serve(request: ServeRequest) -> int:
-    """Run the server until SIGINT/SIGTERM; the running job goes back to the queue."""
+    """Run the server until SIGINT/SIGTERM (the running job back in the queue): 128 + the signal's
+    number (0 when it stopped otherwise)."""
     import jax
 
     from wanjax.server.engine import JobChannel, follow
@@ -61,10 +65,31 @@ def serve(request: ServeRequest) -> int:
         api_key = flags.api_key or os.environ.get("WANJAX_API_KEY") or None
         url = f"http://{url_host(*sock.getsockname()[:2])}"
         try:
-            serve_http(engine, store, worker, api_key, sock, url, len(requeued), len(failed))
+            stopped_by = serve_http(engine, store, worker, api_key, sock, url, len(requeued), len(failed))
         finally:
             worker.stop()
-    return 0
+        if stopped_by is None:
+            return 0
+        waiting = store.counts()[QUEUED]
+        print(stopped_line(stopped_by, worker.requeued, waiting, store.shared), file=sys.stderr, flush=True)
+        return 128 + stopped_by  # the shell's status of a process the signal ended (cli/signals.py's)
+
+
+def jobs(count: int) -> str:
+    return f"{count} job{'' if count == 1 else 's'}"
+
+
+def stopped_line(signum: int, requeued: int, waiting: int, shared: bool) -> str:
+    """The line a server stopped by ``signum`` ends with: what became of the ``requeued`` jobs it was
+    running, and how many (those among them) wait in the queue."""
+    by = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signal.Signals(signum).name
+    line = f"wanjax serve: stopped by {by}"
+    if requeued:
+        running = "the job it was running is" if requeued == 1 else f"the {requeued} jobs it was running are"
+        line += f"; {running} back in the queue, to run again from the start"
+    later = "another replica or the next start" if shared else "the next start"
+    queued = "no job waits" if not waiting else f"{jobs(waiting)} wait" if waiting > 1 else "1 job waits"
+    return f"{line}; {queued} for {later}"
 
 
 def open_store(store: str, output_dir: str, lease: float) -> JobStore:
@@ -174,8 +199,10 @@ def device_memory(given: str | None) -> int | None:
 
 def serve_http(
     engine, store, worker, api_key, sock: socket.socket, url: str, requeued: int, failed: int
-) -> None:
-    """Run uvicorn on ``sock`` with the app; announce the URL once it accepts requests."""
+) -> int | None:
+    """Run uvicorn on ``sock`` with the app; announce the URL (and the ``requeued`` and ``failed``
+    jobs a stopped server left running) once it accepts requests. The signal that stopped it (None:
+    none)."""
     import uvicorn
 
     from wanjax.server.app import create_app
@@ -186,8 +213,15 @@ def serve_http(
     @asynccontextmanager
     async def lifespan(_app):
         worker.start()
-        restored = f" ({requeued} unfinished jobs back in the queue)" if requeued else ""
-        restored += f" ({failed} jobs interrupted too often: failed)" if failed else ""
+        restored = ""
+        if requeued:
+            again = "it runs" if requeued == 1 else "they run"
+            restored += f" (took back {jobs(requeued)} a server left running: {again} again from the start)"
+        if failed:
+            each = "it" if failed == 1 else "each"
+            restored += (
+                f" ({jobs(failed)} failed, not retried: servers stopped running {each} {MAX_ATTEMPTS} times)"
+            )
         print(f"wanjax serve: listening on {url}{restored}", flush=True)
         yield
 
@@ -196,8 +230,11 @@ def serve_http(
     config = uvicorn.Config(
         app, http=JsonErrorH11Protocol, log_level="warning", access_log=False, timeout_graceful_shutdown=5
     )
-    # uvicorn stops on SIGINT/SIGTERM, then raises the signal again under the handlers it found:
-    # these, so that the caller's clean-up runs (the running job back to the queue) and the exit is 0.
+    # uvicorn stops on SIGINT/SIGTERM, then raises the signals it caught again under the handlers it
+    # found, last caught first: these, which note them, so that the caller's clean-up runs (the
+    # running job back to the queue) and it says why it stopped.
+    received: list[int] = []
     for stop in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(stop, lambda number, frame: None)
+        signal.signal(stop, lambda number, frame: received.append(number))
     uvicorn.Server(config).run(sockets=[sock])
+    return received[-1] if received else None  # the first caught

@@ -50,6 +50,7 @@ class Worker:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._lora_set, self._streak = "", 0  # the LoRA set of the jobs run last, how many in a row
+        self.requeued = 0  # running jobs put back in the queue as the server stopped
         self._thread = threading.Thread(target=self._loop, name="wanjax-worker", daemon=True)
 
     def start(self) -> None:
@@ -157,7 +158,9 @@ class Worker:
         except (Cancelled, LeaseLost):
             results = {}
         except Stopping:
-            return recorded | {job.id: self.store.requeue(job.id) for job in jobs}
+            back = {job.id: self.store.requeue(job.id) for job in jobs}
+            self.requeued += sum(back.values())
+            return recorded | back
         except Exception as e:
             if len(jobs) > 1:  # each job's error its own: run them one by one
                 log.warning("a batch of %d jobs failed (%s); running them one by one", len(jobs), one_line(e))
