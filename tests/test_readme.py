@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from helpers.serve_process import Server
+from helpers.serve_process import TERMINATED, Server
 
 from wanjax.cli.main import main
 from wanjax.models import registry
@@ -102,4 +102,4 @@ def test_the_serving_example_makes_a_video_on_the_demo_server(demo_env, tmp_path
         status, video, headers = server.request("GET", f"/v1/videos/{job['id']}/content")
         assert status == 200 and headers["content-type"] == "video/mp4" and len(video) > 1000
     finally:
-        assert server.stop() == 0, server.stderr
+        assert server.stop() == TERMINATED, server.stderr

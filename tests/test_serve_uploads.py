@@ -82,7 +82,16 @@ def engines(demo_env, tmp_path_factory):
             "image of 8x8 is too small: give one at least 16 pixels on each side",
         ),  # readable: the check's own message, the field named once
     ],
-    ids=["image", "last_image", "video", "vace-video", "mask", "reference_images", "image-as-video", "small-image"],
+    ids=[
+        "image",
+        "last_image",
+        "video",
+        "vace-video",
+        "mask",
+        "reference_images",
+        "image-as-video",
+        "small-image",
+    ],
 )
 def test_an_upload_it_cannot_use_is_one_sentence_naming_its_field(engines, model, fields, message):
     engine = engines(model)
