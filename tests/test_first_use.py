@@ -438,7 +438,7 @@ def test_a_long_video_on_a_terminal_says_its_frames_and_counts_each_clip(demo_en
         "frames (5 shared with the one before)"
     ), lines
     starts = [line.split("] ", 1)[1].split(":")[0] for line in lines if line.startswith("[")]
-    assert starts == ["clip 1/2", "denoise", "clip 2/2", "denoise", "write"], lines
+    assert starts == ["clip 1/2", "denoise", "decode", "clip 2/2", "denoise", "decode", "write"], lines
     counted = [[_counted(c) for c in line.split("\r")[1:]] for line in lines if "denoise: step" in line]
     assert counted == [["denoise: step 1/2", "denoise: step 2/2"]] * 2, lines
 

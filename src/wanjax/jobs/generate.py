@@ -312,10 +312,14 @@ def run_extension(pipe: WanPipeline, work: GenerateWork, report: Callable[[str, 
     e, params = work.extension, work.params
     assert e is not None and work.vace is not None
 
+    steps = steps_run(params)
+
     def step(done: int) -> None:
         if done == 1:  # the clip's steps start (its prompt is encoded)
             report("denoise", 0)
         report("denoise", done)
+        if done == steps:  # the clip's decode follows
+            report("decode", 0)
 
     out = pipe.extend(
         work.prompts if len(work.prompts) > 1 else work.prompts[0],
@@ -342,8 +346,8 @@ def run_extension(pipe: WanPipeline, work: GenerateWork, report: Callable[[str, 
     for clip in out.clips:
         for stage, t in clip.timings.items():
             timings[stage] = timings.get(stage, StageTiming()) + t
-    steps = StepTimes.joined([clip.denoised.step_times for clip in out.clips])
-    denoised = dataclasses.replace(out.clips[-1].denoised, step_times=steps)
+    joined = StepTimes.joined([clip.denoised.step_times for clip in out.clips])
+    denoised = dataclasses.replace(out.clips[-1].denoised, step_times=joined)
     return Video(out.frames, denoised, timings, out.report())
 
 
