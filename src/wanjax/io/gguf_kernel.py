@@ -47,13 +47,15 @@ from wanjax.io.gguf_file import GGUFRef
 @dataclasses.dataclass(frozen=True)
 class GGUFKernel:
     """A matmul kernel ``(..., in, out)`` stored as GGUF blocks of ``qtype``, standing for ``dtype``;
-    ``up``/``down``: an unmerged LoRA's factors (None without one)."""
+    ``up``/``down``: an unmerged LoRA's factors (None without one); ``w8a8`` (static): the matmul
+    requantises it to int8 and multiplies int8 x int8 (:mod:`wanjax.models.w8a8`)."""
 
     blocks: Any
     qtype: str = dataclasses.field(metadata={"static": True})
     dtype: np.dtype = dataclasses.field(metadata={"static": True})
     up: Any = None
     down: Any = None
+    w8a8: bool = dataclasses.field(default=False, metadata={"static": True})
 
     @property
     def shape(self) -> tuple[int, ...]:
