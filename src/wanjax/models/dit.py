@@ -571,14 +571,11 @@ def load_transformer(
     device per layer; ``"model"`` loads like ``"none"`` (the pipeline moves the weights between
     stages). ``weights_dtype`` (``bf16 | int8 | fp8``): ``int8``/``fp8`` store the matmul kernels in
     8 bits with per-channel scales, quantised as they are read (:mod:`wanjax.io.quant`);
-    ``activations_dtype`` whether the blocks' int8 kernels multiply as W8A8 (:mod:`wanjax.models.w8a8`).
-    With ``dtype``, ``precision``, ``attention_backend``, ``mesh`` and ``offload`` they make the
-    model's :class:`~wanjax.models.settings.RunSettings`.
+    ``activations_dtype``: whether the blocks' int8 kernels multiply as W8A8 (:mod:`wanjax.models.w8a8`).
+    With ``dtype``, ``precision``, ``attention_backend``, ``mesh``, ``offload`` they make its settings.
     """
-    precision, int8 = (
-        resolve_precision(precision, "transformer"),
-        int8_matmuls(activations_dtype, weights_dtype),
-    )
+    int8 = int8_matmuls(activations_dtype, weights_dtype)
+    precision = resolve_precision(precision, "transformer")
     settings = RunSettings(dtype, precision, attention_backend, mesh, offload, int8_matmuls=int8)
     sharding = transformer_sharding(mesh, fsdp, settings.offload, sharding)
     cfg, params = TRANSFORMER.load(path, settings.dtype, sharding, weights_dtype, config)
