@@ -93,10 +93,16 @@ def marked_blocks(blocks: Any, int8: bool) -> Any:
 
 def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(values, scale)`` of ``x (..., in)`` per row (token): int8 values and float32 scales
-    ``(..., 1)``, ``x ≈ values * scale`` (torchao's dynamic symmetric per-token quantisation)."""
+    ``(..., 1)``, ``x ≈ values * scale`` (torchao's dynamic symmetric per-token quantisation).
+
+    The scale is a true division, as torchao's: XLA would otherwise multiply by the rounded
+    reciprocal of 127.5 (a division by a constant), moving some scales by an ulp, and a row whose
+    absmax is negative lies on a tie (-127.5 steps): the ulp decides -128 or -127 for its largest
+    element (a 1e-3 difference in a layer's output)."""
     x32 = x.astype(jnp.float32)
     absmax = jnp.max(jnp.abs(x32), axis=-1, keepdims=True)
-    scale = jnp.maximum(absmax / np.float32(QMAX[INT8]), np.float32(_EPS))
+    qmax = jax.lax.optimization_barrier(jnp.full(absmax.shape, QMAX[INT8], jnp.float32))
+    scale = jnp.maximum(absmax / qmax, np.float32(_EPS))
     values = jnp.clip(jnp.round(x32 * (np.float32(1) / scale)), *LIMITS[INT8]).astype(jnp.int8)
     return values, scale
 
