@@ -95,16 +95,19 @@ def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """``(values, scale)`` of ``x (..., in)`` per row (token): int8 values and float32 scales
     ``(..., 1)``, ``x ≈ values * scale`` (torchao's dynamic symmetric per-token quantisation).
 
-    The scale is a true division, as torchao's: XLA would otherwise multiply by the rounded
-    reciprocal of 127.5 (a division by a constant), moving some scales by an ulp, and a row whose
-    absmax is negative lies on a tie (-127.5 steps): the ulp decides -128 or -127 for its largest
-    element (a 1e-3 difference in a layer's output)."""
+    The scale is a true division, as torchao's (XLA would multiply by the rounded reciprocal of a
+    constant divisor, an ulp off). A row's absmax element lies on a tie, ±127.5 steps, which float32
+    arithmetic breaks by the last bit (torchao: 78% -128, 22% -127 on Gaussian rows; a one-step
+    change of a row's largest element, ~1e-3 of a small layer's output, from any float32-level change
+    of the input, e.g. another mesh's summation order): here it is broken as exact arithmetic does,
+    half to even, 127.5 -> 127 (clipped 128), -127.5 -> -128, so the values do not depend on ulps."""
     x32 = x.astype(jnp.float32)
     absmax = jnp.max(jnp.abs(x32), axis=-1, keepdims=True)
     qmax = jax.lax.optimization_barrier(jnp.full(absmax.shape, QMAX[INT8], jnp.float32))
     scale = jnp.maximum(absmax / qmax, np.float32(_EPS))
-    values = jnp.clip(jnp.round(x32 * (np.float32(1) / scale)), *LIMITS[INT8]).astype(jnp.int8)
-    return values, scale
+    values = jnp.clip(jnp.round(x32 * (np.float32(1) / scale)), *LIMITS[INT8])
+    values = jnp.where((x32 == -absmax) & (absmax > 0), LIMITS[INT8][0], values)
+    return values.astype(jnp.int8), scale
 
 
 def int8_matmul(x: jax.Array, values: jax.Array, scale: jax.Array) -> jax.Array:

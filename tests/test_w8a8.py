@@ -1,0 +1,236 @@
+"""W8A8 int8 matmuls (``--activations_dtype int8``, :mod:`wanjax.models.w8a8`) against torchao's
+``Int8DynamicActivationInt8WeightConfig`` applied by ``quantize_`` to the same linears of diffusers'
+``WanTransformer3DModel`` (float32), where it decides, and what ``plan --compile`` counts.
+
+Equal to torchao: each linear, given the input torchao's run gave it, returns torchao's output to
+float32 rounding (1e-6; the same int8 values, scales and order of the two scalings). The whole DiT
+cannot be compared tighter than torchao's rule allows: a row whose absmax is negative lands on
+-127.5 steps, a tie its float32 arithmetic breaks to -128 or -127 by the last bit (78% / 22% on
+Gaussian rows), so a float32-level change of the input (our DiT differs from diffusers' by ~1e-6)
+moves torchao's own output by a third to a half of its distance from the float model
+(:func:`test_torchao_is_as_sensitive_as_its_ties_make_it` measures it).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from helpers.compare import relative_error
+from helpers.dit import reference_inputs, run_ours
+from helpers.models import TINY_DIT, save_transformer
+
+from wanjax.errors import ConfigError
+from wanjax.io.quant import INT8, QuantizedKernel, quantize
+from wanjax.models.dit import load_transformer
+from wanjax.models.w8a8 import int8_matmul, int8_matmuls, marked_blocks, quantize_rows
+from wanjax.target import Target
+
+torchao = pytest.importorskip("torchao.quantization")
+
+SHAPE, TEXT_LEN = (2, 16, 3, 6, 8), 7
+# the linears W8A8 multiplies, by diffusers' names (filter_fn)
+W8A8_LINEARS = re.compile(
+    r"blocks\.\d+\.(attn1\.(to_q|to_k|to_v|to_out\.0)|attn2\.(to_q|to_k|to_v|to_out\.0|add_k_proj|add_v_proj)"
+    r"|ffn\.net\.(0\.proj|2))$"
+)
+
+
+def torchao_w8a8(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` with torchao's W8A8 on :data:`W8A8_LINEARS`."""
+    quantized = copy.deepcopy(model)
+    torchao.quantize_(
+        quantized,
+        torchao.Int8DynamicActivationInt8WeightConfig(),
+        filter_fn=lambda m, name: isinstance(m, torch.nn.Linear) and W8A8_LINEARS.search(name) is not None,
+    )
+    return quantized
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("w8a8_dit")
+    model = save_transformer(root, seed=1, **TINY_DIT)
+    inputs = reference_inputs(SHAPE, TEXT_LEN, TINY_DIT["text_dim"], seed=2)
+    return root, model, inputs
+
+
+def test_each_linear_equals_torchao_on_its_inputs(tiny):
+    """Every W8A8 linear of torchao's run, fed the input it saw there: the same int8 kernel values and
+    scales, the same int8 activations but where torchao broke a row's -127.5 tie to -127 (we break it
+    as exact arithmetic does, to -128), and on every other row torchao's output to float32 rounding."""
+    from torchao.quantization.quantize_.common.quantize_tensor_kwargs import (
+        _choose_quant_func_and_quantize_tensor as torchao_activations,
+    )
+
+    _, model, inputs = tiny
+    weights = {
+        n: m.weight.detach().numpy().copy() for n, m in model.named_modules() if W8A8_LINEARS.search(n)
+    }
+    quantized, seen = torchao_w8a8(model), {}
+    for name, module in quantized.named_modules():
+        if name in weights:
+            module.register_forward_hook(
+                lambda m, args, out, name=name: seen.__setitem__(name, (args[0].clone(), out.numpy()))
+            )
+    with torch.no_grad():
+        quantized(*inputs)
+    assert len(seen) == len(weights) == 20  # 2 blocks x (4 + 4 + 2)
+    ties = rows = 0
+    for name, (x, expected) in seen.items():
+        module = dict(quantized.named_modules())[name]
+        values, scale = quantize(weights[name].T, INT8)
+        np.testing.assert_array_equal(values, module.weight.qdata.numpy().T)
+        np.testing.assert_array_equal(scale, module.weight.scale.numpy().ravel())
+        theirs = torchao_activations(x, module.weight.act_quant_kwargs)
+        ours_q, ours_scale = (np.asarray(a) for a in quantize_rows(jnp.asarray(x.numpy())))
+        np.testing.assert_array_equal(ours_scale.ravel(), theirs.scale.numpy().ravel())
+        differ = ours_q != theirs.qdata.numpy()
+        at_tie = x.numpy() == -np.abs(x.numpy()).max(-1, keepdims=True)
+        assert (
+            np.all(at_tie[differ])
+            and np.all(ours_q[differ] == -128)
+            and np.all(theirs.qdata.numpy()[differ] == -127)
+        )
+        same_rows = ~differ.any(-1)
+        ours = np.asarray(int8_matmul(jnp.asarray(x.numpy()), jnp.asarray(values), jnp.asarray(scale)))
+        ours = ours + module.bias.detach().numpy()
+        assert relative_error(ours[same_rows], expected[same_rows]) <= 1e-6, name
+        ties, rows = ties + int(differ.any(-1).sum()), rows + same_rows.size
+    assert 0 < ties < rows / 4  # torchao broke a fifth of the negative rows' ties to -127
+
+
+def test_torchao_is_as_sensitive_as_its_ties_make_it(tiny):
+    """What bounds a whole-model comparison: a 1e-6 relative change of the latents moves torchao's
+    W8A8 output by more than a fifth of its distance from the float model (the float model moves
+    1e-6), and ours sits at that distance's order from torchao's and from the float model."""
+    root, model, inputs = tiny
+    latents, timestep, text = inputs
+    nudged = latents * (1 + 1e-6 * torch.randn(latents.shape, generator=torch.Generator().manual_seed(5)))
+    quantized = torchao_w8a8(model)
+    with torch.no_grad():
+        ref, ao = model(*inputs).sample.numpy(), quantized(*inputs).sample.numpy()
+        ao_nudged = quantized(nudged, timestep, text).sample.numpy()
+    own = relative_error(ao, ref)
+    assert relative_error(ao_nudged, ao) > own / 5
+    ours = run_ours(load_transformer(root, "float32", weights_dtype="int8", activations_dtype="int8"), inputs)
+    assert own / 3 < relative_error(ours, ref) < 3 * own
+    assert relative_error(ours, ao) < 3 * own
+
+
+def test_float_activations_keep_the_weight_only_path(tiny):
+    """``activations_dtype`` float32 (or auto on this CPU) runs today's weight-only int8; int8 another
+    program whose blocks multiply int8 x int8."""
+    root, _, inputs = tiny
+    runs = {
+        a: run_ours(load_transformer(root, "float32", weights_dtype="int8", activations_dtype=a), inputs)
+        for a in ("float32", "auto", "int8")
+    }
+    np.testing.assert_array_equal(runs["float32"], runs["auto"])
+    assert relative_error(runs["int8"], runs["float32"]) > 1e-3
+
+
+def test_marked_blocks_flag_only_attention_and_ffn_kernels(tiny):
+    root, _, _ = tiny
+    model = load_transformer(root, "float32", weights_dtype="int8", activations_dtype="int8")
+    assert model.settings.int8_matmuls
+    blocks = marked_blocks(model.params["blocks"], True)
+
+    def flagged(tree) -> set[bool]:
+        kernels = jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, QuantizedKernel))
+        return {k.w8a8 for k in kernels if isinstance(k, QuantizedKernel)}
+
+    assert flagged({k: blocks[k] for k in ("attn1", "attn2", "ffn")}) == {True}
+    assert flagged(model.params) == {False}  # the loaded tree: the forward flags them as it runs
+    assert marked_blocks(model.params["blocks"], False) is model.params["blocks"]
+
+
+def test_w8a8_dots_are_int8_by_int8_into_int32():
+    x = jnp.ones((3, 64), jnp.bfloat16)
+    values, scale = quantize(np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32), INT8)
+    kernel = QuantizedKernel(jnp.asarray(values), jnp.asarray(scale), np.dtype(jnp.bfloat16), w8a8=True)
+    from wanjax.models.layers import matmul
+
+    jaxpr = jax.make_jaxpr(matmul)(x, kernel)
+    dots = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "dot_general"]
+    assert [
+        (str(e.invars[0].aval.dtype), str(e.invars[1].aval.dtype), str(e.outvars[0].aval.dtype)) for e in dots
+    ] == [("int8", "int8", "int32")]
+    weight_only = jax.make_jaxpr(matmul)(x, dataclasses.replace(kernel, w8a8=False))
+    assert all(
+        e.invars[0].aval.dtype == jnp.bfloat16
+        for e in weight_only.jaxpr.eqns
+        if e.primitive.name == "dot_general"
+    )
+
+
+@pytest.mark.parametrize(
+    ("platform", "kind", "cuda", "expected"),
+    [
+        ("tpu", "TPU v6 lite", None, True),
+        ("tpu", "TPU v5 lite", None, True),
+        ("tpu", "TPU v5", None, True),
+        ("tpu", "TPU v4", None, False),
+        ("tpu", "TPU7x", None, False),
+        ("gpu", "NVIDIA A100-SXM4-80GB", (8, 0), True),
+        ("gpu", "NVIDIA L4", (8, 9), True),
+        ("gpu", "NVIDIA H100 80GB HBM3", (9, 0), False),
+        ("cpu", "cpu", None, False),
+    ],
+)
+def test_auto_is_int8_where_the_chip_multiplies_int8(platform, kind, cuda, expected):
+    target = Target(platform, kind, cuda=cuda)
+    assert target.multiplies_int8 == expected
+    assert int8_matmuls("auto", "int8", target) == expected
+    assert not int8_matmuls("auto", "bf16", target) and not int8_matmuls("auto", "fp8", target)
+    assert int8_matmuls("int8", "int8", target) and not int8_matmuls("bfloat16", "int8", target)
+
+
+def test_int8_activations_need_int8_weights():
+    with pytest.raises(ConfigError, match="the weights are fp8; add weights_dtype int8"):
+        int8_matmuls("int8", "fp8", Target("cpu", "cpu"))
+    with pytest.raises(ConfigError, match="unknown activations_dtype 'int4'"):
+        int8_matmuls("int4", "int8")
+
+
+def test_cli_refuses_int8_activations_without_int8_weights(capsys):
+    from wanjax.cli.main import main
+
+    assert main(["generate", "--prompt", "x", "--activations_dtype", "int8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("add --weights_dtype int8 (or leave --activations_dtype at auto)") and "\n" not in err
+
+
+def test_a_mesh_of_8_devices_equals_one(tiny):
+    """dp=1,sp=2,tp=4: the int8 kernels and their scales split by output channel (row-parallel ones by
+    input channel: int32 partial sums, exact), tokens over sp. Each block linear equals one device's
+    to float32 rounding; the whole DiT as nearly as its float32 parts allow: another summation order
+    tips rounding ties, which moves this tiny W8A8 DiT as much as a 1e-6 change of its input does."""
+    from wanjax.models.layers import linear
+    from wanjax.parallel.mesh import make_mesh, parse_mesh
+
+    root, _, inputs = tiny
+    kwargs = dict(weights_dtype="int8", activations_dtype="int8")
+    single = load_transformer(root, "float32", **kwargs)
+    sharded = load_transformer(root, "float32", mesh=make_mesh(parse_mesh("dp=1,sp=2,tp=4")), **kwargs)
+    x = jax.random.normal(
+        jax.random.key(0), (2, 36, TINY_DIT["num_attention_heads"] * TINY_DIT["attention_head_dim"])
+    )
+    for name in ("to_q", "to_out"):
+        one = marked_blocks(single.params["blocks"], True)["attn1"][name]
+        split = marked_blocks(sharded.params["blocks"], True)["attn1"][name]
+        if name == "to_q":  # column-parallel: the scales split with their channels
+            assert tuple(split["kernel"].scale.sharding.spec) == (None, "tp")
+        layer = lambda p, x: linear(x, jax.tree.map(lambda a: a[0], p))  # noqa: E731
+        np.testing.assert_allclose(jax.jit(layer)(split, x), jax.jit(layer)(one, x), rtol=1e-6, atol=1e-6)
+    latents, timestep, text = inputs
+    nudged = latents * (1 + 1e-6 * torch.randn(latents.shape, generator=torch.Generator().manual_seed(5)))
+    one = run_ours(single, inputs)
+    sensitivity = relative_error(run_ours(single, (nudged, timestep, text)), one)
+    assert relative_error(run_ours(sharded, inputs), one) <= 2 * sensitivity
