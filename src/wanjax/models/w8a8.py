@@ -46,6 +46,9 @@ W8A8_WEIGHTS = ("int8", KEPT_GGUF)
 # the block params whose kernels multiply in int8 (attention projections and the FFN)
 W8A8_PARTS = ("attn1", "attn2", "ffn")
 _EPS = float(np.finfo(np.float32).eps)  # torchao's least scale
+# how near -127.5 steps a value is taken for the tie: ~250 ulps of 127.5, far above a recomputed
+# producer's rounding, far below any other element's distance from the row's absmax in practice
+_TIE = 2.0**-9
 
 
 def check_activations(name: str, weights: str, what: str = "activations_dtype") -> None:
@@ -99,14 +102,18 @@ def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     constant divisor, an ulp off). A row's absmax element lies on a tie, ±127.5 steps, which float32
     arithmetic breaks by the last bit (torchao: 78% -128, 22% -127 on Gaussian rows; a one-step
     change of a row's largest element, ~1e-3 of a small layer's output, from any float32-level change
-    of the input, e.g. another mesh's summation order): here it is broken as exact arithmetic does,
-    half to even, 127.5 -> 127 (clipped 128), -127.5 -> -128, so the values do not depend on ulps."""
+    of the input, e.g. another mesh's summation order). Here it is broken as exact arithmetic does,
+    half to even: 127.5 -> 127 (128 clipped), -127.5 -> -128, for every value within :data:`_TIE` of
+    it: XLA recomputes ``x``'s producer (a norm, the modulation) inside the absmax's fusion and the
+    rounding's, whose code may round an ulp apart (at LLVM -O0 it does), so the element cannot be
+    found by equality with the absmax."""
     x32 = x.astype(jnp.float32)
     absmax = jnp.max(jnp.abs(x32), axis=-1, keepdims=True)
     qmax = jax.lax.optimization_barrier(jnp.full(absmax.shape, QMAX[INT8], jnp.float32))
     scale = jnp.maximum(absmax / qmax, np.float32(_EPS))
-    values = jnp.clip(jnp.round(x32 * (np.float32(1) / scale)), *LIMITS[INT8])
-    values = jnp.where((x32 == -absmax) & (absmax > 0), LIMITS[INT8][0], values)
+    steps = x32 * (np.float32(1) / scale)
+    values = jnp.clip(jnp.round(steps), *LIMITS[INT8])
+    values = jnp.where(steps <= np.float32(-QMAX[INT8] + _TIE), LIMITS[INT8][0], values)
     return values.astype(jnp.int8), scale
 
 
