@@ -317,3 +317,47 @@ def test_a_mesh_of_8_devices_equals_one(tiny):
     one = run_ours(single, inputs)
     sensitivity = relative_error(run_ours(single, (nudged, timestep, text)), one)
     assert relative_error(run_ours(sharded, inputs), one) <= 2 * sensitivity
+
+
+def test_gguf_blocks_requantised_in_the_program_as_the_host_quantises(tmp_path):
+    """``--weights_dtype gguf --activations_dtype int8``: each kept Q8_0 kernel of the blocks is
+    dequantised and requantised per channel inside the program to the int8 values and scales the
+    host's rule gives its dequantised weights (:func:`wanjax.io.quant.quantize`), and multiplies
+    W8A8 (the forward moves off the weight-only one)."""
+    from helpers.gguf_files import GGUF_DIT, Q, write_transformer
+    from helpers.models import original_state
+
+    from wanjax.io.gguf_kernel import GGUFKernel
+    from wanjax.models.dit import TRANSFORMER
+    from wanjax.models.w8a8 import quantize_kernel, w8a8_matmul
+
+    model = save_transformer(tmp_path, seed=5, **{**TINY_DIT, **GGUF_DIT})
+    path = write_transformer(tmp_path / "wan-Q8_0.gguf", original_state(model), Q.Q8_0, scale=1e-3)
+    config = TRANSFORMER.read_config(tmp_path / "transformer")
+    kept = load_transformer(path, "float32", weights_dtype="gguf", activations_dtype="int8", config=config)
+    x = jax.random.normal(jax.random.key(1), (2, 5, 256))
+    for name in ("to_q", "to_out"):
+        stacked = kept.params["blocks"]["attn1"][name]["kernel"]
+        assert isinstance(stacked, GGUFKernel)
+        layer = jax.tree.map(lambda a: a[1], stacked)
+        values, scale = quantize(np.asarray(layer.dequantize(jnp.float32)), INT8)
+        got_values, got_scale = jax.jit(quantize_kernel)(layer.dequantize(jnp.float32))
+        np.testing.assert_array_equal(np.asarray(got_values), values)
+        np.testing.assert_array_equal(np.asarray(got_scale), scale)
+        flagged = dataclasses.replace(layer, w8a8=True)
+        np.testing.assert_array_equal(
+            np.asarray(jax.jit(w8a8_matmul)(x, flagged)), np.asarray(jax.jit(int8_matmul)(x, values, scale))
+        )
+    inputs = reference_inputs(SHAPE, TEXT_LEN, GGUF_DIT["text_dim"], seed=10)
+    weight_only = run_ours(load_transformer(path, "float32", weights_dtype="gguf", config=config), inputs)
+    assert relative_error(run_ours(kept, inputs), weight_only) > 1e-3
+
+
+def test_offload_blocks_streams_the_int8_kernels(tiny):
+    """``--offload blocks``: the stacked int8 kernels stream from host memory per layer and multiply
+    W8A8 as resident ones do (the same program but for the transfers)."""
+    root, _, inputs = tiny
+    kwargs = dict(weights_dtype="int8", activations_dtype="int8")
+    resident = run_ours(load_transformer(root, "float32", **kwargs), inputs)
+    streamed = run_ours(load_transformer(root, "float32", offload="blocks", **kwargs), inputs)
+    assert relative_error(streamed, resident) <= 1e-6

@@ -62,12 +62,13 @@ class GGUFKernel:
         *lead, out, n, _ = self.blocks.shape
         return (*lead, n * block_shape(self.qtype)[0], out)
 
-    def dequantize(self) -> jax.Array:
-        """The kernel ``(..., in, out)`` in :attr:`dtype` (the LoRA added in float32), rounded once."""
+    def dequantize(self, dtype: Any = None) -> jax.Array:
+        """The kernel ``(..., in, out)`` in ``dtype`` (default :attr:`dtype`; the LoRA added in
+        float32), rounded once."""
         w = dequantize(self.blocks, self.qtype)
         if self.up is not None:
             w = w + jnp.matmul(self.up, self.down, precision=jax.lax.Precision.HIGHEST)
-        return jnp.swapaxes(w, -1, -2).astype(self.dtype)
+        return jnp.swapaxes(w, -1, -2).astype(dtype or self.dtype)
 
 
 def stored_type(source: LeafSource, refs: Mapping[str, Ref]) -> str | None:
