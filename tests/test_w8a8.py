@@ -361,3 +361,24 @@ def test_offload_blocks_streams_the_int8_kernels(tiny):
     resident = run_ours(load_transformer(root, "float32", **kwargs), inputs)
     streamed = run_ours(load_transformer(root, "float32", offload="blocks", **kwargs), inputs)
     assert relative_error(streamed, resident) <= 1e-6
+
+
+def test_a_lora_merged_into_int8_kernels_multiplies_w8a8(tiny, tmp_path):
+    """A LoRA is merged into the int8 kernels (dequantised, merged in float32, requantised) and the
+    W8A8 forward multiplies the merged ones: as near the float model with the LoRA as W8A8 is to the
+    float model without it, and the LoRA moves the output far more than that."""
+    from helpers.lora import diffusers_lora_for
+
+    root, _, inputs = tiny
+    lora = tmp_path / "lora.safetensors"
+    float_model = load_transformer(root, "float32")
+    diffusers_lora_for(float_model.cfg, lora, seed=3, std=0.3)
+    runs = {}
+    for name, kwargs in {"float": {}, "w8a8": dict(weights_dtype="int8", activations_dtype="int8")}.items():
+        model = load_transformer(root, "float32", **kwargs)
+        runs[name] = run_ours(model, inputs)
+        model.set_loras([(lora, 1.0)])
+        runs[f"{name}+lora"] = run_ours(model, inputs)
+    w8a8_error = relative_error(runs["w8a8"], runs["float"])
+    assert relative_error(runs["w8a8+lora"], runs["float+lora"]) < 2 * w8a8_error
+    assert relative_error(runs["float+lora"], runs["float"]) > 10 * w8a8_error
