@@ -382,3 +382,27 @@ def test_a_lora_merged_into_int8_kernels_multiplies_w8a8(tiny, tmp_path):
     w8a8_error = relative_error(runs["w8a8"], runs["float"])
     assert relative_error(runs["w8a8+lora"], runs["float+lora"]) < 2 * w8a8_error
     assert relative_error(runs["float+lora"], runs["float"]) > 10 * w8a8_error
+
+
+@pytest.mark.slow
+def test_two_experts_run_w8a8_and_the_record_says_so(demo_env, tmp_path):
+    """``generate`` of the two-expert demo with ``--weights_dtype int8 --activations_dtype int8``:
+    both experts' blocks multiply int8 (one setting loads both) and the record says what ran; the
+    default on this CPU records the model dtype."""
+    import json
+
+    from wanjax import WanPipeline
+    from wanjax.cli.main import main
+
+    small = ["--height", "32", "--width", "32", "--frames", "5", "--num_inference_steps", "2"]
+    args = ["generate", "--model", "demo-a14b", "--prompt", "a cat", *small, "--weights_dtype", "int8"]
+    records = {}
+    for activations in ("int8", "auto"):
+        video = tmp_path / f"{activations}.mp4"
+        assert main([*args, "--activations_dtype", activations, "--output_video", str(video)]) == 0
+        records[activations] = json.loads(video.with_suffix(".json").read_text())
+    assert records["int8"]["activations_dtype"] == "int8" and records["int8"]["expert_steps"] == [0, 1]
+    assert records["auto"]["activations_dtype"] == "bfloat16"
+    pipe = WanPipeline.from_pretrained("demo-a14b", weights_dtype="int8", activations_dtype="int8")
+    experts = (pipe.components.transformer, pipe.components.transformer_2)
+    assert all(e.settings.int8_matmuls for e in experts)
