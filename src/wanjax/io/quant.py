@@ -110,14 +110,22 @@ def quantize(w: Any, dtype: Any, xp: Any = np) -> tuple[Any, Any]:
     if dtype not in QMAX:
         raise ValueError(f"cannot quantise to {dtype}; use one of {', '.join(map(str, QMAX))}")
     w = xp.asarray(w, np.float32)
-    qmax = QMAX[dtype]
     absmax = xp.abs(w).max(axis=INPUT_AXIS, initial=0.0)
-    scale = xp.where(absmax > 0, absmax / np.float32(qmax), np.float32(1)).astype(SCALE_DTYPE)
+    scale = xp.where(absmax > 0, _divided(absmax, QMAX[dtype], xp), np.float32(1)).astype(SCALE_DTYPE)
     if dtype == INT8:  # as torchao rounds: times the reciprocal, half to even
         q = xp.rint(w * xp.expand_dims(np.float32(1) / scale, INPUT_AXIS))
     else:
         q = w / xp.expand_dims(scale, INPUT_AXIS)
     return xp.clip(q, *LIMITS[dtype]).astype(dtype), scale
+
+
+def _divided(a: Any, divisor: float, xp: Any) -> Any:
+    """``a / divisor`` rounded once, as NumPy divides, also inside a program: XLA would multiply by
+    the divisor's rounded reciprocal (an ulp off, and int8's absmax lands on a tie at 127.5 steps, so
+    the ulp would decide a channel's largest value)."""
+    if xp is np:
+        return a / np.float32(divisor)
+    return a / jax.lax.optimization_barrier(xp.full(a.shape, divisor, np.float32))
 
 
 def dequantize(values: np.ndarray, scale: np.ndarray) -> np.ndarray:

@@ -34,7 +34,7 @@ import numpy as np
 
 from wanjax.errors import ConfigError
 from wanjax.io.gguf_kernel import GGUFKernel
-from wanjax.io.quant import INT8, LIMITS, QMAX, QuantizedKernel
+from wanjax.io.quant import INT8, LIMITS, QMAX, QuantizedKernel, quantize
 from wanjax.io.quantizable import KEPT_GGUF
 from wanjax.target import Target, current_target
 
@@ -126,23 +126,12 @@ def int8_matmul(x: jax.Array, values: jax.Array, scale: jax.Array) -> jax.Array:
     return (y.astype(jnp.float32) * row_scale) * scale
 
 
-def quantize_kernel(w: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """``(values, scale)`` of a kernel ``w (..., in, out)`` inside the program, by the host's rule
-    (:func:`wanjax.io.quant.quantize`, its arithmetic too: a true division by 127.5)."""
-    w = w.astype(jnp.float32)
-    absmax = jnp.max(jnp.abs(w), axis=-2)
-    qmax = jax.lax.optimization_barrier(jnp.full(absmax.shape, QMAX[INT8], jnp.float32))
-    scale = jnp.where(absmax > 0, absmax / qmax, np.float32(1))
-    values = jnp.clip(jnp.rint(w * jnp.expand_dims(np.float32(1) / scale, -2)), *LIMITS[INT8])
-    return values.astype(jnp.int8), scale
-
-
 def w8a8_matmul(x: jax.Array, kernel: QuantizedKernel | GGUFKernel) -> jax.Array:
     """:func:`int8_matmul` of a flagged kernel: an int8 one as stored; GGUF blocks dequantised and
-    requantised per output channel inside the program (:func:`quantize_kernel`: a second rounding;
-    GGUF's block scales run along the input axis, which an int8 dot cannot apply)."""
+    requantised per output channel inside the program by the host's rule (a second rounding; GGUF's
+    block scales run along the input axis, which an int8 dot cannot apply)."""
     if isinstance(kernel, GGUFKernel):
-        values, scale = quantize_kernel(kernel.dequantize(jnp.float32))
+        values, scale = quantize(kernel.dequantize(jnp.float32), INT8, jnp)
     else:
         values, scale = kernel.values, kernel.scale
     return int8_matmul(x, values, scale if scale.ndim == 1 else jnp.expand_dims(scale, -2))
