@@ -1,7 +1,8 @@
 """What wanjax knows of the chips it builds for, in one place: each accelerator's datasheet peak,
 whether it multiplies int8 faster than bf16, a TPU generation's HBM and the part of it the TPU
-compiler lets a program use, the TPU kernels' default blocks where the seed's do not compile, the TPU slices one rents, and a TPU's lanes.
-``plan``, ``bench``, the compile target and the kernels read them here."""
+compiler lets a program use, the TPU kernels' default blocks where the seed's do not compile, the
+TPU slices one rents, and a TPU's lanes. ``plan``, ``bench``, the compile target, the kernels and
+the W8A8 default read them here."""
 
 from __future__ import annotations
 
