@@ -101,7 +101,7 @@ def make_report(
             },
             # what the transformer blocks' attention and FFN matmuls multiplied (int8: W8A8)
             **(
-                {"activations_dtype": activations_name(c.int8_matmuls, c.settings.dtype)}
+                {"activations_dtype": activations_name(c.transformer.settings.int8_matmuls, c.settings.dtype)}
                 if "denoise" in order
                 else {}
             ),

@@ -32,7 +32,7 @@ from wanjax.models.registry import Defaults, Variant, defaults_for, match
 from wanjax.models.tokenizer import TOKENIZER
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Encoder, load_text_encoder
 from wanjax.models.vae import VAE, Tiling, WanVAE, load_vae, parse_chunk
-from wanjax.models.w8a8 import AUTO, check_activations, int8_matmuls
+from wanjax.models.w8a8 import AUTO, check_activations
 from wanjax.parallel.layouts import spatial_sharding, to_global
 from wanjax.parallel.mesh import MeshSpec, make_mesh, mesh_spec_from_flags
 from wanjax.parallel.rules import param_sharding, replicated
@@ -71,8 +71,8 @@ class LoadSettings:
     bits with a float32 scale per output channel, :mod:`wanjax.io.quant`), ``"gguf"`` (a GGUF file's
     quantised kernels kept as stored, :mod:`wanjax.io.gguf_kernel`). ``activations_dtype``: ``"int8"``
     multiplies the transformer blocks' int8 kernels int8 x int8 (W8A8, :mod:`wanjax.models.w8a8`),
-    ``"auto"`` where the target multiplies int8 faster, a float dtype weight-only (``int8_matmuls``
-    says what runs). Every value is checked here."""
+    ``"auto"`` where the target multiplies int8 faster, a float dtype weight-only (the
+    transformer's ``settings.int8_matmuls`` says what runs). Every value is checked here."""
 
     dtype: Any = "bfloat16"
     text_encoder_dtype: Any = None
@@ -240,12 +240,6 @@ class Components:
             "text_encoder": resolve_precision(s.precision, "text_encoder"),
             "vae": resolve_precision(s.vae_precision, "vae"),
         }
-
-    @property
-    def int8_matmuls(self) -> bool:
-        """Whether the transformer blocks' matmuls run W8A8 (``activations_dtype`` resolved against the
-        build target, :func:`~wanjax.models.w8a8.int8_matmuls`)."""
-        return int8_matmuls(self.settings.activations_dtype, self.settings.weights_dtype)
 
     def stage_timing(self, stage: str) -> StageTiming:
         return self.timings.setdefault(stage, StageTiming())
