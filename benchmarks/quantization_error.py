@@ -41,12 +41,11 @@ import numpy as np
 import wanjax.models.layers as layers
 from wanjax.io.checkpoint import random_params
 from wanjax.io.quant import leaf_builder
-from wanjax.kernels.common import Platform
 from wanjax.models import dit, umt5
 from wanjax.models.registry import UMT5_XXL, transformer_preset
 from wanjax.models.settings import RunSettings
 
-VARIANTS = ("float32", "bf16", "int8", "fp8", "fp8 native")
+VARIANTS = ("float32", "bf16", "int8", "int8 W8A8", "fp8", "fp8 native")
 
 
 def relative_error(a: Any, b: Any) -> float:
@@ -64,6 +63,12 @@ def variant(name: str) -> tuple[Any, str]:
     return (jnp.float32, "bf16") if name == "float32" else (jnp.bfloat16, name.split()[0])
 
 
+def activations(name: str) -> str:
+    """``--activations_dtype`` of a variant: ``int8 W8A8`` multiplies the DiT blocks' matmuls in int8
+    (the text encoder stays weight-only: its row equals int8's), the others weight-only."""
+    return "int8" if name == "int8 W8A8" else "bfloat16"
+
+
 class native_fp8_platform:
     """Within: the layers see an H100 (fp8 matmuls in fp8); outside, this process's platform."""
 
@@ -71,12 +76,12 @@ class native_fp8_platform:
         self.on = on
 
     def __enter__(self) -> None:
-        self.saved = layers._this_platform
+        self.saved = layers.native_fp8
         if self.on:
-            layers._this_platform = lambda: (Platform("gpu", (9, 0)), "")
+            layers.native_fp8 = lambda platform=None, device_kind=None: True
 
     def __exit__(self, *exc: object) -> None:
-        layers._this_platform = self.saved
+        layers.native_fp8 = self.saved
 
 
 def errors(run: Callable[[str], Any]) -> dict[str, float]:
@@ -117,7 +122,9 @@ def tiny(folder: Path) -> None:
 
     def run(name: str) -> jax.Array:
         dtype, weights = variant(name)
-        return dit.load_transformer(folder, dtype, weights_dtype=weights)(*inputs)
+        return dit.load_transformer(
+            folder, dtype, weights_dtype=weights, activations_dtype=activations(name)
+        )(*inputs)
 
     report("tiny DiT (parity model), velocity", errors(run))
 
@@ -130,7 +137,8 @@ def dims_1_3b(num_layers: int) -> None:
     def run(name: str) -> jax.Array:
         dtype, weights = variant(name)
         params = random_params(spec, dtype, build=leaf_builder(weights))
-        out = dit.WanTransformer(cfg, params, RunSettings(dtype))(*inputs)
+        settings = RunSettings(dtype, int8_matmuls=activations(name) == "int8")
+        out = dit.WanTransformer(cfg, params, settings)(*inputs)
         return jax.block_until_ready(out)
 
     report(f"1.3B dims, {num_layers} layers, velocity", errors(run))
@@ -157,7 +165,9 @@ def frames() -> None:
     videos = {}
     for name in VARIANTS:
         dtype, weights = variant(name)
-        pipe = WanPipeline.from_pretrained("demo", dtype, weights_dtype=weights)
+        pipe = WanPipeline.from_pretrained(
+            "demo", dtype, weights_dtype=weights, activations_dtype=activations(name)
+        )
         with native_fp8_platform(name == "fp8 native"):  # the demo's default size and steps
             videos[name] = pipe("a red fox in the snow", seed=0).frames
     print(

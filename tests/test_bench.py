@@ -189,18 +189,25 @@ def test_bad_bench_config(overrides, message):
 @pytest.mark.parametrize(("offload", "weights"), [("blocks", "int8"), ("model", "bf16")])
 def test_denoise_bench_offload_and_weights_dtype(tmp_path, capsys, offload, weights):
     """``--offload`` / ``--weights_dtype`` as the pipeline runs them: the JSON records the mode, the
-    step program's memory with the host-memory arguments (the streamed layers) apart, and s/step."""
+    step program's memory with the host-memory arguments (the streamed layers) apart, and s/step;
+    int8 weights run W8A8 here (``--activations_dtype int8``), and the result says what ran."""
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     out = tmp_path / "bench.json"
     tiny = ["--layers", "2", "--height", "32", "--width", "32", "--frames", "1", "--repeats", "1"]
-    memory = ["--offload", offload, "--weights-dtype", weights]
+    activations = "int8" if weights == "int8" else "auto"
+    memory = ["--offload", offload, "--weights-dtype", weights, "--activations_dtype", activations]
     args = parser.parse_args(
         [*tiny, *memory, "--max_sequence_length", "16", "--stages", "denoise", "--json", str(out)]
     )
     bench.run(args)
     written = json.loads(out.read_text())
-    assert written["config"]["memory"] == {"offload": offload, "weights_dtype": weights}
+    assert written["config"]["memory"] == {
+        "offload": offload,
+        "weights_dtype": weights,
+        "activations_dtype": activations,
+    }
+    assert written["activations_dtype"] == ("int8" if weights == "int8" else "bfloat16")
     denoise = written["stages"]["denoise"]
     assert denoise["s_per_step_median"] > 0
     assert denoise["weights_to_device_s"] >= 0  # model and blocks: back from pinned host memory
@@ -222,7 +229,8 @@ def test_denoise_bench_offload_and_weights_dtype(tmp_path, capsys, offload, weig
         bf16_bytes = sum(math.prod(x.shape) * 2 for x in jax.tree.leaves(abstract_params(spec, jnp.bfloat16)))
         assert placed["device"] + placed["host"] < 0.6 * bf16_bytes
     table = capsys.readouterr().out
-    assert f"offload {offload}, weights {weights}" in table and "host args GiB" in table
+    assert f"offload {offload}, weights {weights}, matmuls {written['activations_dtype']}" in table
+    assert "host args GiB" in table
 
 
 @pytest.mark.slow

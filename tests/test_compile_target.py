@@ -412,3 +412,24 @@ def test_a_multi_host_slice_compiles_a_mesh_that_splits_a_physical_axis():
     report = compile_run(run, SLICES["v6e-16"], only=["text_encoder", "step"])
     assert report.fits, report.table()
     assert len({d.process_index for d in slice_target(SLICES["v6e-16"]).devices}) == 4
+
+
+@pytest.mark.slow
+def test_a_w8a8_step_multiplies_int8_by_int8_on_a_tpu():
+    """``--weights_dtype int8`` on v6e-8: ``auto`` runs W8A8 there, every block's eight matmuls (self
+    q, k, v, out; cross q, out; FFN in, out: the text's keys and values are ``text_kv``'s) as
+    ``s8 x s8`` dots, each layer counted; a float ``--activations_dtype`` keeps them bf16."""
+    variant = registry()["demo"]
+    mesh = parse_mesh("dp=2,sp=1,tp=4")
+    steps = {
+        a: compile_run(
+            RunSpec(variant, 64, 64, 5, mesh, weights_dtype="int8", activations_dtype=a),
+            SLICES["v6e-8"],
+            only=["step"],
+        ).programs[0]
+        for a in ("auto", "bfloat16")
+    }
+    assert all(p.compiled for p in steps.values())
+    assert steps["auto"].int8_products == 8 * variant.transformer.num_layers
+    assert 0 < steps["auto"].int8_flops_per_chip < steps["auto"].flops_per_chip
+    assert steps["bfloat16"].int8_products == 0

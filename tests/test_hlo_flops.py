@@ -88,3 +88,35 @@ def test_pallas_calls_count_their_estimate_or_their_attention_label_per_iteratio
     unbounded = labelled.replace("compare(%n, %stop), direction=LT", "compare(%n, %n), direction=NE")
     with pytest.raises(UnknownTripCount):
         program_flops(unbounded)
+
+
+def test_int8_by_int8_products_are_counted_apart_in_a_tpu_program():
+    """W8A8's ``s8 x s8`` dots in the TPU's compiled program (written as convolutions there), each
+    iteration of the layer loop counted, beside a bf16 product that is not one of them."""
+    from jax.experimental import topologies
+    from jax.sharding import SingleDeviceSharding
+
+    from wanjax.tools.hlo_flops import count_flops
+
+    topology = topologies.get_topology_desc(
+        topology_name="v6e:1x1", platform="tpu", chips_per_host_bounds=(1, 1, 1)
+    )
+    on_chip = SingleDeviceSharding(topology.devices[0])
+
+    def f(x, layers, y, w):
+        def layer(c, k):
+            return (jnp.matmul(c, k, preferred_element_type=jnp.int32) >> 8).astype(jnp.int8), None
+
+        return jax.lax.scan(layer, x, layers)[0], y @ w
+
+    shapes = [
+        ((256, 512), jnp.int8),
+        ((3, 512, 512), jnp.int8),
+        ((256, 512), jnp.bfloat16),
+        ((512, 256), jnp.bfloat16),
+    ]
+    args = [jax.ShapeDtypeStruct(s, d, sharding=on_chip) for s, d in shapes]
+    count = count_flops(jax.jit(f).lower(*args).compile().as_text())
+    assert count.int8_products == 3
+    assert count.int8_flops == 3 * 2 * 256 * 512 * 512
+    assert count.flops == count.int8_flops + 2 * 256 * 512 * 256

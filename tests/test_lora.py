@@ -391,7 +391,10 @@ def test_a_lora_merges_into_8_bit_weights_as_the_merged_model_quantised(files, w
             base_8bit = dequantize(*quantize(base, qdtype))
             expected = dequantize(*quantize(base_8bit + (merged - base), qdtype))
             step = np.asarray(leaf.scale)[layer] * (1 if weights == "int8" else 32)  # e4m3's widest gap
-            assert np.all(np.abs(ours[layer] - expected) <= step), name
+            # one step where the device's float32 merge rounds across a boundary: int8's channel maximum
+            # sits on a tie (127.5 steps), which an ulp of the merged sum decides, with the scales an
+            # ulp apart too (128 s' against 127 s: a step and 127 ulps of it)
+            assert np.all(np.abs(ours[layer] - expected) <= step * (1 + 2e-5)), name
             squared["merged"] += ((ours[layer] - merged) ** 2).sum()
             squared["base"] += ((base_8bit - base) ** 2).sum()
             squared["requantised"] += ((dequantize(*quantize(merged, qdtype)) - merged) ** 2).sum()

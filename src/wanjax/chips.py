@@ -1,7 +1,8 @@
 """What wanjax knows of the chips it builds for, in one place: each accelerator's datasheet peak,
-a TPU generation's HBM and the part of it the TPU compiler lets a program use, the TPU kernels'
-default blocks where the seed's do not compile, the TPU slices one rents, and a TPU's lanes.
-``plan``, ``bench``, the compile target and the kernels read them here."""
+whether it multiplies int8 faster than bf16, a TPU generation's HBM and the part of it the TPU
+compiler lets a program use, the TPU kernels' default blocks where the seed's do not compile, the
+TPU slices one rents, and a TPU's lanes. ``plan``, ``bench``, the compile target, the kernels and
+the W8A8 default read them here."""
 
 from __future__ import annotations
 
@@ -48,7 +49,8 @@ _SMALL_VMEM_SPLASH: Blocks = (1024, 2048, 512, 256)
 class Chip:
     """An accelerator: its name (a TPU generation, ``v6e``, or a GPU's), the ``device_kind`` JAX gives
     its devices (matched as a prefix, as are its ``aliases``: ``NVIDIA H100`` is ``NVIDIA H100 80GB
-    HBM3``), its dense bf16 datasheet peak (TFLOP/s per device; ``None``: not known), and for a TPU the
+    HBM3``), its dense bf16 datasheet peak (TFLOP/s per device; ``None``: not known), its dense int8
+    datasheet peak (TOP/s per device, ``int8_tops``; ``None``: not known), and for a TPU the
     HBM per device, the part of it the TPU compiler lets a program use (its "available HBM" when a
     program does not fit) and the attention kernels' default blocks where the seed's do not compile."""
 
@@ -59,17 +61,25 @@ class Chip:
     usable_hbm_bytes: int | None = None
     blocks: Mapping[str, Blocks] = dataclasses.field(default_factory=dict)
     aliases: tuple[str, ...] = ()
+    int8_tops: float | None = None
+
+    @property
+    def multiplies_int8(self) -> bool:
+        """Whether its matrix units multiply int8 faster than bf16 (the datasheets' peaks)."""
+        return None not in (self.int8_tops, self.peak_tflops) and self.int8_tops > self.peak_tflops  # type: ignore[operator]
 
     def is_kind(self, device_kind: str) -> bool:
         """Whether devices of this kind are this chip."""
         return any(device_kind.startswith(k) for k in (self.device_kind, *self.aliases))
 
 
-# Matched in this order (the first whose kind begins the device's wins: v5e before v5p)
+# Matched in this order (the first whose kind begins the device's wins: v5e before v5p). int8 peaks:
+# Google's TPU datasheets (v6e 1,836, v5e 394, v5p 918 TOPS; v4 and v7x list none above bf16) and
+# NVIDIA's (A100 624 dense).
 CHIPS: Mapping[str, Chip] = {
     c.name: c
     for c in (
-        Chip("v6e", "TPU v6 lite", 918.0, 32 * GiB, int(31.25 * GiB), aliases=("TPU v6e",)),
+        Chip("v6e", "TPU v6 lite", 918.0, 32 * GiB, int(31.25 * GiB), aliases=("TPU v6e",), int8_tops=1836.0),
         Chip(
             "v5e",
             "TPU v5 lite",
@@ -78,15 +88,24 @@ CHIPS: Mapping[str, Chip] = {
             int(15.75 * GiB),
             {"splash": _SMALL_VMEM_SPLASH},
             ("TPU v5e",),
+            394.0,
         ),
-        Chip("v5p", "TPU v5", 459.0, 96 * GiB, int(95.74 * GiB), {"splash": _SMALL_VMEM_SPLASH}),
+        Chip(
+            "v5p",
+            "TPU v5",
+            459.0,
+            96 * GiB,
+            int(95.74 * GiB),
+            {"splash": _SMALL_VMEM_SPLASH},
+            int8_tops=918.0,
+        ),
         Chip("v4", "TPU v4", 275.0, 32 * GiB, int(30.75 * GiB), {"splash": _SMALL_VMEM_SPLASH}),
         Chip(
             "v7x", "TPU7x", None, 96 * GiB, int(94.75 * GiB)
         ),  # per TensorCore: a chip's two are two devices
         Chip("H200", "NVIDIA H200", 989.0),
         Chip("H100", "NVIDIA H100", 989.0),
-        Chip("A100", "NVIDIA A100", 312.0),
+        Chip("A100", "NVIDIA A100", 312.0, int8_tops=624.0),
     )
 }
 

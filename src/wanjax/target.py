@@ -2,7 +2,7 @@
 
 Every choice that depends on the hardware (Pallas interpret mode, the ``auto`` attention backend, the
 per-head attention path, matmul precision, the VAE's conv formulation, the scanned layers' packing,
-child-process compiles, the tune cache's device key, native fp8, the memory ``plan`` counts) reads
+child-process compiles, the tune cache's device key, native fp8, int8 matmuls, the memory ``plan`` counts) reads
 :func:`current_target`, never ``jax.default_backend()``. At run time that is this process's devices;
 :func:`building_for` sets another one for a block, e.g. a TPU topology's devices to compile for a
 slice from a CPU host (:mod:`wanjax.tools.compile_target`). The setting is a context variable: scoped, per thread, no
@@ -19,7 +19,7 @@ from typing import Any
 
 import jax
 
-from wanjax.chips import TPU_LANES
+from wanjax.chips import TPU_LANES, chip_of
 
 __all__ = ["TPU_LANES", "Target", "building_for", "current_target"]
 
@@ -63,6 +63,16 @@ class Target:
         tiling before the layer loop: on v7x ((8, 128) parameter tiles made (16, 128), a second copy
         of them in the step's temporaries; 8-bit and GGUF kernels are not copied; BENCHMARKS.md)."""
         return self.platform == "tpu" and "7x" in self.device_kind
+
+    @property
+    def multiplies_int8(self) -> bool:
+        """Whether the matrix units multiply int8 at a higher rate than bf16: TPUs whose datasheet
+        says so (v5e, v6e, v5p: :attr:`wanjax.chips.Chip.multiplies_int8`) and NVIDIA GPUs of compute
+        capability 8.x (Ampere, Ada: int8 tensor cores, no fp8). ``--activations_dtype auto`` reads it."""
+        if self.platform == "gpu":
+            return self.cuda is not None and self.cuda[0] == 8
+        chip = chip_of(self.device_kind) if self.platform == "tpu" else None
+        return chip is not None and chip.multiplies_int8
 
     @property
     def interprets_pallas(self) -> bool:

@@ -329,7 +329,7 @@ def cmd_plan(request: PlanRequest) -> int:
     print(
         f"{request.model}: {request.width}x{request.height}, {request.frames} frames, "
         f"{count} device{'s' if count != 1 else ''}, "
-        f"--offload {offload} --weights_dtype {weights}"
+        f"--offload {offload} --weights_dtype {weights}{_matmuls(request, target)}"
     )
     meshes = [requested] if requested else mesh_plans.candidate_meshes(count, request.use_fsdp)
     if requested:
@@ -368,6 +368,16 @@ def cmd_plan(request: PlanRequest) -> int:
         on = "" if requested else f" --mesh {cheapest.mesh.flag}"
         print(f"hint: the cheapest mode that fits: {cheapest.mode}{on} (peak {cheapest.peak / GiB:.2f} GiB)")
     return 1
+
+
+def _matmuls(request: PlanRequest, target: Any) -> str:
+    """What the DiT blocks' matmuls multiply on the target planned for (``--compile``'s, else this
+    host): `` --activations_dtype auto (int8)``."""
+    from wanjax.models.w8a8 import activations_name, int8_matmuls
+
+    memory = request.memory
+    int8 = int8_matmuls(memory.activations_dtype, memory.weights_dtype, target)
+    return f" --activations_dtype {memory.activations_dtype} ({activations_name(int8, request.dtype)})"
 
 
 def _check_cache_flags(request: PlanRequest) -> None:
@@ -423,6 +433,7 @@ def _compile(
         attention=attention,
         offload=request.memory.offload,
         weights_dtype=request.memory.weights_dtype,
+        activations_dtype=request.memory.activations_dtype,
         gguf=gguf,
         cache=request.cache.config(),
     )

@@ -47,25 +47,28 @@ from wanjax.io.gguf_file import GGUFRef
 @dataclasses.dataclass(frozen=True)
 class GGUFKernel:
     """A matmul kernel ``(..., in, out)`` stored as GGUF blocks of ``qtype``, standing for ``dtype``;
-    ``up``/``down``: an unmerged LoRA's factors (None without one)."""
+    ``up``/``down``: an unmerged LoRA's factors (None without one); ``w8a8`` (static): the matmul
+    requantises it to int8 and multiplies int8 x int8 (:mod:`wanjax.models.w8a8`)."""
 
     blocks: Any
     qtype: str = dataclasses.field(metadata={"static": True})
     dtype: np.dtype = dataclasses.field(metadata={"static": True})
     up: Any = None
     down: Any = None
+    w8a8: bool = dataclasses.field(default=False, metadata={"static": True})
 
     @property
     def shape(self) -> tuple[int, ...]:
         *lead, out, n, _ = self.blocks.shape
         return (*lead, n * block_shape(self.qtype)[0], out)
 
-    def dequantize(self) -> jax.Array:
-        """The kernel ``(..., in, out)`` in :attr:`dtype` (the LoRA added in float32), rounded once."""
+    def dequantize(self, dtype: Any = None) -> jax.Array:
+        """The kernel ``(..., in, out)`` in ``dtype`` (default :attr:`dtype`; the LoRA added in
+        float32), rounded once."""
         w = dequantize(self.blocks, self.qtype)
         if self.up is not None:
             w = w + jnp.matmul(self.up, self.down, precision=jax.lax.Precision.HIGHEST)
-        return jnp.swapaxes(w, -1, -2).astype(self.dtype)
+        return jnp.swapaxes(w, -1, -2).astype(dtype or self.dtype)
 
 
 def stored_type(source: LeafSource, refs: Mapping[str, Ref]) -> str | None:

@@ -10,7 +10,9 @@ moving, sharding or counting a tree's arrays sees them. Which leaves are quantis
 :func:`wanjax.models.layers.linear`.
 
 Quantisation is symmetric, per output channel, from the absolute maximum over the input axis:
-``int8``: ``scale = absmax / 127``, ``values = round(w / scale)`` (error at most ``scale / 2``);
+``int8``: ``scale = absmax / 127.5``, ``values = round(w * (1 / scale))`` clipped to ``[-128, 127]``
+(error at most ``scale / 2``; torchao's and qwix's symmetric int8, so that the W8A8 matmul,
+:mod:`wanjax.models.w8a8`, is theirs);
 ``fp8`` (e4m3fn): ``scale = absmax / 448``, ``values = w / scale`` rounded to the nearest e4m3 value
 (relative error at most 2^-4 for normal values). It runs on the host as the checkpoint is read
 (:func:`leaf_builder`), one layer at a time: a model never holds its kernels in 16 bits on a device.
@@ -57,8 +59,11 @@ from wanjax.io.weights_file import ScaledRef
 
 INT8 = QUANTIZED_DTYPES["int8"]
 FP8 = QUANTIZED_DTYPES["fp8"]
-# the largest magnitude each 8-bit dtype stores: a channel's absmax maps to it
-QMAX: dict[np.dtype, float] = {INT8: 127.0, FP8: float(ml_dtypes.finfo(FP8).max)}
+# the magnitude a channel's absmax maps to: e4m3's largest; for int8 half the range [-128, 127]
+# (torchao's and qwix's symmetric int8: -absmax rounds to -128, +absmax to 128, clipped to 127)
+QMAX: dict[np.dtype, float] = {INT8: 127.5, FP8: float(ml_dtypes.finfo(FP8).max)}
+# the values each 8-bit dtype stores
+LIMITS: dict[np.dtype, tuple[float, float]] = {INT8: (-128.0, 127.0), FP8: (-QMAX[FP8], QMAX[FP8])}
 
 
 @jax.tree_util.register_dataclass
@@ -68,12 +73,15 @@ class QuantizedKernel:
 
     ``values``: int8 or float8_e4m3fn, the kernel's shape and sharding; ``scale``: float32, the
     kernel's shape without the input axis, sharded as the kernel's output axis is; ``dtype`` (static):
-    the dtype the kernel stands for, which the matmul computes in (the model dtype).
+    the dtype the kernel stands for, which the matmul computes in (the model dtype); ``w8a8``
+    (static, int8 only): the matmul quantises its input per token and multiplies int8 x int8
+    (:mod:`wanjax.models.w8a8`, which marks the kernels a forward multiplies so), else weight-only.
     """
 
     values: Any
     scale: Any
     dtype: np.dtype = dataclasses.field(metadata={"static": True})
+    w8a8: bool = dataclasses.field(default=False, metadata={"static": True})
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -102,13 +110,22 @@ def quantize(w: Any, dtype: Any, xp: Any = np) -> tuple[Any, Any]:
     if dtype not in QMAX:
         raise ValueError(f"cannot quantise to {dtype}; use one of {', '.join(map(str, QMAX))}")
     w = xp.asarray(w, np.float32)
-    qmax = QMAX[dtype]
     absmax = xp.abs(w).max(axis=INPUT_AXIS, initial=0.0)
-    scale = xp.where(absmax > 0, absmax / np.float32(qmax), np.float32(1)).astype(SCALE_DTYPE)
-    q = w / xp.expand_dims(scale, INPUT_AXIS)
-    if dtype == INT8:
-        q = xp.rint(q)
-    return xp.clip(q, -qmax, qmax).astype(dtype), scale
+    scale = xp.where(absmax > 0, _divided(absmax, QMAX[dtype], xp), np.float32(1)).astype(SCALE_DTYPE)
+    if dtype == INT8:  # as torchao rounds: times the reciprocal, half to even
+        q = xp.rint(w * xp.expand_dims(np.float32(1) / scale, INPUT_AXIS))
+    else:
+        q = w / xp.expand_dims(scale, INPUT_AXIS)
+    return xp.clip(q, *LIMITS[dtype]).astype(dtype), scale
+
+
+def _divided(a: Any, divisor: float, xp: Any) -> Any:
+    """``a / divisor`` rounded once, as NumPy divides, also inside a program: XLA would multiply by
+    the divisor's rounded reciprocal (an ulp off, and int8's absmax lands on a tie at 127.5 steps, so
+    the ulp would decide a channel's largest value)."""
+    if xp is np:
+        return a / np.float32(divisor)
+    return a / jax.lax.optimization_barrier(xp.full(a.shape, divisor, np.float32))
 
 
 def dequantize(values: np.ndarray, scale: np.ndarray) -> np.ndarray:

@@ -44,6 +44,12 @@ def _weights_dtypes() -> tuple[str, ...]:
     return WEIGHTS_DTYPES
 
 
+def _activations_dtypes() -> tuple[str, ...]:
+    from wanjax.models.w8a8 import ACTIVATIONS_DTYPES
+
+    return ACTIVATIONS_DTYPES
+
+
 def _backends() -> tuple[str, ...]:
     from wanjax.kernels.attention import BACKENDS
 
@@ -392,14 +398,25 @@ class MemoryFlags:
         "int8, fp8: 8-bit with a float32 scale per output channel; gguf: a GGUF file's quantised "
         "kernels kept as stored, dequantised per layer where they are used",
     )
+    activations_dtype: str = option(
+        "auto",
+        choices=_activations_dtypes,
+        help="what the DiT blocks' attention and FFN matmuls multiply (default {default}: int8 where "
+        "--weights_dtype is int8 and the chip multiplies int8 faster than bf16: TPU v5e, v6e, v5p, "
+        "GPUs of compute capability 8.x; else --dtype); int8: W8A8, the activations quantised per "
+        "token and int8 x int8 dots (with --weights_dtype int8 or gguf); a float dtype: weight-only, "
+        "in --dtype",
+    )
 
     def check(self) -> None:
         """ConfigError naming the flag of a value the library refuses."""
         from wanjax.io.quantizable import weights_dtype
         from wanjax.models.offload import parse_offload
+        from wanjax.models.w8a8 import check_activations
 
         parse_offload(self.offload, "--offload")
         weights_dtype(self.weights_dtype, "--weights_dtype")
+        check_activations(self.activations_dtype, self.weights_dtype, "--activations_dtype")
 
 
 def _component_file(component: str) -> Any:

@@ -98,6 +98,7 @@ def open_pipeline(
         download=common.download,
         offload=memory.offload,
         weights_dtype=memory.weights_dtype,
+        activations_dtype=memory.activations_dtype,
         loras=adapters.loras(),
         loras_2=adapters.loras_2(),
         **given,

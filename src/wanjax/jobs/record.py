@@ -11,6 +11,7 @@ from typing import Any
 from wanjax.jobs.groups import ImageFlags, SourceVideoFlags, VaceFlags
 from wanjax.jobs.opening import model_label
 from wanjax.jobs.requests import PipelineRequest
+from wanjax.models.w8a8 import activations_name
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline import stages
 from wanjax.pipeline.pipeline import WanPipeline
@@ -83,7 +84,7 @@ def make_report(
 ) -> RunReport:
     """A run's report: its stage timings (default: the pipeline's; a long video's: its clips' summed),
     and what its denoising returned (if it ran)."""
-    timings = pipe.timings if timings is None else timings
+    timings, c = pipe.timings if timings is None else timings, pipe.components
     order = [s for s in stages.STAGES if s in timings]
     return RunReport(
         command=command,
@@ -98,6 +99,12 @@ def make_report(
             "precision": {
                 s: pipe.components.precisions[c] for s, c in STAGE_COMPONENTS.items() if s in order
             },
+            # what the transformer blocks' attention and FFN matmuls multiplied (int8: W8A8)
+            **(
+                {"activations_dtype": activations_name(c.transformer.settings.int8_matmuls, c.settings.dtype)}
+                if "denoise" in order
+                else {}
+            ),
             **({"mesh": denoised.mesh_usage} if denoised and denoised.mesh_usage else {}),
             **(
                 {"expert_steps": list(denoised.expert_steps)}

@@ -192,6 +192,8 @@ def check_flags(request: Request) -> None:
     _check_precisions(flags)
     _check_vae_options(flags)
     _check_cache(request)
+    if isinstance(memory := getattr(request, "memory", None), MemoryFlags):
+        memory.check()  # the library's offload, weights and activations checks, naming the flag
     for name in ("lora", "lora_2"):
         for value in flags.get(name, ()):
             parse_lora(value, f"--{name}")

@@ -51,6 +51,7 @@ from wanjax.models.offload import (
     streams_layers,
 )
 from wanjax.models.settings import DEFAULT_SETTINGS, RunSettings
+from wanjax.models.w8a8 import int8_matmuls, marked_blocks
 from wanjax.parallel.attention import sharded_attention
 from wanjax.parallel.layouts import TokenLayout, token_layout
 from wanjax.parallel.rules import param_sharding
@@ -182,7 +183,7 @@ def run_blocks(
     layout, pin = token_pins(settings.mesh, x.shape[0], math.prod(cond.grid), cfg.num_attention_heads)
     attend, precision = _attend_fn(settings, layout), settings.precision
     hinted = cond.hints is not None
-    layers: Params = {"block": params["blocks"]}
+    layers: Params = {"block": marked_blocks(params["blocks"], settings.int8_matmuls)}
     if hinted:  # per layer: which hint follows it and its scale (0 where none does)
         assert cfg.vace_layers is not None and cond.hint_scale is not None
         index, on = np.zeros(cfg.num_layers, np.int32), np.zeros(cfg.num_layers, np.float32)
@@ -259,7 +260,7 @@ def embed_control(
         c = pin(_block(p, c, *args, item.get("kv")))
         return c, pin(linear(c, p["proj_out"], precision=precision))
 
-    items = {"block": params["vace_blocks"]}
+    items = {"block": marked_blocks(params["vace_blocks"], settings.int8_matmuls)}
     if cond.context_kv is not None:
         items["kv"] = cond.context_kv["vace_blocks"]
     _, hints = jax.lax.scan(block, c, items)
@@ -554,6 +555,7 @@ def load_transformer(
     precision: str | None = None,
     offload: Offload | str = "none",
     weights_dtype: str = "bf16",
+    activations_dtype: str = "auto",
     config: TransformerConfig | None = None,
 ) -> WanTransformer:
     """Load ``transformer/`` of a diffusers-layout Wan model (``path`` = model root or that folder),
@@ -568,12 +570,13 @@ def load_transformer(
     same sharding, memory kind ``pinned_host``; :func:`transformer_sharding`) and streamed to the
     device per layer; ``"model"`` loads like ``"none"`` (the pipeline moves the weights between
     stages). ``weights_dtype`` (``bf16 | int8 | fp8``): ``int8``/``fp8`` store the matmul kernels in
-    8 bits with per-channel scales, quantised as they are read (:mod:`wanjax.io.quant`). ``dtype``,
-    ``precision``, ``attention_backend``, ``mesh`` and ``offload`` make the model's
-    :class:`~wanjax.models.settings.RunSettings`.
+    8 bits with per-channel scales, quantised as they are read (:mod:`wanjax.io.quant`);
+    ``activations_dtype``: whether the blocks' int8 kernels multiply as W8A8 (:mod:`wanjax.models.w8a8`).
+    With ``dtype``, ``precision``, ``attention_backend``, ``mesh``, ``offload`` they make its settings.
     """
+    int8 = int8_matmuls(activations_dtype, weights_dtype)
     precision = resolve_precision(precision, "transformer")
-    settings = RunSettings(dtype, precision, attention=attention_backend, mesh=mesh, offload=offload)
+    settings = RunSettings(dtype, precision, attention_backend, mesh, offload, int8_matmuls=int8)
     sharding = transformer_sharding(mesh, fsdp, settings.offload, sharding)
     cfg, params = TRANSFORMER.load(path, settings.dtype, sharding, weights_dtype, config)
     return WanTransformer(cfg, params, settings)

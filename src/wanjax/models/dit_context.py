@@ -14,6 +14,7 @@ from wanjax.models.dit_embed import embed_context
 from wanjax.models.layers import Params, linear, rms_norm, scan_layers
 from wanjax.models.offload import stream_layers, streams_layers
 from wanjax.models.settings import DEFAULT_SETTINGS, RunSettings
+from wanjax.models.w8a8 import marked_blocks
 from wanjax.parallel.layouts import TokenLayout, constrain, token_layout
 
 _NORMS = {"to_q": "norm_q", "to_k": "norm_k", "add_k_proj": "norm_added_k"}
@@ -86,6 +87,7 @@ def _stacked_kv(
 ) -> ContextKV:
     """:func:`cross_kv` of each stacked layer, written into one buffer per name by a loop over the
     layers (their weights streamed from the host under ``offload="blocks"`` where ``may_stream``)."""
+    layers = marked_blocks(layers, settings.int8_matmuls)
     n = jax.tree.leaves(layers)[0].shape[0]
     sources = {"k": context, "v": context}
     if image_context is not None:

@@ -8,7 +8,8 @@ AMX/MXU/tensor cores. Norm statistics are always computed in float32. ``precisio
 
 A kernel may be 8-bit (:class:`~wanjax.io.quant.QuantizedKernel`, ``--weights_dtype int8|fp8``): the
 matmul dequantises it (:func:`quantized_matmul`); or GGUF blocks (:class:`~wanjax.io.gguf_kernel.GGUFKernel`,
-``--weights_dtype gguf``), dequantised to the model dtype where the matmul reads them.
+``--weights_dtype gguf``), dequantised to the model dtype where the matmul reads them. A kernel
+flagged ``w8a8`` multiplies int8 x int8 (:mod:`wanjax.models.w8a8`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from wanjax.io.gguf_kernel import GGUFKernel
 from wanjax.io.quant import FP8, QMAX, QuantizedKernel
 from wanjax.kernels.common import Platform
 from wanjax.kernels.precision import Precision, lax_precision
+from wanjax.models.w8a8 import w8a8_matmul
 from wanjax.target import current_target
 
 Params = dict
@@ -33,7 +35,10 @@ Kernel = jax.Array | QuantizedKernel | GGUFKernel
 
 def matmul(x: jax.Array, w: Kernel, precision: Precision = "highest") -> jax.Array:
     """``x @ w`` with float32 accumulation; float32 inputs at ``precision`` (default: exact, also on TPU).
-    An 8-bit ``w`` goes through :func:`quantized_matmul`; GGUF blocks are dequantised first."""
+    An 8-bit ``w`` goes through :func:`quantized_matmul`; GGUF blocks are dequantised first; a kernel
+    flagged W8A8 multiplies int8 x int8 (:func:`~wanjax.models.w8a8.w8a8_matmul`)."""
+    if isinstance(w, QuantizedKernel | GGUFKernel) and w.w8a8:
+        return w8a8_matmul(x, w)
     if isinstance(w, QuantizedKernel):
         return quantized_matmul(x, w, precision)
     if isinstance(w, GGUFKernel):

@@ -28,13 +28,15 @@ class RunSettings:
     :mod:`wanjax.kernels.precision`; a loader resolves None to the platform's default).
     ``attention``: the attention backend's name or :class:`~wanjax.kernels.attention.AttentionSpec`.
     ``mesh``: run sharded over it (None: one device). ``offload``: where the weights lie while the
-    forward runs (:mod:`wanjax.models.offload`)."""
+    forward runs (:mod:`wanjax.models.offload`). ``int8_matmuls``: the DiT blocks' attention and FFN
+    matmuls multiply int8 x int8 (W8A8, :mod:`wanjax.models.w8a8`; int8 or GGUF kernels only)."""
 
     dtype: jnp.dtype = FLOAT32
     precision: Precision = "highest"
     attention: str | AttentionSpec = "auto"
     mesh: Mesh | None = None
     offload: Offload = "none"
+    int8_matmuls: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))

@@ -32,6 +32,7 @@ from wanjax.models.registry import Defaults, Variant, defaults_for, match
 from wanjax.models.tokenizer import TOKENIZER
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Encoder, load_text_encoder
 from wanjax.models.vae import VAE, Tiling, WanVAE, load_vae, parse_chunk
+from wanjax.models.w8a8 import AUTO, check_activations
 from wanjax.parallel.layouts import spatial_sharding, to_global
 from wanjax.parallel.mesh import MeshSpec, make_mesh, mesh_spec_from_flags
 from wanjax.parallel.rules import param_sharding, replicated
@@ -68,7 +69,10 @@ class LoadSettings:
     blocks``, :mod:`wanjax.models.offload`). ``weights_dtype``: ``"bf16"`` (the weights in
     ``dtype``), ``"int8"`` or ``"fp8"`` (the transformer's and text encoder's matmul kernels in 8
     bits with a float32 scale per output channel, :mod:`wanjax.io.quant`), ``"gguf"`` (a GGUF file's
-    quantised kernels kept as stored, :mod:`wanjax.io.gguf_kernel`). Every value is checked here."""
+    quantised kernels kept as stored, :mod:`wanjax.io.gguf_kernel`). ``activations_dtype``: ``"int8"``
+    multiplies the transformer blocks' int8 kernels int8 x int8 (W8A8, :mod:`wanjax.models.w8a8`),
+    ``"auto"`` where the target multiplies int8 faster, a float dtype weight-only (the
+    transformer's ``settings.int8_matmuls`` says what runs). Every value is checked here."""
 
     dtype: Any = "bfloat16"
     text_encoder_dtype: Any = None
@@ -83,6 +87,7 @@ class LoadSettings:
     vae_precision: str | None = None
     offload: str = "none"
     weights_dtype: str = UNQUANTIZED
+    activations_dtype: str = AUTO
 
     def __post_init__(self) -> None:
         parsed = {
@@ -98,6 +103,7 @@ class LoadSettings:
             "offload": parse_offload(self.offload),
         }
         weights_storage(self.weights_dtype)  # a bad name fails now, before any weight is read
+        check_activations(self.activations_dtype, self.weights_dtype)
         for name, value in parsed.items():
             object.__setattr__(self, name, value)
 
@@ -303,6 +309,7 @@ class Components:
                 precision=self.precisions["transformer"],
                 offload=s.offload,
                 weights_dtype=s.weights_dtype,
+                activations_dtype=s.activations_dtype,
             )
             jax.block_until_ready(model.params)
             if loras:

@@ -24,6 +24,8 @@ the process's start), which also counts whatever else was allocated at the time:
 autotuning on a GPU took ~30 GiB of scratch beside the 5.8 GiB the VAE decode program needs. CPUs
 report no allocator statistics ("n/a"); the process's peak RSS is given instead.
 
+``--activations_dtype auto|int8|...`` says what the DiT blocks' matmuls multiply, as the pipeline
+resolves it (:mod:`wanjax.models.w8a8`; the result's ``activations_dtype``).
 ``--offload none|model|blocks`` and ``--weights_dtype bf16|int8|fp8`` (the library's choices:
 :data:`~wanjax.models.offload.OFFLOAD_MODES`, :data:`~wanjax.io.quantizable.WEIGHTS_DTYPES`) place
 and store the DiT's weights as ``WanPipeline`` does: ``model`` sends them to pinned host memory and
@@ -67,6 +69,7 @@ from wanjax.models.registry import released
 from wanjax.models.settings import RunSettings
 from wanjax.models.vae import WanVAE
 from wanjax.models.vae import checkpoint_spec as vae_spec
+from wanjax.models.w8a8 import activations_name, int8_matmuls
 from wanjax.pipeline.residency import Residency
 from wanjax.sampling.context_cache import cache_bytes
 from wanjax.sampling.guidance import ImageConditioning
@@ -201,19 +204,25 @@ def bench_image(cfg: BenchConfig) -> StageResult:
     return result
 
 
+def bench_int8(cfg: BenchConfig) -> bool:
+    """Whether the DiT blocks' matmuls run W8A8 (``--activations_dtype``, as the pipeline resolves it)."""
+    return int8_matmuls(cfg.memory.activations_dtype, cfg.memory.weights_dtype)
+
+
 def bench_denoise(cfg: BenchConfig) -> StageResult:
     tcfg = cfg.transformer_config()
     dtype = parse_dtype(cfg.dtype)
     offload = parse_offload(cfg.memory.offload)
     sharding = dit.transformer_sharding(offload=offload)  # blocks: the stacked layers in pinned host
     params, weights = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.memory.weights_dtype)
-    model = dit.WanTransformer(tcfg, params, RunSettings(dtype, offload=offload))
+    settings = RunSettings(dtype, offload=offload, int8_matmuls=bench_int8(cfg))
+    model = dit.WanTransformer(tcfg, params, settings)
     boundary = cfg.variant.boundary_ratio
     residency = Residency(offload)  # as WanPipeline moves the weights
     second = None
     if boundary is not None:  # Wan 2.2 A14B: a second expert of the same architecture
         params_2, _ = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.memory.weights_dtype)
-        second = dit.WanTransformer(tcfg, params_2, RunSettings(dtype, offload=offload))
+        second = dit.WanTransformer(tcfg, params_2, settings)
         residency.park(second)  # it waits on the host until its first step
     experts = (model,) if second is None else (model, second)
     to_device_s = None
@@ -395,6 +404,8 @@ def run_bench(cfg: BenchConfig, on_stage: Callable[[str], None] | None = None) -
     memory, memory_source = peak_memory_bytes()
     return {
         "config": dataclasses.asdict(cfg),
+        # what the DiT blocks' attention and FFN matmuls multiplied (int8: W8A8)
+        "activations_dtype": activations_name(bench_int8(cfg), dtype),
         "device": jax.devices()[0].device_kind,
         "devices": jax.device_count(),
         "peak_tflops": peaks[dtype][0] / 1e12,

@@ -28,7 +28,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"wanjax bench: {cfg['arch']} ({cfg['layers'] or 'all'} layers), {cfg['width']}x{cfg['height']}, "
         f"{cfg['frames']} frames, {cfg['num_inference_steps']} steps, {cfg['dtype']}, guidance "
         f"{cfg['guidance_scale']}, offload {memory.get('offload', 'none')}, weights "
-        f"{memory.get('weights_dtype', UNQUANTIZED)}; {result['devices']} x {result['device']}, peak "
+        f"{memory.get('weights_dtype', UNQUANTIZED)}, matmuls {result.get('activations_dtype', cfg['dtype'])}; "
+        f"{result['devices']} x {result['device']}, peak "
         + "; ".join(
             dict.fromkeys(f"{p['tflops']:.3g} TFLOP/s ({p['source']})" for p in result["peaks"].values())
         )

@@ -41,6 +41,7 @@ from wanjax.models.defaults import TEXT_LENGTH
 from wanjax.models.offload import HOST_KINDS, memory_kind, offload_sharding, parse_offload, program_memory
 from wanjax.models.registry import Variant
 from wanjax.models.settings import RunSettings
+from wanjax.models.w8a8 import int8_matmuls
 from wanjax.parallel.layouts import spatial_sharding
 from wanjax.parallel.mesh import MeshSpec, make_mesh
 from wanjax.parallel.rules import param_sharding, replicated
@@ -103,6 +104,7 @@ class RunSpec:
     attention: str | AttentionSpec = "auto"
     offload: str = "none"
     weights_dtype: str = "bf16"
+    activations_dtype: str = "auto"  # the DiT blocks' matmuls: int8 (W8A8) or the model dtype
     # ``--weights_dtype gguf``: per component folder, the GGUF type of each leaf its file keeps
     # (:func:`wanjax.pipeline.sources.kept_gguf_types`, by key path)
     gguf: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
@@ -129,6 +131,8 @@ class ProgramReport:
     cost_model_seconds: float | None = None  # an estimate: the TPU cost model's, loops scaled
     peak_seconds: float | None = None  # a lower bound: flops_per_chip at the datasheet's peak
     same_as: str | None = None  # the same program as this earlier one: taken from the compilation cache
+    int8_products: int = 0  # s8 x s8 dots and convolutions run (W8A8), every loop iteration
+    int8_flops_per_chip: int = 0  # their FLOPs
 
 
 @dataclasses.dataclass
@@ -221,7 +225,12 @@ def _work(p: ProgramReport, chips: int) -> str:
         if p.cost_model_seconds is None
         else f", cost model {p.cost_model_seconds * 1e3:.4g} ms (estimate)"
     )
-    return f"{p.flops_per_chip / 1e12:.4g} TFLOP per chip{analytic}{peak}{seconds}; "
+    int8 = (
+        f", {p.int8_products} s8 x s8 dots ({p.int8_flops_per_chip / p.flops_per_chip:.0%} of the FLOPs)"
+        if p.int8_products and p.flops_per_chip
+        else ""
+    )
+    return f"{p.flops_per_chip / 1e12:.4g} TFLOP per chip{int8}{analytic}{peak}{seconds}; "
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,6 +317,7 @@ def compile_one(
     with contextlib.suppress(UnknownTripCount):
         count = count_flops(text)
         report.flops_per_chip = count.flops
+        report.int8_products, report.int8_flops_per_chip = count.int8_products, count.int8_flops
         if not count.unestimated_kernels:  # else the cost model missed those kernels' work
             report.cost_model_seconds = cost_model_seconds(compiled, count)
         peak = datasheet_peak(current_target().device_kind)
@@ -447,7 +457,8 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
             condition = jax.ShapeDtypeStruct((1, tcfg.condition_channels, geometry_t, h, w), jnp.float32)
             image = ImageConditioning(condition, states)
 
-    settings = RunSettings(dtype, attention=run.attention, mesh=mesh, offload=offload)
+    int8 = int8_matmuls(run.activations_dtype, run.weights_dtype, target)
+    settings = RunSettings(dtype, attention=run.attention, mesh=mesh, offload=offload, int8_matmuls=int8)
     t_sharding = dit.transformer_sharding(mesh, fsdp, settings.offload)
     experts = 2 if v.boundary_ratio is not None else 1
     folders = ("transformer", "transformer_2")[:experts]  # each expert's weights (its own file)

@@ -8,6 +8,8 @@ called computation counts once per call, a ``while`` body once per iteration (th
 from its condition: the loop counter compared with a constant), a ``conditional`` its largest branch.
 A Pallas call without an estimate (JAX's own splash kernel) inside an attention call's named scope
 (:meth:`~wanjax.kernels.common.AttentionShape.label`) counts that attention's analytic FLOPs.
+Products whose two operands are int8 (``s8 x s8``: W8A8, :mod:`wanjax.models.w8a8`) are counted
+apart too: how many run and their FLOPs.
 """
 
 from __future__ import annotations
@@ -162,6 +164,11 @@ def _own_flops(ins: _Instruction, shapes: dict[str, str]) -> int:
     return 0
 
 
+def _is_int8_product(ins: _Instruction, shapes: dict[str, str]) -> bool:
+    """A ``dot`` or ``convolution`` of two int8 operands."""
+    return ins.opcode in ("dot", "convolution") and all(shapes[o].startswith("s8[") for o in ins.operands[:2])
+
+
 def _is_pallas(ins: _Instruction) -> bool:
     return ins.opcode == "custom-call" and "tpu_custom_call" in ins.attributes
 
@@ -258,11 +265,14 @@ def _constant(ins: _Instruction) -> str:
 class FlopCount:
     """A compiled program's FLOPs: every loop iteration counted (``flops``) and each loop body once
     (``once``, as XLA's cost analysis counts), and how many Pallas calls carry no cost estimate
-    (``unestimated_kernels``: their FLOPs come from their attention label; the cost model sees none)."""
+    (``unestimated_kernels``: their FLOPs come from their attention label; the cost model sees none);
+    the ``s8 x s8`` products run (``int8_products``, every iteration) and their FLOPs (``int8_flops``)."""
 
     flops: int
     once: int
     unestimated_kernels: int
+    int8_products: int = 0
+    int8_flops: int = 0
 
 
 def program_flops(hlo: str) -> int:
@@ -275,31 +285,39 @@ def count_flops(hlo: str) -> FlopCount:
     """:class:`FlopCount` of one device's compiled program (``compiled.as_text()``)."""
     computations, entry = _computations(hlo)
     shapes = {i.name: i.shape for body in computations.values() for i in body}
-    memo: dict[tuple[str, bool], int] = {}
+    memo: dict[tuple[str, bool], tuple[int, int, int]] = {}
 
-    def flops(name: str, loops: bool) -> int:
+    def work(name: str, loops: bool) -> tuple[int, int, int]:
+        """(FLOPs, s8 x s8 products, their FLOPs) of a computation and what it calls."""
         if (name, loops) in memo:
             return memo[name, loops]
         body = computations[name]
         by_name = {i.name: i for i in body}
-        total = 0
+        total = (0, 0, 0)
+
+        def add(part: tuple[int, int, int], times: int = 1) -> tuple[int, int, int]:
+            return tuple(a + times * b for a, b in zip(total, part, strict=True))  # type: ignore[return-value]
+
         for ins in body:
-            total += _own_flops(ins, shapes)
+            own = _own_flops(ins, shapes)
+            total = add((own, 1, own) if _is_int8_product(ins, shapes) else (own, 0, 0))
             if ins.opcode == "while":
                 trips = _trip_count(ins, computations, by_name) if loops else 1
-                total += trips * flops(_attribute(ins.attributes, "body").lstrip("%"), loops)
+                total = add(work(_attribute(ins.attributes, "body").lstrip("%"), loops), trips)
                 continue
             branches = _BRANCHES.search(ins.attributes)
             called = [c.strip().lstrip("%") for c in branches[1].split(",")] if branches else []
             called += [m[2] for m in _CALLS.finditer(ins.attributes)]
             if ins.opcode == "conditional":
-                total += max((flops(c, loops) for c in called), default=0)
+                total = add(max((work(c, loops) for c in called), default=(0, 0, 0)))
             else:
-                total += sum(flops(c, loops) for c in called)
+                for c in called:
+                    total = add(work(c, loops))
         memo[name, loops] = total
         return total
 
     unestimated = sum(
         1 for body in computations.values() for ins in body if _is_pallas(ins) and not _estimate(ins)
     )
-    return FlopCount(flops(entry, True), flops(entry, False), unestimated)
+    flops, products, int8_flops = work(entry, True)
+    return FlopCount(flops, work(entry, False)[0], unestimated, products, int8_flops)
