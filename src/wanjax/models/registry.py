@@ -64,6 +64,20 @@ WAN21_VACE_1_3B = dataclasses.replace(
 WAN21_VACE_14B = dataclasses.replace(
     WAN21_14B, vace_layers=tuple(range(0, 40, 5)), vace_in_channels=VACE_CHANNELS
 )
+# Wan 2.2 Animate 14B (Wan2.2-Animate-14B-Diffusers' transformer config): the I2V 14B's blocks, pose
+# latents' patch embedding, a 512x512 face motion encoder, face adapters after every fifth block
+WAN22_ANIMATE_14B = dataclasses.replace(
+    WAN21_I2V_14B,
+    latent_channels=16,
+    motion_encoder_size=512,
+    motion_style_dim=512,
+    motion_dim=20,
+    motion_encoder_dim=512,
+    face_encoder_hidden_dim=1024,
+    face_encoder_num_heads=4,
+    inject_face_latents_blocks=5,
+    motion_encoder_batch_size=8,
+)
 WAN22_5B = TransformerConfig(
     num_attention_heads=24, ffn_dim=14336, num_layers=30, in_channels=48, out_channels=48
 )
@@ -168,6 +182,8 @@ class Variant:
         """diffusers' pipeline class, as ``model_index.json`` names it."""
         if self.transformer.vace:
             return "WanVACEPipeline"
+        if self.transformer.animate:
+            return "WanAnimatePipeline"
         if self.dmd:
             return DMD_PIPELINE_CLASS
         i2v = self.transformer.image_to_video and not self.expand_timesteps
@@ -176,6 +192,8 @@ class Variant:
     @property
     def transformer_class(self) -> str:
         """diffusers' transformer class, as the transformer's ``config.json`` and ``model_index.json`` name it."""
+        if self.transformer.animate:
+            return "WanAnimateTransformer3DModel"
         return "WanVACETransformer3DModel" if self.transformer.vace else "WanTransformer3DModel"
 
     def mag_curve(self, first_frame: bool = False) -> str | None:
@@ -411,6 +429,7 @@ def _architecture(cfg: TransformerConfig) -> tuple:
         cfg.image_dim,
         cfg.first_last_frame,
         cfg.vace_layers,
+        cfg.animate,
     )
 
 
@@ -422,7 +441,14 @@ def _by_name(candidates: list[Variant], name: str) -> Variant | None:
 
 
 def _kind(cfg: TransformerConfig, experts: int, expand_timesteps: bool) -> tuple:
-    return (experts, expand_timesteps, cfg.image_tokens, cfg.first_last_frame, cfg.condition_channels > 0)
+    return (
+        experts,
+        expand_timesteps,
+        cfg.image_tokens,
+        cfg.first_last_frame,
+        cfg.condition_channels > 0,
+        cfg.animate,
+    )
 
 
 def match(
