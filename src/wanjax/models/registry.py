@@ -314,6 +314,19 @@ VARIANTS: tuple[Variant, ...] = (
         repo="Wan-AI/Wan2.1-VACE-14B-diffusers",
     ),
     Variant(
+        "Animate-14B",
+        "Wan 2.2 Animate 14B (a character animated by pose and face videos, or replacing one)",
+        WAN22_ANIMATE_14B,
+        WAN21_VAE,
+        image_encoder=CLIP_VIT_H_14,
+        repo="Wan-AI/Wan2.2-Animate-14B-Diffusers",
+        # diffusers' WanAnimatePipeline: 1280x720, 20 steps, no guidance, segments of 77 frames
+        # (and its example's 30 fps)
+        defaults=Defaults(
+            height=720, width=1280, frames=77, fps=30.0, num_inference_steps=20, guidance_scale=1.0
+        ),
+    ),
+    Variant(
         "demo",
         "built-in demo, Wan 2.1 T2V",
         DEMO_TRANSFORMER,
@@ -360,6 +373,29 @@ VARIANTS: tuple[Variant, ...] = (
         None,
         demo=True,
         defaults=DEMO_DEFAULTS,
+    ),
+    Variant(
+        "demo-animate",
+        "built-in demo, Wan 2.2 Animate",
+        _i2v_demo(
+            image_dim=DEMO_IMAGE_ENCODER.hidden_size,
+            added_kv_proj_dim=DEMO_TRANSFORMER.inner_dim,
+            latent_channels=DEMO_VAE.z_dim,
+            motion_encoder_channel_sizes=(("16", 16), ("4", 32), ("8", 32)),
+            motion_encoder_size=16,
+            motion_style_dim=32,
+            motion_dim=8,
+            motion_encoder_dim=32,
+            face_encoder_hidden_dim=32,
+            face_encoder_num_heads=2,
+            inject_face_latents_blocks=2,
+            motion_encoder_batch_size=8,
+        ),
+        DEMO_VAE,
+        None,
+        DEMO_IMAGE_ENCODER,
+        demo=True,
+        defaults=dataclasses.replace(DEMO_DEFAULTS, guidance_scale=1.0, segment_frame_length=9),
     ),
     Variant(
         "demo-ti2v",
