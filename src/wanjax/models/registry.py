@@ -140,7 +140,7 @@ _DEMO_CONDITIONED = DEMO_TRANSFORMER.out_channels + 4 + DEMO_VAE.z_dim  # noise,
 HD = Defaults(height=720, width=1280)
 DMD_PIPELINE_CLASS = "WanDMDPipeline"  # FastVideo's pipeline class in a FastWan checkpoint's model_index.json
 FASTWAN = dict(num_inference_steps=3, guidance_scale=1.0, scheduler="dmd")  # DmdDenoisingStage: no CFG
-DEMO_DEFAULTS = Defaults(height=128, width=192, frames=17, num_inference_steps=10)
+DEMO_DEFAULTS = Defaults(height=128, width=192, frames=17, num_inference_steps=10, segment_frame_length=9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,7 +395,7 @@ VARIANTS: tuple[Variant, ...] = (
         None,
         DEMO_IMAGE_ENCODER,
         demo=True,
-        defaults=dataclasses.replace(DEMO_DEFAULTS, guidance_scale=1.0, segment_frame_length=9),
+        defaults=dataclasses.replace(DEMO_DEFAULTS, guidance_scale=1.0),
     ),
     Variant(
         "demo-ti2v",

@@ -135,6 +135,20 @@ class AnimateVideos:
     mask: np.ndarray | None = None
 
 
+def check_inputs(mode: str, face: bool, background: bool, mask: bool) -> None:
+    """WanjaxError naming an input the mode needs and was not given (or one it does not take)."""
+    if mode not in MODES:
+        raise WanjaxError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if not face:
+        raise WanjaxError("an Animate model needs a face video (--face_video) beside the pose video")
+    if mode == "replace" and not (background and mask):
+        raise WanjaxError(
+            "replace mode needs a background video and a mask video (--background_video, --mask_video)"
+        )
+    if mode == "animate" and (background or mask):
+        raise WanjaxError("a background and a mask video are for replace mode (--mode replace)")
+
+
 def read_inputs(
     pose_video: VideoInput,
     face_video: VideoInput | None,
@@ -143,30 +157,18 @@ def read_inputs(
     mode: str,
     num_frames: int | None,
     fps: float,
-) -> tuple[list[Image.Image], ...]:
+) -> tuple[list[Image.Image] | None, ...]:
     """The frames of each input (a file read at ``fps``, images or uint8 frames): the pose video's
-    first ``num_frames`` (all, left out); WanjaxError naming a missing input or a short pose video."""
-    if mode not in MODES:
-        raise WanjaxError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-    if face_video is None:
-        raise WanjaxError("an Animate model needs a face video (--face_video) beside the pose video")
-    if mode == "replace" and (background_video is None or mask_video is None):
-        raise WanjaxError(
-            "replace mode needs a background video and a mask video (--background_video, --mask_video)"
-        )
-    if mode == "animate" and (background_video is not None or mask_video is not None):
-        raise WanjaxError("a background and a mask video are for replace mode (--mode replace)")
-    wanted = ALL_FRAMES if num_frames is None else num_frames
-    pose = video_frames(pose_video, fps, wanted)
+    first ``num_frames`` (all, left out), as many of the others; WanjaxError naming a missing input
+    or a short pose video."""
+    check_inputs(mode, face_video is not None, background_video is not None, mask_video is not None)
+    pose = video_frames(pose_video, fps, ALL_FRAMES if num_frames is None else num_frames)
     if num_frames is not None and len(pose) < num_frames:
         raise WanjaxError(
             f"the pose video gives {len(pose)} frames at {fps:g} fps, fewer than the {num_frames} asked for"
         )
-    count = len(pose)
-    others = [
-        None if v is None else video_frames(v, fps, count) for v in (face_video, background_video, mask_video)
-    ]
-    return (pose, *others)
+    others = (face_video, background_video, mask_video)
+    return (pose, *(None if v is None else video_frames(v, fps, len(pose)) for v in others))
 
 
 def prepare_videos(
