@@ -104,3 +104,10 @@ def test_bad_inputs_are_one_line_errors(files, capsys, demo_env):
     code = main(["generate", "--model", "demo", "--prompt", "x", "--pose_video", str(files["pose"])])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "are for an Animate model" in err
+
+
+def test_the_stages_refuse_an_animate_model(files, capsys, demo_env, tmp_path):
+    """The segments interleave denoising and decoding: encode says to use generate, in one line."""
+    code = main(["encode", "--model", "demo-animate", "--prompt", "x", "--output_dir", str(tmp_path / "s")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "run it with `wanjax generate`" in err[0], err

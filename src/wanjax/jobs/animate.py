@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from wanjax.jobs.requests import GenerateRequest
     from wanjax.pipeline.pipeline import WanPipeline
 
+ANIMATE_STAGES = (
+    "an Animate model makes its video in segments, each decoded before the next is denoised: run it with "
+    "`wanjax generate` (the three stages do not run it yet)"
+)
 VIDEO_FLAGS = ("pose_video", "face_video", "background_video", "mask_video")
 ALL_FRAMES = 1 << 30
 
