@@ -111,3 +111,10 @@ def test_the_stages_refuse_an_animate_model(files, capsys, demo_env, tmp_path):
     code = main(["encode", "--model", "demo-animate", "--prompt", "x", "--output_dir", str(tmp_path / "s")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "run it with `wanjax generate`" in err[0], err
+
+
+def test_the_server_refuses_an_animate_model(demo_env, capsys, tmp_path):
+    """Not served yet: one line at startup, before it listens."""
+    code = main(["serve", "--model", "demo-animate", "--output_dir", str(tmp_path / "srv"), "--port", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "does not serve an Animate model yet" in err[-1], err
