@@ -202,5 +202,8 @@ def test_animate_on_a_mesh_equals_one_device(animate, mesh):
     sharded = WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False, mesh=mesh)(
         PROMPT, NEGATIVE, **kwargs
     )
-    assert relative_error(sharded.denoised.latents, alone.denoised.latents) <= 1e-5
-    assert np.abs(sharded.frames.astype(np.int16) - alone.frames).max() <= 1
+    error = relative_error(sharded.denoised.latents, alone.denoised.latents)
+    levels = int(np.abs(sharded.frames.astype(np.int16) - alone.frames).max())
+    print(f"{mesh}: last latents relative error {error:.2e}, frames within {levels} levels")
+    assert error <= 1e-5
+    assert levels <= 1

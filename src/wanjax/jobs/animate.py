@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from wanjax.errors import WanjaxError
 from wanjax.jobs.opening import defaults_of, model_label
-from wanjax.pipeline.animate import Segments, animate, check_inputs
+from wanjax.pipeline.animate import ALL_FRAMES, Segments, animate, check_inputs
 from wanjax.pipeline.components import IMAGE_COMPONENTS
 from wanjax.pipeline.options import RunOptions
 from wanjax.pipeline.results import Video
@@ -29,7 +29,6 @@ ANIMATE_STAGES = (
     "`wanjax generate` (the three stages do not run it yet)"
 )
 VIDEO_FLAGS = ("pose_video", "face_video", "background_video", "mask_video")
-ALL_FRAMES = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)

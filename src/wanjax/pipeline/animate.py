@@ -40,7 +40,16 @@ from wanjax.pipeline.results import Video
 from wanjax.pipeline.video_input import VideoInput, video_frames
 from wanjax.sampling.guidance import ImageConditioning
 
-__all__ = ["MODES", "AnimateVideos", "Segments", "animate", "pad_frames", "reference_frame"]
+__all__ = [
+    "ALL_FRAMES",
+    "MODES",
+    "AnimateVideos",
+    "Segments",
+    "animate",
+    "check_inputs",
+    "pad_frames",
+    "reference_frame",
+]
 
 MODES = ("animate", "replace")
 PREV_SEGMENT_FRAMES = (1, 5)  # the conditioning frames diffusers allows
@@ -104,7 +113,7 @@ def reference_frame(image: Image.Image, height: int, width: int) -> np.ndarray:
     height`` keeping its aspect, centred on black, as ``[3, H, W]`` in [-1, 1]. A Lanczos resize:
     diffusers asks for bilinear, but the processor's base class registers its config again with
     its own default, Lanczos, which is what runs."""
-    image = image.convert("RGB") if image.mode not in ("RGB",) else image
+    image = image.convert("RGB")
     ratio, src_ratio = width / height, image.width / image.height
     src_w = width if ratio < src_ratio else image.width * height // image.height
     src_h = height if ratio >= src_ratio else image.height * width // image.width
