@@ -146,8 +146,17 @@ def _motion_conv(
     return _leaky(y, p["act_bias"]) if "act_bias" in p else y
 
 
-def _motion_frames(p: Params, cfg: TransformerConfig, faces: jax.Array, precision: Precision) -> jax.Array:
-    """The motion encoder on face frames ``(N, size, size, 3)`` -> motion vectors ``(N, motion_encoder_dim)``."""
+def motion_basis(p: Params) -> jax.Array:
+    """The linear motion decomposition's orthonormal basis ``(motion_encoder_dim, motion_dim)``: the QR
+    of the learned directions (plus 1e-8, as diffusers), in float32."""
+    return jnp.linalg.qr(p["motion_synthesis_weight"].astype(jnp.float32) + 1e-8)[0]
+
+
+def _motion_frames(
+    p: Params, cfg: TransformerConfig, faces: jax.Array, basis: jax.Array, precision: Precision
+) -> jax.Array:
+    """The motion encoder on face frames ``(N, size, size, 3)`` -> motion vectors ``(N, motion_encoder_dim)``
+    (``basis``: :func:`motion_basis`)."""
     x = _motion_conv(faces, p["conv_in"], precision=precision)
     for i in range(len(cfg.motion_sizes) - 1):
         block = p["res_blocks"][str(i)]
@@ -160,9 +169,7 @@ def _motion_frames(p: Params, cfg: TransformerConfig, faces: jax.Array, precisio
         layer = p["motion_network"][str(i)]
         y = matmul(feat, layer["kernel"], precision) * (1.0 / math.sqrt(cfg.motion_style_dim or 1))
         feat = (y + layer["bias"].astype(jnp.float32)).astype(feat.dtype)
-    # Linear motion decomposition: the coefficients on the orthonormal basis (QR) of the directions
-    directions = p["motion_synthesis_weight"].astype(jnp.float32) + 1e-8  # (out_dim, motion_dim)
-    basis = jnp.linalg.qr(directions)[0]
+    # Linear motion decomposition: the coefficients on the orthonormal basis of the directions
     vec = jnp.matmul(feat.astype(jnp.float32), basis.T, precision=jax.lax.Precision.HIGHEST)
     return vec.astype(faces.dtype)
 
@@ -176,8 +183,10 @@ def motion_vectors(
     b, _, s, size, _ = face_pixels.shape
     faces = face_pixels.astype(settings.dtype).transpose(0, 2, 3, 4, 1).reshape(b * s, size, size, 3)
 
+    basis = motion_basis(params["motion_encoder"])  # once, not per frame
+
     def encode(frame: jax.Array) -> jax.Array:
-        return _motion_frames(params["motion_encoder"], cfg, frame[None], settings.precision)[0]
+        return _motion_frames(params["motion_encoder"], cfg, frame[None], basis, settings.precision)[0]
 
     vectors = jax.lax.map(encode, faces, batch_size=cfg.motion_encoder_batch_size)
     return vectors.reshape(b, s, -1)
