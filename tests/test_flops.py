@@ -12,7 +12,7 @@ from jax.extend import core as jex_core
 
 from wanjax.io.checkpoint import abstract_params
 from wanjax.models import dit, umt5, vae
-from wanjax.models.config import TransformerConfig
+from wanjax.models.config import ANIMATE_FIELDS, TransformerConfig
 from wanjax.models.settings import RunSettings
 from wanjax.models.vae.config import VAEConfig
 from wanjax.models.vae.ops import Numerics
@@ -143,6 +143,40 @@ def test_vace_dit_count_equals_traced_matmuls():
         dit_forward_flops(cfg, latent_shape, text_len).total
         == traced
         > dit_forward_flops(DIT, latent_shape, text_len).total
+    )
+
+
+def test_animate_dit_count_equals_traced_matmuls():
+    """An Animate model's own work too: pose patch embedding, motion encoder (convolutions, blurs,
+    linears) on every face frame, face encoder, face adapters (one after every block here: the
+    traced count holds the adapter of each layer's ``lax.cond``)."""
+    cfg = dataclasses.replace(
+        DIT, in_channels=12, out_channels=4, image_dim=20, added_kv_proj_dim=DIT.inner_dim, latent_channels=4,
+        motion_encoder_channel_sizes=(("16", 8), ("8", 12), ("4", 16)), motion_encoder_size=16,
+        motion_style_dim=16, motion_dim=6, motion_encoder_dim=16, face_encoder_hidden_dim=8,
+        face_encoder_num_heads=2, inject_face_latents_blocks=1, motion_encoder_batch_size=3,
+    )  # fmt: skip
+    params = abstract_params(dit.checkpoint_spec(cfg), jnp.float32)
+    latent_shape, text_len, tokens = (2, 12, 3, 4, 6), 7, 5
+
+    def fn(p, x, t, c, i, pose, face):
+        control = dit.AnimateControl(pose, face)
+        return dit.forward(p, cfg, x, t, c, settings=XLA_ATTENTION, image_embeds=i, control=control)
+
+    args = (
+        jax.ShapeDtypeStruct(latent_shape, jnp.float32),
+        jax.ShapeDtypeStruct(latent_shape[:1], jnp.float32),
+        jax.ShapeDtypeStruct((2, text_len, cfg.text_dim), jnp.float32),
+        jax.ShapeDtypeStruct((2, tokens, cfg.image_dim), jnp.float32),
+        jax.ShapeDtypeStruct((2, 4, 2, 4, 6), jnp.float32),
+        jax.ShapeDtypeStruct((2, 3, 5, 16, 16), jnp.float32),
+    )
+    traced = traced_matmul_flops(jax.make_jaxpr(fn)(params, *args).jaxpr)
+    plain = dataclasses.replace(cfg, **{k: None for k in ANIMATE_FIELDS})
+    assert (
+        dit_forward_flops(cfg, latent_shape, text_len, image_len=tokens).total
+        == traced
+        > dit_forward_flops(plain, latent_shape, text_len, image_len=tokens).total
     )
 
 

@@ -55,6 +55,7 @@ _MODULE = re.compile(
     r"|ffn\.net\.(0\.proj|2)|proj_in|proj_out)"  # vace_blocks: a VACE model's control blocks
     r"|condition_embedder\.((time|text)_embedder\.linear_[12]|time_proj|image_embedder\.ff\.net\.(0\.proj|2))"
     r"|proj_out"
+    r"|face_adapter\.\d+\.(to_q|to_k|to_v|to_out)"  # an Animate model's face adapters
 )
 _PARTS = ("lora_A.weight", "lora_B.weight", "lora_B.bias", "diff")  # "diff": head.head.diff (see above)
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from wanjax.errors import WanjaxError
 from wanjax.jobs import preflight as validation
+from wanjax.jobs.animate import ANIMATE_STAGES
 from wanjax.jobs.checks import (
     check_attention,
     check_cache,
@@ -52,6 +53,8 @@ def denoise(request: DenoiseRequest) -> RunReport:
     files = stage_files(request.files, earlier)
     pipe = open_pipeline(request, mesh, fsdp, model=model, dtype=dtype, revision=revision, files=files)
     cfg = pipe.components.sources.check(("transformer",))["transformer"]
+    if cfg.animate:
+        raise WanjaxError(ANIMATE_STAGES)
     control = stage_vace(pipe, cfg, directory)
     references = int(earlier.get("reference_frames", 0))
     if pos.shape[2] != cfg.text_dim:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from wanjax.errors import WanjaxError
+from wanjax.jobs.animate import ANIMATE_STAGES
 from wanjax.jobs.checks import (
     check_devices,
     check_output_paths,
@@ -46,6 +47,8 @@ def encode(request: EncodeRequest) -> RunReport:
     pipe = open_pipeline(request, mesh, fsdp)
     pipe.components.sources.check(("tokenizer", "text_encoder"))
     cfg = pipe.components.transformer_config
+    if cfg.animate:
+        raise WanjaxError(ANIMATE_STAGES)
     if request.vace.extending or request.vace.overlap is not None:
         raise WanjaxError(
             "--extend, --clips and --overlap make a long video in `wanjax generate`; the stages make one clip"

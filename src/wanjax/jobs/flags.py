@@ -65,7 +65,7 @@ class Option:
         names = {
             "default": shown(self.default),
             "const": self.flag.const_value(),
-            "choices": ", ".join(choices or ()),
+            "choices": ", ".join(map(str, choices or ())),
             **(self.flag.values() if self.flag.values else {}),
         }
         return (override or self.flag.help).format_map(names)

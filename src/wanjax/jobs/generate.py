@@ -18,6 +18,7 @@ import numpy as np
 
 from wanjax.errors import WanjaxError
 from wanjax.jobs import preflight as validation
+from wanjax.jobs.animate import AnimateInputs, animate_video, open_animate_inputs, run_animate
 from wanjax.jobs.checks import (
     check_attention,
     check_cache,
@@ -81,11 +82,13 @@ def fits_memory_here(pipe: WanPipeline, work: GenerateWork) -> None:
     """WanjaxError in one line when ``plan`` says the checked run cannot fit the memory here, naming a
     flag that makes it fit (:func:`~wanjax.planning.run_memory.check_fits`). A CPU's devices share one
     RAM: the whole run's bytes count; an accelerator's: one device's share on the run's mesh."""
-    request = work.request
+    request, frames = work.request, work.video["frames"]
+    if work.animate is not None:  # a segment's latents at a time, a latent frame more (the reference's)
+        frames = work.animate.segments.length + pipe.components.geometry.temporal
     arguments: dict[str, Any] = {
         "height": work.video["height"],
         "width": work.video["width"],
-        "frames": work.video["frames"],
+        "frames": frames,
         "dtype": pipe.components.settings.dtype.name,
         "vae_dtype": pipe.components.settings.vae_dtype.name,
         "batch": work.batch,
@@ -116,6 +119,7 @@ class GenerateWork:
     vace: VaceInputs | None = None  # a VACE model's mask, references and weight
     extension: Extending | None = None  # a long video made clip by clip
     seeds: tuple[int, ...] | None = None  # one per prompt (a server's batch of jobs), else seed + i
+    animate: AnimateInputs | None = None  # an Animate model's mode, videos and segments
 
     @property
     def batch(self) -> int:
@@ -167,11 +171,19 @@ def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec |
     if extension is not None and extension.video is not None:
         shaped_by = extension.video[0]
     references = len(request.vace.reference_image) if configs["transformer"].vace else 0
-    video = resolve_video(pipe, given, {}, init, len(prompts), init_name, shaped_by, references)
+    animate = open_animate_inputs(pipe, request, configs["transformer"], fps, init)
+    if animate is None:
+        video = resolve_video(pipe, given, {}, init, len(prompts), init_name, shaped_by, references)
+        rope_video = video
+    else:  # the pose video's frames, made in segments of a latent frame more (the reference's)
+        video = animate_video(pipe, request, animate)
+        temporal = pipe.components.geometry.temporal
+        rope_video = {**video, "frames": animate.segments.length + temporal}
+        pipe.components.geometry.check(video["height"], video["width"], animate.segments.length)
     if extension is not None and extension.overlap >= video["frames"]:
         raise WanjaxError(f"--overlap {extension.overlap} must be under the clip's {video['frames']} frames")
     vace = open_vace_inputs(pipe, request.vace, configs["transformer"], video["frames"], fps)
-    validation.check_rope(configs["transformer"], pipe.components.geometry, video)
+    validation.check_rope(configs["transformer"], pipe.components.geometry, rope_video)
     check_devices(mesh, configs["transformer"].num_attention_heads)
     check_attention(pipe, configs["transformer"])
     params = sampling_params(pipe, request.sampling, video=source is not None and vace is None)
@@ -192,6 +204,7 @@ def check_generate(pipe: WanPipeline, request: GenerateRequest, mesh: MeshSpec |
         source,
         vace,
         extension,
+        animate=animate,
     )
 
 
@@ -257,6 +270,8 @@ def run_generate(
     pipe.components.timings.clear()
     if work.extension is not None:
         return run_extension(pipe, work, report)
+    if work.animate is not None:
+        return run_animate(pipe, work, report)
     report("encode", 0)
     batch = work.batch
     pos, neg = pipe.encode_prompt(

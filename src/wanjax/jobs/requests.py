@@ -22,6 +22,7 @@ from wanjax.errors import ConfigError, WanjaxError
 from wanjax.io.video import fps_problem
 from wanjax.jobs.cache_flags import CacheFlags
 from wanjax.jobs.groups import (
+    AnimateFlags,
     AttentionFlags,
     CommonFlags,
     ComponentFileFlags,
@@ -96,6 +97,7 @@ class GenerateRequest(InputsRequest):
     """``wanjax generate``: prompt to mp4 in one run."""
 
     command: ClassVar[str] = "generate"
+    animate: AnimateFlags = dataclasses.field(default_factory=AnimateFlags)
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)

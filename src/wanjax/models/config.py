@@ -119,6 +119,24 @@ class TransformerConfig(ComponentConfig):
     pos_embed_seq_len: int | None = None
     vace_layers: tuple[int, ...] | None = None  # VACE: the layers a control block's hint follows
     vace_in_channels: int | None = None  # VACE: the control latents' channels (96)
+    # Wan 2.2 Animate (WanAnimateTransformer3DModel; wanjax.models.animate): a pose patch embedding,
+    # a motion encoder of the face frames, a face encoder and a face adapter after every
+    # ``inject_face_latents_blocks``-th block. None for the other models.
+    latent_channels: int | None = None
+    motion_encoder_channel_sizes: tuple[tuple[str, int], ...] | None = None  # None: diffusers' table
+    motion_encoder_size: int | None = None
+    motion_style_dim: int | None = None
+    motion_dim: int | None = None
+    motion_encoder_dim: int | None = None
+    face_encoder_hidden_dim: int | None = None
+    face_encoder_num_heads: int | None = None
+    inject_face_latents_blocks: int | None = None
+    motion_encoder_batch_size: int | None = None
+
+    def __post_init__(self) -> None:
+        sizes = self.motion_encoder_channel_sizes
+        if isinstance(sizes, dict):  # as config.json holds it; a tuple of pairs keeps the config hashable
+            object.__setattr__(self, "motion_encoder_channel_sizes", tuple(sorted(sizes.items())))
 
     @property
     def inner_dim(self) -> int:
@@ -156,7 +174,35 @@ class TransformerConfig(ComponentConfig):
         out = super().to_dict()
         if not self.vace:
             out.pop("vace_layers"), out.pop("vace_in_channels")
+        if not self.animate:
+            for name in ANIMATE_FIELDS:
+                out.pop(name)
+        elif self.motion_encoder_channel_sizes is not None:
+            out["motion_encoder_channel_sizes"] = dict(self.motion_encoder_channel_sizes)
         return out
+
+    @property
+    def pose_channels(self) -> int:
+        """An Animate model's pose latents' channels (diffusers derives them from ``in_channels``)."""
+        return self.latent_channels if self.latent_channels is not None else (self.in_channels - 4) // 2
+
+    @property
+    def motion_sizes(self) -> tuple[int, ...]:
+        """An Animate motion encoder's feature sizes: the face frames' side, halved by each residual
+        block down to 4."""
+        size = self.motion_encoder_size or 4
+        return tuple(2**i for i in range(size.bit_length() - 1, 1, -1))
+
+    @property
+    def motion_channels(self) -> dict[str, int]:
+        """An Animate motion encoder's channels at each size (its config's table, else diffusers')."""
+        sizes = self.motion_encoder_channel_sizes
+        return MOTION_ENCODER_CHANNEL_SIZES if sizes is None else dict(sizes)
+
+    @property
+    def animate(self) -> bool:
+        """A Wan 2.2 Animate transformer: pose latents and face frames enter besides the latents."""
+        return self.motion_encoder_size is not None
 
     @property
     def first_last_frame(self) -> bool:
@@ -186,6 +232,8 @@ class TransformerConfig(ComponentConfig):
                     f"{source}: vace_layers {layers} must be increasing layers of 0..{self.num_layers - 1} "
                     "starting with 0"
                 )
+        if self.animate:
+            _validate_animate(self, source)
         if len(self.patch_size) != 3:
             raise ConfigError(f"{source}: patch_size must have 3 entries, got {self.patch_size}")
         if self.attention_head_dim % 2:
@@ -197,6 +245,54 @@ class TransformerConfig(ComponentConfig):
             raise ConfigError(
                 f"{source}: qk_norm={self.qk_norm!r} is not supported (only 'rms_norm_across_heads')"
             )
+
+
+ANIMATE_FIELDS = (
+    "latent_channels",
+    "motion_encoder_channel_sizes",
+    "motion_encoder_size",
+    "motion_style_dim",
+    "motion_dim",
+    "motion_encoder_dim",
+    "face_encoder_hidden_dim",
+    "face_encoder_num_heads",
+    "inject_face_latents_blocks",
+    "motion_encoder_batch_size",
+)
+
+
+def _validate_animate(cfg: TransformerConfig, source: str) -> None:
+    """An Animate config's fields: all given, the latents' channels ``2 * latent + 4`` (noise,
+    then the reference's mask and latents), a face adapter after every ``inject_face_latents_blocks``-th
+    block of a whole number of them, image tokens with their own keys and values."""
+    missing = [name for name in ANIMATE_FIELDS[2:] if getattr(cfg, name) is None]
+    if missing:
+        raise ConfigError(f"{source}: an Animate transformer needs {', '.join(missing)}")
+    if cfg.in_channels != 2 * cfg.pose_channels + 4:
+        raise ConfigError(
+            f"{source}: an Animate transformer's in_channels ({cfg.in_channels}) must be "
+            f"2 * latent_channels + 4 (latent_channels {cfg.pose_channels})"
+        )
+    if cfg.num_layers % cfg.inject_face_latents_blocks:  # diffusers indexes past its face adapters
+        raise ConfigError(
+            f"{source}: num_layers {cfg.num_layers} is not a multiple of inject_face_latents_blocks "
+            f"{cfg.inject_face_latents_blocks}"
+        )
+    if not cfg.image_tokens:
+        raise ConfigError(f"{source}: an Animate transformer needs image_dim and added_kv_proj_dim")
+    size = cfg.motion_encoder_size
+    if size < 4 or size & (size - 1):
+        raise ConfigError(f"{source}: motion_encoder_size {size} must be a power of two, at least 4")
+    table = cfg.motion_channels
+    absent = [str(s) for s in cfg.motion_sizes if str(s) not in table]
+    if absent:
+        raise ConfigError(f"{source}: motion_encoder_channel_sizes lacks the size(s) {', '.join(absent)}")
+
+
+# diffusers' WAN_ANIMATE_MOTION_ENCODER_CHANNEL_SIZES: the motion encoder's channels at each size
+MOTION_ENCODER_CHANNEL_SIZES = {
+    "4": 512, "8": 512, "16": 512, "32": 512, "64": 256, "128": 128, "256": 64, "512": 32, "1024": 16,
+}  # fmt: skip
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}

@@ -22,6 +22,10 @@ class Defaults:
     seed: int = 42
     strength: float = 0.8  # video-to-video: diffusers' WanVideoToVideoPipeline default
     conditioning_scale: float = 1.0  # VACE: the control's weight, diffusers' WanVACEPipeline default
+    # Animate: frames per segment and the previous segment's last frames each continues from,
+    # diffusers' WanAnimatePipeline defaults
+    segment_frame_length: int = 77
+    prev_segment_conditioning_frames: int = 1
     scheduler: str = "auto"  # the checkpoint's scheduler config; a distilled model's own sampler
 
 

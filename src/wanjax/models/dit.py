@@ -17,29 +17,32 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import Mesh
 
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import ShardingFn
-from wanjax.kernels.attention import AttentionSpec, attention
+from wanjax.kernels.attention import AttentionSpec
 from wanjax.kernels.common import AttentionShape
-from wanjax.kernels.precision import Precision, resolve_precision
+from wanjax.kernels.precision import resolve_precision
 from wanjax.models import lora
 from wanjax.models.config import TransformerConfig
+from wanjax.models.dit_block import attend_fn, block, frame_views, modulate
 from wanjax.models.dit_context import ContextKV as ContextKV  # re-exported: the cache's type
-from wanjax.models.dit_context import context_kv, cross_kv, project_heads
-from wanjax.models.dit_embed import Conditioning, embed, embed_time, patchify, token_pins, unpatchify
+from wanjax.models.dit_context import context_kv
+from wanjax.models.dit_control import AnimateControl as AnimateControl  # re-exported: the inputs
+from wanjax.models.dit_control import Control, after_blocks, embed_control
+from wanjax.models.dit_control import VaceControl as VaceControl
+from wanjax.models.dit_embed import Conditioning, embed, embed_time, token_pins, unpatchify
 from wanjax.models.dit_spec import TRANSFORMER as TRANSFORMER  # re-exported: the component
 from wanjax.models.dit_spec import TRANSFORMER_2 as TRANSFORMER_2
 from wanjax.models.dit_spec import checkpoint_spec as checkpoint_spec
-from wanjax.models.layers import Params, apply_rope, gelu_tanh, layer_norm, linear, scan_layers
+from wanjax.models.layers import Params, linear, scan_layers
 from wanjax.models.offload import (
     HOST,
     Offload,
@@ -52,118 +55,11 @@ from wanjax.models.offload import (
 )
 from wanjax.models.settings import DEFAULT_SETTINGS, RunSettings
 from wanjax.models.w8a8 import int8_matmuls, marked_blocks
-from wanjax.parallel.attention import sharded_attention
 from wanjax.parallel.layouts import TokenLayout, token_layout
 from wanjax.parallel.rules import param_sharding
 
 # ----------------------------------------------------------------------------------------------
 # Forward
-
-Attend = Callable[..., jax.Array]  # (q, k, v, *, self_attention) -> out, all (B, L, H, D)
-
-
-def _attend_fn(settings: RunSettings, layout: TokenLayout | None) -> Attend:
-    """The attention function: local without a mesh, else sharded over it as ``layout`` says."""
-    if layout is None:
-        return lambda q, k, v, self_attention: attention(
-            q, k, v, backend=settings.attention, precision=settings.precision
-        )
-
-    def attend(q: jax.Array, k: jax.Array, v: jax.Array, self_attention: bool) -> jax.Array:
-        return sharded_attention(
-            q,
-            k,
-            v,
-            mesh=settings.mesh,
-            layout=layout,
-            self_attention=self_attention,
-            backend=settings.attention,
-            precision=settings.precision,
-        )
-
-    return attend
-
-
-def _modulate(x: jax.Array, shift: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-    """``LayerNorm(x) * (1 + scale) + shift`` in float32, rounded to x's dtype."""
-    return (layer_norm(x, eps) * (1.0 + scale) + shift).astype(x.dtype)
-
-
-def _attention_block(
-    p: Params,
-    x: jax.Array,
-    context: jax.Array,
-    heads: int,
-    eps: float,
-    rope: tuple[jax.Array, jax.Array] | None,
-    attend: Attend,
-    precision: Precision,
-    image_context: jax.Array | None = None,
-    kv: ContextKV | None = None,
-) -> jax.Array:
-    """Self-attention (with ``rope``) or cross-attention to ``context`` (its keys and values ``kv`` when
-    computed before); an image-to-video model's cross-attention also attends to ``image_context`` with
-    its own keys and values (``add_k_proj``, ``add_v_proj``, ``norm_added_k``) and adds the two
-    results, as diffusers' ``WanAttnProcessor``."""
-    b, length, d = x.shape
-    q = project_heads(p, "to_q", x, heads, eps, precision)
-    if rope is not None:
-        k, v = (
-            project_heads(p, "to_k", x, heads, eps, precision),
-            project_heads(p, "to_v", x, heads, eps, precision),
-        )
-        out = attend(apply_rope(q, *rope), apply_rope(k, *rope), v, self_attention=True)
-    else:
-        kv = cross_kv(p, context, image_context, heads, eps, precision) if kv is None else kv
-        out = attend(q, kv["k"], kv["v"], self_attention=False)
-        if "k_img" in kv:
-            out = out + attend(q, kv["k_img"], kv["v_img"], self_attention=False)
-    return linear(out.reshape(b, length, d), p["to_out"], precision=precision)
-
-
-def _block(
-    p: Params,
-    x: jax.Array,
-    context: jax.Array,
-    time_mod: jax.Array,
-    rope: tuple[jax.Array, jax.Array],
-    cfg: TransformerConfig,
-    attend: Attend,
-    precision: Precision,
-    image_context: jax.Array | None = None,
-    kv: ContextKV | None = None,
-) -> jax.Array:
-    # (B, 6, D), or per latent frame (B, F, 6, D): each (B, F, 1, D), applied to the tokens as frames
-    mod = p["scale_shift_table"].astype(jnp.float32) + time_mod.astype(jnp.float32)
-    mod = mod if mod.ndim == 4 else mod[:, None]
-    shift, scale, gate, c_shift, c_scale, c_gate = (mod[:, :, i : i + 1] for i in range(6))
-    heads, eps, dtype = cfg.num_attention_heads, cfg.eps, x.dtype
-    frames, tokens = _frame_views(x.shape, mod.shape[1])
-
-    n = tokens(_modulate(frames(x), shift, scale, eps))
-    a = _attention_block(p["attn1"], n, n, heads, eps, rope, attend, precision)
-    x = tokens((frames(x).astype(jnp.float32) + frames(a) * gate).astype(dtype))
-
-    n = layer_norm(x, eps, p["norm2"]["scale"], p["norm2"]["bias"]).astype(dtype) if "norm2" in p else x
-    x = x + _attention_block(p["attn2"], n, context, heads, eps, None, attend, precision, image_context, kv)
-
-    n = tokens(_modulate(frames(x), c_shift, c_scale, eps))
-    f = linear(
-        gelu_tanh(linear(n, p["ffn"]["proj_in"], precision=precision)),
-        p["ffn"]["proj_out"],
-        precision=precision,
-    )
-    return tokens((frames(x).astype(jnp.float32) + frames(f).astype(jnp.float32) * c_gate).astype(dtype))
-
-
-def _frame_views(
-    shape: tuple[int, ...], frames: int
-) -> tuple[Callable[[jax.Array], jax.Array], Callable[[jax.Array], jax.Array]]:
-    """``(to_frames, to_tokens)``: tokens ``(B, L, D)`` viewed as ``(B, F, L / F, D)`` (frame-major
-    token order), so a per-frame modulation ``(B, F, 1, D)`` broadcasts over each frame's tokens;
-    ``F = 1`` is the per-sample modulation."""
-    b, length, d = shape
-    return (lambda h: h.reshape(b, frames, length // frames, d)), (lambda h: h.reshape(b, length, d))
 
 
 def run_blocks(
@@ -178,99 +74,21 @@ def run_blocks(
 ) -> jax.Array:
     """Blocks ``start .. stop-1`` (default: all) on the tokens ``x (B, L, D)``, pinned to the token
     layout at every block boundary under the settings' mesh; ``offload="blocks"`` streams their weights.
-    With a VACE model's hints in ``cond``, each vace layer's block is followed by ``x + scale * hint``
-    (in float32), as diffusers' ``WanVACETransformer3DModel``."""
+    What follows each block (a VACE model's hint, an Animate model's face adapter) is
+    :func:`~wanjax.models.dit_control.after_blocks`'s."""
     layout, pin = token_pins(settings.mesh, x.shape[0], math.prod(cond.grid), cfg.num_attention_heads)
-    attend, precision = _attend_fn(settings, layout), settings.precision
-    hinted = cond.hints is not None
-    layers: Params = {"block": marked_blocks(params["blocks"], settings.int8_matmuls)}
-    if hinted:  # per layer: which hint follows it and its scale (0 where none does)
-        assert cfg.vace_layers is not None and cond.hint_scale is not None
-        index, on = np.zeros(cfg.num_layers, np.int32), np.zeros(cfg.num_layers, np.float32)
-        index[list(cfg.vace_layers)], on[list(cfg.vace_layers)] = np.arange(len(cfg.vace_layers)), 1
-        scale = jnp.asarray(on) * cond.hint_scale.astype(jnp.float32)[index]
-        layers["hint"] = {"index": jnp.asarray(index), "scale": scale}
+    attend, precision = attend_fn(settings, layout), settings.precision
+    extras, after = after_blocks(params, cfg, cond, settings)
+    layers: Params = {"block": marked_blocks(params["blocks"], settings.int8_matmuls), **extras}
     if cond.context_kv is not None:
         layers["kv"] = cond.context_kv["blocks"]
 
     def layer(h: jax.Array, item: Params) -> jax.Array:
-        out = _block(
-            item["block"],
-            pin(h),
-            cond.context,
-            cond.time_mod,
-            cond.rope,
-            cfg,
-            attend,
-            precision,
-            cond.image_context,
-            item.get("kv"),
-        )
-        if hinted:
-            hint = cond.hints[item["hint"]["index"]].astype(jnp.float32) * item["hint"]["scale"]
-            out = (out.astype(jnp.float32) + hint).astype(out.dtype)
-        return pin(out)
+        args = (cond.context, cond.time_mod, cond.rope, cfg, attend, precision, cond.image_context)
+        return pin(after(block(item["block"], pin(h), *args, item.get("kv")), item))
 
     run_layers = stream_layers if streams_layers(settings.offload) else scan_layers
     return run_layers(layer, x, layers, start, stop)
-
-
-class VaceControl(NamedTuple):
-    """A VACE model's control: latents ``(B, vace_in_channels, T, H, W)`` and the scale of each vace
-    layer's hint ``(n,)`` (None: 1)."""
-
-    latents: jax.Array
-    scale: jax.Array | None = None
-
-
-def embed_control(
-    params: Params,
-    cfg: TransformerConfig,
-    x: jax.Array,
-    cond: Conditioning,
-    vace: VaceControl,
-    *,
-    settings: RunSettings = DEFAULT_SETTINGS,
-) -> Conditioning:
-    """A VACE model's hints in ``cond``: the control latents patch-embedded (padded with zero tokens
-    to ``x``'s length), the first block's input projection plus the tokens ``x`` entering the first
-    block, then each control block (a transformer block on the same conditioning) and its output
-    projection: one hint per vace layer, with its scale."""
-    assert cfg.vace_layers is not None
-    control, control_scale = vace
-    if control.ndim != 5 or control.shape[1] != cfg.vace_in_channels:
-        raise ConfigError(
-            f"control latents must be (B, {cfg.vace_in_channels}, T, H, W), got {control.shape}"
-        )
-    layout, pin = token_pins(settings.mesh, x.shape[0], x.shape[1], cfg.num_attention_heads)
-    attend, precision = _attend_fn(settings, layout), settings.precision
-    c = linear(
-        patchify(control.astype(settings.dtype), cfg.patch_size),
-        params["vace_patch_embedding"],
-        precision=precision,
-    )
-    if c.shape[1] > x.shape[1]:
-        raise ConfigError(f"control latents of {c.shape[1]} tokens for latents of {x.shape[1]}")
-    c = jnp.pad(c, ((0, 0), (0, x.shape[1] - c.shape[1]), (0, 0)))
-    c = pin(linear(c, params["vace_proj_in"], precision=precision) + x)
-
-    def block(c: jax.Array, item: Params) -> tuple[jax.Array, jax.Array]:
-        p = item["block"]
-        args = (cond.context, cond.time_mod, cond.rope, cfg, attend, precision, cond.image_context)
-        c = pin(_block(p, c, *args, item.get("kv")))
-        return c, pin(linear(c, p["proj_out"], precision=precision))
-
-    items = {"block": marked_blocks(params["vace_blocks"], settings.int8_matmuls)}
-    if cond.context_kv is not None:
-        items["kv"] = cond.context_kv["vace_blocks"]
-    _, hints = jax.lax.scan(block, c, items)
-    n = len(cfg.vace_layers)
-    scale = jnp.ones((n,), jnp.float32) if control_scale is None else jnp.asarray(control_scale, jnp.float32)
-    if scale.shape != (n,):
-        raise ConfigError(
-            f"the control scale must hold one scale per vace layer ({n}), got shape {scale.shape}"
-        )
-    return dataclasses.replace(cond, hints=hints, hint_scale=scale)
 
 
 def project(
@@ -285,8 +103,8 @@ def project(
     temb = cond.temb.astype(jnp.float32)
     temb = temb if temb.ndim == 3 else temb[:, None]  # (B, F, D): per latent frame, or F = 1
     out_mod = params["scale_shift_table"].astype(jnp.float32) + temb[:, :, None]  # (B, F, 2, D)
-    frames, tokens = _frame_views(x.shape, out_mod.shape[1])
-    x = tokens(_modulate(frames(x), out_mod[:, :, 0:1], out_mod[:, :, 1:2], cfg.eps))
+    frames, tokens = frame_views(x.shape, out_mod.shape[1])
+    x = tokens(modulate(frames(x), out_mod[:, :, 0:1], out_mod[:, :, 1:2], cfg.eps))
     x = linear(x, params["proj_out"], precision=settings.precision)
     return unpatchify(x, cond.grid, cfg.patch_size)
 
@@ -300,12 +118,12 @@ def forward(
     *,
     settings: RunSettings = DEFAULT_SETTINGS,
     image_embeds: jax.Array | None = None,
-    control: VaceControl | None = None,
+    control: Control | None = None,
     kv: dict[str, ContextKV] | None = None,
 ) -> jax.Array:
     """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``
     (and an image-to-video model's ``image_embeds (B, Li, image_dim)``; a VACE model's ``control``,
-    :class:`VaceControl`): :func:`embed_inputs`, :func:`run_blocks`, :func:`project`, all
+    :class:`VaceControl`, an Animate model's :class:`AnimateControl`): :func:`embed_inputs`, :func:`run_blocks`, :func:`project`, all
     run as ``settings`` says (static under ``jit``).
 
     Activations run in ``settings.dtype``; the result is returned in it as the reference does. Under
@@ -332,26 +150,18 @@ def embed_inputs(
     *,
     settings: RunSettings = DEFAULT_SETTINGS,
     image_embeds: jax.Array | None = None,
-    control: VaceControl | None = None,
+    control: Control | None = None,
     kv: dict[str, ContextKV] | None = None,
 ) -> tuple[jax.Array, Conditioning]:
-    """:func:`~wanjax.models.dit_embed.embed`, and a VACE model's hints (:func:`embed_control`);
-    ``kv``: the run's :func:`context_kv`, which the blocks then read (the context's projection left
-    unused, so the compiler drops it)."""
-    if cfg.vace != (control is not None):
-        raise ConfigError(
-            "a VACE transformer needs control latents (control=...)"
-            if cfg.vace
-            else "control latents are for a VACE transformer"
-        )
+    """:func:`~wanjax.models.dit_embed.embed`, and a VACE model's hints or an Animate model's pose and
+    face (:func:`~wanjax.models.dit_control.embed_control`); ``kv``: the run's :func:`context_kv`,
+    which the blocks then read (the context's projection left unused, so the compiler drops it)."""
     x, cond = embed(
         params, cfg, latents, timestep, prompt_embeds, settings=settings, image_embeds=image_embeds
     )
     if kv is not None:
         cond = dataclasses.replace(cond, context_kv=kv)
-    if control is not None:
-        cond = embed_control(params, cfg, x, cond, control, settings=settings)
-    return x, cond
+    return embed_control(params, cfg, x, cond, control, tuple(latents.shape), settings)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -391,7 +201,7 @@ class WanTransformer:
         timestep: jax.Array,
         prompt_embeds: jax.Array,
         image_embeds: jax.Array | None = None,
-        control: VaceControl | None = None,
+        control: Control | None = None,
     ) -> jax.Array:
         self.check_shape(tuple(latents.shape))
         timestep = jnp.asarray(timestep)
@@ -406,7 +216,7 @@ class WanTransformer:
         timestep: jax.Array,
         prompt_embeds: jax.Array,
         image_embeds: jax.Array | None = None,
-        control: VaceControl | None = None,
+        control: Control | None = None,
         kv: dict[str, ContextKV] | None = None,
     ) -> jax.Array:
         """The forward (:func:`forward`: :meth:`embed`, :meth:`blocks`, :meth:`project`) for use inside a
@@ -421,7 +231,7 @@ class WanTransformer:
         timestep: jax.Array,
         prompt_embeds: jax.Array,
         image_embeds: jax.Array | None = None,
-        control: VaceControl | None = None,
+        control: Control | None = None,
         kv: dict[str, ContextKV] | None = None,
     ) -> tuple[jax.Array, Conditioning]:
         """:func:`embed_inputs` with this model's settings (inside a caller's ``jit``, like :meth:`apply`)."""

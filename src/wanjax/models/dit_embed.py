@@ -64,7 +64,8 @@ class Conditioning:
     ``context (B, Lc, D)``, the blocks' timestep modulation ``time_mod (B, 6, D)``, the time embedding
     ``temb (B, D)`` the output norm is modulated by (with a timestep per latent frame: ``(B, F, 6, D)``
     and ``(B, F, D)``), the token grid's RoPE tables and (image-to-video)
-    the embedded image tokens; a VACE model's control hints (:func:`wanjax.models.dit.embed_control`)."""
+    the embedded image tokens; a VACE model's control hints, an Animate model's face tokens
+    (:func:`wanjax.models.dit_control.embed_control`)."""
 
     context: jax.Array
     time_mod: jax.Array
@@ -77,6 +78,8 @@ class Conditioning:
     # the text K/V cache: every block's cross-attention keys and values, computed before the loop
     # (wanjax.models.dit.context_kv); the blocks then read these instead of projecting the context
     context_kv: dict[str, dict[str, jax.Array]] | None = None
+    # Animate: the face adapters' tokens (B, T, heads + 1, D) (wanjax.models.animate)
+    face: jax.Array | None = None
 
 
 def token_pins(

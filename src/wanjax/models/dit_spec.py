@@ -11,6 +11,7 @@ import numpy as np
 
 from wanjax.io.checkpoint import REPLICATED, Axes, LeafSource, linear_kernel, stacked
 from wanjax.io.component import Component
+from wanjax.models.animate_spec import animate_spec
 from wanjax.models.config import TransformerConfig
 from wanjax.models.dit_layouts import WAN_TRANSFORMER
 from wanjax.models.layers import Params
@@ -111,7 +112,8 @@ def checkpoint_spec(cfg: TransformerConfig) -> Params:
     """Which diffusers tensors build each params leaf, and each leaf's logical axes (see
     :class:`wanjax.io.checkpoint.LeafSource`): Q/K/V and FFN-in column-parallel over ``heads``/``mlp``,
     the output projections row-parallel, ``embed`` dims FSDP-able. A VACE model adds its control
-    patch embedding, blocks (each with an output projection) and the first one's input projection."""
+    patch embedding, blocks (each with an output projection) and the first one's input projection; an
+    Animate model its pose patch embedding and :func:`~wanjax.models.animate_spec.animate_spec`'s."""
     d = cfg.inner_dim
     keep = {"keep_fp32": True}
     embedder = "condition_embedder"
@@ -146,6 +148,9 @@ def checkpoint_spec(cfg: TransformerConfig) -> Params:
         spec["vace_patch_embedding"] = _patch_spec("vace_patch_embedding", cfg, cfg.vace_in_channels)
         spec["vace_proj_in"] = _linear_spec("vace_blocks.0.proj_in", d, d, ("embed", None), (None,))
         spec["vace_blocks"] = _blocks_spec(cfg, "vace_blocks", len(cfg.vace_layers), out_projection=True)
+    if cfg.animate:
+        spec["pose_patch_embedding"] = _patch_spec("pose_patch_embedding", cfg, cfg.pose_channels)
+        spec.update(animate_spec(cfg))
     return spec
 
 

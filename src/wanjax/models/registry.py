@@ -64,6 +64,20 @@ WAN21_VACE_1_3B = dataclasses.replace(
 WAN21_VACE_14B = dataclasses.replace(
     WAN21_14B, vace_layers=tuple(range(0, 40, 5)), vace_in_channels=VACE_CHANNELS
 )
+# Wan 2.2 Animate 14B (Wan2.2-Animate-14B-Diffusers' transformer config): the I2V 14B's blocks, pose
+# latents' patch embedding, a 512x512 face motion encoder, face adapters after every fifth block
+WAN22_ANIMATE_14B = dataclasses.replace(
+    WAN21_I2V_14B,
+    latent_channels=16,
+    motion_encoder_size=512,
+    motion_style_dim=512,
+    motion_dim=20,
+    motion_encoder_dim=512,
+    face_encoder_hidden_dim=1024,
+    face_encoder_num_heads=4,
+    inject_face_latents_blocks=5,
+    motion_encoder_batch_size=8,
+)
 WAN22_5B = TransformerConfig(
     num_attention_heads=24, ffn_dim=14336, num_layers=30, in_channels=48, out_channels=48
 )
@@ -126,7 +140,7 @@ _DEMO_CONDITIONED = DEMO_TRANSFORMER.out_channels + 4 + DEMO_VAE.z_dim  # noise,
 HD = Defaults(height=720, width=1280)
 DMD_PIPELINE_CLASS = "WanDMDPipeline"  # FastVideo's pipeline class in a FastWan checkpoint's model_index.json
 FASTWAN = dict(num_inference_steps=3, guidance_scale=1.0, scheduler="dmd")  # DmdDenoisingStage: no CFG
-DEMO_DEFAULTS = Defaults(height=128, width=192, frames=17, num_inference_steps=10)
+DEMO_DEFAULTS = Defaults(height=128, width=192, frames=17, num_inference_steps=10, segment_frame_length=9)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,6 +182,8 @@ class Variant:
         """diffusers' pipeline class, as ``model_index.json`` names it."""
         if self.transformer.vace:
             return "WanVACEPipeline"
+        if self.transformer.animate:
+            return "WanAnimatePipeline"
         if self.dmd:
             return DMD_PIPELINE_CLASS
         i2v = self.transformer.image_to_video and not self.expand_timesteps
@@ -176,6 +192,8 @@ class Variant:
     @property
     def transformer_class(self) -> str:
         """diffusers' transformer class, as the transformer's ``config.json`` and ``model_index.json`` name it."""
+        if self.transformer.animate:
+            return "WanAnimateTransformer3DModel"
         return "WanVACETransformer3DModel" if self.transformer.vace else "WanTransformer3DModel"
 
     def mag_curve(self, first_frame: bool = False) -> str | None:
@@ -296,6 +314,19 @@ VARIANTS: tuple[Variant, ...] = (
         repo="Wan-AI/Wan2.1-VACE-14B-diffusers",
     ),
     Variant(
+        "Animate-14B",
+        "Wan 2.2 Animate 14B (a character animated by pose and face videos, or replacing one)",
+        WAN22_ANIMATE_14B,
+        WAN21_VAE,
+        image_encoder=CLIP_VIT_H_14,
+        repo="Wan-AI/Wan2.2-Animate-14B-Diffusers",
+        # diffusers' WanAnimatePipeline: 1280x720, 20 steps, no guidance, segments of 77 frames
+        # (and its example's 30 fps)
+        defaults=Defaults(
+            height=720, width=1280, frames=77, fps=30.0, num_inference_steps=20, guidance_scale=1.0
+        ),
+    ),
+    Variant(
         "demo",
         "built-in demo, Wan 2.1 T2V",
         DEMO_TRANSFORMER,
@@ -342,6 +373,29 @@ VARIANTS: tuple[Variant, ...] = (
         None,
         demo=True,
         defaults=DEMO_DEFAULTS,
+    ),
+    Variant(
+        "demo-animate",
+        "built-in demo, Wan 2.2 Animate",
+        _i2v_demo(
+            image_dim=DEMO_IMAGE_ENCODER.hidden_size,
+            added_kv_proj_dim=DEMO_TRANSFORMER.inner_dim,
+            latent_channels=DEMO_VAE.z_dim,
+            motion_encoder_channel_sizes=(("16", 16), ("4", 32), ("8", 32)),
+            motion_encoder_size=16,
+            motion_style_dim=32,
+            motion_dim=8,
+            motion_encoder_dim=32,
+            face_encoder_hidden_dim=32,
+            face_encoder_num_heads=2,
+            inject_face_latents_blocks=2,
+            motion_encoder_batch_size=8,
+        ),
+        DEMO_VAE,
+        None,
+        DEMO_IMAGE_ENCODER,
+        demo=True,
+        defaults=dataclasses.replace(DEMO_DEFAULTS, guidance_scale=1.0),
     ),
     Variant(
         "demo-ti2v",
@@ -411,6 +465,7 @@ def _architecture(cfg: TransformerConfig) -> tuple:
         cfg.image_dim,
         cfg.first_last_frame,
         cfg.vace_layers,
+        cfg.animate,
     )
 
 
@@ -422,7 +477,14 @@ def _by_name(candidates: list[Variant], name: str) -> Variant | None:
 
 
 def _kind(cfg: TransformerConfig, experts: int, expand_timesteps: bool) -> tuple:
-    return (experts, expand_timesteps, cfg.image_tokens, cfg.first_last_frame, cfg.condition_channels > 0)
+    return (
+        experts,
+        expand_timesteps,
+        cfg.image_tokens,
+        cfg.first_last_frame,
+        cfg.condition_channels > 0,
+        cfg.animate,
+    )
 
 
 def match(

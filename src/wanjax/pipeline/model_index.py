@@ -19,7 +19,13 @@ from wanjax.models.config import ComponentConfig
 from wanjax.models.registry import DMD_PIPELINE_CLASS
 
 INDEX_FILE = "model_index.json"
-PIPELINE_CLASSES = ("WanPipeline", "WanImageToVideoPipeline", "WanVACEPipeline", DMD_PIPELINE_CLASS)
+PIPELINE_CLASSES = (
+    "WanPipeline",
+    "WanImageToVideoPipeline",
+    "WanVACEPipeline",
+    "WanAnimatePipeline",
+    DMD_PIPELINE_CLASS,
+)
 COMPONENT_ENTRIES = (
     "tokenizer",
     "text_encoder",

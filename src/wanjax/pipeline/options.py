@@ -26,7 +26,9 @@ class RunOptions:
     ``boundary_ratio`` in place of the checkpoint's. ``cache``: a step-cache policy
     (:class:`~wanjax.sampling.cache.step_cache.CacheConfig`). Video to video: ``strength`` (the last
     ``int(steps * strength)`` steps run), ``fps`` (a video file's read rate). A VACE model:
-    ``conditioning_scale`` (the control's weight, one or one per vace layer)."""
+    ``conditioning_scale`` (the control's weight, one or one per vace layer). An Animate model (as
+    diffusers' ``WanAnimatePipeline``): ``mode`` (``animate``, ``replace``), ``segment_frame_length``
+    and ``prev_segment_conditioning_frames`` (``num_frames`` left out: the pose video's)."""
 
     height: int | None = None
     width: int | None = None
@@ -43,6 +45,9 @@ class RunOptions:
     fps: float | None = None
     conditioning_scale: float | Sequence[float] | None = None
     max_sequence_length: int = TEXT_LENGTH
+    mode: str | None = None
+    segment_frame_length: int | None = None
+    prev_segment_conditioning_frames: int | None = None
 
     @classmethod
     def of(cls, options: RunOptions | None, values: dict[str, Any]) -> RunOptions:
@@ -64,4 +69,8 @@ class RunOptions:
             fps=given(self.fps, defaults.fps),
             conditioning_scale=given(self.conditioning_scale, defaults.conditioning_scale),
             strength=given(self.strength, defaults.strength) if video else self.strength,
+            segment_frame_length=given(self.segment_frame_length, defaults.segment_frame_length),
+            prev_segment_conditioning_frames=given(
+                self.prev_segment_conditioning_frames, defaults.prev_segment_conditioning_frames
+            ),
         )

@@ -33,6 +33,7 @@ from wanjax.models.dit import VaceControl
 from wanjax.models.image_processor import ImageInput
 from wanjax.parallel.layouts import to_host
 from wanjax.pipeline import preparation
+from wanjax.pipeline.animate import animate
 from wanjax.pipeline.conditioning import open_image
 from wanjax.pipeline.extension import Extension, extend
 from wanjax.pipeline.hub import resolve_model
@@ -125,14 +126,18 @@ class WanPipeline:
             jax.block_until_ready(embeds)
         return embeds
 
-    def prepare_latents(self, batch: int, height: int, width: int, num_frames: int, seed: int) -> jax.Array:
+    def prepare_latents(
+        self, batch: int, height: int, width: int, num_frames: int, seed: int, segment: int = 0
+    ) -> jax.Array:
         """Standard normal float32 noise ``[B, z, T', H/8, W/8]`` (JAX's generator); batch item ``i`` is
         drawn from ``seed + i``, so a prompt in a batch starts from the noise it gets when run alone
-        with that seed."""
+        with that seed. ``segment``: an Animate run's segment after the first draws from its own
+        stream of that key (``fold_in``)."""
         parts = self.components
         shape = parts.geometry.latent_shape(batch, height, width, num_frames)
         with parts.stage_timing("denoise").running():
-            keys = jnp.stack([jax.random.key(seed + i) for i in range(batch)])
+            keys = [jax.random.key(seed + i) for i in range(batch)]
+            keys = jnp.stack([jax.random.fold_in(k, segment) if segment else k for k in keys])
             noise = jax.vmap(lambda key: jax.random.normal(key, shape[1:], jnp.float32))(keys)
             jax.block_until_ready(noise)
         return noise
@@ -274,6 +279,10 @@ class WanPipeline:
         video: VideoInput | None = None,
         mask: VideoInput | ImageInput | None = None,
         reference_images: Sequence[ImageInput] = (),
+        pose_video: VideoInput | None = None,
+        face_video: VideoInput | None = None,
+        background_video: VideoInput | None = None,
+        mask_video: VideoInput | None = None,
         latents: jax.Array | np.ndarray | None = None,
         progress: bool = True,
         on_step: Callable[[int], None] | None = None,
@@ -297,9 +306,23 @@ class WanPipeline:
         ``mask`` its mask (a video of as many frames, or one image for all; white: generate, black:
         keep), ``reference_images`` each prepended as a frame of its own (dropped from the result),
         the ``conditioning_scale`` option the control's weight (:func:`~wanjax.pipeline.preparation.vace_control`).
+        An Animate model (as diffusers' ``WanAnimatePipeline``, :mod:`~wanjax.pipeline.animate`):
+        ``image`` the character, ``pose_video`` and ``face_video`` its motion, in ``mode="replace"``
+        also ``background_video`` and ``mask_video``; ``latents`` the first segment's noise
+        ``[B, 16, T' + 1, H/8, W/8]`` (``T'``: a segment's latent frames).
         """
         parts = self.components
         o = RunOptions.of(options, values)
+        if parts.transformer_config.animate:
+            if pose_video is None or image is None:
+                raise WanjaxError(
+                    "an Animate model needs a character image and a pose video (image=, pose_video=)"
+                )
+            filled = dataclasses.replace(o.filled(parts.defaults), num_frames=o.num_frames)
+            videos = (pose_video, face_video, background_video, mask_video)
+            return animate(self, prompt, negative_prompt, filled, image, *videos, latents, progress, on_step)
+        if any(v is not None for v in (pose_video, face_video, background_video, mask_video)):
+            raise WanjaxError("pose, face, background and mask videos are for an Animate model")
         vace_model, frames = parts.transformer_config.vace, None
         if (mask is not None or reference_images) and not vace_model:
             raise WanjaxError("a mask and reference images are for a VACE model")

@@ -28,7 +28,14 @@ from wanjax.models.config import TransformerConfig
 from wanjax.models.dit_context import CONTEXT_KV_WEIGHTS
 from wanjax.parallel.rules import leaf_spec, num_shards
 
-__all__ = ["VACE_LEAVES", "WeightBytes", "copied_stack_bytes", "transformer_bytes", "weight_bytes"]
+__all__ = [
+    "ANIMATE_LEAVES",
+    "VACE_LEAVES",
+    "WeightBytes",
+    "copied_stack_bytes",
+    "transformer_bytes",
+    "weight_bytes",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,13 +118,16 @@ def weight_bytes(
 
 
 VACE_LEAVES = ("vace_patch_embedding", "vace_proj_in", "vace_blocks")
+# Animate's leaves (the face adapters: a stack of their own, of a layer every k blocks)
+ANIMATE_LEAVES = ("pose_patch_embedding", "motion_encoder", "face_encoder", "face_adapter")
 
 
 def transformer_bytes(cfg: TransformerConfig, *args: Any, **kwargs: Any) -> WeightBytes:
     """:func:`weight_bytes` (with its other arguments) of a transformer: a VACE model's control blocks
-    (their own stack, never streamed) count with the weights that stay on the device."""
+    and an Animate model's face adapters (their own stacks, never streamed) count with the weights
+    that stay on the device."""
     spec = dit.checkpoint_spec(cfg)
-    control = {name: spec.pop(name) for name in VACE_LEAVES if name in spec}
+    control = {name: spec.pop(name) for name in (*VACE_LEAVES, *ANIMATE_LEAVES) if name in spec}
     found = weight_bytes(spec, *args, **kwargs)
     if not control:
         return found
@@ -138,7 +148,7 @@ def copied_stack_bytes(
     holds their keys and values (measured: 8 of the 14B's 10 kernels a layer, 1.39 GiB per 10 layers
     on dp=2,tp=4)."""
     spec = dit.checkpoint_spec(cfg)
-    for name in VACE_LEAVES:
+    for name in (*VACE_LEAVES, *ANIMATE_LEAVES):
         spec.pop(name, None)
     if context_cached:
         spec["blocks"]["attn2"] = {

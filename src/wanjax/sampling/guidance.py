@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from wanjax.models.dit import VaceControl, WanTransformer
+from wanjax.models.dit import AnimateControl, VaceControl, WanTransformer
 from wanjax.models.layers import Params
 from wanjax.sampling.context_cache import ContextCache, guided_context
 
@@ -35,18 +35,28 @@ class ImageConditioning:
     (for a transformer that takes them). With ``first_frame`` (Wan 2.2 TI2V's ``expand_timesteps``)
     the latents are the image's own ``(B, z, 1, h, w)``: they replace the first latent frame of the
     transformer's input at every step (that frame's tokens at timestep 0) and of the final latents.
-    Both branches of a guided step get the same (as diffusers' ``WanImageToVideoPipeline``)."""
+    Both branches of a guided step get the same (as diffusers' ``WanImageToVideoPipeline``). An
+    Animate model's ``motion`` (pose latents, face pixels) goes with it; its unconditional branch
+    reads the same pose and a face of all ``-1`` (as diffusers' ``WanAnimatePipeline``)."""
 
     latents: jax.Array
     image_embeds: jax.Array | None = None  # None: a transformer without image tokens (Wan 2.2 I2V)
     first_frame: bool = dataclasses.field(default=False, metadata={"static": True})
+    motion: AnimateControl | None = None  # Animate: the pose latents and face pixels of every row
 
     def repeat(self, batch: int) -> ImageConditioning:
         """This conditioning (of one video) for ``batch`` videos: each array tiled ``batch`` times along
         its first axis, as diffusers repeats them (a first-last-frame model's two image states stay
         paired: ``[first, last, first, last, ...]``)."""
         states = None if self.image_embeds is None else jnp.tile(self.image_embeds, (batch, 1, 1))
-        return ImageConditioning(jnp.tile(self.latents, (batch, 1, 1, 1, 1)), states, self.first_frame)
+        motion = (
+            None
+            if self.motion is None
+            else jax.tree.map(lambda a: jnp.tile(a, (batch, 1, 1, 1, 1)), self.motion)
+        )
+        return ImageConditioning(
+            jnp.tile(self.latents, (batch, 1, 1, 1, 1)), states, self.first_frame, motion
+        )
 
     def impose(self, latents: jax.Array) -> jax.Array:
         """``first_frame``: ``latents`` with their first latent frame replaced by the image's (exactly
@@ -69,15 +79,19 @@ def guided_batch(
     prompt_embeds: jax.Array,
     negative_prompt_embeds: jax.Array | None,
     image: StepConditioning | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None, VaceControl | None]:
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None, VaceControl | AnimateControl | None]:
     """The transformer's inputs for one step: the conditional rows, then (guided) the unconditional
     ones; with ``image``, its latents joined to the noisy ones and its states for every row; with a
-    VACE model's control, its latents for every row (``(x, times, text, image states, control)``)."""
+    VACE model's control, its latents for every row; an Animate model's motion, its pose for every row
+    and its face for the conditional ones, all ``-1`` for the others (``(x, times, text, image
+    states, control)``)."""
     batch = latents.shape[0]
     times = jnp.full((batch,), timestep)
-    control = None
+    control: VaceControl | AnimateControl | None = None
     if isinstance(image, VaceControl):
         control, image = image, None
+    elif image is not None and image.motion is not None:
+        control = image.motion
     if image is None:
         x = latents
     elif image.first_frame:  # the image's latents as frame 0, whose tokens are at timestep 0
@@ -89,8 +103,14 @@ def guided_batch(
     embeds, images = guided_context(model, prompt_embeds, negative_prompt_embeds, image)
     if negative_prompt_embeds is None:
         return x, times, embeds, images, control
-    if control is not None:
+    if isinstance(control, VaceControl):
         control = VaceControl(jnp.concatenate([control.latents, control.latents]), control.scale)
+    elif control is not None:
+        face = control.face_pixels
+        control = AnimateControl(
+            jnp.concatenate([control.pose_latents, control.pose_latents]),
+            jnp.concatenate([face, face * 0 - 1]),
+        )
     return jnp.concatenate([x, x]), jnp.concatenate([times, times]), embeds, images, control
 
 

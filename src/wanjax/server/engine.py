@@ -168,6 +168,10 @@ class Engine:
     def check_startup(self) -> None:
         """The server can run its model: a request of the model's defaults passes every check, and
         the largest the limits allow (the default aspect) fits a device (WanjaxError otherwise)."""
+        if self.pipe.components.transformer_config.animate:
+            raise WanjaxError(
+                f"the server does not serve an Animate model yet ({self.model}); run it with `wanjax generate`"
+            )
         d, limits = self.defaults, self.limits
         body = {"prompt": "a check of the server's settings", "frames": min(d.frames, limits.max_frames)}
         body["size"] = f"{d.width}x{d.height}"

@@ -232,6 +232,8 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
         model.to_device(block=True)
         to_device_s = time.perf_counter() - start
     shape = cfg.latent_shape()
+    if tcfg.animate:  # a segment of --frames, its reference's latent frame first
+        shape = (*shape[:2], shape[2] + 1, *shape[3:])
     noise = jax.random.normal(jax.random.key(2), shape, jnp.float32)
     text = jax.random.normal(jax.random.key(3), (1, cfg.max_sequence_length, tcfg.text_dim), dtype)
     scheduler = make_scheduler(SchedulerConfig(), cfg.num_inference_steps)
@@ -255,7 +257,15 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
             image_len = images * tokens
             states_shape = (images, tokens, tcfg.image_dim)
             states = jax.random.normal(jax.random.key(7), states_shape)
-        image = ImageConditioning(jax.random.normal(jax.random.key(6), condition, jnp.float32), states)
+        motion = None
+        if tcfg.animate:  # the segment's pose latents and face frames
+            size = tcfg.motion_encoder_size
+            pose = jax.random.normal(jax.random.key(8), (1, tcfg.pose_channels, shape[2] - 1, *shape[3:]))
+            face = jax.random.uniform(jax.random.key(9), (1, 3, cfg.frames, size, size), minval=-1.0)
+            motion = dit.AnimateControl(pose, face)
+        image = ImageConditioning(
+            jax.random.normal(jax.random.key(6), condition, jnp.float32), states, motion=motion
+        )
     elif tcfg.vace:  # the control latents (a control video's encodings and its folded mask)
         control = jax.random.normal(jax.random.key(6), (1, tcfg.vace_in_channels, *shape[2:]), jnp.float32)
         image = dit.VaceControl(control)

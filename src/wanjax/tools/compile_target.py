@@ -36,6 +36,7 @@ from wanjax.io.quant import abstract_quantized_params
 from wanjax.io.quantizable import KEPT_GGUF
 from wanjax.kernels.attention import AttentionShape, AttentionSpec, attention, resolve_backend
 from wanjax.models import clip_vision, dit, umt5, vae
+from wanjax.models.animate import AnimateControl
 from wanjax.models.config import parse_dtype
 from wanjax.models.defaults import TEXT_LENGTH
 from wanjax.models.offload import HOST_KINDS, memory_kind, offload_sharding, parse_offload, program_memory
@@ -454,8 +455,13 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
                 states = jax.ShapeDtypeStruct(
                     (images, v.image_encoder.num_positions, tcfg.image_dim), jnp.float32
                 )
-            condition = jax.ShapeDtypeStruct((1, tcfg.condition_channels, geometry_t, h, w), jnp.float32)
-            image = ImageConditioning(condition, states)
+            # an Animate step: a segment of ``frames`` with the reference's latent frame first, its
+            # pose latents and face frames (wanjax.pipeline.animate)
+            step_t = geometry_t + 1 if tcfg.animate else geometry_t
+            condition = jax.ShapeDtypeStruct((1, tcfg.condition_channels, step_t, h, w), jnp.float32)
+            image = ImageConditioning(
+                condition, states, motion=_animate_motion(tcfg, run.frames, (geometry_t, h, w))
+            )
 
     int8 = int8_matmuls(run.activations_dtype, run.weights_dtype, target)
     settings = RunSettings(dtype, attention=run.attention, mesh=mesh, offload=offload, int8_matmuls=int8)
@@ -466,7 +472,8 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
     models = [dit.WanTransformer(tcfg, params, settings) for params in t_params]
     sampler = Sampler(models[0], models[1] if experts == 2 else None)
     scheduler = make_scheduler(SchedulerConfig(), 2)
-    noise = jax.ShapeDtypeStruct(latents_shape, jnp.float32)
+    step_shape = (*latents_shape[:2], latents_shape[2] + (1 if tcfg.animate else 0), *latents_shape[3:])
+    noise = jax.ShapeDtypeStruct(step_shape, jnp.float32)
     text = jax.ShapeDtypeStruct((1, run.max_sequence_length, tcfg.text_dim), dtype)
     backend = _dit_backend(run.attention, tcfg, dtype)
     suffixes = ("",) if experts == 1 else ("_high_noise", "_low_noise")
@@ -499,6 +506,17 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
         "xla",
         weights_per_chip(like["decoder"]),
         vae_decode_flops(v.vae, latents_shape, autoencoder.numerics, autoencoder.frames_per_step).total,
+    )
+
+
+def _animate_motion(cfg: Any, frames: int, grid: tuple[int, int, int]) -> AnimateControl | None:
+    """An Animate step's pose latents and face frames, abstract (None for another model)."""
+    if not cfg.animate:
+        return None
+    size = cfg.motion_encoder_size
+    return AnimateControl(
+        jax.ShapeDtypeStruct((1, cfg.pose_channels, *grid), jnp.float32),
+        jax.ShapeDtypeStruct((1, 3, frames, size, size), jnp.float32),
     )
 
 

@@ -101,7 +101,48 @@ def dit_forward_flops(
         control += matmul_flops(b * tokens, d, d)  # the first control block's input projection
         hint = matmul_flops(b * tokens, d, d)  # each control block's output projection
         total += Flops(control, 0) + len(cfg.vace_layers) * (block + Flops(hint, 0))
+    if cfg.animate:
+        total += animate_flops(cfg, latent_shape, b)
     return total
+
+
+def animate_flops(cfg: TransformerConfig, latent_shape: Sequence[int], b: int) -> Flops:
+    """An Animate forward's own work over ``b`` rows of latents ``(B, C, T + 1, H, W)`` (the reference's
+    frame first): the pose patch embedding; the motion encoder on each of the segment's ``4 (T - 1) +
+    1`` face frames (its convolutions, their blurs as per-channel 4x4 filters, its linears); the face
+    encoder; the face adapters (projections and per-frame attention to ``heads + 1`` face tokens)."""
+    assert cfg.motion_encoder_size is not None and cfg.face_encoder_num_heads is not None
+    assert cfg.face_encoder_hidden_dim is not None and cfg.motion_style_dim is not None
+    assert cfg.motion_dim is not None and cfg.motion_encoder_dim is not None
+    assert cfg.inject_face_latents_blocks is not None
+    d, t = cfg.inner_dim, latent_shape[-3]
+    tokens = dit_tokens(cfg, latent_shape)
+    frames = 4 * (t - 2) + 1  # the face frames of a segment of t - 1 latent frames
+    pose = matmul_flops(b * tokens * (t - 1) // t, cfg.pose_channels * cfg.patch_volume, d)
+    sizes, widths = cfg.motion_sizes, [cfg.motion_channels[str(s)] for s in cfg.motion_sizes]
+    motion = matmul_flops(sizes[0] ** 2, 3, widths[0])  # conv_in (1x1)
+    for s, c_in, c_out in zip(sizes, widths, widths[1:], strict=False):
+        half = s // 2
+        motion += matmul_flops(s * s, 9 * c_in, c_in)  # conv1 (3x3)
+        motion += 2 * ((s + 1) ** 2 + (s - 1) ** 2) * 16 * c_in  # the two blurs (4x4, per channel)
+        motion += matmul_flops(half * half, 9 * c_in, c_out) + matmul_flops(half * half, c_in, c_out)
+    motion += matmul_flops(1, 16 * widths[-1], cfg.motion_style_dim)  # conv_out (4x4 to one pixel)
+    motion += matmul_flops(4, cfg.motion_style_dim, cfg.motion_style_dim)  # four linears, then one more
+    motion += matmul_flops(1, cfg.motion_style_dim, cfg.motion_dim) + matmul_flops(
+        1, cfg.motion_dim, cfg.motion_encoder_dim
+    )
+    heads, hidden = cfg.face_encoder_num_heads, cfg.face_encoder_hidden_dim
+    face = matmul_flops(frames, 3 * cfg.motion_encoder_dim, heads * hidden)  # conv1_local
+    after_two = (frames - 1) // 2 + 1
+    face += heads * matmul_flops(after_two, 3 * hidden, hidden)  # conv2 (stride 2)
+    face += heads * matmul_flops(t - 1, 3 * hidden, hidden) + heads * matmul_flops(t - 1, hidden, d)
+    adapters = cfg.num_layers // cfg.inject_face_latents_blocks
+    keys = t * (heads + 1)
+    adapter = Flops(
+        2 * matmul_flops(b * tokens, d, d) + 2 * matmul_flops(b * keys, d, d),  # q, o; k, v
+        attention_flops(b * t, cfg.num_attention_heads, tokens // t, heads + 1, cfg.attention_head_dim),
+    )
+    return Flops(pose + b * (frames * motion + face), 0) + adapters * adapter
 
 
 def block_flops(cfg: TransformerConfig, tokens: int, b: int, text_len: int, image_len: int = 0) -> Flops:

@@ -330,6 +330,10 @@ def resolve(
     ``sigmas``: the scheduler's, which SeaCache's filter reads (None: ones, for shapes only)."""
     if not config.enabled:
         return None
+    if cfg.animate:  # each segment restarts the schedule; no cache is checked against diffusers' on it
+        raise ConfigError(
+            f"the {config.policy} step cache is not supported on an Animate model yet: leave the cache off"
+        )
     branches = BRANCHES if guided else BRANCHES[:1]
     if config.policy == "teacache":
         return _resolve_teacache(config, cfg, num_steps, branches, experts, time_inputs)

@@ -1,0 +1,162 @@
+"""``generate`` on a Wan 2.2 Animate model: its flags (:class:`~wanjax.jobs.groups.AnimateFlags`)
+checked and its videos read before any work (one-line errors naming the flag), then the run
+(:func:`wanjax.pipeline.animate.animate`, segment by segment)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from wanjax.errors import WanjaxError
+from wanjax.jobs.opening import defaults_of, model_label
+from wanjax.pipeline.animate import ALL_FRAMES, Segments, animate, check_inputs
+from wanjax.pipeline.components import IMAGE_COMPONENTS
+from wanjax.pipeline.options import RunOptions
+from wanjax.pipeline.results import Video
+from wanjax.pipeline.video_input import video_frames
+
+if TYPE_CHECKING:
+    import numpy as np
+    from PIL import Image
+
+    from wanjax.jobs.requests import GenerateRequest
+    from wanjax.pipeline.pipeline import WanPipeline
+
+ANIMATE_STAGES = (
+    "an Animate model makes its video in segments, each decoded before the next is denoised: run it with "
+    "`wanjax generate` (the three stages do not run it yet)"
+)
+VIDEO_FLAGS = ("pose_video", "face_video", "background_video", "mask_video")
+
+
+@dataclasses.dataclass(frozen=True)
+class AnimateInputs:
+    """An Animate run's inputs, read: the mode, each video's frames (None: not given) and the
+    segments they are made in."""
+
+    mode: str
+    videos: tuple[list[Image.Image] | None, ...]  # pose, face, background, mask
+    segments: Segments
+
+
+def open_animate_inputs(
+    pipe: WanPipeline,
+    request: GenerateRequest,
+    cfg: Any,
+    fps: float,
+    init: np.ndarray | None,
+) -> AnimateInputs | None:
+    """The Animate flags checked against the model (None for another model, which must be given
+    none) and their videos read at ``fps``: WanjaxError naming the flag for a missing input, a file
+    that is not a video, a pose video shorter than ``--frames``, starting latents of another shape."""
+    flags = request.animate
+    if not cfg.animate:
+        if flags.given:
+            raise WanjaxError(
+                f"--mode, --pose_video, --face_video, --background_video, --mask_video and the segment flags "
+                f"are for an Animate model; {model_label(pipe.components.source)} is not one"
+            )
+        return None
+    if request.images.image is None or flags.pose_video is None:
+        raise WanjaxError(
+            "an Animate model needs the character image and a pose video (--image, --pose_video)"
+        )
+    mode = flags.mode or "animate"
+    check_inputs(
+        mode, flags.face_video is not None, flags.background_video is not None, flags.mask_video is not None
+    )
+    pipe.components.sources.check((*IMAGE_COMPONENTS, "vae"))
+    asked = request.video.frames
+    videos: list[list[Image.Image] | None] = []
+    for name in VIDEO_FLAGS:
+        path = getattr(flags, name)
+        if path is None:
+            videos.append(None)
+            continue
+        if not Path(path).is_file():
+            raise WanjaxError(f"--{name} {path}: file not found")
+        limit = (asked or ALL_FRAMES) if not videos else len(videos[0] or ())
+        try:
+            videos.append(video_frames(path, fps, limit))
+        except WanjaxError as e:
+            raise WanjaxError(f"--{name}: {e}") from None
+    pose = videos[0] or []
+    if asked is not None and len(pose) < asked:
+        raise WanjaxError(
+            f"--pose_video gives {len(pose)} frames at {fps:g} fps, fewer than the {asked} asked for "
+            f"(--frames): ask for {len(pose)} or fewer"
+        )
+    d = defaults_of(pipe)
+    length = flags.segment_frame_length or d.segment_frame_length
+    overlap = flags.prev_segment_conditioning_frames or d.prev_segment_conditioning_frames
+    try:
+        segments = Segments.of(len(pose), length, overlap, pipe.components.geometry.temporal)
+    except WanjaxError as e:
+        raise WanjaxError(f"--segment_frame_length/--prev_segment_conditioning_frames: {e}") from None
+    if init is not None:
+        check_init(pipe, request, init, segments)
+    return AnimateInputs(mode, tuple(videos), segments)
+
+
+def check_init(pipe: WanPipeline, request: GenerateRequest, init: np.ndarray, segments: Segments) -> None:
+    """``--init_latents``: the first segment's noise, a latent frame more than a segment's (the
+    reference's), at the video's size."""
+    geometry, d = pipe.components.geometry, defaults_of(pipe)
+    height, width = request.video.height or d.height, request.video.width or d.width
+    expected = geometry.latent_shape(init.shape[0], height, width, segments.length + geometry.temporal)
+    if tuple(init.shape) != expected:
+        raise WanjaxError(
+            f"--init_latents {tuple(init.shape)}: an Animate run's first segment at {width}x{height} takes "
+            f"{expected} (a segment's {segments.length} frames' latent frames and the reference's)"
+        )
+
+
+def animate_video(pipe: WanPipeline, request: GenerateRequest, inputs: AnimateInputs) -> dict[str, int]:
+    """The video's size (flags, else the model's) and frames (the pose video's)."""
+    d = defaults_of(pipe)
+    return {
+        "height": request.video.height or d.height,
+        "width": request.video.width or d.width,
+        "frames": inputs.segments.frames,
+    }
+
+
+def run_animate(
+    pipe: WanPipeline,
+    work: Any,
+    report: Callable[[str, int], None],
+) -> Video:
+    """A checked Animate ``generate`` (``work``: its :class:`~wanjax.jobs.generate.GenerateWork`)."""
+    inputs, params, video = work.animate, work.params, work.video
+    flags = work.request.animate
+    seed = params["seed"] if params["seed"] is not None else work.request.sampling.seed
+    options = RunOptions(
+        height=video["height"],
+        width=video["width"],
+        num_inference_steps=params["num_inference_steps"],
+        guidance_scale=params["guidance_scale"],
+        flow_shift=params["flow_shift"],
+        scheduler=params["scheduler"],
+        seed=seed,
+        cache=work.request.cache.config(),
+        fps=work.fps,
+        max_sequence_length=work.request.text.max_sequence_length,
+        mode=inputs.mode,
+        segment_frame_length=flags.segment_frame_length,
+        prev_segment_conditioning_frames=flags.prev_segment_conditioning_frames,
+    )
+    options = dataclasses.replace(options.filled(defaults_of(pipe)), num_frames=None)  # the videos' frames
+    report("encode", 0)
+    return animate(
+        pipe,
+        work.prompts,
+        [work.negative] * len(work.prompts),
+        options,
+        work.image,
+        *inputs.videos,
+        latents=work.init,
+        progress=False,
+        on_step=lambda done: report("denoise", done),
+    )

@@ -1,0 +1,341 @@
+"""Wan 2.2 Animate's run, as diffusers' ``WanAnimatePipeline``: a character image animated by a pose
+video and a face video (``mode="animate"``), or put in place of the person a mask marks in a
+background video (``mode="replace"``), in segments.
+
+The inputs are prepared as diffusers prepares them: the reference image fitted into the video's size
+on black (a Lanczos resize keeping its aspect, centred), VAE-encoded (the mode) with a 4-channel
+mask of ones; its CLIP states; the pose, face and background videos Lanczos-resized (the face to the
+motion encoder's square), the mask converted to gray after the resize, in ``[0, 1]``; each video
+reflected back and forth to the frames the segments cover. The video is made ``segment_frame_length``
+frames at a time, each segment starting ``segment_frame_length - prev_segment_conditioning_frames``
+frames after the last: its latents (one latent frame more than the segment's: the reference's first)
+are denoised reading the reference latents, the pose latents of its frames, its face frames, and the
+conditioning latents of a video whose first ``prev_segment_conditioning_frames`` frames are the
+previous segment's last decoded ones (the first segment: black, or the background's), the rest black
+(or the background), with a mask of ones on those frames (replace: also where the mask is black).
+Each segment's frames are decoded, the repeated ones dropped, and the video cut to the pose video's
+length. The first segment starts from the given ``latents``; each draws its noise from the seed
+(:meth:`~wanjax.pipeline.pipeline.WanPipeline.prepare_latents`, its segment's stream).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+from PIL import Image
+
+from wanjax.errors import WanjaxError
+from wanjax.models.dit import AnimateControl
+from wanjax.models.image_processor import ImageInput
+from wanjax.models.vae.postprocess import to_uint8
+from wanjax.parallel.layouts import to_host
+from wanjax.pipeline.conditioning import encode_video, open_image, video_frame
+from wanjax.pipeline.options import RunOptions
+from wanjax.pipeline.results import Video
+from wanjax.pipeline.video_input import VideoInput, video_frames
+from wanjax.sampling.guidance import ImageConditioning
+
+__all__ = [
+    "ALL_FRAMES",
+    "MODES",
+    "AnimateVideos",
+    "Segments",
+    "animate",
+    "check_inputs",
+    "pad_frames",
+    "reference_frame",
+]
+
+MODES = ("animate", "replace")
+PREV_SEGMENT_FRAMES = (1, 5)  # the conditioning frames diffusers allows
+ALL_FRAMES = sys.maxsize  # read a file to its end
+
+
+@dataclasses.dataclass(frozen=True)
+class Segments:
+    """How a video of ``frames`` frames is cut: segments of ``length`` frames, each starting ``step =
+    length - overlap`` frames after the last, ``count`` of them covering ``covered`` frames (the
+    inputs reflected up to that)."""
+
+    frames: int
+    length: int
+    overlap: int
+
+    @property
+    def step(self) -> int:
+        return self.length - self.overlap
+
+    @property
+    def count(self) -> int:
+        return self.covered // self.step
+
+    @property
+    def covered(self) -> int:
+        last = (self.frames - self.overlap) % self.step
+        return self.frames + (self.step - last if last else 0)
+
+    @classmethod
+    def of(cls, frames: int, length: int, overlap: int, temporal: int) -> Segments:
+        """diffusers' segmenting: ``length`` rounded down to ``temporal * n + 1``; WanjaxError for a
+        conditioning-frame count it refuses, or a segment no longer than it."""
+        if overlap not in PREV_SEGMENT_FRAMES:
+            raise WanjaxError(f"prev_segment_conditioning_frames must be 1 or 5, got {overlap}")
+        length = max(length // temporal * temporal + 1 if length % temporal != 1 else length, 1)
+        if length - overlap <= overlap:  # diffusers' segments would run past the covered frames
+            raise WanjaxError(
+                f"segment_frame_length {length} must be more than twice prev_segment_conditioning_frames "
+                f"{overlap}"
+            )
+        if frames <= overlap:
+            raise WanjaxError(f"the pose video needs more than {overlap} frames, got {frames}")
+        return cls(frames, length, overlap)
+
+
+def pad_frames(frames: Sequence[Any], count: int) -> list[Any]:
+    """diffusers' ``pad_video_frames``: ``frames`` to ``count``, reflected back and forth
+    (``[1, 2, 3] -> [1, 2, 3, 2, 1, 2, ...]``)."""
+    index, backwards, out = 0, False, []
+    while len(out) < count:
+        out.append(frames[index])
+        index += -1 if backwards else 1
+        if index == 0 or index == len(frames) - 1:
+            backwards = not backwards
+    return out
+
+
+def reference_frame(image: Image.Image, height: int, width: int) -> np.ndarray:
+    """``WanAnimateImageProcessor`` (``resize_mode="fill"``, fill 0): the image resized to fit ``width x
+    height`` keeping its aspect, centred on black, as ``[3, H, W]`` in [-1, 1]. A Lanczos resize:
+    diffusers asks for bilinear, but the processor's base class registers its config again with
+    its own default, Lanczos, which is what runs."""
+    image = image.convert("RGB")
+    ratio, src_ratio = width / height, image.width / image.height
+    src_w = width if ratio < src_ratio else image.width * height // image.height
+    src_h = height if ratio >= src_ratio else image.height * width // image.width
+    resized = image.resize((src_w, src_h), resample=Image.Resampling.LANCZOS)
+    canvas = Image.new("RGB", (width, height), color=0)
+    canvas.paste(resized, box=(width // 2 - src_w // 2, height // 2 - src_h // 2))
+    pixels = np.asarray(canvas).astype(np.float32) / np.float32(255.0)
+    return (np.float32(2.0) * pixels - np.float32(1.0)).transpose(2, 0, 1)
+
+
+def mask_frame(image: Image.Image, height: int, width: int) -> np.ndarray:
+    """diffusers' mask processor: Lanczos-resized to ``width x height``, then gray, in [0, 1], ``[1, H, W]``."""
+    resized = image.resize((width, height), resample=Image.Resampling.LANCZOS).convert("L")
+    return (np.asarray(resized).astype(np.float32) / np.float32(255.0))[None]
+
+
+@dataclasses.dataclass(frozen=True)
+class AnimateVideos:
+    """The prepared pixels (float32, channels first, time second): the pose ``[3, N, H, W]`` and face
+    ``[3, N, s, s]`` videos, replace mode's background ``[3, N, H, W]`` and mask ``[1, N, H, W]``
+    (``N``: the frames the segments cover), and the reference frame ``[3, H, W]``."""
+
+    segments: Segments
+    reference: np.ndarray
+    pose: np.ndarray
+    face: np.ndarray
+    background: np.ndarray | None = None
+    mask: np.ndarray | None = None
+
+
+def check_inputs(mode: str, face: bool, background: bool, mask: bool) -> None:
+    """WanjaxError naming an input the mode needs and was not given (or one it does not take)."""
+    if mode not in MODES:
+        raise WanjaxError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if not face:
+        raise WanjaxError("an Animate model needs a face video (--face_video) beside the pose video")
+    if mode == "replace" and not (background and mask):
+        raise WanjaxError(
+            "replace mode needs a background video and a mask video (--background_video, --mask_video)"
+        )
+    if mode == "animate" and (background or mask):
+        raise WanjaxError("a background and a mask video are for replace mode (--mode replace)")
+
+
+def read_inputs(
+    pose_video: VideoInput,
+    face_video: VideoInput | None,
+    background_video: VideoInput | None,
+    mask_video: VideoInput | None,
+    mode: str,
+    num_frames: int | None,
+    fps: float,
+) -> tuple[list[Image.Image] | None, ...]:
+    """The frames of each input (a file read at ``fps``, images or uint8 frames): the pose video's
+    first ``num_frames`` (all, left out), as many of the others; WanjaxError naming a missing input
+    or a short pose video."""
+    check_inputs(mode, face_video is not None, background_video is not None, mask_video is not None)
+    pose = video_frames(pose_video, fps, ALL_FRAMES if num_frames is None else num_frames)
+    if num_frames is not None and len(pose) < num_frames:
+        raise WanjaxError(
+            f"the pose video gives {len(pose)} frames at {fps:g} fps, fewer than the {num_frames} asked for"
+        )
+    others = (face_video, background_video, mask_video)
+    return (pose, *(None if v is None else video_frames(v, fps, len(pose)) for v in others))
+
+
+def prepare_videos(
+    image: Image.Image,
+    frames: tuple[list[Image.Image], ...],
+    height: int,
+    width: int,
+    face_size: int,
+    segments: Segments,
+) -> AnimateVideos:
+    """The inputs' pixels as diffusers prepares them (see the module docstring)."""
+    pose, face, background, mask = (None if f is None else pad_frames(f, segments.covered) for f in frames)
+
+    def stacked(
+        frames: list[Image.Image], h: int, w: int, frame: Callable[..., np.ndarray] = video_frame
+    ) -> np.ndarray:
+        return np.stack([frame(f, h, w) for f in frames], axis=1)
+
+    return AnimateVideos(
+        segments,
+        reference_frame(image, height, width),
+        stacked(pose, height, width),
+        stacked(face, face_size, face_size),
+        None if background is None else stacked(background, height, width),
+        None if mask is None else stacked(mask, height, width, mask_frame),
+    )
+
+
+def _fold_mask(mask: np.ndarray, temporal: int) -> np.ndarray:
+    """diffusers' ``get_i2v_mask`` layout: ``(B, 1, T, h, w)`` (the first frame repeated ``temporal``
+    times) -> ``(B, temporal, T', h, w)``."""
+    b, _, _, h, w = mask.shape
+    mask = np.concatenate([np.repeat(mask[:, :, :1], temporal, axis=2), mask[:, :, 1:]], axis=2)
+    return mask.reshape(b, -1, temporal, h, w).transpose(0, 2, 1, 3, 4)
+
+
+def _nearest(mask: np.ndarray, h: int, w: int) -> np.ndarray:
+    """torch's ``interpolate(mode="nearest")`` of ``(..., H, W)`` to ``(..., h, w)``."""
+    rows = np.minimum(np.floor(np.arange(h) * np.float32(mask.shape[-2] / h)).astype(int), mask.shape[-2] - 1)
+    cols = np.minimum(np.floor(np.arange(w) * np.float32(mask.shape[-1] / w)).astype(int), mask.shape[-1] - 1)
+    return mask[..., rows[:, None], cols[None, :]]
+
+
+def segment_conditioning(
+    encode: Callable[[np.ndarray], np.ndarray],
+    videos: AnimateVideos,
+    start: int,
+    previous: np.ndarray | None,
+    temporal: int,
+) -> np.ndarray:
+    """diffusers' ``prepare_prev_segment_cond_latents``: ``(B, temporal + z, T', h, w)`` for the segment
+    starting at ``start`` (``previous``: the last segment's decoded frames ``(B, 3, S, H, W)``)."""
+    s = videos.segments
+    end = start + s.length
+    _, height, width = videos.reference.shape
+    if previous is not None:
+        first = previous[:, :, -s.overlap :]
+    elif videos.background is not None:
+        first = videos.background[None, :, start : start + s.overlap]
+    else:
+        first = np.zeros((1, 3, s.overlap, height, width), np.float32)
+    if videos.background is not None:
+        rest = np.broadcast_to(
+            videos.background[None, :, start + s.overlap : end], (first.shape[0], 3, s.step, height, width)
+        )
+    else:
+        rest = np.zeros((first.shape[0], 3, s.step, height, width), np.float32)
+    latents = encode(np.concatenate([first, rest], axis=2).astype(np.float32))
+    b, _, _, h, w = latents.shape
+    if videos.mask is not None:
+        mask = _nearest(1 - videos.mask[None, :, start:end], h, w).astype(np.float32)
+    else:
+        mask = np.zeros((1, 1, s.length, h, w), np.float32)
+    mask = mask.copy()
+    mask[:, :, : s.overlap if start > 0 else 0] = 1
+    mask = np.broadcast_to(_fold_mask(mask, temporal), (b, temporal, *latents.shape[2:]))
+    return np.concatenate([mask, latents], axis=1)
+
+
+def animate(
+    pipe: Any,  # a WanPipeline of an Animate model (the pipeline module imports this one)
+    prompt: str | Sequence[str],
+    negative_prompt: str | Sequence[str] | None,
+    o: RunOptions,
+    image: ImageInput,
+    pose_video: VideoInput,
+    face_video: VideoInput | None,
+    background_video: VideoInput | None = None,
+    mask_video: VideoInput | None = None,
+    latents: Any = None,
+    progress: bool = True,
+    on_step: Callable[[int], None] | None = None,
+) -> Video:
+    """An Animate model's run (see the module docstring); ``o`` filled with the model's defaults.
+    Returns the frames ``uint8 [B, N, H, W, 3]`` (``N``: the pose video's frames) and the last
+    segment's denoising."""
+    parts = pipe.components
+    cfg, temporal = parts.transformer_config, parts.geometry.temporal
+    mode = o.mode or MODES[0]
+    frames = read_inputs(pose_video, face_video, background_video, mask_video, mode, o.num_frames, o.fps)
+    segments = Segments.of(
+        len(frames[0]), o.segment_frame_length, o.prev_segment_conditioning_frames, temporal
+    )
+    image = open_image(image)
+    height, width = o.height or parts.defaults.height, o.width or parts.defaults.width
+    parts.geometry.check(height, width, segments.length)
+    parts.timings.clear()
+    pos, neg = pipe.encode_prompt(prompt, negative_prompt, o.max_sequence_length)
+    batch = pos.shape[0]
+    shape = parts.geometry.latent_shape(batch, height, width, segments.length + temporal)
+    if latents is not None and tuple(latents.shape) != shape:
+        raise WanjaxError(
+            f"latents {tuple(latents.shape)} do not match {batch} prompt(s) at {width}x{height} in segments of "
+            f"{segments.length} frames (expected {shape}: a latent frame more, the reference's)"
+        )
+    assert cfg.motion_encoder_size is not None
+    videos = prepare_videos(image, frames, height, width, cfg.motion_encoder_size, segments)
+    parts.enter("encode")
+    vae, place = parts.vae, parts.video_placement()
+    with parts.stage_timing("encode").running():
+        states = parts.image_encoder.encode_images([image])
+        reference = encode_video(vae, videos.reference[None, :, None], place)
+        ones = np.ones((1, temporal, *reference.shape[2:]), np.float32)
+        reference = np.concatenate([ones, reference], axis=1)
+
+    def encode(video: np.ndarray) -> np.ndarray:
+        parts.enter("encode")
+        with parts.stage_timing("encode").running():
+            return encode_video(vae, video, place)
+
+    outputs, previous, denoised = [], None, None
+    run = RunOptions.of(o, {"height": height, "width": width})
+    for k in range(segments.count):
+        start = k * segments.step
+        window = slice(start, start + segments.length)
+        noise = (
+            latents
+            if k == 0 and latents is not None
+            else pipe.prepare_latents(batch, height, width, segments.length + temporal, run.seed, segment=k)
+        )
+        pose = encode(videos.pose[None, :, window])
+        cond = segment_conditioning(encode, videos, start, previous, temporal)
+        cond = np.concatenate(
+            [np.broadcast_to(reference, (cond.shape[0], *reference.shape[1:])), cond], axis=2
+        )
+        motion = AnimateControl(jnp.asarray(pose), jnp.asarray(videos.face[None, :, window]))
+        conditioning = ImageConditioning(jnp.asarray(cond[:1]), states, motion=motion).repeat(batch)
+        if cond.shape[0] > 1:  # each video's own previous frames
+            conditioning = dataclasses.replace(conditioning, latents=jnp.asarray(cond))
+        denoised = pipe.denoise(
+            pos, neg, noise, options=run, image=conditioning, on_step=on_step, progress=progress
+        )
+        parts.enter("decode")
+        with parts.stage_timing("decode").running():
+            vae_latents = vae.denormalize_latents(denoised.latents[:, :, 1:])
+            previous = to_host(vae.decode(place(np.asarray(vae_latents)))).astype(np.float32)
+        outputs.append(previous if k == 0 else previous[:, :, segments.overlap :])
+    video = np.concatenate(outputs, axis=2)[:, :, : segments.frames]
+    frames_out = to_host(to_uint8(jnp.asarray(video).transpose(0, 2, 3, 4, 1)))
+    assert denoised is not None
+    return Video(frames_out, denoised, pipe.timings_so_far())
