@@ -33,7 +33,14 @@ from wanjax.models.dit_embed import patchify
 from wanjax.models.layers import Params, layer_norm, linear, matmul, rms_norm, silu
 from wanjax.models.settings import RunSettings
 
-__all__ = ["AnimateControl", "embed_pose", "face_adapter", "face_tokens", "motion_vectors"]
+__all__ = [
+    "AnimateControl",
+    "abstract_control",
+    "embed_pose",
+    "face_adapter",
+    "face_tokens",
+    "motion_vectors",
+]
 
 BLUR = (1.0, 3.0, 3.0, 1.0)  # the residual blocks' anti-aliasing FIR filter (upfirdn2d's)
 LEAKY_SLOPE, LEAKY_GAIN = 0.2, math.sqrt(2.0)  # FusedLeakyReLU
@@ -46,6 +53,16 @@ class AnimateControl(NamedTuple):
 
     pose_latents: jax.Array
     face_pixels: jax.Array
+
+
+def abstract_control(cfg: TransformerConfig, frames: int, grid: tuple[int, int, int]) -> AnimateControl:
+    """An Animate step's pose latents (a ``(T, H, W)`` latent ``grid``) and ``frames`` face frames, as
+    shapes (to compile for a target)."""
+    size = cfg.motion_encoder_size
+    return AnimateControl(
+        jax.ShapeDtypeStruct((1, cfg.pose_channels, *grid), jnp.float32),
+        jax.ShapeDtypeStruct((1, 3, frames, size, size), jnp.float32),
+    )
 
 
 def check_control(cfg: TransformerConfig, latents_shape: tuple[int, ...], control: AnimateControl) -> None:

@@ -36,7 +36,7 @@ from wanjax.io.quant import abstract_quantized_params
 from wanjax.io.quantizable import KEPT_GGUF
 from wanjax.kernels.attention import AttentionShape, AttentionSpec, attention, resolve_backend
 from wanjax.models import clip_vision, dit, umt5, vae
-from wanjax.models.animate import AnimateControl
+from wanjax.models.animate import abstract_control
 from wanjax.models.config import parse_dtype
 from wanjax.models.defaults import TEXT_LENGTH
 from wanjax.models.offload import HOST_KINDS, memory_kind, offload_sharding, parse_offload, program_memory
@@ -460,7 +460,9 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
             step_t = geometry_t + 1 if tcfg.animate else geometry_t
             condition = jax.ShapeDtypeStruct((1, tcfg.condition_channels, step_t, h, w), jnp.float32)
             image = ImageConditioning(
-                condition, states, motion=_animate_motion(tcfg, run.frames, (geometry_t, h, w))
+                condition,
+                states,
+                motion=abstract_control(tcfg, run.frames, (geometry_t, h, w)) if tcfg.animate else None,
             )
 
     int8 = int8_matmuls(run.activations_dtype, run.weights_dtype, target)
@@ -506,17 +508,6 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
         "xla",
         weights_per_chip(like["decoder"]),
         vae_decode_flops(v.vae, latents_shape, autoencoder.numerics, autoencoder.frames_per_step).total,
-    )
-
-
-def _animate_motion(cfg: Any, frames: int, grid: tuple[int, int, int]) -> AnimateControl | None:
-    """An Animate step's pose latents and face frames, abstract (None for another model)."""
-    if not cfg.animate:
-        return None
-    size = cfg.motion_encoder_size
-    return AnimateControl(
-        jax.ShapeDtypeStruct((1, cfg.pose_channels, *grid), jnp.float32),
-        jax.ShapeDtypeStruct((1, 3, frames, size, size), jnp.float32),
     )
 
 
