@@ -5,6 +5,7 @@ without one, and jobs of one LoRA set run back to back."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -30,13 +31,14 @@ def _sheet(server: Server, job_id: str, path) -> np.ndarray:
     return np.asarray(Image.open(path))
 
 
-def _generate_sheet(tmp_path, name: str, prompt: str, *loras: str) -> np.ndarray:
-    """``wanjax generate`` of the job's values in a new process; its contact sheet."""
+def _generate_sheet(tmp_path, name: str, prompt: str, *loras: str, flags: tuple[str, ...] = ()) -> np.ndarray:
+    """``wanjax generate`` of the job's values (and the server's start ``flags``) in a new process; its
+    contact sheet."""
     sheet = tmp_path / f"cli_{name}.png"
     command = [sys.executable, "-m", "wanjax.cli", "generate", "--model", "demo", "--prompt", prompt]
     command += ["--num_inference_steps", "3", "--seed", "5", "--preview", str(sheet)]
     command += SMALL_GENERATE  # the jobs' small videos: what the test compares is their weights
-    command += ["--output_video", str(tmp_path / f"cli_{name}.mp4")]
+    command += ["--output_video", str(tmp_path / f"cli_{name}.mp4"), *flags]
     for value in loras:
         command += ["--lora", value]
     assert subprocess.run(command, stdin=subprocess.DEVNULL, check=False).returncode == 0
@@ -104,3 +106,35 @@ def test_jobs_with_their_own_loras_equal_generate_and_run_grouped(demo_env, tmp_
     for name, sheet in sheets.items():
         np.testing.assert_array_equal(sheet, expected[name], err_msg=name)  # the very frames
     assert not np.array_equal(sheets["a"], sheets["plain"]) and not np.array_equal(sheets["a"], sheets["b"])
+
+
+@pytest.mark.slow
+def test_a_w8a8_server_merges_a_jobs_lora_into_its_int8_weights_as_generate_does(demo_env, tmp_path):
+    """``--weights_dtype int8 --activations_dtype int8``: a job's LoRA merged into the int8 kernels
+    the blocks multiply as W8A8, the video ``wanjax generate`` makes with the same flags and LoRA; the
+    next job without one runs on the base weights again."""
+    cfg = WanPipeline.from_pretrained("demo").components.transformer_config
+    folder = tmp_path / "loras"
+    folder.mkdir()
+    diffusers_lora_for(cfg, folder / "style_a.safetensors", seed=0)
+    w8a8 = ("--weights_dtype", "int8", "--activations_dtype", "int8")
+    server = Server(tmp_path / "out", *w8a8, "--lora_dir", str(folder), env={"WANJAX_CACHE": str(demo_env)})
+    server.start()
+    try:
+        common = {"num_inference_steps": 3, "seed": 5, **SMALL_JOB}
+        a = server.wait(
+            server.submit(prompt=PROMPT, lora=[{"name": "style_a", "scale": 0.8}], **common)["id"]
+        )
+        plain = server.wait(server.submit(prompt=PROMPT, **common)["id"])
+        sheets = {
+            name: _sheet(server, job["id"], tmp_path / f"{name}.png")
+            for name, job in (("a", a), ("plain", plain))
+        }
+    finally:
+        assert server.stop() == TERMINATED, server.stderr
+    record = json.loads((tmp_path / "out" / "videos" / f"{a['id']}.json").read_text())
+    assert record["activations_dtype"] == "int8"  # the blocks multiplied int8 x int8
+    lora = f"{folder / 'style_a'}.safetensors:0.8"
+    np.testing.assert_array_equal(sheets["a"], _generate_sheet(tmp_path, "a", PROMPT, lora, flags=w8a8))
+    np.testing.assert_array_equal(sheets["plain"], _generate_sheet(tmp_path, "plain", PROMPT, flags=w8a8))
+    assert not np.array_equal(sheets["a"], sheets["plain"])
