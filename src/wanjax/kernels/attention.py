@@ -39,6 +39,7 @@ import jax.numpy as jnp
 
 from wanjax.errors import ConfigError
 from wanjax.kernels import tuning
+from wanjax.kernels.block_mask import BlockMask
 from wanjax.kernels.common import AttentionProblem, AttentionShape, InterpretModeWarning, Platform
 from wanjax.kernels.cudnn import cudnn_attention, cudnn_limit
 from wanjax.kernels.precision import Precision
@@ -77,7 +78,11 @@ class AttentionSpec:
     device kind, else that kind's ``tuning.default_blocks``. ``k_smooth`` subtracts the mean key over
     the sequence first (exact: it shifts each query's scores by a constant). ``window_size`` limits
     self-attention (``Lq == Lk``) to keys ``|i - j| <= window_size``; cross-attention stays global.
-    ``tune_file`` overrides the cache's location.
+    ``tune_file`` overrides the cache's location. ``block_mask``: a block-sparse self-attention mask
+    (:class:`~wanjax.kernels.block_mask.BlockMask`, e.g. radial attention's): every call with this
+    spec is self-attention over its length (the caller passes it for self-attention only); ``xla``
+    computes the kept key blocks only, the splash kernels skip the empty blocks, ``cudnn`` (which
+    cannot take it) runs the ``xla`` form.
     """
 
     backend: str = "auto"
@@ -88,6 +93,7 @@ class AttentionSpec:
     k_smooth: bool = False
     window_size: int | None = None
     tune_file: str | None = None
+    block_mask: BlockMask | None = None
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -96,6 +102,10 @@ class AttentionSpec:
             )
         if self.window_size is not None and self.window_size < 0:
             raise ConfigError(f"attention window_size must be >= 0, got {self.window_size}")
+        if self.window_size is not None and self.block_mask is not None:
+            raise ConfigError(
+                "a local window (--window_size) and sparse attention cannot be combined; use one"
+            )
 
     def blocks(self, key: str) -> tuning.Blocks:
         """The four kernel blocks: the ones given, the rest from the tune cache or the defaults."""
@@ -222,7 +232,10 @@ def attention(
     with jax.named_scope(shape.label(name)):
         if spec.k_smooth:
             k = smooth_keys(k)
-        if name == "xla":
+        mask = spec.block_mask
+        if mask is not None:
+            _check_mask(mask, q, k)
+        if name == "xla" or (name == "cudnn" and mask is not None):
             per_head = current_target().platform == "cpu" if per_head is None else per_head
             return xla_attention(
                 q,
@@ -235,6 +248,7 @@ def attention(
                 dense_limit=dense_limit,
                 per_head=per_head,
                 precision=precision,
+                block_mask=mask,
             )
         if name == "cudnn":
             return cudnn_attention(q, k, v, scale=scale)
@@ -244,7 +258,15 @@ def attention(
             from wanjax.kernels.splash import splash_attention as kernel
         else:
             from wanjax.kernels.splash_exp2 import splash_exp2_attention as kernel
-        return kernel(AttentionProblem(q, k, v, scale, blocks, shape.window))
+        return kernel(AttentionProblem(q, k, v, scale, blocks, shape.window, mask))
+
+
+def _check_mask(mask: BlockMask, q: jax.Array, k: jax.Array) -> None:
+    if k.shape[1] != mask.length or mask.q_offset + q.shape[1] > mask.length:
+        raise ValueError(
+            f"a block mask of {mask.length} tokens (queries from {mask.q_offset}) cannot apply to "
+            f"{q.shape[1]} queries and {k.shape[1]} keys: pass it for self-attention only"
+        )
 
 
 def smooth_keys(k: jax.Array) -> jax.Array:

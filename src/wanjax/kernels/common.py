@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -83,7 +83,8 @@ def fit_blocks(
 
 class AttentionProblem(NamedTuple):
     """A TPU kernel's inputs: ``(B, L, H, D)`` arrays, the score scale, the four block sizes
-    ``(bq, bkv, bkv_compute, bkv_compute_in)`` and an optional local window."""
+    ``(bq, bkv, bkv_compute, bkv_compute_in)``, an optional local window and an optional block mask
+    (a :class:`~wanjax.kernels.block_mask.BlockMask`)."""
 
     q: jax.Array
     k: jax.Array
@@ -91,6 +92,7 @@ class AttentionProblem(NamedTuple):
     scale: float
     blocks: tuple[int, int, int, int]
     window_size: int | None = None
+    block_mask: Any = None
 
 
 class Padding(NamedTuple):

@@ -19,6 +19,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from wanjax.kernels.block_mask import BlockMask
 from wanjax.kernels.common import MASK_VALUE
 from wanjax.kernels.precision import Precision, lax_precision
 
@@ -37,8 +38,11 @@ def xla_attention(
     dense_limit: int = DENSE_LIMIT,
     per_head: bool = False,
     precision: Precision = "highest",
+    block_mask: BlockMask | None = None,
 ) -> jax.Array:
-    """``softmax(q k^T * scale) v`` over ``(B, L, H, D)`` arrays; ``window_size``: keys ``|i - j| <= w``."""
+    """``softmax(q k^T * scale) v`` over ``(B, L, H, D)`` arrays; ``window_size``: keys ``|i - j| <= w``;
+    ``block_mask``: block-sparse self-attention (:mod:`wanjax.kernels.xla_sparse`, key chunks of
+    ``block_k`` tokens), whatever the length."""
     batch, q_len, heads, _ = q.shape
 
     def to_head_major(x: jax.Array) -> jax.Array:  # (B, L, H, D) -> (B*H, L, D)
@@ -46,6 +50,10 @@ def xla_attention(
 
     def attend(qkv: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
         q, k, v = qkv
+        if block_mask is not None:
+            from wanjax.kernels.xla_sparse import block_sparse
+
+            return block_sparse(q, k, v, scale, block_mask, block_k // block_mask.block, precision)
         if math.prod(q.shape[:-1]) * k.shape[-2] <= dense_limit:
             return _dense(q, k, v, scale, window_size, precision)
         return _blockwise(
