@@ -17,7 +17,7 @@ from wanjax.kernels.radial import AUTHORS_COMMIT, radial_block_mask
 # ---- the authors' code (radial_attn/attn_mask.py @ 72788d4) -------------------------------------
 
 
-def shrinkMaskStrict(mask, block_size=128):  # noqa: N802 (the authors' name)
+def shrinkMaskStrict(mask, block_size=128):
     seqlen = mask.shape[0]
     block_num = seqlen // block_size
     mask = mask[: block_num * block_size, : block_num * block_size].view(

@@ -79,6 +79,15 @@ class BlockMask:
         valid = np.arange(k_len) < self.length
         return self.table[self.rows(q_len)][:, np.minimum(cols, self.table.shape[1] - 1)] & valid
 
+    def coarse(self, q_len: int, k_len: int) -> np.ndarray:
+        """The table over ``q_len`` local queries (a multiple of ``block``, starting on a block
+        boundary) and ``k_len`` keys in blocks: ``(q_len / block, k_len / block)``, keys past the
+        length masked, queries past the end as the last row."""
+        rows = self.rows(q_len)[:: self.block]
+        starts = np.arange(0, k_len, self.block)
+        cols = np.minimum(starts // self.block, self.table.shape[1] - 1)
+        return self.table[rows][:, cols] & (starts < self.length)[None, :]
+
     def kept_blocks(self, q_len: int, q_block: int) -> tuple[np.ndarray, np.ndarray]:
         """``(indices, counts)`` for local query blocks of ``q_block`` tokens: the key blocks any of
         the block's queries sees, ascending, padded with the last kept index to the largest count

@@ -20,11 +20,17 @@ cached by its arguments. ``tests/test_radial_mask.py`` compares it with the auth
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
 
-__all__ = ["AUTHORS_COMMIT", "MASK_BLOCK", "radial_block_mask"]
+from wanjax.errors import ConfigError
+from wanjax.kernels.block_mask import BlockMask
+
+__all__ = ["AUTHORS_COMMIT", "MASK_BLOCK", "SPARSE_ATTENTION", "RadialAttention", "radial_block_mask"]
+
+SPARSE_ATTENTION = ("off", "radial")  # --sparse_attention's choices
 
 AUTHORS_COMMIT = "mit-han-lab/radial-attention@72788d4"
 MASK_BLOCK = 128  # the authors' block size for Wan (``RadialAttention(..., block_size=128)``)
@@ -103,3 +109,49 @@ def radial_block_mask(
 
 
 _shrunk_band_cached = functools.lru_cache(maxsize=4096)(_shrunk_band)
+
+
+@dataclasses.dataclass(frozen=True)
+class RadialAttention:
+    """Radial attention's settings, by the authors' names (``WanSparseAttnProcessor``): steps
+    ``i < dense_timestep`` and blocks ``< dense_block`` run dense attention, the others the radial
+    mask of ``decay_factor`` (their processor's default 1.0; their Wan script runs 0.2 with 12 dense
+    steps and 1 dense block)."""
+
+    decay_factor: float = 1.0
+    dense_timestep: int = 0
+    dense_block: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.decay_factor > 0:
+            raise ConfigError(f"--sparse_option decay_factor must be > 0, got {self.decay_factor}")
+        for name in ("dense_timestep", "dense_block"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--sparse_option {name} must be >= 0, got {getattr(self, name)}")
+
+    @classmethod
+    def of(cls, options: dict[str, str]) -> RadialAttention:
+        """From ``--sparse_option NAME=VALUE`` texts (ConfigError naming an unknown name or a bad value)."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, float | int] = {}
+        for name, text in options.items():
+            if name not in fields:
+                raise ConfigError(
+                    f"unknown --sparse_option {name!r} for radial attention; valid: {', '.join(fields)}"
+                )
+            kind = float if name == "decay_factor" else int
+            try:
+                values[name] = kind(text)
+            except ValueError:
+                raise ConfigError(f"--sparse_option {name}={text!r}: not a {kind.__name__}") from None
+        return cls(**values)
+
+    def sparse_step(self, step: int) -> bool:
+        """Whether step ``step`` (0-based, of the whole schedule) runs sparse."""
+        return step >= self.dense_timestep
+
+    def block_mask(self, grid: tuple[int, int, int]) -> BlockMask:
+        """The self-attention mask of a ``(frames, height, width)`` token grid (frame-major tokens)."""
+        frames, height, width = grid
+        table = radial_block_mask(frames, height * width, float(self.decay_factor))
+        return BlockMask(table, MASK_BLOCK, frames * height * width)

@@ -103,9 +103,7 @@ def _masked_call(mask, qh, kh, vh, grid, kernel_args, q_len: int, k_len: int, di
         )
     _, nq, nk = grid
     q_pad, k_pad = nq * bq, nk * bkv
-    elements = mask.elements(q_pad, k_pad)  # padded queries: the last local one's row
-    elements[q_len:] = elements[q_len - 1]
-    table = elements[::MASK_BLOCK, ::MASK_BLOCK].astype(np.float32).T  # (k blocks, q blocks)
+    table = mask.coarse(q_pad, k_pad).astype(np.float32).T  # (k blocks, q blocks)
     rows, cols = bkv // MASK_BLOCK, bq // MASK_BLOCK
     rows_pad, cols_pad = round_up(rows, SUBLANES), round_up(cols, MASK_BLOCK)
     tiles = np.zeros((nq, nk, rows_pad, cols_pad), np.float32)

@@ -29,6 +29,7 @@ from jax.sharding import Mesh
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import ShardingFn
 from wanjax.kernels.attention import AttentionSpec, attention
+from wanjax.kernels.block_mask import BlockMask
 from wanjax.kernels.common import AttentionShape
 from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models import lora
@@ -61,14 +62,20 @@ from wanjax.parallel.rules import param_sharding
 Attend = Callable[..., jax.Array]  # (q, k, v, *, self_attention) -> out, all (B, L, H, D)
 
 
-def _attend_fn(settings: RunSettings, layout: TokenLayout | None) -> Attend:
-    """The attention function: local without a mesh, else sharded over it as ``layout`` says."""
-    if layout is None:
-        return lambda q, k, v, self_attention: attention(
-            q, k, v, backend=settings.attention, precision=settings.precision
-        )
+def _attend_fn(settings: RunSettings, layout: TokenLayout | None, mask: BlockMask | None = None) -> Attend:
+    """The attention function: local without a mesh, else sharded over it as ``layout`` says;
+    ``mask``: self-attention's block mask (cross-attention stays dense)."""
+    spec = (
+        settings.attention
+        if isinstance(settings.attention, AttentionSpec)
+        else AttentionSpec(settings.attention)
+    )
+    masked = spec if mask is None else dataclasses.replace(spec, block_mask=mask)
 
     def attend(q: jax.Array, k: jax.Array, v: jax.Array, self_attention: bool) -> jax.Array:
+        backend = masked if self_attention else spec
+        if layout is None:
+            return attention(q, k, v, backend=backend, precision=settings.precision)
         return sharded_attention(
             q,
             k,
@@ -76,7 +83,7 @@ def _attend_fn(settings: RunSettings, layout: TokenLayout | None) -> Attend:
             mesh=settings.mesh,
             layout=layout,
             self_attention=self_attention,
-            backend=settings.attention,
+            backend=backend,
             precision=settings.precision,
         )
 
@@ -178,9 +185,20 @@ def run_blocks(
     """Blocks ``start .. stop-1`` (default: all) on the tokens ``x (B, L, D)``, pinned to the token
     layout at every block boundary under the settings' mesh; ``offload="blocks"`` streams their weights.
     With a VACE model's hints in ``cond``, each vace layer's block is followed by ``x + scale * hint``
-    (in float32), as diffusers' ``WanVACETransformer3DModel``."""
+    (in float32), as diffusers' ``WanVACETransformer3DModel``. Under ``settings.sparse`` the blocks
+    before its ``dense_block`` run dense (today's program), the rest radial self-attention."""
+    sparse, mask = settings.sparse, None
+    if sparse is not None:
+        end = cfg.num_layers if stop is None else stop
+        split = min(max(sparse.dense_block, start), end)
+        settings = dataclasses.replace(settings, sparse=None)
+        if split > start:
+            x = run_blocks(params, cfg, x, cond, start, split, settings=settings)
+        if split == end:
+            return x
+        start, mask = split, sparse.block_mask(cond.grid)
     layout, pin = token_pins(settings.mesh, x.shape[0], math.prod(cond.grid), cfg.num_attention_heads)
-    attend, precision = _attend_fn(settings, layout), settings.precision
+    attend, precision = _attend_fn(settings, layout, mask), settings.precision
     hinted = cond.hints is not None
     layers: Params = {"block": params["blocks"]}
     if hinted:  # per layer: which hint follows it and its scale (0 where none does)

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from wanjax.kernels.radial import RadialAttention
 from wanjax.models.defaults import TEXT_LENGTH, Defaults
 from wanjax.sampling.cache.step_cache import CacheConfig
 
@@ -26,7 +27,8 @@ class RunOptions:
     ``boundary_ratio`` in place of the checkpoint's. ``cache``: a step-cache policy
     (:class:`~wanjax.sampling.cache.step_cache.CacheConfig`). Video to video: ``strength`` (the last
     ``int(steps * strength)`` steps run), ``fps`` (a video file's read rate). A VACE model:
-    ``conditioning_scale`` (the control's weight, one or one per vace layer)."""
+    ``conditioning_scale`` (the control's weight, one or one per vace layer). ``sparse_attention``:
+    radial attention (:class:`~wanjax.kernels.radial.RadialAttention`; None: dense)."""
 
     height: int | None = None
     width: int | None = None
@@ -43,6 +45,7 @@ class RunOptions:
     fps: float | None = None
     conditioning_scale: float | Sequence[float] | None = None
     max_sequence_length: int = TEXT_LENGTH
+    sparse_attention: RadialAttention | None = None
 
     @classmethod
     def of(cls, options: RunOptions | None, values: dict[str, Any]) -> RunOptions:

@@ -1,0 +1,76 @@
+"""Radial attention in a run: dense steps run today's program; sparse runs on a mesh equal one device."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+from wanjax.errors import ConfigError
+from wanjax.jobs.groups import AttentionFlags
+from wanjax.kernels.radial import RadialAttention, radial_block_mask
+from wanjax.pipeline.pipeline import WanPipeline
+
+# 33 frames at 128x256: 9 latent frames of 8x16 = 128 tokens (1,152 tokens, 9 blocks of 128), where
+# the radial mask (decay 0.2) keeps 68% of the blocks.
+SIZE = dict(height=128, width=256, num_frames=33)
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def demo(demo_env):
+    pipe = WanPipeline.from_pretrained("demo", "float32", jax_cache_dir=False)
+    text = jax.random.normal(jax.random.key(0), (1, 8, pipe.transformer.cfg.text_dim))
+    noise = pipe.prepare_latents(1, SIZE["height"], SIZE["width"], SIZE["num_frames"], seed=0)
+    return pipe, text, noise
+
+
+def denoise(pipe, text, noise, sparse):
+    return pipe.denoise(
+        text, text * 0.5, noise, num_inference_steps=STEPS, progress=False, sparse_attention=sparse
+    )
+
+
+def test_the_grid_is_sparse():
+    assert radial_block_mask(9, 128, 0.2).mean() < 0.7
+
+
+@pytest.mark.slow
+def test_dense_steps_equal_the_dense_run_bit_for_bit(demo):
+    pipe, text, noise = demo
+    dense = denoise(pipe, text, noise, None)
+    covered = denoise(pipe, text, noise, RadialAttention(0.2, dense_timestep=STEPS))
+    assert covered.sparse_steps == ()
+    np.testing.assert_array_equal(np.asarray(covered.latents), np.asarray(dense.latents))
+    sparse = denoise(pipe, text, noise, RadialAttention(0.2, dense_timestep=1, dense_block=1))
+    assert sparse.sparse_steps == (1, 2)
+    assert np.isfinite(np.asarray(sparse.latents)).all()
+    assert not np.array_equal(np.asarray(sparse.latents), np.asarray(dense.latents))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", ["dp=1,sp=8,tp=1", "dp=2,sp=4,tp=1"], ids=["allgather", "ulysses"])
+def test_sparse_on_8_devices_equals_one_device(demo, mesh):
+    """4 heads: sp=8 all-gathers the keys (each device its 144 query rows of the mask), sp=4 Ulysses."""
+    pipe, text, noise = demo
+    radial = RadialAttention(0.2, dense_block=1)
+    one = denoise(pipe, text, noise, radial)
+    sharded = WanPipeline.from_pretrained("demo", "float32", jax_cache_dir=False, mesh=mesh)
+    got = denoise(sharded, text, noise, radial)
+    assert got.sparse_steps == one.sparse_steps == tuple(range(STEPS))
+    np.testing.assert_allclose(np.asarray(got.latents), np.asarray(one.latents), rtol=0, atol=1e-5)
+
+
+def test_options_by_the_authors_names():
+    flags = AttentionFlags(sparse_attention="radial", sparse_option=("decay_factor=0.2", "dense_timestep=12"))
+    assert flags.sparse() == RadialAttention(0.2, dense_timestep=12)
+    assert AttentionFlags().sparse() is None
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown --sparse_option 'decay'.*valid: decay_factor, dense_timestep, dense_block",
+    ):
+        AttentionFlags(sparse_attention="radial", sparse_option=("decay=0.2",)).sparse()
+    with pytest.raises(ConfigError, match="not a int"):
+        AttentionFlags(sparse_attention="radial", sparse_option=("dense_block=x",)).sparse()
+    with pytest.raises(ConfigError, match="needs --sparse_attention radial"):
+        AttentionFlags(sparse_option=("dense_block=1",)).sparse()
