@@ -51,14 +51,20 @@ def test_dense_steps_equal_the_dense_run_bit_for_bit(demo):
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh", ["dp=1,sp=8,tp=1", "dp=2,sp=4,tp=1"], ids=["allgather", "ulysses"])
 def test_sparse_on_8_devices_equals_one_device(demo, mesh):
-    """4 heads: sp=8 all-gathers the keys (each device its 144 query rows of the mask), sp=4 Ulysses."""
+    """4 heads: sp=8 all-gathers the keys (each device its 144 query rows of the mask), sp=4 Ulysses.
+    The mesh sums in another order: the sparse run's difference from one device stays within the
+    dense run's own (measured: 1.05e-5 for the dense run under dp=2,sp=4) and 1e-5 relative."""
     pipe, text, noise = demo
     radial = RadialAttention(0.2, dense_block=1)
-    one = denoise(pipe, text, noise, radial)
     sharded = WanPipeline.from_pretrained("demo", "float32", jax_cache_dir=False, mesh=mesh)
-    got = denoise(sharded, text, noise, radial)
+    diffs = {}
+    for sparse in (None, radial):
+        one, got = denoise(pipe, text, noise, sparse), denoise(sharded, text, noise, sparse)
+        diffs[sparse] = float(np.abs(np.asarray(got.latents) - np.asarray(one.latents)).max())
+        np.testing.assert_allclose(np.asarray(got.latents), np.asarray(one.latents), rtol=1e-5, atol=1e-5)
     assert got.sparse_steps == one.sparse_steps == tuple(range(STEPS))
-    np.testing.assert_allclose(np.asarray(got.latents), np.asarray(one.latents), rtol=0, atol=1e-5)
+    print(f"{mesh}: max difference from one device, dense {diffs[None]:.2e}, sparse {diffs[radial]:.2e}")
+    assert diffs[radial] <= max(1e-5, 2 * diffs[None])
 
 
 def test_options_by_the_authors_names():

@@ -17,9 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from wanjax.kernels.block_mask import BlockMask
-from wanjax.kernels.common import MASK_VALUE
+from wanjax.kernels.common import MASK_VALUE, blocks_of, einsum_f32
 from wanjax.kernels.precision import Precision
-from wanjax.kernels.xla import _blocks, _einsum
 
 
 def block_sparse(
@@ -40,7 +39,7 @@ def block_sparse(
     indices = np.concatenate([indices, np.repeat(indices[:, -1:], pad, axis=1)], axis=1)
     indices = indices.reshape(indices.shape[0], -1, chunk)
     table = jnp.asarray(mask.table)
-    k_blocks, v_blocks = _blocks(k, size), _blocks(v, size)  # (n_k_blocks, ..., size, D)
+    k_blocks, v_blocks = blocks_of(k, size), blocks_of(v, size)  # (n_k_blocks, ..., size, D)
     offsets = jnp.arange(size)
 
     def one_query_block(args: tuple[jax.Array, ...]) -> jax.Array:
@@ -55,7 +54,7 @@ def block_sparse(
             vc = jnp.moveaxis(jnp.take(v_blocks, ids_c, axis=0), 0, -3)
             kc = kc.reshape(*lead, chunk * size, kc.shape[-1])
             vc = vc.reshape(*lead, chunk * size, dim_v)
-            s = _einsum("...qd,...kd->...qk", qb, kc, precision) * scale
+            s = einsum_f32("...qd,...kd->...qk", qb, kc, precision) * scale
             entry_ok = c * chunk + jnp.arange(chunk) < count
             key_ok = (ids_c[:, None] * size + offsets[None, :] < mask.length) & entry_ok[:, None]
             valid = jnp.repeat(row_table[:, ids_c], size, axis=1) & key_ok.reshape(-1)[None, :]
@@ -64,7 +63,7 @@ def block_sparse(
             p = jnp.exp(s - new_max[..., None])
             correction = jnp.exp(running_max - new_max)
             denom = denom * correction + p.sum(axis=-1)
-            pv = _einsum("...qk,...kd->...qd", p.astype(v.dtype), vc, precision)
+            pv = einsum_f32("...qk,...kd->...qd", p.astype(v.dtype), vc, precision)
             return new_max, denom, acc * correction[..., None] + pv
 
         init = (
@@ -75,7 +74,7 @@ def block_sparse(
         _, denom, acc = jax.lax.fori_loop(0, (count + chunk - 1) // chunk, step, init)
         return (acc / denom[..., None]).astype(q.dtype)
 
-    q_blocks = _blocks(q, size)
+    q_blocks = blocks_of(q, size)
     starts = jnp.arange(q_blocks.shape[0]) * size
     out = jax.lax.map(one_query_block, (q_blocks, jnp.asarray(indices), jnp.asarray(counts), starts))
     out = jnp.moveaxis(out, 0, -3)  # (..., n_q_blocks, size, D)

@@ -28,12 +28,12 @@ from jax.sharding import Mesh
 
 from wanjax.errors import ConfigError
 from wanjax.io.checkpoint import ShardingFn
-from wanjax.kernels.attention import AttentionSpec, attention
-from wanjax.kernels.block_mask import BlockMask
+from wanjax.kernels.attention import AttentionSpec
 from wanjax.kernels.common import AttentionShape
 from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models import lora
 from wanjax.models.config import TransformerConfig
+from wanjax.models.dit_attention import Attend, attend_fn
 from wanjax.models.dit_context import ContextKV as ContextKV  # re-exported: the cache's type
 from wanjax.models.dit_context import context_kv, cross_kv, project_heads
 from wanjax.models.dit_embed import Conditioning, embed, embed_time, patchify, token_pins, unpatchify
@@ -52,42 +52,11 @@ from wanjax.models.offload import (
     streams_layers,
 )
 from wanjax.models.settings import DEFAULT_SETTINGS, RunSettings
-from wanjax.parallel.attention import sharded_attention
 from wanjax.parallel.layouts import TokenLayout, token_layout
 from wanjax.parallel.rules import param_sharding
 
 # ----------------------------------------------------------------------------------------------
 # Forward
-
-Attend = Callable[..., jax.Array]  # (q, k, v, *, self_attention) -> out, all (B, L, H, D)
-
-
-def _attend_fn(settings: RunSettings, layout: TokenLayout | None, mask: BlockMask | None = None) -> Attend:
-    """The attention function: local without a mesh, else sharded over it as ``layout`` says;
-    ``mask``: self-attention's block mask (cross-attention stays dense)."""
-    spec = (
-        settings.attention
-        if isinstance(settings.attention, AttentionSpec)
-        else AttentionSpec(settings.attention)
-    )
-    masked = spec if mask is None else dataclasses.replace(spec, block_mask=mask)
-
-    def attend(q: jax.Array, k: jax.Array, v: jax.Array, self_attention: bool) -> jax.Array:
-        backend = masked if self_attention else spec
-        if layout is None:
-            return attention(q, k, v, backend=backend, precision=settings.precision)
-        return sharded_attention(
-            q,
-            k,
-            v,
-            mesh=settings.mesh,
-            layout=layout,
-            self_attention=self_attention,
-            backend=backend,
-            precision=settings.precision,
-        )
-
-    return attend
 
 
 def _modulate(x: jax.Array, shift: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -198,7 +167,7 @@ def run_blocks(
             return x
         start, mask = split, sparse.block_mask(cond.grid)
     layout, pin = token_pins(settings.mesh, x.shape[0], math.prod(cond.grid), cfg.num_attention_heads)
-    attend, precision = _attend_fn(settings, layout, mask), settings.precision
+    attend, precision = attend_fn(settings, layout, mask), settings.precision
     hinted = cond.hints is not None
     layers: Params = {"block": params["blocks"]}
     if hinted:  # per layer: which hint follows it and its scale (0 where none does)
@@ -260,7 +229,7 @@ def embed_control(
             f"control latents must be (B, {cfg.vace_in_channels}, T, H, W), got {control.shape}"
         )
     layout, pin = token_pins(settings.mesh, x.shape[0], x.shape[1], cfg.num_attention_heads)
-    attend, precision = _attend_fn(settings, layout), settings.precision
+    attend, precision = attend_fn(settings, layout), settings.precision
     c = linear(
         patchify(control.astype(settings.dtype), cfg.patch_size),
         params["vace_patch_embedding"],
