@@ -80,3 +80,33 @@ def test_options_by_the_authors_names():
         AttentionFlags(sparse_attention="radial", sparse_option=("dense_block=x",)).sparse()
     with pytest.raises(ConfigError, match="needs --sparse_attention radial"):
         AttentionFlags(sparse_option=("dense_block=1",)).sparse()
+
+
+@pytest.mark.parametrize(
+    "flags,needle",
+    [
+        (
+            ["--sparse_attention", "radial", "--sparse_option", "decay=0.2"],
+            "valid: decay_factor, dense_timestep",
+        ),
+        (["--sparse_option", "dense_block=1"], "needs --sparse_attention radial"),
+        (["--sparse_attention", "radial", "--window_size", "64"], "cannot be combined"),
+    ],
+)
+def test_a_bad_sparse_flag_is_one_line_before_any_work(capsys, tmp_path, flags, needle):
+    from wanjax.cli.main import main
+
+    args = [
+        "generate",
+        "--model",
+        "demo",
+        "--prompt",
+        "a cat",
+        "--output_video",
+        str(tmp_path / "out" / "v.mp4"),
+        *flags,
+    ]
+    code = main(args)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "out").exists()
