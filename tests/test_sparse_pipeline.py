@@ -110,3 +110,44 @@ def test_a_bad_sparse_flag_is_one_line_before_any_work(capsys, tmp_path, flags, 
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and needle in err[0], err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_bench_reports_density_and_the_sparse_steps_flops(tmp_path):
+    """``bench --sparse_attention radial``: the JSON's density is the mask's, the sparse step's FLOPs
+    the dense step's with the sparse blocks' self-attention cut to the kept pairs."""
+    import argparse
+    import dataclasses
+    import json
+
+    from wanjax.models.registry import transformer_preset
+    from wanjax.tools import bench
+    from wanjax.tools.flops import dit_step_flops, sparse_step_flops
+
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    out = tmp_path / "bench.json"
+    args = ["--layers", "2", "--height", "128", "--width", "256", "--frames", "33", "--repeats", "1"]
+    sparse = [
+        "--sparse_attention",
+        "radial",
+        "--sparse_option",
+        "dense_timestep=1",
+        "--sparse_option",
+        "dense_block=1",
+    ]
+    bench.run(
+        parser.parse_args(
+            [*args, *sparse, "--max_sequence_length", "16", "--stages", "denoise", "--json", str(out)]
+        )
+    )
+    denoise = json.loads(out.read_text())["stages"]["denoise"]
+    report = denoise["sparse_attention"]
+    assert report["attention_density"] == pytest.approx(radial_block_mask(9, 128, 1.0).mean())
+    assert report["sparse_steps"] == [1] and report["dense_block"] == 1
+    cfg = dataclasses.replace(transformer_preset("1.3B"), num_layers=2)
+    shape = (1, 16, 9, 16, 32)
+    step = dit_step_flops(cfg, shape, 16, context_cached=True)
+    expected = sparse_step_flops(cfg, shape, step, RadialAttention(dense_timestep=1, dense_block=1))
+    assert report["tflop_sparse_step"] * 1e12 == pytest.approx(expected.total)
+    assert expected.attention < step.attention and denoise["tflop"] * 1e12 == pytest.approx(step.total)

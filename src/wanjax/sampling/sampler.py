@@ -176,9 +176,16 @@ class Sampler:
         scheduler, step_args, expert = self._abstract_step(*args, **kwargs)
         return self._program(scheduler, step_args, expert)
 
-    def lower(self, *args: Any, cache: CacheConfig | None = None, **kwargs: Any) -> jax.stages.Lowered:
+    def lower(
+        self,
+        *args: Any,
+        cache: CacheConfig | None = None,
+        sparse: RadialAttention | None = None,
+        **kwargs: Any,
+    ) -> jax.stages.Lowered:
         """The step program for inputs shaped like these, lowered only (e.g. for another target);
-        with ``cache``, the program that policy runs (its state and schedule abstract inputs too)."""
+        with ``cache``, the program that policy runs (its state and schedule abstract inputs too);
+        with ``sparse``, a sparse step's."""
         cached = cache is not None and cache.enabled
         scheduler, step_args, expert = self._abstract_step(*args, cached=cached, **kwargs)
         _, state, _, _, uncond, _, image, _ = step_args
@@ -187,9 +194,9 @@ class Sampler:
         turns = [min(i, 1) for i in range(steps)] if two else None  # each expert's turn: shapes only
         step_cache = self._step_cache(cache, scheduler, uncond is not None, turns, image)
         if step_cache is None:
-            return self._lower(scheduler, step_args, expert)
+            return self._lower(scheduler, step_args, expert, sparse)
         specs, sharding = self._cache_specs(step_cache, state.sample.shape, expert)
-        return self._cached_lower(scheduler, step_cache, step_args + specs, sharding, expert)
+        return self._cached_lower(scheduler, step_cache, step_args + specs, sharding, expert, sparse)
 
     def _abstract_step(
         self,
