@@ -12,10 +12,10 @@ Grid: ``(batch*heads, q blocks, kv blocks)``; the running max, denominator and t
 outside the window are masked; kv blocks with no visible key are skipped.
 
 A block mask (:class:`~wanjax.kernels.block_mask.BlockMask` of 128-token blocks, local queries on
-block boundaries) adds two inputs: each grid block's kept flag (scalar-prefetched: a block the mask
-leaves empty is skipped like one outside the window) and its ``(bkv/128, bq/128)`` table slice,
-expanded per visible grid block to query lanes (a one-hot matmul) and to key rows (a sublane
-broadcast), so the kernel masks the partially kept grid blocks exactly.
+block boundaries) is scalar-prefetched as one int32 per grid block, its ``(bkv/128, bq/128)`` table
+slice in bits: a grid block with none set is skipped like one outside the window; in the others
+each key block's bits select query lanes, broadcast over its 128 key rows, so the kernel masks the
+partially kept grid blocks exactly.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ from wanjax.kernels.common import (
     from_head_major,
     head_major,
     pad_to_blocks,
-    round_up,
     use_interpret,
 )
 
@@ -93,23 +92,20 @@ def splash_exp2_attention(problem: AttentionProblem) -> jax.Array:
 
 
 def _masked_call(mask, qh, kh, vh, grid, kernel_args, q_len: int, k_len: int, dim: int, batch: int):
-    """The kernel over ``grid`` under a block mask: its kept flags scalar-prefetched, its table slices
-    and the lanes' one-hot matrix as inputs (see the module's docstring)."""
+    """The kernel over ``grid`` under a block mask: each grid block's table slice packed in one
+    scalar-prefetched int32 (bit ``r * (bq / 128) + c``: key block ``r``, query block ``c``; 0: skipped)."""
     bq, bkv = kernel_args["bq"], kernel_args["bkv"]
-    if mask.block != MASK_BLOCK or mask.q_offset % MASK_BLOCK:
+    rows, cols = bkv // MASK_BLOCK, bq // MASK_BLOCK
+    if mask.block != MASK_BLOCK or mask.q_offset % MASK_BLOCK or rows * cols > 31:
         raise ConfigError(
-            f"splash_exp2 applies block masks of {MASK_BLOCK}-token blocks on local queries starting on "
-            f"a block boundary, got blocks of {mask.block} from query {mask.q_offset}; use --attention splash"
+            f"splash_exp2 applies block masks of {MASK_BLOCK}-token blocks on local queries starting on a "
+            f"block boundary with grid blocks of at most 31 such blocks, got blocks of {mask.block} from "
+            f"query {mask.q_offset} in {bq}x{bkv}; use --attention splash"
         )
     _, nq, nk = grid
-    q_pad, k_pad = nq * bq, nk * bkv
-    table = mask.coarse(q_pad, k_pad).astype(np.float32).T  # (k blocks, q blocks)
-    rows, cols = bkv // MASK_BLOCK, bq // MASK_BLOCK
-    rows_pad, cols_pad = round_up(rows, SUBLANES), round_up(cols, MASK_BLOCK)
-    tiles = np.zeros((nq, nk, rows_pad, cols_pad), np.float32)
-    tiles[:, :, :rows, :cols] = table.reshape(nk, rows, nq, cols).transpose(2, 0, 1, 3)
-    kept = tiles.reshape(nq, nk, -1).any(-1).astype(np.int32)
-    one_hot = (np.arange(cols_pad)[:, None] == np.arange(bq)[None, :] // MASK_BLOCK).astype(np.float32)
+    table = mask.coarse(nq * bq, nk * bkv).reshape(nq, cols, nk, rows).transpose(0, 2, 3, 1)
+    weights = (1 << np.arange(rows * cols, dtype=np.int64)).reshape(rows, cols)
+    bits = (table * weights).sum(axis=(2, 3)).astype(np.int32)  # (nq, nk)
     d_pad = qh.shape[-1]
     out = pl.pallas_call(
         functools.partial(_masked_kernel, **kernel_args),
@@ -117,13 +113,11 @@ def _masked_call(mask, qh, kh, vh, grid, kernel_args, q_len: int, k_len: int, di
             num_scalar_prefetch=1,
             grid=grid,
             in_specs=[
-                pl.BlockSpec((None, bq, d_pad), lambda h, i, j, kept: (h, i, 0)),
-                pl.BlockSpec((None, bkv, d_pad), lambda h, i, j, kept: (h, j, 0)),
-                pl.BlockSpec((None, bkv, d_pad), lambda h, i, j, kept: (h, j, 0)),
-                pl.BlockSpec((None, None, rows_pad, cols_pad), lambda h, i, j, kept: (i, j, 0, 0)),
-                pl.BlockSpec((cols_pad, bq), lambda h, i, j, kept: (0, 0)),
+                pl.BlockSpec((None, bq, d_pad), lambda h, i, j, bits: (h, i, 0)),
+                pl.BlockSpec((None, bkv, d_pad), lambda h, i, j, bits: (h, j, 0)),
+                pl.BlockSpec((None, bkv, d_pad), lambda h, i, j, bits: (h, j, 0)),
             ],
-            out_specs=pl.BlockSpec((None, bq, d_pad), lambda h, i, j, kept: (h, i, 0)),
+            out_specs=pl.BlockSpec((None, bq, d_pad), lambda h, i, j, bits: (h, i, 0)),
             scratch_shapes=[
                 pltpu.VMEM((SUBLANES, bq), jnp.float32),
                 pltpu.VMEM((SUBLANES, bq), jnp.float32),
@@ -136,28 +130,28 @@ def _masked_call(mask, qh, kh, vh, grid, kernel_args, q_len: int, k_len: int, di
             flags={"XLA_TPU_FORCE_LP_LLO_SCHEDULER": True},
         ),
         interpret=use_interpret("splash_exp2"),
-        cost_estimate=_cost(qh, kh, q_len, k_len, dim, nq, density=float(kept.mean())),
+        cost_estimate=_cost(qh, kh, q_len, k_len, dim, nq, density=float(table.mean())),
         name="wanjax_splash_exp2_masked",
-    )(jnp.asarray(kept), qh, kh, vh, jnp.asarray(tiles), jnp.asarray(one_hot))
+    )(jnp.asarray(bits), qh, kh, vh)
     return from_head_major(out, batch, q_len, dim)
 
 
-def _masked_kernel(
-    kept_ref, q_ref, k_ref, v_ref, table_ref, lanes_ref, o_ref, m_ref, l_ref, acc_ref, **kwargs
-):
-    _kernel(
-        q_ref,
-        k_ref,
-        v_ref,
-        o_ref,
-        m_ref,
-        l_ref,
-        acc_ref,
-        kept_ref=kept_ref,
-        table_ref=table_ref,
-        lanes_ref=lanes_ref,
-        **kwargs,
-    )
+def _masked_kernel(bits_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, **kwargs):
+    _kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, bits_ref=bits_ref, **kwargs)
+
+
+def _seen_rows(bits: jax.Array, first: int, count: int, bq: int) -> jax.Array:
+    """``(count, bq)`` float: for key blocks ``first ..`` of the grid block, which query lanes see them."""
+    lane_block = jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (1, bq), 1), MASK_BLOCK)  # no sign op
+    cols = bq // MASK_BLOCK
+    rows = []
+    for r in range(first, first + count):
+        row = jnp.zeros((1, bq), jnp.float32)
+        for c in range(cols):
+            bit = jnp.where((bits & (1 << (r * cols + c))) != 0, 1.0, 0.0)
+            row = jnp.where(lane_block == c, bit, row)
+        rows.append(row)
+    return jnp.concatenate(rows, axis=0)
 
 
 def _cost(
@@ -191,9 +185,7 @@ def _kernel(
     bkv_compute_in: int,
     k_len: int | None,
     window: int | None,
-    kept_ref=None,
-    table_ref=None,
-    lanes_ref=None,
+    bits_ref=None,
 ) -> None:
     i, j = pl.program_id(1), pl.program_id(2)
     q_start, kv_start = i * bq, j * bkv
@@ -235,21 +227,20 @@ def _kernel(
         acc_ref[...] = acc
 
     visible = _block_visible(q_start, kv_start, bq, bkv, k_len, window)
-    if kept_ref is None:
+    if bits_ref is None:
 
         @pl.when(visible)
         def run():
             jax.lax.fori_loop(0, bkv // bkv_compute, compute, None)
 
     else:
+        bits = bits_ref[i, j]
 
-        @pl.when(visible & (kept_ref[i, j] > 0))
+        @pl.when(visible & (bits != 0))
         def run_masked():
-            # the grid block's table slice (bkv/128 rows, padded) expanded to query lanes
-            lanes = jnp.dot(table_ref[...], lanes_ref[...], preferred_element_type=jnp.float32)
             per_slice = bkv_compute // MASK_BLOCK
-            for c in range(bkv // bkv_compute):  # static: each slice's rows are a static slice
-                compute(c, None, lanes[c * per_slice : (c + 1) * per_slice])
+            for c in range(bkv // bkv_compute):  # static: each slice's key blocks are static bits
+                compute(c, None, _seen_rows(bits, c * per_slice, per_slice, bq))
 
     @pl.when(j == pl.num_programs(2) - 1)
     def finish():
