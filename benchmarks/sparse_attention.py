@@ -30,6 +30,9 @@ def main() -> None:
     parser.add_argument("--head_dim", type=int, default=128)
     parser.add_argument("--decay", type=float, nargs="+", default=[1.0, 0.5, 0.2])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--block_q", type=int, nargs="+", default=[512], help="xla's query blocks (sparse: a multiple of 128)"
+    )
     args = parser.parse_args()
 
     length = args.frames * args.tokens_per_frame
@@ -39,7 +42,9 @@ def main() -> None:
     variants = {"dense": (AttentionSpec("xla"), 1.0)}
     for decay in args.decay:
         mask = RadialAttention(decay_factor=decay).block_mask(grid)
-        variants[f"radial {decay}"] = (AttentionSpec("xla", block_mask=mask), mask.density)
+        for block_q in args.block_q:
+            name = f"radial {decay}" + (f" q{block_q}" if len(args.block_q) > 1 else "")
+            variants[name] = (AttentionSpec("xla", block_q=block_q, block_mask=mask), mask.density)
     calls = {
         name: jax.jit(lambda q, k, v, spec=spec: attention(q, k, v, backend=spec))
         for name, (spec, _) in variants.items()
@@ -58,11 +63,11 @@ def main() -> None:
         f"{length} tokens ({args.frames} x {args.tokens_per_frame}), {args.heads} heads x {args.head_dim}, float32, "
         f"{jax.devices()[0].device_kind}, median of {args.repeats}"
     )
-    print(f"{'variant':<12} {'density':>8} {'seconds':>9} {'vs dense':>9}   runs")
+    print(f"{'variant':<17} {'density':>8} {'seconds':>9} {'vs dense':>9}   runs")
     for name, runs in times.items():
         median = statistics.median(runs)
         print(
-            f"{name:<12} {variants[name][1]:8.3f} {median:9.2f} {median / dense:9.3f}   "
+            f"{name:<17} {variants[name][1]:8.3f} {median:9.2f} {median / dense:9.3f}   "
             + ", ".join(f"{t:.2f}" for t in runs)
         )
 

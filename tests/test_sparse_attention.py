@@ -51,11 +51,13 @@ def test_sparse_equals_masked_dense(backend, make_mask):
     assert rel(out, reference(q, k, v, mask=mask.elements(mask.length))) <= 1e-5
 
 
-@pytest.mark.parametrize("per_head", [False, True])
-def test_xla_batched_and_per_head(per_head):
+@pytest.mark.parametrize("per_head,block_q", [(False, 128), (True, 128), (True, 384)])
+def test_xla_batched_per_head_and_query_blocks(per_head, block_q):
+    """Query blocks of one mask row, or of three (each over its rows' union, each row its own mask)."""
     mask = radial_mask()
     q, k, v = random_qkv(2, mask.length, mask.length, 3, 32, seed=5)
-    out = run("xla", mask, q, k, v, per_head=per_head)
+    spec = AttentionSpec("xla", block_q=block_q, block_kv=256, block_mask=mask)
+    out = jax.jit(lambda q, k, v: attention(q, k, v, backend=spec, per_head=per_head))(q, k, v)
     assert rel(out, reference(q, k, v, mask=mask.elements(mask.length))) <= 1e-5
 
 

@@ -52,7 +52,7 @@ def xla_attention(
     def attend(qkv: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
         q, k, v = qkv
         if block_mask is not None:
-            return block_sparse(q, k, v, scale, block_mask, block_k // block_mask.block, precision)
+            return block_sparse(q, k, v, scale, block_mask, block_k // block_mask.block, precision, block_q)
         if math.prod(q.shape[:-1]) * k.shape[-2] <= dense_limit:
             return _dense(q, k, v, scale, window_size, precision)
         return _blockwise(

@@ -29,23 +29,27 @@ def block_sparse(
     mask: BlockMask,
     chunk: int,
     precision: Precision,
+    q_block: int | None = None,
 ) -> jax.Array:
-    """Attention of ``(..., Lq, D)`` queries to ``(..., Lk, D)`` keys under ``mask`` (its local rows)."""
+    """Attention of ``(..., Lq, D)`` queries to ``(..., Lk, D)`` keys under ``mask`` (its local rows);
+    queries in blocks of ``q_block`` (a multiple of the mask's block; default the mask's block), each
+    over the union of its rows' kept key blocks."""
     lead, q_len, dim_v = q.shape[:-2], q.shape[-2], v.shape[-1]
     size = mask.block
-    indices, counts = mask.kept_blocks(q_len, size)
+    q_size = size if q_block is None else max(size, q_block // size * size)
+    indices, counts = mask.kept_blocks(q_len, q_size)
     chunk = max(1, min(chunk, indices.shape[1]))
     pad = -indices.shape[1] % chunk
     indices = np.concatenate([indices, np.repeat(indices[:, -1:], pad, axis=1)], axis=1)
     indices = indices.reshape(indices.shape[0], -1, chunk)
     table = jnp.asarray(mask.table)
     k_blocks, v_blocks = blocks_of(k, size), blocks_of(v, size)  # (n_k_blocks, ..., size, D)
-    offsets = jnp.arange(size)
+    offsets, q_offsets = jnp.arange(size), jnp.arange(q_size)
 
     def one_query_block(args: tuple[jax.Array, ...]) -> jax.Array:
         qb, ids, count, q_start = args
-        q_rows = jnp.minimum((mask.q_offset + q_start + offsets) // size, table.shape[0] - 1)
-        row_table = table[q_rows]  # (size, n_k_blocks): each query's own row
+        q_rows = jnp.minimum((mask.q_offset + q_start + q_offsets) // size, table.shape[0] - 1)
+        row_table = table[q_rows]  # (q_size, n_k_blocks): each query's own row
 
         def step(c: jax.Array, carry: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
             running_max, denom, acc = carry
@@ -67,15 +71,15 @@ def block_sparse(
             return new_max, denom, acc * correction[..., None] + pv
 
         init = (
-            jnp.full((*lead, size), MASK_VALUE, jnp.float32),
-            jnp.zeros((*lead, size), jnp.float32),
-            jnp.zeros((*lead, size, dim_v), jnp.float32),
+            jnp.full((*lead, q_size), MASK_VALUE, jnp.float32),
+            jnp.zeros((*lead, q_size), jnp.float32),
+            jnp.zeros((*lead, q_size, dim_v), jnp.float32),
         )
         _, denom, acc = jax.lax.fori_loop(0, (count + chunk - 1) // chunk, step, init)
         return (acc / denom[..., None]).astype(q.dtype)
 
-    q_blocks = blocks_of(q, size)
-    starts = jnp.arange(q_blocks.shape[0]) * size
+    q_blocks = blocks_of(q, q_size)
+    starts = jnp.arange(q_blocks.shape[0]) * q_size
     out = jax.lax.map(one_query_block, (q_blocks, jnp.asarray(indices), jnp.asarray(counts), starts))
-    out = jnp.moveaxis(out, 0, -3)  # (..., n_q_blocks, size, D)
+    out = jnp.moveaxis(out, 0, -3)  # (..., n_q_blocks, q_size, D)
     return out.reshape(*lead, -1, dim_v)[..., :q_len, :]
