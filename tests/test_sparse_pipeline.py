@@ -151,3 +151,26 @@ def test_bench_reports_density_and_the_sparse_steps_flops(tmp_path):
     expected = sparse_step_flops(cfg, shape, step, RadialAttention(dense_timestep=1, dense_block=1))
     assert report["tflop_sparse_step"] * 1e12 == pytest.approx(expected.total)
     assert expected.attention < step.attention and denoise["tflop"] * 1e12 == pytest.approx(step.total)
+
+
+@pytest.mark.slow
+def test_the_run_record_says_which_steps_and_blocks_ran_sparse(demo_env, tmp_path, capsys):
+    import json
+
+    from wanjax.cli.main import main
+
+    record = tmp_path / "v.json"
+    args = ["generate", "--model", "demo", "--prompt", "a cat", "--height", "32", "--width", "48"]
+    args += ["--frames", "5", "--num_inference_steps", "3", "--output_video", str(tmp_path / "v.mp4")]
+    args += [
+        "--sparse_attention",
+        "radial",
+        "--sparse_option",
+        "dense_timestep=1",
+        "--sparse_option",
+        "dense_block=2",
+    ]
+    assert main(args) == 0, capsys.readouterr().err
+    written = json.loads(record.read_text())
+    found = written.get("sparse_attention") or written.get("extra", {}).get("sparse_attention")
+    assert found == {"kind": "radial", "sparse_steps": [1, 2], "sparse_blocks_from": 2, "decay_factor": 1.0}
