@@ -45,6 +45,7 @@ def block_sparse(
     table = jnp.asarray(mask.table)
     k_blocks, v_blocks = blocks_of(k, size), blocks_of(v, size)  # (n_k_blocks, ..., size, D)
     offsets, q_offsets = jnp.arange(size), jnp.arange(q_size)
+    uniform_rows = q_size == size and mask.q_offset % size == 0  # each query block is one table row
 
     def one_query_block(args: tuple[jax.Array, ...]) -> jax.Array:
         qb, ids, count, q_start = args
@@ -61,7 +62,9 @@ def block_sparse(
             s = einsum_f32("...qd,...kd->...qk", qb, kc, precision) * scale
             entry_ok = c * chunk + jnp.arange(chunk) < count
             key_ok = (ids_c[:, None] * size + offsets[None, :] < mask.length) & entry_ok[:, None]
-            valid = jnp.repeat(row_table[:, ids_c], size, axis=1) & key_ok.reshape(-1)[None, :]
+            valid = key_ok.reshape(-1)[None, :]
+            if not uniform_rows:  # queries of several table rows: each row's own kept blocks
+                valid = jnp.repeat(row_table[:, ids_c], size, axis=1) & valid
             s = jnp.where(valid, s, MASK_VALUE)
             new_max = jnp.maximum(running_max, s.max(axis=-1))
             p = jnp.exp(s - new_max[..., None])
