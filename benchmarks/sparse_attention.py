@@ -31,7 +31,10 @@ def main() -> None:
     parser.add_argument("--decay", type=float, nargs="+", default=[1.0, 0.5, 0.2])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
-        "--block_q", type=int, nargs="+", default=[512], help="xla's query blocks (sparse: a multiple of 128)"
+        "--block_q", type=int, nargs="+", default=[None], help="xla's query blocks (default: its own)"
+    )
+    parser.add_argument(
+        "--block_kv", type=int, nargs="+", default=[None], help="xla's key blocks (default: its own)"
     )
     args = parser.parse_args()
 
@@ -43,8 +46,11 @@ def main() -> None:
     for decay in args.decay:
         mask = RadialAttention(decay_factor=decay).block_mask(grid)
         for block_q in args.block_q:
-            name = f"radial {decay}" + (f" q{block_q}" if len(args.block_q) > 1 else "")
-            variants[name] = (AttentionSpec("xla", block_q=block_q, block_mask=mask), mask.density)
+            for block_kv in args.block_kv:
+                name = f"radial {decay}" + (f" q{block_q}" if len(args.block_q) > 1 else "")
+                name += f" k{block_kv}" if len(args.block_kv) > 1 else ""
+                spec = AttentionSpec("xla", block_q=block_q, block_kv=block_kv, block_mask=mask)
+                variants[name] = (spec, mask.density)
     calls = {
         name: jax.jit(lambda q, k, v, spec=spec: attention(q, k, v, backend=spec))
         for name, (spec, _) in variants.items()

@@ -243,8 +243,7 @@ def attention(
                 v,
                 scale=scale,
                 window_size=shape.window,
-                # sparse: one mask row per query block (measured fastest on the CPU: BENCHMARKS.md)
-                block_q=spec.block_q or (512 if mask is None else mask.block),
+                block_q=spec.block_q or (512 if mask is None else SPARSE_QUERY_ROWS * mask.block),
                 block_k=spec.block_kv or 1024,
                 dense_limit=dense_limit,
                 per_head=per_head,
@@ -265,6 +264,10 @@ def attention(
 
 
 MASKED_BLOCK = 512
+# ``xla`` under a block mask: mask rows per query block (each over its rows' union of kept key blocks).
+# Measured at 32,760 tokens, 5 heads on the CPU (BENCHMARKS.md): 2 rows ran the radial masks in 0.63
+# to 0.68 of dense, 1 row 1.1-1.3 (its per-chunk gathers dominate), 4 rows 0.79-1.05 (wider unions).
+SPARSE_QUERY_ROWS = 2
 
 
 def masked_blocks(blocks: tuning.Blocks) -> tuning.Blocks:
