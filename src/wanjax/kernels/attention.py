@@ -265,8 +265,8 @@ def attention(
 
 MASKED_BLOCK = 512
 # ``xla`` under a block mask: mask rows per query block (each over its rows' union of kept key blocks).
-# Measured at 32,760 tokens, 5 heads on the CPU (BENCHMARKS.md): 2 rows ran the radial masks in 0.63
-# to 0.68 of dense, 1 row 1.1-1.3 (its per-chunk gathers dominate), 4 rows 0.79-1.05 (wider unions).
+# Measured at 32,760 tokens, 5 heads on the CPU (BENCHMARKS.md, radial decay 1.0 / 0.2): 2 rows in
+# 0.66 / 0.68 of dense, 1 row 1.35 / 1.26 (per-chunk overhead), 4 rows 0.96 / 1.05 (wider unions).
 SPARSE_QUERY_ROWS = 2
 
 
