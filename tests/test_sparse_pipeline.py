@@ -174,3 +174,25 @@ def test_the_run_record_says_which_steps_and_blocks_ran_sparse(demo_env, tmp_pat
     written = json.loads(record.read_text())
     found = written.get("sparse_attention") or written.get("extra", {}).get("sparse_attention")
     assert found == {"kind": "radial", "sparse_steps": [1, 2], "sparse_blocks_from": 2, "decay_factor": 1.0}
+
+
+@pytest.mark.parametrize("command", ["generate", "denoise", "serve"])
+def test_the_flags_reach_the_job(command):
+    """``generate``, the ``denoise`` stage and the server's start flags parse the same two flags; a
+    server's jobs start from its flags."""
+    from wanjax.cli.main import build_parser, subcommands
+    from wanjax.jobs.flags import from_namespace
+
+    commands = subcommands()
+    schema = commands[command].schema
+    flags = [
+        "--sparse_attention",
+        "radial",
+        "--sparse_option",
+        "decay_factor=0.2",
+        "--sparse_option",
+        "dense_block=1",
+    ]
+    request = from_namespace(schema, build_parser(commands).parse_args([command, *flags]))
+    request = request.job_base() if command == "serve" else request
+    assert request.attention.sparse() == RadialAttention(0.2, dense_block=1)
