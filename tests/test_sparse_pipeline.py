@@ -196,3 +196,26 @@ def test_the_flags_reach_the_job(command):
     request = from_namespace(schema, build_parser(commands).parse_args([command, *flags]))
     request = request.job_base() if command == "serve" else request
     assert request.attention.sparse() == RadialAttention(0.2, dense_block=1)
+
+
+@pytest.mark.slow
+def test_plan_compiles_the_sparse_step_and_reports_its_density(tmp_path, capsys):
+    """``plan --compile --sparse_attention radial``: the sparse step compiles for the TPU beside the
+    dense one, its analytic FLOPs the sparse step's, the JSON's density the mask's."""
+    import json
+
+    from wanjax.cli.main import main
+    from wanjax.models.registry import transformer_preset
+    from wanjax.tools.flops import dit_step_flops, sparse_step_flops
+
+    out = tmp_path / "plan.json"
+    args = ["plan", "--model", "1.3B", "--height", "128", "--width", "256", "--frames", "33"]
+    args += ["--compile", "v6e-8", "--programs", "step", "--sparse_attention", "radial", "--json", str(out)]
+    assert main(args) == 0, capsys.readouterr().err
+    report = json.loads(out.read_text())
+    assert report["attention_density"] == pytest.approx(radial_block_mask(9, 128, 1.0).mean())
+    flops = {p["name"]: p["analytic_flops"] for p in report["programs"] if p["compiled"]}
+    step = dit_step_flops(transformer_preset("1.3B"), (1, 16, 9, 16, 32), context_cached=True)
+    sparse = sparse_step_flops(transformer_preset("1.3B"), (1, 16, 9, 16, 32), step, RadialAttention())
+    assert flops == {"step": step.total, "step_sparse": sparse.total}
+    assert "radial attention: 67.9% of the self-attention blocks kept" in capsys.readouterr().out

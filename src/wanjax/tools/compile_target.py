@@ -499,11 +499,9 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
             yield Program(f"text_kv{suffix}", lower_kv, "denoise", "xla", weights, kv_flops, component)
         yield Program(f"step{suffix}", lower, "denoise", backend, weights, step_flops.total, component)
         if run.sparse is not None:
-            sparse = sparse_step_flops(tcfg, latents_shape, step_flops, run.sparse, run.guidance).total
-            lower_sparse = functools.partial(sampler.lower, *inputs, **options, sparse=run.sparse)
-            yield Program(
-                f"step_sparse{suffix}", lower_sparse, "denoise", backend, weights, sparse, component
-            )
+            flops = sparse_step_flops(tcfg, latents_shape, step_flops, run.sparse, run.guidance).total
+            lower = functools.partial(sampler.lower, *inputs, **options, sparse=run.sparse)
+            yield Program(f"step_sparse{suffix}", lower, "denoise", backend, weights, flops, component)
 
     latents = in_strips(latents_shape)
     yield Program(
