@@ -16,6 +16,7 @@ _EXPORTS = {
     "CacheConfig": "wanjax.sampling.cache.step_cache",
     "CheckpointError": "wanjax.errors",
     "ConfigError": "wanjax.errors",
+    "RadialAttention": "wanjax.kernels.radial",
     "SchedulerConfig": "wanjax.sampling.scheduler",
     "Tiling": "wanjax.models.vae",
     "Tokenizer": "wanjax.models.tokenizer",
@@ -39,6 +40,7 @@ __all__ = [
     "CacheConfig",
     "CheckpointError",
     "ConfigError",
+    "RadialAttention",
     "SchedulerConfig",
     "Tiling",
     "Tokenizer",
@@ -63,6 +65,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from wanjax.errors import CheckpointError, ConfigError, WanjaxError
+    from wanjax.kernels.radial import RadialAttention
     from wanjax.models.config import TransformerConfig
     from wanjax.models.dit import WanTransformer
     from wanjax.models.tokenizer import Tokenizer, prompt_clean

@@ -7,14 +7,17 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def reference(q, k, v, scale=None, window=None):
-    """``softmax(q k^T * scale) v`` in float64 over ``(B, L, H, D)``; ``window``: keys ``|i - j| <= w``."""
+def reference(q, k, v, scale=None, window=None, mask=None):
+    """``softmax(q k^T * scale) v`` in float64 over ``(B, L, H, D)``; ``window``: keys ``|i - j| <= w``;
+    ``mask``: a bool ``(Lq, Lk)`` element mask (True: attend)."""
     q, k, v = (np.asarray(t, np.float64) for t in (q, k, v))
     scale = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
     if window is not None:
         i, j = np.arange(q.shape[1])[:, None], np.arange(k.shape[1])[None, :]
         s = np.where(np.abs(i - j) <= window, s, -np.inf)
+    if mask is not None:
+        s = np.where(mask, s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     return np.einsum("bhqk,bkhd->bqhd", p, v)

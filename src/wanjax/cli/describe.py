@@ -436,10 +436,15 @@ def _compile(
         activations_dtype=request.memory.activations_dtype,
         gguf=gguf,
         cache=request.cache.config(),
+        sparse=request.attention.sparse(),
     )
     only = None if request.programs is None else request.programs.split(",")  # checked by compile_run
     report = compile_run(run, tpu, planned, only, on_line=lambda line: print(line, flush=True))
     print(report.footer())
+    if report.attention_density is not None:
+        print(
+            f"radial attention: {report.attention_density:.1%} of the self-attention blocks kept in a sparse step"
+        )
     if request.json:
         write_text(Path(request.json), json.dumps(report.as_json(), indent=2) + "\n")
     return 0 if report.fits else 1

@@ -107,6 +107,7 @@ def denoise(request: DenoiseRequest) -> RunReport:
             progress=False,
             video_latents=source,
             vace=control,
+            sparse=request.attention.sparse(),
         )
         final = to_host(denoised.latents)
         path = directory / stages.LATENTS_FILE

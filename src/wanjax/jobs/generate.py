@@ -314,6 +314,7 @@ def run_generate(
         on_progress is None,
         video_latents=source,
         vace=vace,
+        sparse=work.request.attention.sparse(),
     )
     report("decode", steps_run(work.params))
     on_frames = (lambda done: report("decode", done)) if count_frames else None

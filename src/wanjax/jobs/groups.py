@@ -393,6 +393,18 @@ class SamplingFlags:
     )
 
 
+def _sparse_kinds() -> tuple[str, ...]:
+    from wanjax.kernels.radial import SPARSE_ATTENTION
+
+    return SPARSE_ATTENTION
+
+
+def _sparse_defaults() -> dict[str, Any]:
+    from wanjax.kernels.radial import RadialAttention
+
+    return {"sparse_options": ", ".join(f.name for f in dataclasses.fields(RadialAttention))}
+
+
 def _block_flag(what: str) -> Any:
     return option(None, help=f"TPU kernel {what}, a multiple of 128 (default: tuned/preset)")
 
@@ -410,6 +422,37 @@ class AttentionFlags:
     bkvcomputeinsize: int | None = _block_flag("inner kv compute block (splash_exp2)")
     use_k_smooth: bool = option(False, help="subtract the mean key first (exact)")
     window_size: int | None = option(None, help="self-attention to keys within this many tokens only")
+    sparse_attention: str = option(
+        "off",
+        choices=_sparse_kinds,
+        help="block-sparse self-attention (default {default}): radial (Li et al. 2025, the authors' mask "
+        "in blocks of 128; --sparse_option)",
+    )
+    sparse_option: tuple[str, ...] = option(
+        (),
+        repeat=True,
+        metavar="NAME=VALUE",
+        help="radial attention's settings by the authors' names ({sparse_options}), e.g. --sparse_option "
+        "decay_factor=0.2 --sparse_option dense_timestep=12 --sparse_option dense_block=1",
+        values=_sparse_defaults,
+    )
+
+    def sparse(self) -> Any:
+        """The :class:`~wanjax.kernels.radial.RadialAttention` asked for (None: dense); ConfigError
+        naming an unknown option or a bad value."""
+        from wanjax.kernels.radial import RadialAttention
+
+        if self.sparse_attention == "off":
+            if self.sparse_option:
+                raise ConfigError("--sparse_option needs --sparse_attention radial")
+            return None
+        options = {}
+        for value in self.sparse_option:
+            name, sep, text = value.partition("=")
+            if not sep or not name.strip():
+                raise ConfigError(f"--sparse_option {value!r} must be NAME=VALUE, e.g. decay_factor=0.2")
+            options[name.strip()] = text.strip()
+        return RadialAttention.of(options)
 
     @property
     def backend(self) -> str:

@@ -107,6 +107,18 @@ def make_report(
             ),
             **({"mesh": denoised.mesh_usage} if denoised and denoised.mesh_usage else {}),
             **(
+                {
+                    "sparse_attention": {
+                        "kind": "radial",
+                        "sparse_steps": list(denoised.sparse_steps),
+                        "sparse_blocks_from": denoised.sparse_attention.dense_block,
+                        "decay_factor": denoised.sparse_attention.decay_factor,
+                    }
+                }
+                if denoised and denoised.sparse_attention
+                else {}
+            ),
+            **(
                 {"expert_steps": list(denoised.expert_steps)}
                 if denoised and pipe.components.boundary_ratio
                 else {}

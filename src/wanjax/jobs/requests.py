@@ -196,6 +196,11 @@ def check_flags(request: Request) -> None:
     _check_cache(request)
     if isinstance(memory := getattr(request, "memory", None), MemoryFlags):
         memory.check()  # the library's offload, weights and activations checks, naming the flag
+    attention = getattr(request, "attention", None)
+    if attention is not None:
+        attention.sparse()  # a bad --sparse_option fails here, before any weight is read
+        if attention.window_size is not None and attention.sparse_attention != "off":
+            raise ConfigError("--window_size and --sparse_attention cannot be combined; give one")
     for name in ("lora", "lora_2"):
         for value in flags.get(name, ()):
             parse_lora(value, f"--{name}")

@@ -13,6 +13,7 @@ from wanjax.io.atomic import write_text
 from wanjax.jobs.cache_flags import CacheFlags
 from wanjax.jobs.groups import SamplingFlags
 from wanjax.jobs.opening import defaults_of, model_label
+from wanjax.kernels.radial import RadialAttention
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline.options import RunOptions
 from wanjax.pipeline.pipeline import WanPipeline
@@ -102,6 +103,7 @@ def denoise_latents(
     progress: bool = True,
     video_latents: Any = None,
     vace: Any = None,
+    sparse: RadialAttention | None = None,
 ) -> Denoised:
     """The pipeline's denoise with these parameters, step cache and image conditioning, or a source
     video's latents (``progress``: its bar on a terminal); with ``--cache_calibrate`` the measured MagCache ratios are written there
@@ -124,6 +126,7 @@ def denoise_latents(
         video_latents=video_latents,
         strength=params.get("strength"),
         vace=vace,
+        sparse_attention=sparse,
     )
     report = out.cache_report
     if cache.cache_calibrate and report is not None and is_primary():

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 
 from wanjax.errors import ConfigError
 from wanjax.kernels import tuning
+from wanjax.kernels.block_mask import BlockMask
 from wanjax.kernels.common import AttentionProblem, AttentionShape, InterpretModeWarning, Platform
 from wanjax.kernels.cudnn import cudnn_attention, cudnn_limit
 from wanjax.kernels.precision import Precision
@@ -77,7 +78,11 @@ class AttentionSpec:
     device kind, else that kind's ``tuning.default_blocks``. ``k_smooth`` subtracts the mean key over
     the sequence first (exact: it shifts each query's scores by a constant). ``window_size`` limits
     self-attention (``Lq == Lk``) to keys ``|i - j| <= window_size``; cross-attention stays global.
-    ``tune_file`` overrides the cache's location.
+    ``tune_file`` overrides the cache's location. ``block_mask``: a block-sparse self-attention mask
+    (:class:`~wanjax.kernels.block_mask.BlockMask`, e.g. radial attention's): every call with this
+    spec is self-attention over its length (the caller passes it for self-attention only); ``xla``
+    computes the kept key blocks only, the splash kernels skip the empty blocks, ``cudnn`` (which
+    cannot take it) runs the ``xla`` form.
     """
 
     backend: str = "auto"
@@ -88,6 +93,7 @@ class AttentionSpec:
     k_smooth: bool = False
     window_size: int | None = None
     tune_file: str | None = None
+    block_mask: BlockMask | None = None
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -96,6 +102,10 @@ class AttentionSpec:
             )
         if self.window_size is not None and self.window_size < 0:
             raise ConfigError(f"attention window_size must be >= 0, got {self.window_size}")
+        if self.window_size is not None and self.block_mask is not None:
+            raise ConfigError(
+                "a local window (--window_size) and sparse attention cannot be combined; use one"
+            )
 
     def blocks(self, key: str) -> tuning.Blocks:
         """The four kernel blocks: the ones given, the rest from the tune cache or the defaults."""
@@ -222,7 +232,10 @@ def attention(
     with jax.named_scope(shape.label(name)):
         if spec.k_smooth:
             k = smooth_keys(k)
-        if name == "xla":
+        mask = spec.block_mask
+        if mask is not None:
+            _check_mask(mask, q, k)
+        if name == "xla" or (name == "cudnn" and mask is not None):
             per_head = current_target().platform == "cpu" if per_head is None else per_head
             return xla_attention(
                 q,
@@ -230,21 +243,53 @@ def attention(
                 v,
                 scale=scale,
                 window_size=shape.window,
-                block_q=spec.block_q or 512,
+                block_q=spec.block_q or (512 if mask is None else SPARSE_QUERY_ROWS * mask.block),
                 block_k=spec.block_kv or 1024,
                 dense_limit=dense_limit,
                 per_head=per_head,
                 precision=precision,
+                block_mask=mask,
             )
         if name == "cudnn":
             return cudnn_attention(q, k, v, scale=scale)
         blocks = spec.blocks(tuning.shape_key(name, q.shape[1], k.shape[1], q.shape[3], q.dtype.name))
+        if mask is not None:
+            blocks = masked_blocks(blocks)
         # Pallas kernels are imported on first use: Pallas/Mosaic add ~15 MiB to every process
         if name == "splash":
             from wanjax.kernels.splash import splash_attention as kernel
         else:
             from wanjax.kernels.splash_exp2 import splash_exp2_attention as kernel
-        return kernel(AttentionProblem(q, k, v, scale, blocks, shape.window))
+        return kernel(AttentionProblem(q, k, v, scale, blocks, shape.window, mask))
+
+
+MASKED_BLOCK = 512
+# ``xla`` under a block mask: mask rows per query block (each over its rows' union of kept key blocks).
+# Measured at 32,760 tokens, 5 heads on the CPU (BENCHMARKS.md, radial decay 1.0 / 0.2): 2 rows in
+# 0.66 / 0.68 of dense, 1 row 1.35 / 1.26 (per-chunk overhead), 4 rows 0.96 / 1.05 (wider unions).
+SPARSE_QUERY_ROWS = 2
+
+
+def masked_blocks(blocks: tuning.Blocks) -> tuning.Blocks:
+    """The TPU kernels' blocks under a block mask: at most :data:`MASKED_BLOCK` (still nesting).
+
+    A kernel skips whole grid blocks only, and splash keeps every distinct partially kept grid block's
+    element mask on the device. For the 14B 720p radial mask (decay 1.0, 40% of its 128-blocks kept)
+    measured on the host with splash's own mask processing: grid blocks of 512 leave 45% empty and
+    keep 110 partial masks (29 MB, 12 s to process); blocks of 1024 leave 21% empty and keep 442
+    (463 MB, 30 s); the dense defaults (3328 x 2816) leave almost none and their partial masks
+    exhausted this machine's 24 GB."""
+    bq, bkv, bkv_compute, bkv_compute_in = (min(b, MASKED_BLOCK) for b in blocks)
+    bkv_compute_in = bkv_compute_in if bkv_compute % bkv_compute_in == 0 else 128
+    return bq, bkv, bkv_compute, bkv_compute_in
+
+
+def _check_mask(mask: BlockMask, q: jax.Array, k: jax.Array) -> None:
+    if k.shape[1] != mask.length or mask.q_offset + q.shape[1] > mask.length:
+        raise ValueError(
+            f"a block mask of {mask.length} tokens (queries from {mask.q_offset}) cannot apply to "
+            f"{q.shape[1]} queries and {k.shape[1]} keys: pass it for self-attention only"
+        )
 
 
 def smooth_keys(k: jax.Array) -> jax.Array:

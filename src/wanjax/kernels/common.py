@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from wanjax.errors import ConfigError
+from wanjax.kernels.precision import Precision, lax_precision
 from wanjax.target import current_target
 
 LANES = 128  # TPU vector lane width: kernel blocks and padded head dims are multiples of it
@@ -83,7 +84,8 @@ def fit_blocks(
 
 class AttentionProblem(NamedTuple):
     """A TPU kernel's inputs: ``(B, L, H, D)`` arrays, the score scale, the four block sizes
-    ``(bq, bkv, bkv_compute, bkv_compute_in)`` and an optional local window."""
+    ``(bq, bkv, bkv_compute, bkv_compute_in)``, an optional local window and an optional block mask
+    (a :class:`~wanjax.kernels.block_mask.BlockMask`)."""
 
     q: jax.Array
     k: jax.Array
@@ -91,6 +93,7 @@ class AttentionProblem(NamedTuple):
     scale: float
     blocks: tuple[int, int, int, int]
     window_size: int | None = None
+    block_mask: Any = None
 
 
 class Padding(NamedTuple):
@@ -194,3 +197,19 @@ class AttentionShape:
             window = None if m["window"] is None else int(m["window"])
             found.append((m["backend"], cls(dtype=m["dtype"], window=window, **sizes)))
         return found
+
+
+def einsum_f32(spec: str, a: jax.Array, b: jax.Array, precision: Precision) -> jax.Array:
+    """``jnp.einsum`` accumulating in float32, float32 inputs at ``precision``."""
+    return jnp.einsum(
+        spec, a, b, preferred_element_type=jnp.float32, precision=lax_precision(precision, a.dtype)
+    )
+
+
+def blocks_of(x: jax.Array, size: int) -> jax.Array:
+    """``(..., L, D)`` -> ``(ceil(L/size), ..., size, D)``, zero-padded at the end."""
+    pad = -x.shape[-2] % size
+    if pad:
+        x = jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, pad), (0, 0)])
+    x = x.reshape(*x.shape[:-2], x.shape[-2] // size, size, x.shape[-1])
+    return jnp.moveaxis(x, -3, 0)

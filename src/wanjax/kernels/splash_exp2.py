@@ -10,6 +10,12 @@ online softmax in turn.
 Grid: ``(batch*heads, q blocks, kv blocks)``; the running max, denominator and the transposed
 ``(D, bq)`` accumulator live in VMEM scratch across the kv axis. Keys beyond the true length and
 outside the window are masked; kv blocks with no visible key are skipped.
+
+A block mask (:class:`~wanjax.kernels.block_mask.BlockMask` of 128-token blocks, local queries on
+block boundaries) is scalar-prefetched as one int32 per grid block, its ``(bkv/128, bq/128)`` table
+slice in bits: a grid block with none set is skipped like one outside the window; in the others
+each key block's bits select query lanes, broadcast over its 128 key rows, so the kernel masks the
+partially kept grid blocks exactly.
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from wanjax.errors import ConfigError
 from wanjax.kernels.common import (
     MASK_VALUE,
     AttentionProblem,
@@ -32,20 +40,20 @@ from wanjax.kernels.common import (
 )
 
 LOG2_E = math.log2(math.e)
+MASK_BLOCK = 128  # the block of a block mask this kernel applies (its lanes' width)
 SUBLANES = 8  # rows of the running max / denominator scratch (one TPU vreg tile)
 
 
 def splash_exp2_attention(problem: AttentionProblem) -> jax.Array:
     """``softmax(q k^T * scale) v`` over ``(B, L, H, D)``; ``blocks``: ``(bq, bkv, bkv_compute, bkv_compute_in)``."""
-    q, k, v, scale, blocks, window_size = problem
+    q, k, v, scale, blocks, window_size, block_mask = problem
     batch, q_len, _, dim = q.shape
     k_len = k.shape[1]
     (bq, bkv, bkv_compute, bkv_compute_in), q_pad, k_pad, d_pad = pad_to_blocks(q, k, blocks)
     q_scaled = (q.astype(jnp.float32) * (scale * LOG2_E)).astype(q.dtype)
     qh, kh, vh = head_major(q_scaled, q_pad, d_pad), head_major(k, k_pad, d_pad), head_major(v, k_pad, d_pad)
-
-    kernel = functools.partial(
-        _kernel,
+    grid = (qh.shape[0], q_pad // bq, k_pad // bkv)
+    kernel_args = dict(
         bq=bq,
         bkv=bkv,
         bkv_compute=bkv_compute,
@@ -53,9 +61,13 @@ def splash_exp2_attention(problem: AttentionProblem) -> jax.Array:
         k_len=k_len if k_pad != k_len else None,
         window=window_size,
     )
+    if block_mask is not None:
+        return _masked_call(block_mask, qh, kh, vh, grid, kernel_args, q_len, k_len, dim, batch)
+
+    kernel = functools.partial(_kernel, **kernel_args)
     out = pl.pallas_call(
         kernel,
-        grid=(qh.shape[0], q_pad // bq, k_pad // bkv),
+        grid=grid,
         in_specs=[
             pl.BlockSpec((None, bq, d_pad), lambda h, i, j: (h, i, 0)),
             pl.BlockSpec((None, bkv, d_pad), lambda h, i, j: (h, j, 0)),
@@ -79,15 +91,81 @@ def splash_exp2_attention(problem: AttentionProblem) -> jax.Array:
     return from_head_major(out, batch, q_len, dim)
 
 
-def _cost(qh: jax.Array, kh: jax.Array, q_len: int, k_len: int, dim: int, q_blocks: int) -> pl.CostEstimate:
+def _masked_call(mask, qh, kh, vh, grid, kernel_args, q_len: int, k_len: int, dim: int, batch: int):
+    """The kernel over ``grid`` under a block mask: each grid block's table slice packed in one
+    scalar-prefetched int32 (bit ``r * (bq / 128) + c``: key block ``r``, query block ``c``; 0: skipped)."""
+    bq, bkv = kernel_args["bq"], kernel_args["bkv"]
+    rows, cols = bkv // MASK_BLOCK, bq // MASK_BLOCK
+    if mask.block != MASK_BLOCK or mask.q_offset % MASK_BLOCK or rows * cols > 31:
+        raise ConfigError(
+            f"splash_exp2 applies block masks of {MASK_BLOCK}-token blocks on local queries starting on a "
+            f"block boundary with grid blocks of at most 31 such blocks, got blocks of {mask.block} from "
+            f"query {mask.q_offset} in {bq}x{bkv}; use --attention splash"
+        )
+    _, nq, nk = grid
+    table = mask.coarse(nq * bq, nk * bkv).reshape(nq, cols, nk, rows).transpose(0, 2, 3, 1)
+    weights = (1 << np.arange(rows * cols, dtype=np.int64)).reshape(rows, cols)
+    bits = (table * weights).sum(axis=(2, 3)).astype(np.int32)  # (nq, nk)
+    d_pad = qh.shape[-1]
+    out = pl.pallas_call(
+        functools.partial(_masked_kernel, **kernel_args),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1,
+            grid=grid,
+            in_specs=[
+                pl.BlockSpec((None, bq, d_pad), lambda h, i, j, bits: (h, i, 0)),
+                pl.BlockSpec((None, bkv, d_pad), lambda h, i, j, bits: (h, j, 0)),
+                pl.BlockSpec((None, bkv, d_pad), lambda h, i, j, bits: (h, j, 0)),
+            ],
+            out_specs=pl.BlockSpec((None, bq, d_pad), lambda h, i, j, bits: (h, i, 0)),
+            scratch_shapes=[
+                pltpu.VMEM((SUBLANES, bq), jnp.float32),
+                pltpu.VMEM((SUBLANES, bq), jnp.float32),
+                pltpu.VMEM((d_pad, bq), jnp.float32),
+            ],
+        ),
+        out_shape=jax.ShapeDtypeStruct(qh.shape, qh.dtype),
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            flags={"XLA_TPU_FORCE_LP_LLO_SCHEDULER": True},
+        ),
+        interpret=use_interpret("splash_exp2"),
+        cost_estimate=_cost(qh, kh, q_len, k_len, dim, nq, density=float(table.mean())),
+        name="wanjax_splash_exp2_masked",
+    )(jnp.asarray(bits), qh, kh, vh)
+    return from_head_major(out, batch, q_len, dim)
+
+
+def _masked_kernel(bits_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, **kwargs):
+    _kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, bits_ref=bits_ref, **kwargs)
+
+
+def _seen_rows(bits: jax.Array, first: int, count: int, bq: int) -> jax.Array:
+    """``(count, bq)`` float: for key blocks ``first ..`` of the grid block, which query lanes see them."""
+    lane_block = jax.lax.div(jax.lax.broadcasted_iota(jnp.int32, (1, bq), 1), MASK_BLOCK)  # no sign op
+    cols = bq // MASK_BLOCK
+    rows = []
+    for r in range(first, first + count):
+        row = jnp.zeros((1, bq), jnp.float32)
+        for c in range(cols):
+            bit = jnp.where((bits & (1 << (r * cols + c))) != 0, 1.0, 0.0)
+            row = jnp.where(lane_block == c, bit, row)
+        rows.append(row)
+    return jnp.concatenate(rows, axis=0)
+
+
+def _cost(
+    qh: jax.Array, kh: jax.Array, q_len: int, k_len: int, dim: int, q_blocks: int, density: float = 1.0
+) -> pl.CostEstimate:
     """What the compiler's cost model counts for the call (else ~0): the attention's analytic FLOPs
     (``4 Lq Lk D`` per head, the padding not counted; :mod:`wanjax.tools.flops`), one exponential
-    per score, and the bytes moved: q and the output once, k and v once per query block."""
+    per score, and the bytes moved: q and the output once, k and v once per query block; ``density``:
+    the kept fraction of the grid's blocks under a block mask."""
     heads = qh.shape[0]
     item = qh.dtype.itemsize
     return pl.CostEstimate(
-        flops=4 * heads * q_len * k_len * dim,
-        transcendentals=heads * q_len * k_len,
+        flops=int(4 * heads * q_len * k_len * dim * density),
+        transcendentals=int(heads * q_len * k_len * density),
         bytes_accessed=2 * qh.size * item + 2 * kh.size * item * q_blocks,
     )
 
@@ -107,6 +185,7 @@ def _kernel(
     bkv_compute_in: int,
     k_len: int | None,
     window: int | None,
+    bits_ref=None,
 ) -> None:
     i, j = pl.program_id(1), pl.program_id(2)
     q_start, kv_start = i * bq, j * bkv
@@ -117,13 +196,17 @@ def _kernel(
         l_ref[...] = jnp.zeros(l_ref.shape, jnp.float32)
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
 
-    def compute(c: int, _: None) -> None:
+    def compute(c: int, _: None, visible_rows: jax.Array | None = None) -> None:
         start = pl.multiple_of(c * bkv_compute, bkv_compute)
         k = k_ref[pl.ds(start, bkv_compute), :]
         v = v_ref[pl.ds(start, bkv_compute), :]
         # (bkv_compute, bq) scores in log2 units: queries on lanes.
         qk = jax.lax.dot_general(k, q_ref[...], (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
         qk = _mask(qk, q_start, kv_start + start, k_len, window)
+        if visible_rows is not None:  # (bkv_compute / 128, bq) of the block mask -> (bkv_compute, bq)
+            rows = visible_rows.shape[0]
+            seen = jnp.broadcast_to(visible_rows[:, None, :], (rows, MASK_BLOCK, bq)).reshape(bkv_compute, bq)
+            qk = jnp.where(seen > 0.5, qk, MASK_VALUE)
         m, denom, acc = m_ref[0:1, :], l_ref[0:1, :], acc_ref[...]
         for s in range(0, bkv_compute, bkv_compute_in):
             qk_s = qk[s : s + bkv_compute_in]
@@ -143,9 +226,21 @@ def _kernel(
         l_ref[...] = jnp.broadcast_to(denom, l_ref.shape)
         acc_ref[...] = acc
 
-    @pl.when(_block_visible(q_start, kv_start, bq, bkv, k_len, window))
-    def run():
-        jax.lax.fori_loop(0, bkv // bkv_compute, compute, None)
+    visible = _block_visible(q_start, kv_start, bq, bkv, k_len, window)
+    if bits_ref is None:
+
+        @pl.when(visible)
+        def run():
+            jax.lax.fori_loop(0, bkv // bkv_compute, compute, None)
+
+    else:
+        bits = bits_ref[i, j]
+
+        @pl.when(visible & (bits != 0))
+        def run_masked():
+            per_slice = bkv_compute // MASK_BLOCK
+            for c in range(bkv // bkv_compute):  # static: each slice's key blocks are static bits
+                compute(c, None, _seen_rows(bits, c * per_slice, per_slice, bq))
 
     @pl.when(j == pl.num_programs(2) - 1)
     def finish():

@@ -19,8 +19,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from wanjax.kernels.common import MASK_VALUE
-from wanjax.kernels.precision import Precision, lax_precision
+from wanjax.kernels.block_mask import BlockMask
+from wanjax.kernels.common import MASK_VALUE, blocks_of, einsum_f32
+from wanjax.kernels.precision import Precision
+from wanjax.kernels.xla_sparse import block_sparse
 
 DENSE_LIMIT = 1 << 26  # score elements (256 MiB in float32) above which the blockwise path is used
 
@@ -37,8 +39,11 @@ def xla_attention(
     dense_limit: int = DENSE_LIMIT,
     per_head: bool = False,
     precision: Precision = "highest",
+    block_mask: BlockMask | None = None,
 ) -> jax.Array:
-    """``softmax(q k^T * scale) v`` over ``(B, L, H, D)`` arrays; ``window_size``: keys ``|i - j| <= w``."""
+    """``softmax(q k^T * scale) v`` over ``(B, L, H, D)`` arrays; ``window_size``: keys ``|i - j| <= w``;
+    ``block_mask``: block-sparse self-attention (:mod:`wanjax.kernels.xla_sparse`, key chunks of
+    ``block_k`` tokens), whatever the length."""
     batch, q_len, heads, _ = q.shape
 
     def to_head_major(x: jax.Array) -> jax.Array:  # (B, L, H, D) -> (B*H, L, D)
@@ -46,6 +51,8 @@ def xla_attention(
 
     def attend(qkv: tuple[jax.Array, jax.Array, jax.Array]) -> jax.Array:
         q, k, v = qkv
+        if block_mask is not None:
+            return block_sparse(q, k, v, scale, block_mask, block_k // block_mask.block, precision, block_q)
         if math.prod(q.shape[:-1]) * k.shape[-2] <= dense_limit:
             return _dense(q, k, v, scale, window_size, precision)
         return _blockwise(
@@ -55,12 +62,6 @@ def xla_attention(
     qkv = (to_head_major(q), to_head_major(k), to_head_major(v))
     out = jax.lax.map(attend, qkv) if per_head else attend(qkv)
     return out.reshape(batch, heads, q_len, v.shape[-1]).transpose(0, 2, 1, 3)
-
-
-def _einsum(spec: str, a: jax.Array, b: jax.Array, precision: Precision) -> jax.Array:
-    return jnp.einsum(
-        spec, a, b, preferred_element_type=jnp.float32, precision=lax_precision(precision, a.dtype)
-    )
 
 
 def _masked_scores(
@@ -74,7 +75,7 @@ def _masked_scores(
     precision: Precision,
 ) -> jax.Array:
     """float32 ``(..., Lq, Lk)`` scaled scores, ``MASK_VALUE`` at keys ``>= k_len`` or out of the window."""
-    s = _einsum("...qd,...kd->...qk", q, k, precision) * scale
+    s = einsum_f32("...qd,...kd->...qk", q, k, precision) * scale
     if k_len is None and window is None:
         return s
     valid = jnp.ones((q_pos.size, k_pos.size), bool)
@@ -90,16 +91,7 @@ def _dense(
 ) -> jax.Array:
     q_pos, k_pos = jnp.arange(q.shape[-2]), jnp.arange(k.shape[-2])
     probs = jax.nn.softmax(_masked_scores(q, k, scale, q_pos, k_pos, None, window, precision), axis=-1)
-    return _einsum("...qk,...kd->...qd", probs.astype(v.dtype), v, precision).astype(q.dtype)
-
-
-def _blocks(x: jax.Array, size: int) -> jax.Array:
-    """``(..., L, D)`` -> ``(ceil(L/size), ..., size, D)``, zero-padded at the end."""
-    pad = -x.shape[-2] % size
-    if pad:
-        x = jnp.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, pad), (0, 0)])
-    x = x.reshape(*x.shape[:-2], x.shape[-2] // size, size, x.shape[-1])
-    return jnp.moveaxis(x, -3, 0)
+    return einsum_f32("...qk,...kd->...qd", probs.astype(v.dtype), v, precision).astype(q.dtype)
 
 
 def _blockwise(
@@ -118,7 +110,7 @@ def _blockwise(
     once a visible one has been seen (its weight is rescaled by ``exp(MASK_VALUE - max) = 0``).
     """
     lead, q_len, k_len = q.shape[:-2], q.shape[-2], k.shape[-2]
-    k_blocks, v_blocks = _blocks(k, block_k), _blocks(v, block_k)
+    k_blocks, v_blocks = blocks_of(k, block_k), blocks_of(v, block_k)
     k_starts = jnp.arange(k_blocks.shape[0]) * block_k
     padded_len = k_len if k_len % block_k else None  # mask padded keys only where there are some
 
@@ -135,7 +127,7 @@ def _blockwise(
             p = jnp.exp(s - new_max[..., None])
             correction = jnp.exp(running_max - new_max)
             denom = denom * correction + p.sum(axis=-1)
-            pv = _einsum("...qk,...kd->...qd", p.astype(v.dtype), vb, precision)
+            pv = einsum_f32("...qk,...kd->...qd", p.astype(v.dtype), vb, precision)
             return (new_max, denom, acc * correction[..., None] + pv), None
 
         init = (
@@ -146,7 +138,7 @@ def _blockwise(
         (_, denom, acc), _ = jax.lax.scan(step, init, (k_blocks, v_blocks, k_starts))
         return (acc / denom[..., None]).astype(q.dtype)
 
-    q_blocks = _blocks(q, block_q)
+    q_blocks = blocks_of(q, block_q)
     out = jax.lax.map(one_query_block, (q_blocks, jnp.arange(q_blocks.shape[0]) * block_q))
     out = jnp.moveaxis(out, 0, -3)  # (..., nq, bq, D)
     return out.reshape(*lead, -1, v.shape[-1])[..., :q_len, :]

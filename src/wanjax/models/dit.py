@@ -32,7 +32,8 @@ from wanjax.kernels.common import AttentionShape
 from wanjax.kernels.precision import resolve_precision
 from wanjax.models import lora
 from wanjax.models.config import TransformerConfig
-from wanjax.models.dit_block import attend_fn, block, frame_views, modulate
+from wanjax.models.dit_attention import attend_fn
+from wanjax.models.dit_block import block, frame_views, modulate
 from wanjax.models.dit_context import ContextKV as ContextKV  # re-exported: the cache's type
 from wanjax.models.dit_context import context_kv
 from wanjax.models.dit_control import AnimateControl as AnimateControl  # re-exported: the inputs
@@ -75,9 +76,20 @@ def run_blocks(
     """Blocks ``start .. stop-1`` (default: all) on the tokens ``x (B, L, D)``, pinned to the token
     layout at every block boundary under the settings' mesh; ``offload="blocks"`` streams their weights.
     What follows each block (a VACE model's hint, an Animate model's face adapter) is
-    :func:`~wanjax.models.dit_control.after_blocks`'s."""
+    :func:`~wanjax.models.dit_control.after_blocks`'s. Under ``settings.sparse`` the blocks before its
+    ``dense_block`` run dense (today's program), the rest radial self-attention."""
+    sparse, mask = settings.sparse, None
+    if sparse is not None:
+        end = cfg.num_layers if stop is None else stop
+        split = min(max(sparse.dense_block, start), end)
+        settings = dataclasses.replace(settings, sparse=None)
+        if split > start:
+            x = run_blocks(params, cfg, x, cond, start, split, settings=settings)
+        if split == end:
+            return x
+        start, mask = split, sparse.block_mask(cond.grid)
     layout, pin = token_pins(settings.mesh, x.shape[0], math.prod(cond.grid), cfg.num_attention_heads)
-    attend, precision = attend_fn(settings, layout), settings.precision
+    attend, precision = attend_fn(settings, layout, mask), settings.precision
     extras, after = after_blocks(params, cfg, cond, settings)
     layers: Params = {"block": marked_blocks(params["blocks"], settings.int8_matmuls), **extras}
     if cond.context_kv is not None:

@@ -11,40 +11,13 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-from wanjax.kernels.attention import attention
 from wanjax.kernels.precision import Precision
 from wanjax.models.config import TransformerConfig
+from wanjax.models.dit_attention import Attend
 from wanjax.models.dit_context import ContextKV, cross_kv, project_heads
 from wanjax.models.layers import Params, apply_rope, gelu_tanh, layer_norm, linear
-from wanjax.models.settings import RunSettings
-from wanjax.parallel.attention import sharded_attention
-from wanjax.parallel.layouts import TokenLayout
 
-__all__ = ["Attend", "attend_fn", "attention_block", "block", "frame_views", "modulate"]
-
-Attend = Callable[..., jax.Array]  # (q, k, v, *, self_attention) -> out, all (B, L, H, D)
-
-
-def attend_fn(settings: RunSettings, layout: TokenLayout | None) -> Attend:
-    """The attention function: local without a mesh, else sharded over it as ``layout`` says."""
-    if layout is None:
-        return lambda q, k, v, self_attention: attention(
-            q, k, v, backend=settings.attention, precision=settings.precision
-        )
-
-    def attend(q: jax.Array, k: jax.Array, v: jax.Array, self_attention: bool) -> jax.Array:
-        return sharded_attention(
-            q,
-            k,
-            v,
-            mesh=settings.mesh,
-            layout=layout,
-            self_attention=self_attention,
-            backend=settings.attention,
-            precision=settings.precision,
-        )
-
-    return attend
+__all__ = ["attention_block", "block", "frame_views", "modulate"]
 
 
 def modulate(x: jax.Array, shift: jax.Array, scale: jax.Array, eps: float) -> jax.Array:

@@ -18,7 +18,8 @@ from wanjax.errors import ConfigError
 from wanjax.models import animate
 from wanjax.models.animate import AnimateControl
 from wanjax.models.config import TransformerConfig
-from wanjax.models.dit_block import attend_fn, block
+from wanjax.models.dit_attention import attend_fn
+from wanjax.models.dit_block import block
 from wanjax.models.dit_embed import Conditioning, patchify, token_pins
 from wanjax.models.layers import Params, linear
 from wanjax.models.settings import DEFAULT_SETTINGS, RunSettings

@@ -11,6 +11,7 @@ from jax.sharding import Mesh
 
 from wanjax.kernels.attention import AttentionSpec
 from wanjax.kernels.precision import Precision, parse_precision
+from wanjax.kernels.radial import RadialAttention
 from wanjax.models.config import parse_dtype
 from wanjax.models.offload import Offload, parse_offload
 
@@ -29,7 +30,10 @@ class RunSettings:
     ``attention``: the attention backend's name or :class:`~wanjax.kernels.attention.AttentionSpec`.
     ``mesh``: run sharded over it (None: one device). ``offload``: where the weights lie while the
     forward runs (:mod:`wanjax.models.offload`). ``int8_matmuls``: the DiT blocks' attention and FFN
-    matmuls multiply int8 x int8 (W8A8, :mod:`wanjax.models.w8a8`; int8 or GGUF kernels only)."""
+    matmuls multiply int8 x int8 (W8A8, :mod:`wanjax.models.w8a8`; int8 or GGUF kernels only).
+    ``sparse``: radial attention in the self-attention of the blocks from its ``dense_block`` on
+    (:class:`~wanjax.kernels.radial.RadialAttention`; None: dense; the sampler sets it for the sparse
+    steps)."""
 
     dtype: jnp.dtype = FLOAT32
     precision: Precision = "highest"
@@ -37,6 +41,7 @@ class RunSettings:
     mesh: Mesh | None = None
     offload: Offload = "none"
     int8_matmuls: bool = False
+    sparse: RadialAttention | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))

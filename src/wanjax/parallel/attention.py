@@ -10,6 +10,10 @@ batch over its batch axes, heads over its head axes, tokens over its sequence ax
 * cross-attention: queries keep their token split, the short text keys/values are whole on every
   device of a sequence group; no communication.
 
+A block-sparse self-attention mask (``AttentionSpec.block_mask``) applies as is under Ulysses (whole
+sequences); under all-gather each device applies its own rows of it (a switch over the device's
+sequence index, one branch per shard's rows).
+
 Inside ``shard_map`` each device's :func:`~wanjax.kernels.attention.attention` sees its local shape
 (whole sequences and fewer heads under Ulysses, a query shard under all-gather) and chooses its
 backend for that shape, as an unsharded call would.
@@ -17,6 +21,8 @@ backend for that shape, as an unsharded call would.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 
 import jax
@@ -67,6 +73,18 @@ def sharded_attention(
             return jax.lax.all_to_all(out, seq, 1, 2, tiled=True)
         if mode == "allgather":
             k, v = (jax.lax.all_gather(x, seq, axis=1, tiled=True) for x in (k, v))
+            mask = getattr(backend, "block_mask", None)
+            if mask is not None:
+                shards = math.prod(sizes[a] for a in seq)
+                branches = [
+                    functools.partial(
+                        attention,
+                        backend=dataclasses.replace(backend, block_mask=mask.shard(i, shards)),
+                        precision=precision,
+                    )
+                    for i in range(shards)
+                ]
+                return jax.lax.switch(jax.lax.axis_index(seq), branches, q, k, v)
         return attention(q, k, v, backend=backend, precision=precision)
 
     q_spec = layout.qkv()

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from wanjax.kernels.radial import RadialAttention
 from wanjax.models.defaults import TEXT_LENGTH, Defaults
 from wanjax.sampling.cache.step_cache import CacheConfig
 
@@ -28,7 +29,9 @@ class RunOptions:
     ``int(steps * strength)`` steps run), ``fps`` (a video file's read rate). A VACE model:
     ``conditioning_scale`` (the control's weight, one or one per vace layer). An Animate model (as
     diffusers' ``WanAnimatePipeline``): ``mode`` (``animate``, ``replace``), ``segment_frame_length``
-    and ``prev_segment_conditioning_frames`` (``num_frames`` left out: the pose video's)."""
+    and ``prev_segment_conditioning_frames`` (``num_frames`` left out: the pose video's).
+    ``sparse_attention``: radial attention (:class:`~wanjax.kernels.radial.RadialAttention`; None:
+    dense)."""
 
     height: int | None = None
     width: int | None = None
@@ -48,6 +51,7 @@ class RunOptions:
     mode: str | None = None
     segment_frame_length: int | None = None
     prev_segment_conditioning_frames: int | None = None
+    sparse_attention: RadialAttention | None = None
 
     @classmethod
     def of(cls, options: RunOptions | None, values: dict[str, Any]) -> RunOptions:

@@ -213,6 +213,7 @@ class WanPipeline:
                     boundary_ratio=o.boundary_ratio if o.boundary_ratio is not None else parts.boundary_ratio,
                     guidance_scale_2=o.guidance_scale_2,
                     on_expert=parts.switch_expert,
+                    sparse=o.sparse_attention,
                 )
         return dataclasses.replace(result, mesh_usage=mesh_usage)
 

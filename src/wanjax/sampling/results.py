@@ -26,6 +26,8 @@ class Denoised:
     expert_steps: tuple[int, ...] = ()  # which expert ran each step (0: the first)
     mesh_usage: str | None = None  # how the run used each mesh axis (None: one device)
     finite_flags: tuple[jax.Array, ...] = dataclasses.field(default=(), repr=False)  # per step, on device
+    sparse_steps: tuple[int, ...] = ()  # the steps that ran radial attention (0-based)
+    sparse_attention: Any = None  # its RadialAttention (None: dense): blocks from its dense_block on
 
     def check_finite(self, dtype: Any) -> None:
         """Raise NumericalError when the latents are not finite, naming the first step that made them

@@ -16,6 +16,7 @@ is read.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import statistics
@@ -29,6 +30,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 
 from wanjax.errors import ConfigError
+from wanjax.kernels.radial import RadialAttention
 from wanjax.models.dit import WanTransformer
 from wanjax.models.layers import Params
 from wanjax.parallel.layouts import to_global, to_host
@@ -80,12 +82,33 @@ class Sampler:
         self.context_cache = default_on(model.settings.offload) if context_cache is None else context_cache
         self._programs = ProgramCache()
 
-    def _program(self, scheduler: Scheduler, args: tuple[Any, ...], expert: int = 0) -> jax.stages.Compiled:
+    def _program(
+        self,
+        scheduler: Scheduler,
+        args: tuple[Any, ...],
+        expert: int = 0,
+        sparse: RadialAttention | None = None,
+    ) -> jax.stages.Compiled:
         key = (expert, *schedule_key(scheduler), signature(args))
-        return self._programs.get(key, lambda: self._lower(scheduler, args, expert))
+        if sparse is not None:  # a dense step's key (and program) stays today's
+            key = ("sparse", sparse, *key)
+        return self._programs.get(key, lambda: self._lower(scheduler, args, expert, sparse))
 
-    def _lower(self, scheduler: Scheduler, args: tuple[Any, ...], expert: int = 0) -> jax.stages.Lowered:
+    def _expert(self, expert: int, sparse: RadialAttention | None) -> WanTransformer:
+        """Expert ``expert``, or (``sparse``) the same weights running radial attention."""
         model = self.experts[expert]
+        if sparse is None:
+            return model
+        return WanTransformer(model.cfg, model.params, dataclasses.replace(model.settings, sparse=sparse))
+
+    def _lower(
+        self,
+        scheduler: Scheduler,
+        args: tuple[Any, ...],
+        expert: int = 0,
+        sparse: RadialAttention | None = None,
+    ) -> jax.stages.Lowered:
+        model = self._expert(expert, sparse)
 
         def step(params, state, index, cond, uncond, guidance, image, kv):
             timestep = scheduler.model_timestep(index)
@@ -110,10 +133,11 @@ class Sampler:
         args: tuple[Any, ...],
         cache_sharding: Any,
         expert: int = 0,
+        sparse: RadialAttention | None = None,
     ) -> jax.stages.Lowered:
         """The step program under a step cache, lowered: it also carries the cache state and returns
         which branches computed (and, calibrating, their magnitude ratios)."""
-        model = self.experts[expert]
+        model = self._expert(expert, sparse)
 
         def step(
             params, state, index, cond, uncond, guidance, image, kv, cache_state, schedule, threshold, first
@@ -152,9 +176,16 @@ class Sampler:
         scheduler, step_args, expert = self._abstract_step(*args, **kwargs)
         return self._program(scheduler, step_args, expert)
 
-    def lower(self, *args: Any, cache: CacheConfig | None = None, **kwargs: Any) -> jax.stages.Lowered:
+    def lower(
+        self,
+        *args: Any,
+        cache: CacheConfig | None = None,
+        sparse: RadialAttention | None = None,
+        **kwargs: Any,
+    ) -> jax.stages.Lowered:
         """The step program for inputs shaped like these, lowered only (e.g. for another target);
-        with ``cache``, the program that policy runs (its state and schedule abstract inputs too)."""
+        with ``cache``, the program that policy runs (its state and schedule abstract inputs too);
+        with ``sparse``, a sparse step's."""
         cached = cache is not None and cache.enabled
         scheduler, step_args, expert = self._abstract_step(*args, cached=cached, **kwargs)
         _, state, _, _, uncond, _, image, _ = step_args
@@ -163,9 +194,9 @@ class Sampler:
         turns = [min(i, 1) for i in range(steps)] if two else None  # each expert's turn: shapes only
         step_cache = self._step_cache(cache, scheduler, uncond is not None, turns, image)
         if step_cache is None:
-            return self._lower(scheduler, step_args, expert)
+            return self._lower(scheduler, step_args, expert, sparse)
         specs, sharding = self._cache_specs(step_cache, state.sample.shape, expert)
-        return self._cached_lower(scheduler, step_cache, step_args + specs, sharding, expert)
+        return self._cached_lower(scheduler, step_cache, step_args + specs, sharding, expert, sparse)
 
     def _abstract_step(
         self,
@@ -273,6 +304,7 @@ class Sampler:
         boundary_ratio: float | None = None,
         guidance_scale_2: float | None = None,
         on_expert: Callable[[int], None] | None = None,
+        sparse: RadialAttention | None = None,
     ) -> Denoised:
         """Run the scheduler's steps (from its ``start``) from ``latents`` (float32: noise, or source
         latents noised to the first step): the final latents, the step timings and what the run
@@ -293,6 +325,10 @@ class Sampler:
         computes an on-device flag "the latents are finite" (the result's ``finite_flags``, never read
         in the loop); with ``check_finite`` (or a later :meth:`Denoised.check_finite`) NaN/inf in the final
         latents raise :class:`~wanjax.errors.NumericalError` naming the first step that produced them.
+
+        ``sparse``: radial attention (:class:`~wanjax.kernels.radial.RadialAttention`) from step
+        ``dense_timestep`` on, in the blocks from ``dense_block`` on; the dense steps run the dense
+        program. The result's ``sparse_steps`` lists the steps that ran sparse.
         """
         joined = isinstance(image, ImageConditioning) and not image.first_frame
         channels = latents.shape[1] + (image.latents.shape[1] if joined else 0)
@@ -339,10 +375,14 @@ class Sampler:
         finite: list[jax.Array] = []
         decisions: list[tuple[jax.Array, jax.Array]] = []
         program, extra, current = None, (), None
+        sparse_steps = []
         for i in range(scheduler.start, scheduler.num_inference_steps):
             k = experts[i]
-            if k != current:  # this expert's first step: its weights, then its program
-                if on_expert is not None:
+            step_sparse = sparse if sparse is not None and sparse.sparse_step(i) else None
+            if step_sparse is not None:
+                sparse_steps.append(i)
+            if (k, step_sparse) != current:  # a new expert's or mode's first step: its program
+                if on_expert is not None and (current is None or current[0] != k):
                     on_expert(k)
                 params = self.experts[k].params
                 start = time.perf_counter()
@@ -350,14 +390,17 @@ class Sampler:
                 kv = self._context_cache(k, params, cond, uncond, image, per_video)
                 args = (params, state, index0, cond, uncond, guidance[k], image, kv)
                 if step_cache is None:
-                    program = self._program(scheduler, args, k)
+                    program = self._program(scheduler, args, k, step_sparse)
                 else:  # each expert starts from an empty cache, as diffusers' hook on each transformer
-                    extra, cache_sharding = self._cache_inputs(step_cache, latents, place, k, i)
+                    if current is None or current[0] != k:
+                        extra, cache_sharding = self._cache_inputs(step_cache, latents, place, k, i)
                     key = ("cached", k, *step_cache.key, *schedule_key(scheduler), signature(args + extra))
-                    lower = (scheduler, step_cache, args + extra, cache_sharding, k)
+                    if step_sparse is not None:
+                        key = ("sparse", step_sparse, *key)
+                    lower = (scheduler, step_cache, args + extra, cache_sharding, k, step_sparse)
                     program = self._programs.get(key, functools.partial(self._cached_lower, *lower))
                 times.compile += time.perf_counter() - start
-                current = k
+                current = (k, step_sparse)
             start = time.perf_counter()
             step_args = (params, state, place(jnp.int32(i)), cond, uncond, guidance[k], image, kv)
             if step_cache is None:
@@ -379,7 +422,15 @@ class Sampler:
         final = state.sample
         if is_first_frame(image):
             final = image.impose(final)
-        result = Denoised(final, times, report, tuple(experts[scheduler.start :]), finite_flags=tuple(finite))
+        result = Denoised(
+            final,
+            times,
+            report,
+            tuple(experts[scheduler.start :]),
+            finite_flags=tuple(finite),
+            sparse_steps=tuple(sparse_steps),
+            sparse_attention=sparse,
+        )
         if check_finite:
             result.check_finite(self.model.dtype)
         return result

@@ -61,6 +61,7 @@ from wanjax.io.checkpoint import ShardingFn, abstract_params, random_params, ran
 from wanjax.io.quant import leaf_builder
 from wanjax.io.quantizable import KEPT_GGUF, UNQUANTIZED, weights_dtype
 from wanjax.jobs.flags import add_flags, from_namespace, option
+from wanjax.jobs.opening import attention_spec
 from wanjax.jobs.status import Status
 from wanjax.models import clip_vision, dit, umt5
 from wanjax.models.config import parse_dtype
@@ -86,10 +87,13 @@ from wanjax.tools.bench_config import (
 from wanjax.tools.bench_memory import check_memory
 from wanjax.tools.bench_report import MEMORY_LEGEND, format_table
 from wanjax.tools.flops import (
+    Flops,
+    attention_density,
     clip_vision_flops,
     context_kv_flops,
     dit_step_flops,
     skipped_step_flops,
+    sparse_step_flops,
     umt5_flops,
     vae_decode_flops,
 )
@@ -215,7 +219,10 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     offload = parse_offload(cfg.memory.offload)
     sharding = dit.transformer_sharding(offload=offload)  # blocks: the stacked layers in pinned host
     params, weights = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, sharding, cfg.memory.weights_dtype)
-    settings = RunSettings(dtype, offload=offload, int8_matmuls=bench_int8(cfg))
+    settings = RunSettings(
+        dtype, attention=attention_spec(cfg.attention), offload=offload, int8_matmuls=bench_int8(cfg)
+    )
+    sparse = cfg.attention.sparse()
     model = dit.WanTransformer(tcfg, params, settings)
     boundary = cfg.variant.boundary_ratio
     residency = Residency(offload)  # as WanPipeline moves the weights
@@ -282,6 +289,7 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
             image=image,
             boundary_ratio=boundary,
             on_expert=swap,
+            sparse=sparse,
         )
 
     start = time.perf_counter()
@@ -329,7 +337,22 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
         effective_step_s=statistics.median(denoising) / cfg.num_inference_steps,
         expert_steps=None if second is None else list(result.expert_steps),
         text_kv=text_kv,
+        sparse=None if sparse is None else _sparse_summary(tcfg, shape, flops, sparse, guided, result),
     )
+
+
+def _sparse_summary(
+    tcfg: Any, shape: Any, flops: Flops, sparse: Any, guided: bool, result: Any
+) -> dict[str, Any]:
+    """Radial attention's kept fraction of self-attention blocks, the steps it ran and a sparse
+    step's TFLOP (:func:`~wanjax.tools.flops.sparse_step_flops`)."""
+    return {
+        "attention_density": attention_density(tcfg, shape, sparse),
+        "sparse_steps": list(result.sparse_steps),
+        "dense_block": sparse.dense_block,
+        "tflop_sparse_step": sparse_step_flops(tcfg, shape, flops, sparse, guided).total / 1e12,
+        "tflop_attention_sparse_step": sparse_step_flops(tcfg, shape, flops, sparse, guided).attention / 1e12,
+    }
 
 
 def bench_decode(cfg: BenchConfig) -> StageResult:

@@ -10,7 +10,7 @@ from typing import Any
 from wanjax.errors import WanjaxError
 from wanjax.jobs.cache_flags import CacheFlags
 from wanjax.jobs.flags import option
-from wanjax.jobs.groups import DEFAULT_DTYPE, MemoryFlags, PromptFlags, VaeFlags
+from wanjax.jobs.groups import DEFAULT_DTYPE, AttentionFlags, MemoryFlags, PromptFlags, VaeFlags
 from wanjax.models.clip_vision import CLIPVisionConfig
 from wanjax.models.config import TransformerConfig
 from wanjax.models.registry import Variant, released
@@ -70,6 +70,7 @@ class BenchConfig:
     )
     memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
     cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
+    attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
 
     def cache_config(self) -> CacheConfig:
         """The step cache the denoise stage runs with (bench times steps: nothing calibrates)."""
@@ -142,6 +143,7 @@ class StageResult:
     tflop_known: float | None = None  # image: the CLIP encoder's TFLOP (the VAE encode's not counted)
     expert_steps: list[int] | None = None  # denoise, two experts: which one ran each step
     text_kv: dict[str, Any] | None = None  # denoise: the text K/V cache (the TFLOP each step saves, bytes)
+    sparse: dict[str, Any] | None = None  # denoise, radial attention: its density, sparse steps and TFLOP
 
     def summary(self) -> dict[str, Any]:
         med = statistics.median(self.steady) if self.steady else float("nan")
@@ -169,6 +171,8 @@ class StageResult:
             out["tflop_clip"] = self.tflop_known
         if self.expert_steps is not None:
             out["expert_steps"] = self.expert_steps
+        if self.sparse is not None:
+            out["sparse_attention"] = self.sparse
         if self.per_step is not None:
             out["s_per_step_median"] = statistics.median(self.per_step) if self.per_step else float("nan")
             out["s_per_step_spread"] = [min(self.per_step, default=0.0), max(self.per_step, default=0.0)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import math
 import re
@@ -35,6 +36,7 @@ from wanjax.io.gguf_kernel import abstract_kept
 from wanjax.io.quant import abstract_quantized_params
 from wanjax.io.quantizable import KEPT_GGUF
 from wanjax.kernels.attention import AttentionShape, AttentionSpec, attention, resolve_backend
+from wanjax.kernels.radial import RadialAttention
 from wanjax.models import clip_vision, dit, umt5, vae
 from wanjax.models.animate import abstract_control
 from wanjax.models.config import parse_dtype
@@ -55,9 +57,11 @@ from wanjax.sampling.sampler import Sampler
 from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 from wanjax.target import Target, building_for, current_target
 from wanjax.tools.flops import (
+    attention_density,
     clip_vision_flops,
     context_kv_flops,
     dit_step_flops,
+    sparse_step_flops,
     umt5_flops,
     vae_decode_flops,
 )
@@ -112,6 +116,20 @@ class RunSpec:
     guidance: bool = True  # the CFG pair in one batch
     max_sequence_length: int = TEXT_LENGTH
     cache: CacheConfig | None = None  # a step cache: the step is the program that policy runs
+    sparse: RadialAttention | None = None  # radial attention: its sparse step compiled too (step_sparse)
+
+    @property
+    def latents_shape(self) -> tuple[int, int, int, int, int]:
+        """The run's latents ``(1, z, T', H/8, W/8)``."""
+        v = self.variant
+        frames = (self.frames - 1) // v.vae.temporal_factor + 1
+        return (
+            1,
+            v.vae.z_dim,
+            frames,
+            self.height // v.vae.spatial_factor,
+            self.width // v.vae.spatial_factor,
+        )
 
 
 @dataclasses.dataclass
@@ -146,6 +164,7 @@ class CompileReport:
     usable_hbm_bytes_per_chip: int  # what the TPU compiler lets a program use
     mesh: str
     programs: list[ProgramReport]
+    attention_density: float | None = None  # radial attention's kept fraction of self-attention blocks
 
     @property
     def fits(self) -> bool:
@@ -164,6 +183,7 @@ class CompileReport:
             "usable_hbm_bytes_per_chip": self.usable_hbm_bytes_per_chip,
             "mesh": self.mesh,
             "fits": self.fits,
+            "attention_density": self.attention_density,
             "programs": [dataclasses.asdict(p) for p in self.programs],
         }
 
@@ -388,9 +408,8 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
     offload = parse_offload(run.offload)
     dtype, vae_dtype = parse_dtype(run.dtype), parse_dtype(run.vae_dtype)
     params_sharding = param_sharding(mesh, fsdp)
-    geometry_t = (run.frames - 1) // v.vae.temporal_factor + 1
-    h, w = run.height // v.vae.spatial_factor, run.width // v.vae.spatial_factor
-    latents_shape = (1, v.vae.z_dim, geometry_t, h, w)
+    latents_shape = run.latents_shape
+    geometry_t, h, w = latents_shape[2:]
 
     def in_strips(shape: tuple[int, ...]) -> jax.ShapeDtypeStruct:
         """A VAE input, split in spatial strips over the mesh as the pipeline places it."""
@@ -499,6 +518,10 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
         if cached:
             yield Program(f"text_kv{suffix}", lower_kv, "denoise", "xla", weights, kv_flops, component)
         yield Program(f"step{suffix}", lower, "denoise", backend, weights, step_flops.total, component)
+        if run.sparse is not None:
+            flops = sparse_step_flops(tcfg, latents_shape, step_flops, run.sparse, run.guidance).total
+            lower = functools.partial(sampler.lower, *inputs, **options, sparse=run.sparse)
+            yield Program(f"step_sparse{suffix}", lower, "denoise", backend, weights, flops, component)
 
     latents = in_strips(latents_shape)
     yield Program(
@@ -567,6 +590,8 @@ def compile_run(
     target = slice_target(tpu)
     chip = tpu.chip
     report = CompileReport(tpu.name, tpu.chips, chip.hbm_bytes, chip.usable_hbm_bytes, run.mesh.flag, [])
+    if run.sparse is not None:
+        report.attention_density = attention_density(run.variant.transformer, run.latents_shape, run.sparse)
     if on_line is not None:
         on_line(report.header())
     with building_for(target):

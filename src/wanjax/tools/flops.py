@@ -14,6 +14,9 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+import numpy as np
+
+from wanjax.kernels.radial import RadialAttention
 from wanjax.models.clip_vision import CLIPVisionConfig
 from wanjax.models.config import TransformerConfig
 from wanjax.models.defaults import TEXT_LENGTH
@@ -338,3 +341,36 @@ def achieved(flops: Flops | int, seconds: float) -> float:
     """FLOP/s for ``flops`` done in ``seconds`` (``nan`` when no time was measured)."""
     total = flops.total if isinstance(flops, Flops) else flops
     return total / seconds if seconds > 0 else math.nan
+
+
+def attention_density(cfg: TransformerConfig, latent_shape: Sequence[int], sparse: RadialAttention) -> float:
+    """The kept fraction of the radial mask's self-attention blocks for latents ``(..., T, H, W)``."""
+    return sparse.block_mask(_token_grid(cfg, latent_shape)).density
+
+
+def sparse_step_flops(
+    cfg: TransformerConfig,
+    latent_shape: Sequence[int],
+    step: Flops,
+    sparse: RadialAttention,
+    guidance: bool = True,
+) -> Flops:
+    """A sparse step's FLOPs: ``step`` (:func:`dit_step_flops`) with the self-attention of the blocks
+    from ``sparse.dense_block`` on cut to the query-key pairs the mask keeps (its kept blocks'
+    tokens: a partial last block counts its tokens only)."""
+    mask = sparse.block_mask(_token_grid(cfg, latent_shape))
+    sizes = np.full(mask.table.shape[0], mask.block, np.int64)
+    sizes[-1] = mask.length - mask.block * (len(sizes) - 1)
+    kept = float(sizes @ mask.table.astype(np.int64) @ sizes) / mask.length**2
+    rows = latent_shape[0] * (2 if guidance else 1)
+    self_attention = attention_flops(
+        rows, cfg.num_attention_heads, mask.length, mask.length, cfg.attention_head_dim
+    )
+    sparse_blocks = max(0, cfg.num_layers - sparse.dense_block)
+    return step - Flops(0, round(sparse_blocks * self_attention * (1 - kept)))
+
+
+def _token_grid(cfg: TransformerConfig, latent_shape: Sequence[int]) -> tuple[int, int, int]:
+    t, h, w = latent_shape[-3:]
+    pt, ph, pw = cfg.patch_size
+    return t // pt, h // ph, w // pw
