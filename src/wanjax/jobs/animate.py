@@ -1,4 +1,4 @@
-"""``generate`` on a Wan 2.2 Animate model: its flags (:class:`~wanjax.jobs.groups.AnimateFlags`)
+"""``generate`` on a Wan 2.2 Animate model: its flags (:class:`~wanjax.jobs.animate_flags.AnimateFlags`)
 checked and its videos read before any work (one-line errors naming the flag), then the run
 (:func:`wanjax.pipeline.animate.animate`, segment by segment)."""
 

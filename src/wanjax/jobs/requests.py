@@ -20,9 +20,9 @@ from typing import Any, ClassVar
 
 from wanjax.errors import ConfigError, WanjaxError
 from wanjax.io.video import fps_problem
+from wanjax.jobs.animate_flags import AnimateFlags
 from wanjax.jobs.cache_flags import CacheFlags
 from wanjax.jobs.groups import (
-    AnimateFlags,
     AttentionFlags,
     CommonFlags,
     ComponentFileFlags,
