@@ -288,7 +288,7 @@ def test_cli_revision_and_download_flags(hf_cache, demo_dir, cached_repo, capsys
             },
             "expand_timesteps with two experts",
         ),
-        ({"_class_name": "WanAnimatePipeline"}, "a WanAnimatePipeline; wanjax runs WanPipeline, "),
+        ({"_class_name": "SkyReelsV2Pipeline"}, "a SkyReelsV2Pipeline; wanjax runs WanPipeline, "),
         ({"transformer_2": ["diffusers", "WanTransformer3DModel"], "boundary_ratio": 1.5}, "between 0 and 1"),
         ({"flow_guidance": 2.0}, "unknown field(s) flow_guidance"),
     ],
