@@ -150,8 +150,8 @@ def test_480p_mask_equals_authors(decay):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("decay", [0.2, 0.5, 1.0])
-def test_720p_mask_equals_authors(decay):
+@pytest.mark.parametrize("decay", [0.5])  # the reference's 75,600-token mask costs ~1 min a decay:
+def test_720p_mask_equals_authors(decay):  # the other decays run the same code at 480p and below
     density = _compare(*GRID_720P, decay, 128)
     if (GRID_720P, decay) in QUOTED:
         assert abs(density - QUOTED[GRID_720P, decay]) < 0.01
