@@ -113,13 +113,6 @@ def test_the_stages_refuse_an_animate_model(files, capsys, demo_env, tmp_path):
     assert code == 2 and len(err) == 1 and "run it with `wanjax generate`" in err[0], err
 
 
-def test_the_server_refuses_an_animate_model(demo_env, capsys, tmp_path):
-    """Not served yet: one line at startup, before it listens."""
-    code = main(["serve", "--model", "demo-animate", "--output_dir", str(tmp_path / "srv"), "--port", "0"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "does not serve an Animate model yet" in err[-1], err
-
-
 def test_a_step_cache_is_refused_on_an_animate_model(files, capsys, demo_env):
     """Not checked against diffusers' caches on this model yet: one line, before any work."""
     base = ("--image", files["image"], "--pose_video", files["pose"], "--face_video", files["face"])

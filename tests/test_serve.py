@@ -31,6 +31,7 @@ from wanjax.server.sqlite_store import SqliteJobStore
 KEY = "test-key-123"
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC"
 PROMPT = "A red fox runs through fresh snow"
+NO_ANIMATE_VIDEOS = dict.fromkeys(("pose_video", "face_video", "background_video", "mask_video"), "none")
 
 
 def generate_in_a_process(*args: str) -> int:
@@ -625,6 +626,7 @@ def test_an_image_to_video_job_is_the_generate_run(demo_env, tmp_path):
             "video": "none",
             "mask": "none",
             "reference_images": "none",
+            **NO_ANIMATE_VIDEOS,
         }
         assert info["limits"]["max_body_bytes"] == 16 * 2**20
         status, error, _ = server.request("POST", "/v1/videos", {"prompt": PROMPT})
@@ -701,7 +703,7 @@ def test_a_vace_job_takes_a_control_video_a_mask_and_references(demo_env, tmp_pa
     try:
         _, info, _ = server.request("GET", "/v1/server")
         assert info["inputs"] == {"image": "none", "last_image": "none", "video": "optional", "mask": "optional",
-                                  "reference_images": "optional"}  # fmt: skip
+                                  "reference_images": "optional", **NO_ANIMATE_VIDEOS}  # fmt: skip
         fields = dict(
             prompt=PROMPT, num_inference_steps=2, seed=3, conditioning_scale=0.7, frames=9, size="96x64"
         )

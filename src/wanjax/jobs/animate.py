@@ -55,8 +55,9 @@ def open_animate_inputs(
     if not cfg.animate:
         if flags.given:
             raise WanjaxError(
-                f"--mode, --pose_video, --face_video, --background_video, --mask_video and the segment flags "
-                f"are for an Animate model; {model_label(pipe.components.source)} is not one"
+                "--mode, --pose_video, --face_video, --background_video, --mask_video, --segment_frame_length "
+                f"and --prev_segment_conditioning_frames are for an Animate model; "
+                f"{model_label(pipe.components.source)} is not one"
             )
         return None
     if request.images.image is None or flags.pose_video is None:

@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from wanjax.io.video import fps_problem
+from wanjax.jobs.animate import VIDEO_FLAGS as ANIMATE_VIDEOS
+from wanjax.jobs.animate_flags import AnimateFlags
 from wanjax.jobs.groups import ImageFlags, LoraFlags, OutputFlags, SourceVideoFlags, VaceFlags, VideoFlags
 from wanjax.jobs.requests import GenerateRequest
 from wanjax.models.registry import Defaults
@@ -30,17 +32,19 @@ SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")  # fullmatch: ASCII digits, noth
 SURROGATE = re.compile(r"[\ud800-\udfff]")  # lone: a str holds a pair as one astral character
 DATA_URL = re.compile(r"^data:(?:image|video)/[\w.+-]+;base64,")
 NUMBER_FIELDS = {"fps", "guidance_scale", "seconds", "strength", "conditioning_scale"}
-INT_FIELDS = {"frames", "num_inference_steps", "seed"}
+ANIMATE_VALUES = ("mode", "segment_frame_length", "prev_segment_conditioning_frames")  # an Animate model's
+INT_FIELDS = {"frames", "num_inference_steps", "seed", *ANIMATE_VALUES[1:]}
 IMAGE_FIELDS = ("image", "last_image")
 UPLOADS = {
     "image": "an image",
     "last_image": "an image",
     "video": "a video",
     "mask": "an image or a video",
+    **dict.fromkeys(ANIMATE_VIDEOS, "a video"),
 }  # saved as the job's input files
 REFERENCES = "reference_images"  # a VACE model's: a list of images, each saved as an input file
 MAX_REFERENCES = 4
-TEXT_FIELDS = {"prompt", "negative_prompt", "size", "model", *UPLOADS}
+TEXT_FIELDS = {"prompt", "negative_prompt", "size", "model", ANIMATE_VALUES[0], *UPLOADS}
 LIST_FIELDS = {REFERENCES}
 REFERENCES_KIND = f"a list of up to {MAX_REFERENCES} images"
 
@@ -163,6 +167,7 @@ def job_params(
         **{name: name in uploads for name in UPLOADS},
         REFERENCES: len(body.get(REFERENCES, ())),
         "conditioning_scale": body.get("conditioning_scale"),
+        **{name: body.get(name) for name in ANIMATE_VALUES},
         "strength": float(filled.strength) if to_video else filled.strength,
         **requested,  # echoed as asked (the video object's ``seconds``)
         **{name: entries for name, entries in loras.items() if entries},  # on top of the server's
@@ -351,6 +356,7 @@ def generate_request(
     source: SourceVideoFlags | None = None,
     vace: VaceFlags | None = None,
     loras: Mapping[str, tuple[str, ...]] | None = None,
+    animate: AnimateFlags | None = None,
 ) -> GenerateRequest:
     """The ``wanjax generate`` request of a job: the server's flags (model, dtype, mesh, ...) with the
     job's text, images or video to re-make, video and sampling values, its output files, and its own
@@ -366,6 +372,7 @@ def generate_request(
         images=images,
         source=source or SourceVideoFlags(),
         vace=vace or VaceFlags(),
+        animate=animate or AnimateFlags(),
         video=VideoFlags(params["height"], params["width"], params["frames"], params["fps"]),
         sampling=dataclasses.replace(
             base.sampling,
@@ -403,7 +410,7 @@ def api_message(message: str, paths: Mapping[str, Any] | None = None) -> str:
 
 def message_param(message: str) -> str | None:
     """The field a message (:func:`api_message`) starts with, if any: its ``param``."""
-    first = message.split(maxsplit=1)[0].rstrip(":") if message else ""
+    first = message.split(maxsplit=1)[0].rstrip(":,") if message else ""  # "mode, pose_video, ...": mode
     return "size" if first in ("height", "width") else first if first in FIELDS else None
 
 
@@ -435,6 +442,7 @@ def video_object(job: Job, model: str) -> dict[str, Any]:
         **{name: p.get(name, False) for name in UPLOADS},
         REFERENCES: p.get(REFERENCES, 0),
         "conditioning_scale": p.get("conditioning_scale"),
+        **{name: p.get(name) for name in ANIMATE_VALUES},
         "strength": p.get("strength"),
         **{name: p.get(name, []) for name in LORA_FIELDS},
         "error": error,

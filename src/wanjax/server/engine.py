@@ -26,11 +26,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from PIL import Image
 
 from wanjax.errors import WanjaxError, one_line
 from wanjax.io.atomic import atomic_path
+from wanjax.io.video import write_mp4
 from wanjax.io.video_reader import read_frames
+from wanjax.jobs.animate_flags import AnimateFlags
 from wanjax.jobs.generate import GenerateWork, check_generate, generate_outputs, run_generate
 from wanjax.jobs.groups import ImageFlags, LoraFlags, OutputFlags, SourceVideoFlags, VaceFlags
 from wanjax.jobs.opening import defaults_of, model_label
@@ -38,6 +41,7 @@ from wanjax.jobs.record import finish
 from wanjax.jobs.requests import GenerateRequest
 from wanjax.models.image_processor import load_image
 from wanjax.models.lora import MergedCache, set_key
+from wanjax.models.registry import Defaults
 from wanjax.parallel.mesh import MeshSpec
 from wanjax.pipeline.conditioning import size_for_image
 from wanjax.pipeline.inputs import check_video_to_video
@@ -45,9 +49,12 @@ from wanjax.pipeline.pipeline import WanPipeline, check_image_input
 from wanjax.pipeline.results import Video
 from wanjax.runtime.timing import CompileMeter
 from wanjax.server.api import (
+    ANIMATE_VALUES,
+    ANIMATE_VIDEOS,
     IMAGE_FIELDS,
     INPUT_NAMES,
     REFERENCES,
+    UPLOADS,
     ApiError,
     Limits,
     api_message,
@@ -66,6 +73,9 @@ INPUTS = "inputs"
 BATCH_FREE = {"prompt", "seed", "seconds"}  # what may differ between jobs of one batch ("seconds": as asked)
 NOT_AN_IMAGE = "not an image Pillow can read (PNG, JPEG, WebP, ...)"
 NOT_A_VIDEO = "not a video PyAV can read (MP4, WebM, MOV, ...)"
+# an Animate model's videos as pipeline.animate.check_inputs takes them: background and mask in replace mode
+ANIMATE_INPUTS = {"pose_video": "required", "face_video": "required", "background_video": "optional",
+                  "mask_video": "optional"}  # fmt: skip
 FILE_SUFFIXES = {"video": ".mp4", "thumbnail": ".webp", "spritesheet": ".png", "record": ".json"}
 
 
@@ -130,9 +140,16 @@ class Engine:
         return params
 
     def image_inputs(self) -> dict[str, str]:
-        """Whether the model's jobs take ``image``, ``last_image`` and a ``video`` to re-make:
-        ``required``, ``optional`` or ``none``, as :func:`~wanjax.pipeline.inputs.check_image_input`
-        and :func:`~wanjax.pipeline.inputs.check_video_to_video` decide."""
+        """Whether the model's jobs take each upload field (``image``, ``last_image``, a ``video`` to
+        re-make, VACE's and Animate's): ``required``, ``optional`` or ``none``, as
+        :func:`~wanjax.pipeline.inputs.check_image_input`,
+        :func:`~wanjax.pipeline.inputs.check_video_to_video` and Animate's checks decide."""
+        cfg = self.pipe.components.transformer_config
+        animate = ANIMATE_INPUTS if cfg.animate else dict.fromkeys(ANIMATE_VIDEOS, "none")
+        return {**self.frame_inputs(), **animate}
+
+    def frame_inputs(self) -> dict[str, str]:
+        """:meth:`image_inputs` but Animate's videos: the frames' and VACE's uploads."""
         cfg, expand = self.pipe.components.transformer_config, self.pipe.components.expand_timesteps
 
         def takes(image: bool, last_image: bool) -> bool:
@@ -168,18 +185,16 @@ class Engine:
     def check_startup(self) -> None:
         """The server can run its model: a request of the model's defaults passes every check, and
         the largest the limits allow (the default aspect) fits a device (WanjaxError otherwise)."""
-        if self.pipe.components.transformer_config.animate:
-            raise WanjaxError(
-                f"the server does not serve an Animate model yet ({self.model}); run it with `wanjax generate`"
-            )
         d, limits = self.defaults, self.limits
-        body = {"prompt": "a check of the server's settings", "frames": min(d.frames, limits.max_frames)}
-        body["size"] = f"{d.width}x{d.height}"
-        required = [name for name, takes in self.image_inputs().items() if takes == "required"]
-        if required:
-            blank = io.BytesIO()
-            Image.new("RGB", (d.width, d.height), (128, 128, 128)).save(blank, format="PNG")
-            body.update(dict.fromkeys(required, base64.b64encode(blank.getvalue()).decode()))
+        frames = min(d.frames, limits.max_frames)
+        body = {
+            "prompt": "a check of the server's settings",
+            "frames": frames,
+            "size": f"{d.width}x{d.height}",
+        }
+        for name, takes in self.image_inputs().items():
+            if takes == "required":
+                body[name] = base64.b64encode(blank_upload(UPLOADS[name], d, frames)).decode()
         try:
             self.accept("startup-check", body)
         except ApiError as e:
@@ -308,8 +323,12 @@ class Engine:
         vace = VaceFlags(
             mask=mask, reference_image=references, conditioning_scale=params.get("conditioning_scale")
         )
+        animate = AnimateFlags(
+            **{name: str(inputs[name]) if params.get(name) else None for name in ANIMATE_VIDEOS},
+            **{name: params.get(name) for name in ANIMATE_VALUES},
+        )
         loras = {field: self.loras.flags(params, field) for field in LORA_FIELDS}
-        request = generate_request(self.base, params, images, outputs, source, vace, loras)
+        request = generate_request(self.base, params, images, outputs, source, vace, loras, animate)
         try:
             request.check()
             return check_generate(self.pipe, request, self.mesh)
@@ -332,13 +351,13 @@ class Engine:
             if str(path) not in message:
                 continue
             field, _, index = name.partition(".")
-            if field in ("video", "mask") and readable(read_frames, path, params["fps"], 1):
+            if "video" in UPLOADS.get(field, "") and readable(read_frames, path, params["fps"], 1):
                 continue
-            if field == "video" and readable(load_image, path):
-                continue  # an image: the check's own sentence says so
-            if field != "video" and readable(load_image, path):
-                continue
-            if field == "video":
+            if readable(load_image, path):
+                continue  # an image: the check's own sentence says so (a video field's, or a fine image)
+            if field in ANIMATE_VIDEOS:
+                sentence = f"{field}: {NOT_A_VIDEO}; send the {field.replace('_', ' ')} as a video file"
+            elif field == "video":
                 vace = self.pipe.components.transformer_config.vace
                 what = "the control video" if vace else "the video to re-make"
                 sentence = f"video: {NOT_A_VIDEO}; send {what} as a video file"
@@ -487,6 +506,20 @@ def follow(engine: Engine, channel: JobChannel) -> None:
         finally:
             for path in engine.input_files(job_id).values():
                 path.unlink(missing_ok=True)
+
+
+def blank_upload(kind: str, defaults: Defaults, frames: int) -> bytes:
+    """A grey file of an upload's ``kind`` (:data:`~wanjax.server.api.UPLOADS`) at the model's default
+    size: a PNG, or an mp4 of ``frames`` frames at its fps (the start-up check's required inputs)."""
+    size = (defaults.height, defaults.width)
+    if kind == "a video":
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "blank.mp4"
+            write_mp4(np.full((frames, *size, 3), 128, np.uint8), path, fps=defaults.fps)
+            return path.read_bytes()
+    blank = io.BytesIO()
+    Image.new("RGB", size[::-1], (128, 128, 128)).save(blank, format="PNG")
+    return blank.getvalue()
 
 
 def readable(read: Callable[..., Any], *args: Any) -> bool:
