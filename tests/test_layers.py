@@ -52,7 +52,7 @@ def layer(module: str) -> str:
 
 def imports(module: str) -> set[str]:
     """The wanjax modules ``module`` imports anywhere in its body (``from pkg import sub`` names the
-    submodule when ``sub`` is one)."""
+    submodule when ``sub`` is one; ``library("wanjax.x", ...)`` names ``wanjax.x``)."""
     tree = ast.parse(MODULES[module].read_text())
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -62,6 +62,10 @@ def imports(module: str) -> set[str]:
             for a in node.names:
                 sub = f"{node.module}.{a.name}"
                 found.add(sub if sub in MODULES else node.module)
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "library" and node.args:
+            first = node.args[0]  # wanjax.jobs.flags.library("wanjax.x", NAME): imported when read
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                found.add(first.value)
     return {m for m in found if m in MODULES and m != module}
 
 

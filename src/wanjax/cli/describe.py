@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from wanjax.errors import CheckpointError, WanjaxError
 from wanjax.io.weights_file import FORMATS
 from wanjax.jobs.cache_flags import CacheFlags
-from wanjax.jobs.flags import option
+from wanjax.jobs.flags import library, option
 from wanjax.jobs.groups import (
     DEFAULT_DTYPE,
     AttentionFlags,
@@ -34,10 +34,7 @@ def _variants() -> dict[str, str]:
     return {"variants": ", ".join(released())}
 
 
-def _compile_programs() -> tuple[str, ...]:
-    from wanjax.tools.compile_target import PROGRAMS
-
-    return PROGRAMS
+_compile_programs = library("wanjax.tools.compile_target", "PROGRAMS")
 
 
 def _slices() -> dict[str, str]:
@@ -52,7 +49,6 @@ class PlanRequest(Request):
 
     command: ClassVar[str] = "plan"
     model: str | None = option(
-        None,
         help="a registry variant ({variants}) or a diffusers model directory (default 14B, or the "
         "--transformer file's variant)",
         values=_variants,
@@ -60,7 +56,7 @@ class PlanRequest(Request):
     mesh: str | None = option(
         None, help="dp=2,sp=1,tp=4 (default: every mesh of --num_devices, best one named)"
     )
-    num_devices: int | None = option(None, help="devices (default: the mesh's size, else those visible)")
+    num_devices: int | None = option(help="devices (default: the mesh's size, else those visible)")
     device_memory: str = option("32GiB", help="memory per device (default {default}, a TPU v6e chip)")
     height: int = option(720, help="pixels (default {default})")
     width: int = option(1280, help="pixels (default {default})")
@@ -69,16 +65,14 @@ class PlanRequest(Request):
     vae_dtype: str = option(VaeFlags.vae_dtype, help="VAE dtype (default {default})")
     use_fsdp: bool = use_fsdp_flag()
     compile: str | None = option(
-        None,
         metavar="SLICE",
         help="compile every program of the run for this TPU slice ({slices}) with the TPU compiler, "
         "from abstract weights on this machine (no TPU needed; needs wanjax[tpu]); its HBM replaces "
         "--device_memory",
         values=_slices,
     )
-    json: str | None = option(None, metavar="FILE", help="with --compile: write its report as JSON")
+    json: str | None = option(metavar="FILE", help="with --compile: write its report as JSON")
     programs: str | None = option(
-        None,
         metavar="P,P",
         help="with --compile: only these ({programs}; default all)",
         values=lambda: {"programs": ", ".join(_compile_programs())},

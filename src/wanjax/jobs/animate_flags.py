@@ -6,20 +6,12 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
-from wanjax.jobs.flags import option
-from wanjax.jobs.groups import registry_defaults
+from wanjax.jobs.flags import library, option
+
+_animate_modes = library("wanjax.pipeline.animate", "MODES")
 
 
-def _animate_modes() -> tuple[str, ...]:
-    from wanjax.pipeline.animate import MODES
-
-    return MODES
-
-
-def _prev_segment_frames() -> tuple[int, ...]:
-    from wanjax.pipeline.animate import PREV_SEGMENT_FRAMES
-
-    return PREV_SEGMENT_FRAMES
+_prev_segment_frames = library("wanjax.pipeline.animate", "PREV_SEGMENT_FRAMES")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,17 +21,15 @@ class AnimateFlags:
 
     title: ClassVar[str] = "Animate (pose, face, background and mask videos)"
     mode: str | None = option(
-        None,
         help="Animate: animate the --image character with the pose and face videos, or replace the "
         "person --mask_video marks in --background_video (default animate)",
         choices=_animate_modes,
     )
     pose_video: str | None = option(
-        None,
         help="Animate: the pose video (any file PyAV reads, at --fps): the video has its frames (or its "
         "first --frames)",
     )
-    face_video: str | None = option(None, help="Animate: the face video, frame for frame with the pose video")
+    face_video: str | None = option(help="Animate: the face video, frame for frame with the pose video")
     background_video: str | None = option(
         None, help="Animate, replace mode: the video whose person is replaced"
     )
@@ -47,16 +37,12 @@ class AnimateFlags:
         None, help="Animate, replace mode: white where the character goes, black where the background stays"
     )
     segment_frame_length: int | None = option(
-        None,
         help="Animate: frames made per segment, 4n+1 (default {ref.segment_frame_length}; demo "
         "{demo.segment_frame_length})",
-        values=registry_defaults,
     )
     prev_segment_conditioning_frames: int | None = option(
-        None,
         help="Animate: the last frames of a segment the next one continues from (default "
         "{ref.prev_segment_conditioning_frames})",
-        values=registry_defaults,
         choices=_prev_segment_frames,
     )
 

@@ -7,13 +7,9 @@ import dataclasses
 from typing import Any, ClassVar
 
 from wanjax.errors import ConfigError
-from wanjax.jobs.flags import option
+from wanjax.jobs.flags import library, option
 
-
-def _cache_policies() -> tuple[str, ...]:
-    from wanjax.sampling.cache.step_cache import POLICIES
-
-    return POLICIES
+_cache_policies = library("wanjax.sampling.cache.step_cache", "POLICIES")
 
 
 def _cache_defaults() -> dict[str, Any]:
@@ -46,7 +42,6 @@ class CacheFlags:
         "seacache (the filtered latents' change; --cache_option)",
     )
     cache_threshold: float | None = option(
-        None,
         help="skip while the change stays within this (default: the curve's or coefficients' preset, "
         "else magcache {mag[threshold]}, firstblock {firstblock}, seacache {sea[threshold]})",
         values=_cache_defaults,
@@ -55,23 +50,19 @@ class CacheFlags:
         None, help="magcache: skips in a row at most (default {mag[max_skip_steps]})", values=_cache_defaults
     )
     cache_retention: float | None = option(
-        None,
         help="magcache: fraction of the first steps that always compute (default {mag[retention_ratio]})",
         values=_cache_defaults,
     )
     mag_ratios: str | None = option(
-        None,
         metavar="NAME|FILE.json",
         help="magcache's curve: a preset ({presets}; default: this model's) or a JSON list",
         values=_cache_defaults,
     )
     cache_calibrate: str | None = option(
-        None,
         metavar="FILE.json",
         help="run uncached and write the measured magcache ratios here (per branch; --mag_ratios reads it)",
     )
     teacache_coefficients: str | None = option(
-        None,
         metavar="NAME|FILE.json",
         help="teacache's rescaling polynomial: a preset ({tea_presets}; default: this model's) or a JSON list",
         values=_cache_defaults,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import types
 import typing
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
@@ -62,17 +63,19 @@ class Option:
     def help(self, override: str | None = None) -> str:
         """The help text, its template filled in."""
         choices = self.flag.choice_list()
+        template = override or self.flag.help
         names = {
             "default": shown(self.default),
             "const": self.flag.const_value(),
             "choices": ", ".join(map(str, choices or ())),
+            **(registry_defaults() if "{ref." in template or "{demo." in template else {}),
             **(self.flag.values() if self.flag.values else {}),
         }
-        return (override or self.flag.help).format_map(names)
+        return template.format_map(names)
 
 
 def option(
-    default: Any = dataclasses.MISSING,
+    default: Any = None,
     *,
     help: str,
     choices: Choices | None = None,
@@ -82,9 +85,25 @@ def option(
     repeat: bool = False,
     positional: bool = False,
 ) -> Any:
-    """A dataclass field that is a flag (``default`` left out: a required one)."""
+    """A dataclass field that is a flag (``default`` left out: not given, None; a positional one is
+    required)."""
     flag = Flag(help, choices, values, metavar, const, repeat, positional)
+    default = dataclasses.MISSING if positional else default
     return dataclasses.field(default=default, metadata={METADATA_KEY: flag})
+
+
+def registry_defaults() -> dict[str, Any]:
+    """The model registry's defaults of a run (``ref``) and of the demo model (``demo``): the names a
+    help text whose default depends on the model writes (``{ref.height}``)."""
+    from wanjax.models.registry import DEMO_DEFAULTS, Defaults
+
+    return {"ref": Defaults(), "demo": DEMO_DEFAULTS}
+
+
+def library(module: str, name: str) -> Callable[[], Any]:
+    """``module.name``, read when a parser is built (choices the library decides: the flags' modules
+    import no model code). The layering test counts ``module`` as imported."""
+    return lambda: getattr(importlib.import_module(module), name)
 
 
 def shown(default: Any) -> str:

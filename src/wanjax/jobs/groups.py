@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from wanjax.errors import ConfigError
-from wanjax.jobs.flags import option
+from wanjax.jobs.flags import library, option
 from wanjax.models.defaults import TEXT_LENGTH
 
 DEFAULT_MODEL = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
@@ -26,48 +26,22 @@ STAGE_DIR = "stage_outputs"
 # What the library decides (read when a parser is built)
 
 
-def _precisions() -> tuple[str, ...]:
-    from wanjax.kernels.precision import PRECISIONS
-
-    return PRECISIONS
+_precisions = library("wanjax.kernels.precision", "PRECISIONS")
 
 
-def _offload_modes() -> tuple[str, ...]:
-    from wanjax.models.offload import OFFLOAD_MODES
-
-    return OFFLOAD_MODES
+_offload_modes = library("wanjax.models.offload", "OFFLOAD_MODES")
 
 
-def _weights_dtypes() -> tuple[str, ...]:
-    from wanjax.io.quantizable import WEIGHTS_DTYPES
-
-    return WEIGHTS_DTYPES
+_weights_dtypes = library("wanjax.io.quantizable", "WEIGHTS_DTYPES")
 
 
-def _activations_dtypes() -> tuple[str, ...]:
-    from wanjax.models.w8a8 import ACTIVATIONS_DTYPES
-
-    return ACTIVATIONS_DTYPES
+_activations_dtypes = library("wanjax.models.w8a8", "ACTIVATIONS_DTYPES")
 
 
-def _backends() -> tuple[str, ...]:
-    from wanjax.kernels.attention import BACKENDS
-
-    return BACKENDS
+_backends = library("wanjax.kernels.attention", "BACKENDS")
 
 
-def _scheduler_kinds() -> tuple[str, ...]:
-    from wanjax.sampling.scheduler import SCHEDULER_KINDS
-
-    return SCHEDULER_KINDS
-
-
-def registry_defaults() -> dict[str, Any]:
-    """The model registry's defaults of a run (``ref``) and of the demo model (``demo``), for help
-    texts whose default depends on the model."""
-    from wanjax.models.registry import DEMO_DEFAULTS, Defaults
-
-    return {"ref": Defaults(), "demo": DEMO_DEFAULTS}
+_scheduler_kinds = library("wanjax.sampling.scheduler", "SCHEDULER_KINDS")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -76,7 +50,6 @@ def registry_defaults() -> dict[str, Any]:
 
 def dtype_flag() -> Any:
     return option(
-        None,
         help="transformer / text encoder dtype: {fallback} (default), float32",
         values=lambda: {"fallback": DEFAULT_DTYPE},
     )
@@ -84,14 +57,13 @@ def dtype_flag() -> Any:
 
 def precision_flag() -> Any:
     return option(
-        None,
         choices=_precisions,
         help="their float32 matmuls (default: the platform's, highest everywhere today)",
     )
 
 
 def revision_flag() -> Any:
-    return option(None, help="hub model: a branch, tag or commit (default main)")
+    return option(help="hub model: a branch, tag or commit (default main)")
 
 
 def download_flag() -> Any:
@@ -119,17 +91,15 @@ class CommonFlags:
     compilation cache, the metrics file."""
 
     model: str | None = option(
-        None,
         help="diffusers model directory, hub id in the local HF cache, or demo (default {model})",
         values=lambda: {"model": DEFAULT_MODEL},
     )
     revision: str | None = revision_flag()
     download: bool = download_flag()
     jax_cache_dir: str | None = option(
-        None,
         help="persistent compilation cache (default $WANJAX_JAX_CACHE_DIR or ~/.cache/wanjax/jax; 'off')",
     )
-    metrics_json: str | None = option(None, help="also write the timing report as JSON to this file")
+    metrics_json: str | None = option(help="also write the timing report as JSON to this file")
     quiet: bool = option(
         False,
         help="no status lines while running on a terminal (the final table only), no empty-prompt warning",
@@ -145,11 +115,11 @@ class ParallelFlags:
         None, help="dp=2,sp=1,tp=4 (order = device order), or auto (default with > 1 device)"
     )
     use_dp: bool = option(False, help="alias: dp=2 (the CFG pair), the rest on tp")
-    sp_num: int | None = option(None, help="alias: sequence-parallel shards (sp=N)")
+    sp_num: int | None = option(help="alias: sequence-parallel shards (sp=N)")
     use_fsdp: bool = use_fsdp_flag()
-    coordinator_address: str | None = option(None, help="multi-process: HOST:PORT of process 0, or auto")
-    num_processes: int | None = option(None, help="multi-process: number of processes")
-    process_id: int | None = option(None, help="multi-process: this process's index")
+    coordinator_address: str | None = option(help="multi-process: HOST:PORT of process 0, or auto")
+    num_processes: int | None = option(help="multi-process: number of processes")
+    process_id: int | None = option(help="multi-process: this process's index")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,11 +134,9 @@ class PromptFlags:
         repeat=True,
     )
     prompt_file: str | None = option(
-        None,
         help="a text file with one prompt per line, a batch (instead of --prompt; blank and # lines skipped)",
     )
     negative_prompt: str | None = option(
-        None,
         help='what to steer away from (default "", as diffusers); {names}: the Wan authors\' negative '
         "prompt that diffusers' Wan examples use",
         values=lambda: {"names": ", ".join(_named_negative_prompts())},
@@ -189,17 +157,11 @@ class VideoFlags:
     """The video's size and frame rate (``None``: see the module docstring)."""
 
     height: int | None = option(
-        None,
         help="pixels, multiple of 16 (default {ref.height}; demo {demo.height})",
-        values=registry_defaults,
     )
-    width: int | None = option(
-        None, help="pixels, multiple of 16 (default {ref.width}; demo {demo.width})", values=registry_defaults
-    )
-    frames: int | None = option(
-        None, help="4n+1 frames (default {ref.frames}; demo {demo.frames})", values=registry_defaults
-    )
-    fps: float | None = option(None, help="mp4 frame rate (default {ref.fps})", values=registry_defaults)
+    width: int | None = option(None, help="pixels, multiple of 16 (default {ref.width}; demo {demo.width})")
+    frames: int | None = option(None, help="4n+1 frames (default {ref.frames}; demo {demo.frames})")
+    fps: float | None = option(help="mp4 frame rate (default {ref.fps})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,11 +170,10 @@ class ImageFlags:
 
     title: ClassVar[str] = "image to video"
     image: str | None = option(
-        None,
         help="the first frame (PNG, JPEG, ...), for an image-to-video model; without --height/--width "
         "the video keeps its aspect at the model's default area (832x480, 1280x720 for 720P models)",
     )
-    last_image: str | None = option(None, help="the last frame, for a first-last-frame model (FLF2V)")
+    last_image: str | None = option(help="the last frame, for a first-last-frame model (FLF2V)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +182,6 @@ class SourceVideoFlags:
 
     title: ClassVar[str] = "video to video"
     video: str | None = option(
-        None,
         help="a video to re-make with the prompt (any file PyAV reads; its frames at --fps, its first "
         "--frames or as many as it has), for a text-to-video model; --strength says how much; without "
         "--height/--width the video keeps its aspect at the model's default area",
@@ -240,7 +200,6 @@ class VaceFlags:
 
     title: ClassVar[str] = "VACE (control video, mask, reference images)"
     mask: str | None = option(
-        None,
         help="VACE: the mask of --video, a video of as many frames or one image for all (white: "
         "generate, black: keep the video's pixels)",
     )
@@ -252,20 +211,17 @@ class VaceFlags:
         "before the video's (dropped from the result); repeatable",
     )
     conditioning_scale: float | None = option(
-        None, help="VACE: the control's weight (default {ref.conditioning_scale})", values=registry_defaults
+        None, help="VACE: the control's weight (default {ref.conditioning_scale})"
     )
     extend: str | None = option(
-        None,
         help="VACE: a video to continue (any file PyAV reads, at --fps): --clips clips of --frames frames, "
         "each starting from the last --overlap frames so far, appended",
     )
     clips: int | None = option(
-        None,
         help="VACE: clips made one after another, each continuing the video so far (default 1; several "
         "prompts: one per clip)",
     )
     overlap: int | None = option(
-        None,
         help="VACE: the frames each clip shares with the video so far (default {overlap})",
         values=_extension,
     )
@@ -284,7 +240,7 @@ class VaceFlags:
 def _sampling_defaults() -> dict[str, Any]:
     from wanjax.sampling.scheduler import DISTILL_SHIFT, DMD_SHIFT
 
-    return {**registry_defaults(), "distill_shift": f"{DISTILL_SHIFT:g}", "dmd_shift": f"{DMD_SHIFT:g}"}
+    return {"distill_shift": f"{DISTILL_SHIFT:g}", "dmd_shift": f"{DMD_SHIFT:g}"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,29 +248,20 @@ class SamplingFlags:
     """Denoising: steps, guidance, seed, flow shift, or given starting latents."""
 
     num_inference_steps: int | None = option(
-        None,
         help="denoising steps (default {ref.num_inference_steps}; demo {demo.num_inference_steps})",
-        values=registry_defaults,
     )
     guidance_scale: float | None = option(
-        None,
         help="classifier-free guidance (default {ref.guidance_scale}; <= 1: off)",
-        values=registry_defaults,
     )
     guidance_scale_2: float | None = option(
-        None,
         help="two-expert models (Wan 2.2 A14B): the low-noise expert's guidance (default --guidance_scale)",
     )
     boundary_ratio: float | None = option(
-        None,
         help="two-expert models: the high-noise expert runs while timestep >= ratio x 1000 "
         "(default: the checkpoint's model_index.json)",
     )
-    seed: int | None = option(
-        None, help="noise seed (default {ref.seed}; batch item i uses seed + i)", values=registry_defaults
-    )
+    seed: int | None = option(None, help="noise seed (default {ref.seed}; batch item i uses seed + i)")
     scheduler: str | None = option(
-        None,
         choices=_scheduler_kinds,
         help="sampler (default auto: the checkpoint's scheduler config, UniPC for Wan 2.1; a FastWan "
         "checkpoint's DMD); unipc, euler: regardless of it; distill: the few-step re-noising sampler of "
@@ -323,7 +270,6 @@ class SamplingFlags:
         "update (TurboDiffusion's image-to-video example)",
     )
     flow_shift: float | None = option(
-        None,
         help="flow shift (default: the checkpoint's, 3.0; distill {distill_shift}; dmd {dmd_shift}; rcm has none)",
         values=_sampling_defaults,
     )
@@ -331,17 +277,12 @@ class SamplingFlags:
         None, help="start from this noise (safetensors, key 'latents') instead of --seed"
     )
     strength: float | None = option(
-        None,
         help="video to video: how much of the video is re-made, over 0 to 1: the last "
         "int(steps x strength) steps run, from the video noised to the first (default {ref.strength})",
-        values=registry_defaults,
     )
 
 
-def _sparse_kinds() -> tuple[str, ...]:
-    from wanjax.kernels.radial import SPARSE_ATTENTION
-
-    return SPARSE_ATTENTION
+_sparse_kinds = library("wanjax.kernels.radial", "SPARSE_ATTENTION")
 
 
 def _sparse_defaults() -> dict[str, Any]:
@@ -351,7 +292,7 @@ def _sparse_defaults() -> dict[str, Any]:
 
 
 def _block_flag(what: str) -> Any:
-    return option(None, help=f"TPU kernel {what}, a multiple of 128 (default: tuned/preset)")
+    return option(help=f"TPU kernel {what}, a multiple of 128 (default: tuned/preset)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,7 +307,7 @@ class AttentionFlags:
     bkvcomputesize: int | None = _block_flag("kv compute block")
     bkvcomputeinsize: int | None = _block_flag("inner kv compute block (splash_exp2)")
     use_k_smooth: bool = option(False, help="subtract the mean key first (exact)")
-    window_size: int | None = option(None, help="self-attention to keys within this many tokens only")
+    window_size: int | None = option(help="self-attention to keys within this many tokens only")
     sparse_attention: str = option(
         "off",
         choices=_sparse_kinds,
@@ -464,7 +405,6 @@ class MemoryFlags:
 
 def _component_file(component: str) -> Any:
     return option(
-        None,
         metavar="FILE",
         help=f"the {component} from this file (safetensors or GGUF; diffusers', the original Wan or "
         "ComfyUI's layout; fp8-scaled) instead of --model's",
@@ -546,9 +486,8 @@ class VaeFlags:
 
     title: ClassVar[str] = "VAE"
     vae_dtype: str = option("float32", help="VAE dtype (default {default}, as the reference)")
-    vae_weights_dtype: str | None = option(None, help="VAE weights dtype (default: --vae_dtype)")
+    vae_weights_dtype: str | None = option(help="VAE weights dtype (default: --vae_dtype)")
     vae_precision: str | None = option(
-        None,
         choices=_precisions,
         help="the VAE's float32 convolutions and matmuls (default: the platform's: highest on CPU, "
         "default (TF32) on GPU as torch, high on TPU)",
@@ -557,7 +496,6 @@ class VaeFlags:
         "1", help="latent frames per VAE decode step, or all (default {default}; the frames are the same)"
     )
     vae_tiling: str | None = option(
-        None,
         const=_whole_tiling,
         metavar="SIZE[:STRIDE]",
         help="decode in blended tiles of SIZE pixels every STRIDE (alone: {const}, as diffusers), "
@@ -569,7 +507,7 @@ class VaeFlags:
 class OutputFlags:
     """The files a decoding command writes (``output_video`` is resolved by the command)."""
 
-    output_video: str | None = option(None, help="mp4 to write (default YYYYMMDD_HHMMSS.mp4)")
-    frames_out: str | None = option(None, help="also save the uint8 [B,T,H,W,3] frames as .npy")
-    preview: str | None = option(None, help="also write a PNG contact sheet of the frames")
-    thumbnail: str | None = option(None, help="also write the first frame as a WebP image")
+    output_video: str | None = option(help="mp4 to write (default YYYYMMDD_HHMMSS.mp4)")
+    frames_out: str | None = option(help="also save the uint8 [B,T,H,W,3] frames as .npy")
+    preview: str | None = option(help="also write a PNG contact sheet of the frames")
+    thumbnail: str | None = option(help="also write the first frame as a WebP image")

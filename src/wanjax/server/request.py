@@ -54,12 +54,11 @@ class ServerFlags:
         "goes back to the queue (default {default})",
     )
     api_key: str | None = option(
-        None,
         help="require 'Authorization: Bearer KEY' on every API request (default $WANJAX_API_KEY; none)",
     )
     max_queue: int = option(64, help="jobs waiting at most; more get 429 (default {default})")
-    max_frames: int | None = option(None, help="frames a video at most (default: the model's default)")
-    max_pixels: int | None = option(None, help="width x height at most (default: the model's default size)")
+    max_frames: int | None = option(help="frames a video at most (default: the model's default)")
+    max_pixels: int | None = option(help="width x height at most (default: the model's default size)")
     max_steps: int = option(100, help="denoising steps at most (default {default})")
     max_batch: int = option(
         1,
@@ -68,12 +67,10 @@ class ServerFlags:
         "plan`'s estimate (default {default}: one at a time)",
     )
     max_body_bytes: int | None = option(
-        None,
         help="request body size at most (default {upload_mib} MiB: images and videos are uploaded in it)",
         values=_body_limits,
     )
     lora_dir: str | None = option(
-        None,
         help="a folder of LoRA files (NAME.safetensors) that jobs may name in their lora and lora_2 "
         "fields, on top of --lora / --lora_2 (default: none)",
     )
@@ -83,7 +80,6 @@ class ServerFlags:
         "used again is put back without merging (default {default}: merge at each change of set)",
     )
     device_memory: str | None = option(
-        None,
         help="a device's memory, e.g. 80GiB: the largest request must fit it by `wanjax plan`'s estimate "
         "(default: the device's own figure where JAX reports one)",
     )

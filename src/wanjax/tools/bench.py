@@ -488,7 +488,7 @@ class BenchRequest:
     """``wanjax bench``: what to run, and the JSON file to write the numbers to."""
 
     config: BenchConfig = dataclasses.field(default_factory=BenchConfig)
-    json: str | None = option(None, help="also write the numbers to this JSON file")
+    json: str | None = option(help="also write the numbers to this JSON file")
 
     def check(self) -> None:
         """WanjaxError naming a flag whose value cannot be meant."""

@@ -39,7 +39,7 @@ class BenchConfig:
     arch: str = option(
         "1.3B", choices=lambda: tuple(released()), help="a registry variant (default {default})"
     )
-    layers: int | None = option(None, help="DiT/UMT5/CLIP layers, at least 1 (default: all)")
+    layers: int | None = option(help="DiT/UMT5/CLIP layers, at least 1 (default: all)")
     height: int = option(240, help="pixels, multiple of 16 (default {default})")
     width: int = option(416, help="pixels, multiple of 16 (default {default})")
     frames: int = option(17, help="4n+1 frames (default {default})")

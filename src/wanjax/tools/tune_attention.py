@@ -164,7 +164,7 @@ class TuneRequest:
     width: int = option(832, help="pixels (default {default})")
     frames: int = option(81, help="4n+1 frames (default {default})")
     batch: int = option(1, help="videos per attention call (default {default}; 2: a CFG pair on one device)")
-    heads: int | None = option(None, help="heads per device (e.g. heads / tp under a mesh; default: all)")
+    heads: int | None = option(help="heads per device (e.g. heads / tp under a mesh; default: all)")
     backend: str = option(
         "splash_exp2", choices=TUNED_BACKENDS, help="TPU kernel to tune (default {default})"
     )
@@ -176,7 +176,6 @@ class TuneRequest:
     )
     allow_interpret: bool = option(False, help="allow interpret mode off TPU (testing)")
     compile: str | None = option(
-        None,
         metavar="SLICE",
         help="only compile each candidate for this TPU slice's chips with the TPU compiler (libtpu; no "
         "TPU needed, none touched): which fit its scoped VMEM; nothing timed or stored",
