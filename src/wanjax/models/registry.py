@@ -99,14 +99,13 @@ DEMO_TRANSFORMER = TransformerConfig(
     rope_max_seq_len=1024,
     metadata={"_class_name": "WanTransformer3DModel"},
 )
-DEMO_IMAGE_ENCODER = CLIPVisionConfig(
+DEMO_IMAGE_ENCODER = dataclasses.replace(  # CLIP ViT-H/14, small
+    CLIP_VIT_H_14,
     hidden_size=32,
     intermediate_size=64,
     num_hidden_layers=2,
     num_attention_heads=4,
     image_size=28,
-    patch_size=14,
-    hidden_act="gelu",
 )
 DEMO_VAE = VAEConfig(
     base_dim=8,

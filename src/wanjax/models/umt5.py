@@ -30,20 +30,11 @@ from wanjax.errors import CheckpointError, ConfigError, WanjaxError
 from wanjax.io.checkpoint import REPLICATED, LeafSource, ShardingFn, linear_kernel, stacked
 from wanjax.io.component import Component
 from wanjax.kernels.precision import Precision, resolve_precision
+from wanjax.models import offload as placement
 from wanjax.models.config import TRANSFORMERS_GENERIC_FIELDS, ComponentConfig, parse_dtype
 from wanjax.models.defaults import TEXT_LENGTH
 from wanjax.models.encoder_layouts import LLAMA_CPP_T5_LAYOUT, WAN_T5_LAYOUT
 from wanjax.models.layers import Params, gelu_tanh, linear, matmul, scan_layers
-from wanjax.models.offload import (
-    HOST,
-    Offload,
-    move,
-    offload_sharding,
-    parse_offload,
-    run_placement,
-    stream_layers,
-    streams_layers,
-)
 from wanjax.models.tokenizer import Tokenizer, load_tokenizer
 from wanjax.parallel.layouts import batch_spec, constrain, params_mesh
 from wanjax.runtime.compile_effort import once_per_video
@@ -310,7 +301,7 @@ def forward(
     def layer(h: jax.Array, p: Params) -> jax.Array:
         return _layer(p, h, buckets, key_mask, cfg, precision)
 
-    x = (stream_layers if stream else scan_layers)(layer, x, params["layers"])
+    x = (placement.stream_layers if stream else scan_layers)(layer, x, params["layers"])
     return t5_rms_norm(x, params["final_norm"]["scale"], cfg.layer_norm_epsilon)
 
 
@@ -363,14 +354,14 @@ class UMT5Encoder:
         *,
         trim_padding: bool = True,
         precision: str | None = None,
-        offload: Offload | str = "none",
+        offload: placement.Offload | str = "none",
     ):
         self.cfg = cfg
         self.params = params
         self.tokenizer = tokenizer
         self.trim_padding = trim_padding
         self.precision = resolve_precision(precision, "text_encoder")
-        self.stream = streams_layers(parse_offload(offload), per_step=False)
+        self.stream = placement.streams_layers(placement.parse_offload(offload), per_step=False)
         self.mesh = params_mesh(params)  # the prompts' batch is split over its dp
         options = once_per_video() or None  # a video's prompts are encoded once
         self._forward = jax.jit(self.apply, compiler_options=options)
@@ -392,12 +383,12 @@ class UMT5Encoder:
     def to_host(self, block: bool = True) -> None:
         """Move every weight to pinned host memory (same devices and partitioning); with ``block``,
         return once the device copies are free."""
-        self.params = move(self.params, HOST, block=block)
+        self.params = placement.move(self.params, placement.HOST, block=block)
 
     def to_device(self, block: bool = False) -> None:
         """Move the weights back to where the forward runs them: all in device memory, except the
         streamed layers (they stay on the host). Asynchronous unless ``block``."""
-        self.params = run_placement(self.params, "layers", self.stream, block=block)
+        self.params = placement.run_placement(self.params, "layers", self.stream, block=block)
 
     def _embed_impl(self, params: Params, ids: jax.Array, mask: jax.Array, out_length: int) -> jax.Array:
         """The prompts split over ``dp`` where the weights' mesh has it and it divides the batch."""
@@ -465,7 +456,7 @@ def load_encoder_params(
     *,
     sharding: ShardingFn | None = None,
     weights_dtype: str = "bf16",
-    offload: Offload | str = "none",
+    offload: placement.Offload | str = "none",
     config: UMT5Config | None = None,
 ) -> tuple[UMT5Config, Params]:
     """Config and params of ``text_encoder/`` (``path`` = model root or that folder, or one weights
@@ -478,7 +469,7 @@ def load_encoder_params(
             "float16 is not supported for the UMT5 encoder (its activations overflow float16); "
             "use bfloat16 or float32"
         )
-    sharding = offload_sharding(sharding, parse_offload(offload), per_step=False)
+    sharding = placement.offload_sharding(sharding, placement.parse_offload(offload), per_step=False)
     return TEXT_ENCODER.load(path, dtype, sharding, weights_dtype, config)
 
 
@@ -491,7 +482,7 @@ def load_text_encoder(
     trim_padding: bool = True,
     precision: str | None = None,
     weights_dtype: str = "bf16",
-    offload: Offload | str = "none",
+    offload: placement.Offload | str = "none",
     config: UMT5Config | None = None,
 ) -> UMT5Encoder:
     """Load ``text_encoder/`` and its tokenizer from a diffusers-layout Wan model.
