@@ -78,6 +78,28 @@ def test_taylorseer_on_animate_equals_diffusers(animate, monkeypatch):
     assert levels <= 2
 
 
+@pytest.mark.slow
+def test_taylorseer_on_animate_on_a_mesh_equals_one_device(animate):
+    """The carried state (factors sharded as the velocity) on dp=2,sp=2,tp=2: the one-device run."""
+    root, _, inputs = animate
+    videos = {k: v for k, v in inputs.items() if "background" not in k and "mask" not in k}
+    kwargs = dict(
+        height=HEIGHT, width=WIDTH, segment_frame_length=SEGMENT, num_inference_steps=STEPS, guidance_scale=5.0,
+        seed=3, progress=False, cache=CacheConfig("taylorseer", options=TAYLOR), **videos,
+    )  # fmt: skip
+    runs = [
+        WanPipeline.from_pretrained(root, dtype="float32", jax_cache_dir=False, mesh=mesh)(
+            PROMPT, NEGATIVE, **kwargs
+        )
+        for mesh in (None, "dp=2,sp=2,tp=2")
+    ]
+    alone, sharded = runs
+    assert sharded.denoised.cache_report.computed == alone.denoised.cache_report.computed
+    assert alone.denoised.cache_report.computed["cond"] == [True, False, True, False, True, False]
+    assert relative_error(sharded.denoised.latents, alone.denoised.latents) <= 1e-5
+    assert int(np.abs(sharded.frames.astype(np.int16) - alone.frames).max()) <= 1
+
+
 def test_a_continued_taylorseer_schedule_counts_on():
     """A run continuing ``calls_before`` hook calls takes the hook's decisions from there."""
     cfg = transformer_preset("Animate-14B")
