@@ -4,6 +4,8 @@ Python API's for the same inputs, and bad inputs are one-line errors before any 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
@@ -113,8 +115,21 @@ def test_the_stages_refuse_an_animate_model(files, capsys, demo_env, tmp_path):
     assert code == 2 and len(err) == 1 and "run it with `wanjax generate`" in err[0], err
 
 
-def test_a_step_cache_is_refused_on_an_animate_model(files, capsys, demo_env):
-    """Not checked against diffusers' caches on this model yet: one line, before any work."""
+def test_a_cache_diffusers_cannot_hook_is_refused_on_an_animate_model(files, capsys, demo_env):
+    """One line, before any work."""
     base = ("--image", files["image"], "--pose_video", files["pose"], "--face_video", files["face"])
     line = one_line(capsys, *base, "--cache", "firstblock")
-    assert "step cache is not supported on an Animate model yet" in line
+    assert "firstblock does not run on an Animate model: diffusers (0.42.1) cannot put its" in line
+
+
+@pytest.mark.slow
+def test_taylorseer_on_an_animate_model(files, demo_env, tmp_path):
+    """Its steps counted on over the segments; the record lists them all in turn."""
+    base = ("--image", files["image"], "--pose_video", files["pose"], "--face_video", files["face"])
+    taylor = ["--cache", "taylorseer", "--cache_option", "use_lite_mode=true"]
+    taylor += ["--cache_option", "cache_interval=2", "--cache_option", "disable_cache_before_step=1"]
+    assert generate(*base, *taylor, "--fps", FPS, "--output_video", tmp_path / "ts.mp4") == 0
+    cache = json.loads((tmp_path / "ts.json").read_text())["cache"]
+    assert cache["policy"] == "taylorseer" and cache["options"]["cache_interval"] == 2
+    # two segments of 9 frames (demo-animate's) of 2 steps: hook calls 0..3, diffusers' C P | C P
+    assert cache["branches"]["cond"]["skipped"] == [1, 3] and cache["dit_evaluations"] == 2

@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers.compare import relative_error, to_uint8
 from helpers.models import randomize_
-from helpers.pipelines import NEGATIVE, PROMPT, save_tiny, tiny_components
+from helpers.pipelines import NEGATIVE, PROMPT, branch_decisions, save_tiny, tiny_components
 from PIL import Image
 from test_animate_transformer import ANIMATE
 
@@ -54,8 +54,8 @@ def frames_of(rng, count, shape, gray=False):
     return [Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for _ in range(count)]
 
 
-@pytest.fixture(scope="module")
-def animate(tmp_path_factory, tokenizer_dir):
+def animate_setup(tmp_path_factory, tokenizer_dir):
+    """The tiny pipeline's folder, diffusers' copy of it, and the inputs (the image and four videos)."""
     root = tmp_path_factory.mktemp("wan_animate")
     reference = build_animate(root, tokenizer_dir)
     rng = np.random.default_rng(0)
@@ -69,36 +69,56 @@ def animate(tmp_path_factory, tokenizer_dir):
     return root, reference, inputs
 
 
-def diffusers_run(pipe, inputs, mode, first_noise, second_noise, monkeypatch):
-    """diffusers' run: its frames (uint8) and the last segment's last latents; its second segment's
-    noise is ``second_noise`` (its ``randn_tensor`` patched)."""
+@pytest.fixture(scope="module")
+def animate(tmp_path_factory, tokenizer_dir):
+    return animate_setup(tmp_path_factory, tokenizer_dir)
+
+
+def diffusers_run(pipe, inputs, mode, first_noise, second_noise, monkeypatch, steps=STEPS, cache=None):
+    """diffusers' run: its frames (uint8), the last segment's last latents and, with a ``cache``
+    config enabled on its transformer, each step's per-branch decisions (every segment's in turn);
+    its second segment's noise is ``second_noise`` (its ``randn_tensor`` patched)."""
     import diffusers.pipelines.wan.pipeline_wan_animate as module
 
     draws = iter([second_noise])
     monkeypatch.setattr(module, "randn_tensor", lambda shape, **kw: next(draws).reshape(shape).clone())
-    final = []
+    final, decisions = [], []
+
+    def on_step(p, i, t, kw):
+        final.append(kw["latents"].clone())
+        if cache is not None:
+            decisions.append(branch_decisions(p.transformer, "taylorseer"))
+        return {}
+
     videos = (
         dict(inputs)
         if mode == "replace"
         else {k: v for k, v in inputs.items() if "background" not in k and "mask" not in k}
     )
-    with torch.no_grad():
-        video = pipe(
-            **videos,
-            prompt=PROMPT,
-            negative_prompt=NEGATIVE,
-            height=HEIGHT,
-            width=WIDTH,
-            segment_frame_length=SEGMENT,
-            num_inference_steps=STEPS,
-            mode=mode,
-            prev_segment_conditioning_frames=1,
-            guidance_scale=5.0,
-            latents=first_noise,
-            output_type="np",
-            callback_on_step_end=lambda p, i, t, kw: final.append(kw["latents"].clone()) or {},
-        ).frames
-    return to_uint8(video), final[-1].numpy()
+    if cache is not None:
+        pipe.transformer.enable_cache(cache)
+    try:
+        with torch.no_grad():
+            video = pipe(
+                **videos,
+                prompt=PROMPT,
+                negative_prompt=NEGATIVE,
+                height=HEIGHT,
+                width=WIDTH,
+                segment_frame_length=SEGMENT,
+                num_inference_steps=steps,
+                mode=mode,
+                prev_segment_conditioning_frames=1,
+                guidance_scale=5.0,
+                latents=first_noise,
+                output_type="np",
+                callback_on_step_end=on_step,
+            ).frames
+    finally:
+        if cache is not None:
+            pipe.transformer.disable_cache()
+    computed = {name: [d[name] for d in decisions] for name in ("cond", "uncond")}
+    return to_uint8(video), final[-1].numpy(), computed
 
 
 @pytest.mark.slow
@@ -109,7 +129,7 @@ def test_animate_equals_diffusers(animate, mode, monkeypatch):
     frames_in_segment = SEGMENT + 4  # a latent frame more: the reference's
     first = pipe.prepare_latents(1, HEIGHT, WIDTH, frames_in_segment, seed=11)
     second = pipe.prepare_latents(1, HEIGHT, WIDTH, frames_in_segment, seed=11, segment=1)
-    frames_ref, latents_ref = diffusers_run(
+    frames_ref, latents_ref, _ = diffusers_run(
         reference,
         inputs,
         mode,

@@ -15,7 +15,10 @@ previous segment's last decoded ones (the first segment: black, or the backgroun
 (or the background), with a mask of ones on those frames (replace: also where the mask is black).
 Each segment's frames are decoded, the repeated ones dropped, and the video cut to the pose video's
 length. The first segment starts from the given ``latents``; each draws its noise from the seed
-(:meth:`~wanjax.pipeline.pipeline.WanPipeline.prepare_latents`, its segment's stream).
+(:meth:`~wanjax.pipeline.pipeline.WanPipeline.prepare_latents`, its segment's stream). A step cache
+(TaylorSeer, the one diffusers runs on this model) goes on from segment to segment, as diffusers'
+hook, which nothing resets between them: its steps counted on, its factors extrapolated across the
+boundary; the result's cache report lists every segment's steps in turn.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from wanjax.pipeline.conditioning import encode_video, open_image, video_frame
 from wanjax.pipeline.options import RunOptions
 from wanjax.pipeline.results import Video
 from wanjax.pipeline.video_input import VideoInput, video_frames
+from wanjax.sampling.cache.step_cache import CacheReport
 from wanjax.sampling.guidance import ImageConditioning
 
 __all__ = [
@@ -308,7 +312,7 @@ def animate(
         with parts.stage_timing("encode").running():
             return encode_video(vae, video, place)
 
-    outputs, previous, denoised = [], None, None
+    outputs, previous, denoised, reports = [], None, None, []
     run = RunOptions.of(o, {"height": height, "width": width})
     for k in range(segments.count):
         start = k * segments.step
@@ -328,8 +332,16 @@ def animate(
         if cond.shape[0] > 1:  # each video's own previous frames
             conditioning = dataclasses.replace(conditioning, latents=jnp.asarray(cond))
         denoised = pipe.denoise(
-            pos, neg, noise, options=run, image=conditioning, on_step=on_step, progress=progress
+            pos,
+            neg,
+            noise,
+            options=run,
+            image=conditioning,
+            on_step=on_step,
+            progress=progress,
+            cache_carry=None if denoised is None else denoised.cache_carry,
         )
+        reports.append(denoised.cache_report)
         parts.enter("decode")
         with parts.stage_timing("decode").running():
             vae_latents = vae.denormalize_latents(denoised.latents[:, :, 1:])
@@ -338,4 +350,6 @@ def animate(
     video = np.concatenate(outputs, axis=2)[:, :, : segments.frames]
     frames_out = to_host(to_uint8(jnp.asarray(video).transpose(0, 2, 3, 4, 1)))
     assert denoised is not None
+    report = None if reports[-1] is None else CacheReport.joined(reports)
+    denoised = dataclasses.replace(denoised, cache_report=report, cache_carry=None)
     return Video(frames_out, denoised, pipe.timings_so_far())

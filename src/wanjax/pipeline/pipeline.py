@@ -50,6 +50,7 @@ from wanjax.pipeline.sources import base_model, base_variant, component_files
 from wanjax.pipeline.video_input import VideoInput
 from wanjax.runtime.jax_cache import enable_compilation_cache
 from wanjax.runtime.timing import StageTiming
+from wanjax.sampling.cache.step_cache import CacheCarry
 from wanjax.sampling.guidance import ImageConditioning
 from wanjax.sampling.results import Denoised
 from wanjax.sampling.sampler import Sampler
@@ -154,6 +155,7 @@ class WanPipeline:
         vace: VaceControl | None = None,
         on_step: Callable[[int], None] | None = None,
         progress: bool = True,
+        cache_carry: CacheCarry | None = None,
         **values: Any,
     ) -> Denoised:
         """Denoise ``latents`` (float32 noise) with classifier-free guidance: the transformer's
@@ -167,7 +169,8 @@ class WanPipeline:
         ``latents`` to the first of the last ``int(steps * strength)`` steps, which alone run, as
         diffusers' ``WanVideoToVideoPipeline``. A VACE model: ``vace``, its control
         (:func:`~wanjax.pipeline.preparation.vace_control`), required by such a model. ``on_step(done)`` is called after each step
-        with the number of steps done (an exception it raises stops the denoising)."""
+        with the number of steps done (an exception it raises stops the denoising). ``cache_carry``: a
+        previous run's TaylorSeer state to continue (:class:`~wanjax.sampling.cache.step_cache.CacheCarry`)."""
         from tqdm import tqdm
 
         parts = self.components
@@ -214,6 +217,7 @@ class WanPipeline:
                     guidance_scale_2=o.guidance_scale_2,
                     on_expert=parts.switch_expert,
                     sparse=o.sparse_attention,
+                    cache_carry=cache_carry,
                 )
         return dataclasses.replace(result, mesh_usage=mesh_usage)
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from wanjax.errors import NumericalError
 from wanjax.parallel.layouts import to_host
 from wanjax.runtime.timing import StepTimes
-from wanjax.sampling.cache.step_cache import CacheReport
+from wanjax.sampling.cache.step_cache import CacheCarry, CacheReport
 
 __all__ = ["Denoised", "check_steps_finite"]
 
@@ -28,6 +28,7 @@ class Denoised:
     finite_flags: tuple[jax.Array, ...] = dataclasses.field(default=(), repr=False)  # per step, on device
     sparse_steps: tuple[int, ...] = ()  # the steps that ran radial attention (0-based)
     sparse_attention: Any = None  # its RadialAttention (None: dense): blocks from its dense_block on
+    cache_carry: CacheCarry | None = dataclasses.field(default=None, repr=False)  # TaylorSeer's, to go on
 
     def check_finite(self, dtype: Any) -> None:
         """Raise NumericalError when the latents are not finite, naming the first step that made them

@@ -39,7 +39,7 @@ from wanjax.runtime.compile_effort import once_per_video
 from wanjax.runtime.programs import ProgramCache, signature
 from wanjax.runtime.timing import StepTimes
 from wanjax.sampling.cache.forward import cached_forward, state_shapes
-from wanjax.sampling.cache.step_cache import CacheConfig, CacheReport, StepCache, resolve
+from wanjax.sampling.cache.step_cache import CacheCarry, CacheConfig, CacheReport, StepCache, resolve
 from wanjax.sampling.context_cache import (
     ContextCache,
     cache_sharding,
@@ -305,6 +305,7 @@ class Sampler:
         guidance_scale_2: float | None = None,
         on_expert: Callable[[int], None] | None = None,
         sparse: RadialAttention | None = None,
+        cache_carry: CacheCarry | None = None,
     ) -> Denoised:
         """Run the scheduler's steps (from its ``start``) from ``latents`` (float32: noise, or source
         latents noised to the first step): the final latents, the step timings and what the run
@@ -329,6 +330,9 @@ class Sampler:
         ``sparse``: radial attention (:class:`~wanjax.kernels.radial.RadialAttention`) from step
         ``dense_timestep`` on, in the blocks from ``dense_block`` on; the dense steps run the dense
         program. The result's ``sparse_steps`` lists the steps that ran sparse.
+
+        ``cache_carry``: a previous run's TaylorSeer state (its result's ``cache_carry``) this run
+        continues, its hook's steps counted on, as diffusers' hook across Animate's segments.
         """
         joined = isinstance(image, ImageConditioning) and not image.first_frame
         channels = latents.shape[1] + (image.latents.shape[1] if joined else 0)
@@ -369,8 +373,9 @@ class Sampler:
         times = StepTimes()
         image = None if image is None else jax.tree.map(place, image)
         time_inputs = self._time_inputs(scheduler, latents.shape[2], is_first_frame(image))
+        calls_before = 0 if cache_carry is None else cache_carry.calls
         step_cache = self._step_cache(
-            cache, scheduler, uncond is not None, experts if two else None, image, time_inputs
+            cache, scheduler, uncond is not None, experts if two else None, image, time_inputs, calls_before
         )
         finite: list[jax.Array] = []
         decisions: list[tuple[jax.Array, jax.Array]] = []
@@ -394,6 +399,8 @@ class Sampler:
                 else:  # each expert starts from an empty cache, as diffusers' hook on each transformer
                     if current is None or current[0] != k:
                         extra, cache_sharding = self._cache_inputs(step_cache, latents, place, k, i)
+                        if cache_carry is not None and current is None:
+                            extra = (cache_carry.state, *extra[1:])
                     key = ("cached", k, *step_cache.key, *schedule_key(scheduler), signature(args + extra))
                     if step_sparse is not None:
                         key = ("sparse", step_sparse, *key)
@@ -419,6 +426,11 @@ class Sampler:
             if on_step:
                 on_step(i, elapsed)
         report = None if step_cache is None else cache_report(step_cache, decisions, times)
+        carry = None
+        if step_cache is not None and step_cache.taylor is not None:
+            steps = scheduler.num_inference_steps - scheduler.start
+            last = place(jnp.int32(int(to_host(extra[0]["last"])) - steps))
+            carry = CacheCarry({**extra[0], "last": last}, calls_before + steps)
         final = state.sample
         if is_first_frame(image):
             final = image.impose(final)
@@ -430,6 +442,7 @@ class Sampler:
             finite_flags=tuple(finite),
             sparse_steps=tuple(sparse_steps),
             sparse_attention=sparse,
+            cache_carry=carry,
         )
         if check_finite:
             result.check_finite(self.model.dtype)
@@ -443,12 +456,16 @@ class Sampler:
         experts: Sequence[int] | None,
         image: Any,
         time_inputs: Callable[[bool], np.ndarray] | None = None,
+        calls_before: int = 0,
     ) -> StepCache | None:
         """``cache`` resolved for this run's schedule (:func:`~wanjax.sampling.cache.step_cache.resolve`)."""
         if cache is None:
             return None
         steps, first = scheduler.num_inference_steps, is_first_frame(image)
-        return resolve(cache, self.model.cfg, steps, guided, experts, first, time_inputs, scheduler.sigmas)
+        sigmas = scheduler.sigmas
+        return resolve(
+            cache, self.model.cfg, steps, guided, experts, first, time_inputs, sigmas, calls_before
+        )
 
     def _time_inputs(
         self, scheduler: Scheduler, frames: int, first_frame: bool

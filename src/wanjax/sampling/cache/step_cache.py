@@ -38,6 +38,10 @@ A two-expert model (Wan 2.2 A14B) keeps a cache per expert, as diffusers with a 
 transformer: each expert's turn starts from an empty cache (its first step computes); MagCache
 schedules each turn from its slice of one curve over the run (:func:`resolve`).
 
+An Animate model takes TaylorSeer alone (:data:`ANIMATE_POLICIES`, the one hook diffusers can put on
+it), its state carried from one segment to the next (:class:`CacheCarry`), as diffusers' pipeline
+never resets the hook between them.
+
 The patch embedding, the condition embedders and the output norm and projection run at every step,
 as in diffusers, whose hooks wrap only the block list. Calibration (``calibrate=True``, MagCache)
 never skips and measures, per branch and step, the mean over tokens of ``||r_t|| / (||r_{t-1}|| +
@@ -65,6 +69,27 @@ BRANCHES: tuple[str, ...] = ("cond", "uncond")  # the rows of a guided batch: [c
 MAG_DEFAULTS = {"threshold": 0.06, "max_skip_steps": 3, "retention_ratio": 0.2}
 FIRST_BLOCK_THRESHOLD = 0.05
 PRESETS_FILE = "mag_ratios.json"
+# On an Animate model, the policies diffusers 0.42.1 runs: ``enable_cache`` puts MagCache's, First-Block
+# Cache's and SeaCache's hooks on the blocks through ``TransformerBlockRegistry``, which registers
+# ``transformer_wan.WanTransformerBlock`` but not ``transformer_wan_animate.py``'s copy of it, so it
+# raises "Model class ... not registered" there; TaylorSeer's hook matches modules by name and runs.
+ANIMATE_POLICIES: tuple[str, ...] = ("taylorseer",)
+_NO_ANIMATE_HOOK = (
+    "diffusers (0.42.1) cannot put its {} hook on an Animate transformer (its block class is missing from "
+    "diffusers' block registry), so there is no reference to match: use --cache taylorseer or leave the "
+    "cache off"
+)
+ANIMATE_REFUSALS: dict[str, str] = {
+    **{
+        p: f"{p} does not run on an Animate model: " + _NO_ANIMATE_HOOK.format(p)
+        for p in ("magcache", "firstblock", "seacache")
+    },
+    "teacache": (
+        "teacache does not run on an Animate model: its coefficients are fitted for Wan 2.1's text and "
+        "image to video and diffusers has no TeaCache hook to check one on Animate against: use --cache "
+        "taylorseer or leave the cache off"
+    ),
+}
 
 Curve = Sequence[float] | Mapping[str, Sequence[float]]
 
@@ -316,6 +341,7 @@ def resolve(
     first_frame: bool = False,
     time_inputs: Callable[[bool], np.ndarray] | None = None,
     sigmas: np.ndarray | None = None,
+    calls_before: int = 0,
 ) -> StepCache | None:
     """``config`` for a run of ``num_steps`` steps, guided (two branches) or not; None when off.
     ``first_frame``: an image conditions the run as its first latent frame (TI2V; it picks the curve).
@@ -327,20 +353,25 @@ def resolve(
 
     ``time_inputs(ret_steps)``: TeaCache's modulated input of each step (``[num_steps, ...]``, see
     :mod:`wanjax.sampling.cache.teacache`); None: every step computes (a program lowered for its shapes).
-    ``sigmas``: the scheduler's, which SeaCache's filter reads (None: ones, for shapes only)."""
+    ``sigmas``: the scheduler's, which SeaCache's filter reads (None: ones, for shapes only).
+    ``calls_before``: TaylorSeer only, the calls its hook counted in earlier runs whose state this one
+    continues (:class:`CacheCarry`; an Animate model's earlier segments).
+
+    On an Animate model only TaylorSeer runs (:data:`ANIMATE_REFUSALS` says why not the others)."""
     if not config.enabled:
         return None
-    if cfg.animate:  # each segment restarts the schedule; no cache is checked against diffusers' on it
-        raise ConfigError(
-            f"the {config.policy} step cache is not supported on an Animate model yet: leave the cache off"
-        )
+    if cfg.animate and config.policy not in ANIMATE_POLICIES:
+        raise ConfigError(ANIMATE_REFUSALS[config.policy])
+    if calls_before and (config.policy != "taylorseer" or experts is not None):
+        raise ValueError("only taylorseer on one transformer continues a previous run's state")
     branches = BRANCHES if guided else BRANCHES[:1]
     if config.policy == "teacache":
         return _resolve_teacache(config, cfg, num_steps, branches, experts, time_inputs)
     if config.policy == "taylorseer":  # each expert's hook counts its own calls from 0
         found = taylorseer.settings(config.options)
         segments = expert_segments(experts) if experts is not None else [(0, num_steps)]
-        compute = np.concatenate([taylorseer.schedule(b - a, found) for a, b in segments])
+        whole = [taylorseer.schedule(calls_before + b - a, found)[calls_before:] for a, b in segments]
+        compute = np.concatenate(whole)
         schedule = np.repeat(compute[:, None], len(branches), axis=1)
         return StepCache("taylorseer", branches, 0.0, schedule, taylor=found)
     if config.policy == "seacache":  # every step may compute: the latents' filtered change decides
@@ -427,6 +458,17 @@ def expert_segments(experts: Sequence[int]) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], len(experts)], strict=True))
 
 
+@dataclasses.dataclass(frozen=True)
+class CacheCarry:
+    """A TaylorSeer cache's state at the end of a run, for a next run to continue from as diffusers'
+    hook does when nothing resets it between denoising loops (``WanAnimatePipeline``'s segments, 0.42.1
+    ``pipeline_wan_animate.py`` 1037-1188): its factors, their valid orders, the last computed step
+    counted from the next run's first (-1: the run's last step), and the calls the hook counted."""
+
+    state: dict[str, Any]
+    calls: int
+
+
 @dataclasses.dataclass
 class CacheReport:
     """Per branch, which steps computed the blocks; the forwards actually run; calibration's ratios."""
@@ -441,6 +483,13 @@ class CacheReport:
         """Branch evaluations of the blocks actually run (a step where any branch computes runs all)."""
         steps = zip(*self.computed.values(), strict=True)
         return sum(len(self.computed) for step in steps if any(step))
+
+    @classmethod
+    def joined(cls, reports: Sequence[CacheReport]) -> CacheReport:
+        """Consecutive runs' reports as one (an Animate model's segments): their steps in turn."""
+        computed = {name: [c for r in reports for c in r.computed[name]] for name in reports[0].computed}
+        saved = [r.seconds_saved for r in reports if r.seconds_saved is not None]
+        return cls(reports[-1].cache, computed, None, sum(saved) if saved else None)
 
     def as_json(self) -> dict[str, Any]:
         branches = {
