@@ -41,7 +41,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wanjax.server import json_text
-from wanjax.server.api import ApiError, Limits, as_sent, form_body, remix_body, video_object
+from wanjax.server.api import INPUT_NAMES, ApiError, Limits, as_sent, form_body, remix_body, video_object
 from wanjax.server.engine import Engine
 from wanjax.server.loras import lora_group
 from wanjax.server.store import COMPLETED, IN_PROGRESS, QUEUED, Job, JobStore, QueueFull
@@ -386,7 +386,8 @@ async def form_items(request: Request, body: bytes) -> list[tuple[str, str | byt
         yield body
 
     try:
-        form = await StrictParser(request.headers, chunks(), max_files=4, max_fields=32).parse()
+        files = len(INPUT_NAMES)  # as many as a job holds: e.g. Animate's character and four videos
+        form = await StrictParser(request.headers, chunks(), max_files=files, max_fields=32).parse()
     except MultiPartException as e:
         raise ApiError(400, f"the multipart body cannot be read: {e.message}") from None
     return [
