@@ -175,6 +175,15 @@ def job_params(
     return params, uploads
 
 
+def animate_values(defaults: Defaults) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """An Animate model's values in ``GET /v1/server``: the segments' defaults, and the values
+    ``mode`` and ``prev_segment_conditioning_frames`` take (the first mode the default)."""
+    from wanjax.pipeline.animate import MODES, PREV_SEGMENT_FRAMES
+
+    segments = {name: getattr(defaults, name) for name in ANIMATE_VALUES[1:]}
+    return segments, {"mode": list(MODES), "prev_segment_conditioning_frames": list(PREV_SEGMENT_FRAMES)}
+
+
 def remix_body(source: Job, body: Any, video: bytes) -> dict[str, Any]:
     """The create body of a remix of the completed job ``source`` (OpenAI's ``POST
     /v1/videos/{id}/remix``): its video (``video``, the mp4's bytes) re-made with the new ``prompt``
