@@ -101,8 +101,8 @@ def open_animate_inputs(
         if e.flag == "pose_video":
             raise FlagError(f"--pose_video: {e}", e.flag) from None
         segment_values = ("segment_frame_length", "prev_segment_conditioning_frames")
-        given = [name for name in segment_values if getattr(flags, name) is not None]  # the model's: fine
-        flag = e.flag if e.flag in given else given[0] if given else e.flag
+        given = [name for name in segment_values if getattr(flags, name) is not None]
+        flag = e.flag if e.flag in given or not given else given[0]  # the model's two go together
         raise FlagError(f"--segment_frame_length/--prev_segment_conditioning_frames: {e}", flag) from None
     if init is not None:
         check_init(pipe, request, init, segments)

@@ -134,8 +134,9 @@ class Engine:
         try:
             if params["frames"] is None and params["pose_video"]:
                 self.check_pose_frames(job_id, params)
-            video = self.work(job_id, params).video  # the size an image's aspect decides
-            params.update(height=video["height"], width=video["width"], frames=video["frames"])
+            video = self.work(job_id, params).video
+            left = [name for name in ("height", "width", "frames") if params[name] is None]
+            params.update({name: video[name] for name in left})  # an image's aspect, a pose video's frames
             check_limits(params, self.limits)
             self.check_memory(params)
         except ApiError:
