@@ -7,6 +7,7 @@ fetched with the key header), then deleted from its card. A screenshot is kept a
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers.serve_process import Server
+from test_serve_animate import FRAMES, b64, videos  # noqa: F401 (videos: a fixture)
 
 pytestmark = pytest.mark.slow  # a server process and a browser
 
@@ -284,3 +286,105 @@ def test_a_page_uploads_a_video_to_re_make(server, browser, tmp_path):
 
     job = _wait(listed, 20, "the job")[0]
     assert job["video"] is True and job["strength"] == 0.5 and job["steps"] == 2, job
+
+
+def test_an_animate_page_uploads_the_character_and_its_videos(browser, demo_env, videos, tmp_path):  # noqa: F811
+    """With an Animate model the page offers the character, the pose and face videos (the background
+    and mask videos in replace mode), the mode and the segment values ``/v1/server`` lists, sends them
+    as one multipart body, and its job (frames left to the pose video) makes the video the same values
+    sent as JSON make."""
+    import numpy as np
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+
+    server = Server(tmp_path / "serve", model="demo-animate", env={"WANJAX_CACHE": str(demo_env)}).start()
+    driver = browser
+    try:
+        info = server.request("GET", "/v1/server")[1]
+        assert info["choices"] == {"mode": ["animate", "replace"], "prev_segment_conditioning_frames": [1, 5]}
+        assert info["defaults"]["frames"] is None  # the pose video's
+        driver.get(server.url + "/")
+        field = lambda name: driver.find_element(By.ID, name)  # noqa: E731
+        _wait(lambda: field("pose_video_label").is_displayed(), 30, "the pose video's field")
+        assert field("image_title").text == "Character" and field("face_video_label").is_displayed()
+        hidden = (
+            "background_video_label",
+            "mask_video_label",
+            "video_label",
+            "last_image_label",
+            "mask_label",
+        )
+        assert not any(field(name).is_displayed() for name in hidden)
+        mode = Select(field("mode"))
+        assert [option.text for option in mode.options] == ["animate", "replace"]
+        segments = (
+            info["defaults"]["segment_frame_length"],
+            info["defaults"]["prev_segment_conditioning_frames"],
+        )
+        assert (
+            field("segment_frame_length").get_attribute("value"),
+            field("frames").get_attribute("value"),
+        ) == (
+            str(segments[0]),
+            "",
+        )
+        assert Select(field("prev_segment_conditioning_frames")).first_selected_option.text == str(
+            segments[1]
+        )
+        assert field("size").get_attribute("value") == info["defaults"]["size"]  # not the character's aspect
+        mode.select_by_value("replace")
+        assert field("background_video_label").is_displayed() and field("mask_video_label").is_displayed()
+        mode.select_by_value("animate")
+        assert not field("background_video_label").is_displayed()
+
+        driver.execute_script(  # what the form posts
+            "window.posted = []; const send = window.fetch; window.fetch = (path, options) => {"
+            " if (options && options.method === 'POST') posted.push(options.body instanceof FormData);"
+            " return send(path, options); };"
+        )
+        field("prompt").send_keys("a dancer")
+        for name, value in (
+            ("size", "48x32"),
+            ("num_inference_steps", "2"),
+            ("seed", "3"),
+            ("segment_frame_length", "5"),
+        ):
+            field(name).clear()
+            field(name).send_keys(value)
+        for name in ("image", "pose_video", "face_video"):
+            field(name).send_keys(str(videos[name]))
+        field("submit").click()
+        card = _wait(
+            lambda: driver.find_elements(By.CSS_SELECTOR, ".job.completed"), 300, "the job to complete"
+        )[0]
+        _keep_screenshot(driver, tmp_path, "serve_page_animate.png")
+        assert driver.execute_script("return window.posted") == [True] and field("error").text == ""
+        job = server.request("GET", f"/v1/videos/{card.get_attribute('data-id')}")[1]
+        assert (job["image"], job["pose_video"], job["face_video"], job["background_video"]) == (
+            True,
+            True,
+            True,
+            False,
+        )
+        assert (job["mode"], job["segment_frame_length"], job["frames"], job["size"]) == (
+            "animate",
+            5,
+            FRAMES,
+            "48x32",
+        )
+        uploads = {name: b64(videos[name]) for name in ("image", "pose_video", "face_video")}
+        values = {"size": "48x32", "num_inference_steps": 2, "seed": 3, "segment_frame_length": 5}
+        sent = server.submit(prompt="a dancer", **values, **uploads)
+        as_json = server.wait(sent["id"], timeout=300)
+        sheets = [
+            np.asarray(
+                Image.open(
+                    io.BytesIO(server.request("GET", f"/v1/videos/{j['id']}/content?variant=spritesheet")[1])
+                )
+            )
+            for j in (job, as_json)
+        ]
+    finally:
+        server.stop()
+    np.testing.assert_array_equal(sheets[0], sheets[1])

@@ -13,6 +13,15 @@ class WanjaxError(Exception):
     exit_code = 2
 
 
+class FlagError(WanjaxError):
+    """A problem with one flag's value, or its absence: ``flag`` names it without its dashes (the
+    server's ``param``, the field it stands for)."""
+
+    def __init__(self, message: str, flag: str | None = None) -> None:
+        super().__init__(message)
+        self.flag = flag
+
+
 class ConfigError(WanjaxError):
     """A config.json that is missing, malformed, or describes a model wanjax cannot run."""
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from wanjax.errors import WanjaxError
+from wanjax.errors import FlagError, WanjaxError
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.pipeline.animate import ALL_FRAMES, Segments, animate, check_inputs
 from wanjax.pipeline.components import IMAGE_COMPONENTS
@@ -54,15 +54,17 @@ def open_animate_inputs(
     flags = request.animate
     if not cfg.animate:
         if flags.given:
-            raise WanjaxError(
+            raise FlagError(
                 "--mode, --pose_video, --face_video, --background_video, --mask_video, --segment_frame_length "
                 f"and --prev_segment_conditioning_frames are for an Animate model; "
-                f"{model_label(pipe.components.source)} is not one"
+                f"{model_label(pipe.components.source)} is not one",
+                next(f.name for f in dataclasses.fields(flags) if getattr(flags, f.name) is not None),
             )
         return None
     if request.images.image is None or flags.pose_video is None:
-        raise WanjaxError(
-            "an Animate model needs the character image and a pose video (--image, --pose_video)"
+        raise FlagError(
+            "an Animate model needs the character image and a pose video (--image, --pose_video)",
+            "image" if request.images.image is None else "pose_video",
         )
     mode = flags.mode or "animate"
     check_inputs(
@@ -77,25 +79,31 @@ def open_animate_inputs(
             videos.append(None)
             continue
         if not Path(path).is_file():
-            raise WanjaxError(f"--{name} {path}: file not found")
+            raise FlagError(f"--{name} {path}: file not found", name)
         limit = (asked or ALL_FRAMES) if not videos else len(videos[0] or ())
         try:
             videos.append(video_frames(path, fps, limit))
         except WanjaxError as e:
-            raise WanjaxError(f"--{name}: {e}") from None
+            raise FlagError(f"--{name}: {e}", name) from None
     pose = videos[0] or []
     if asked is not None and len(pose) < asked:
-        raise WanjaxError(
+        raise FlagError(
             f"--pose_video gives {len(pose)} frames at {fps:g} fps, fewer than the {asked} asked for "
-            f"(--frames): ask for {len(pose)} or fewer"
+            f"(--frames): ask for {len(pose)} or fewer",
+            "pose_video",
         )
     d = defaults_of(pipe)
     length = flags.segment_frame_length or d.segment_frame_length
     overlap = flags.prev_segment_conditioning_frames or d.prev_segment_conditioning_frames
     try:
         segments = Segments.of(len(pose), length, overlap, pipe.components.geometry.temporal)
-    except WanjaxError as e:
-        raise WanjaxError(f"--segment_frame_length/--prev_segment_conditioning_frames: {e}") from None
+    except FlagError as e:
+        if e.flag == "pose_video":
+            raise FlagError(f"--pose_video: {e}", e.flag) from None
+        segment_values = ("segment_frame_length", "prev_segment_conditioning_frames")
+        given = [name for name in segment_values if getattr(flags, name) is not None]
+        flag = e.flag if e.flag in given or not given else given[0]  # the model's two go together
+        raise FlagError(f"--segment_frame_length/--prev_segment_conditioning_frames: {e}", flag) from None
     if init is not None:
         check_init(pipe, request, init, segments)
     return AnimateInputs(mode, tuple(videos), segments)

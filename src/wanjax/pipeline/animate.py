@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from PIL import Image
 
-from wanjax.errors import WanjaxError
+from wanjax.errors import FlagError, WanjaxError
 from wanjax.models.dit import AnimateControl
 from wanjax.models.image_processor import ImageInput
 from wanjax.models.vae.postprocess import to_uint8
@@ -88,15 +88,19 @@ class Segments:
         """diffusers' segmenting: ``length`` rounded down to ``temporal * n + 1``; WanjaxError for a
         conditioning-frame count it refuses, or a segment no longer than it."""
         if overlap not in PREV_SEGMENT_FRAMES:
-            raise WanjaxError(f"prev_segment_conditioning_frames must be 1 or 5, got {overlap}")
+            raise FlagError(
+                f"prev_segment_conditioning_frames must be 1 or 5, got {overlap}",
+                "prev_segment_conditioning_frames",
+            )
         length = max(length // temporal * temporal + 1 if length % temporal != 1 else length, 1)
         if length - overlap <= overlap:  # diffusers' segments would run past the covered frames
-            raise WanjaxError(
+            raise FlagError(
                 f"segment_frame_length {length} must be more than twice prev_segment_conditioning_frames "
-                f"{overlap}"
+                f"{overlap}",
+                "segment_frame_length",
             )
         if frames <= overlap:
-            raise WanjaxError(f"the pose video needs more than {overlap} frames, got {frames}")
+            raise FlagError(f"the pose video needs more than {overlap} frames, got {frames}", "pose_video")
         return cls(frames, length, overlap)
 
 
@@ -151,15 +155,21 @@ class AnimateVideos:
 def check_inputs(mode: str, face: bool, background: bool, mask: bool) -> None:
     """WanjaxError naming an input the mode needs and was not given (or one it does not take)."""
     if mode not in MODES:
-        raise WanjaxError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        raise FlagError(f"mode must be one of {', '.join(MODES)}, got {mode!r}", "mode")
     if not face:
-        raise WanjaxError("an Animate model needs a face video (--face_video) beside the pose video")
+        raise FlagError(
+            "an Animate model needs a face video (--face_video) beside the pose video", "face_video"
+        )
     if mode == "replace" and not (background and mask):
-        raise WanjaxError(
-            "replace mode needs a background video and a mask video (--background_video, --mask_video)"
+        raise FlagError(
+            "replace mode needs a background video and a mask video (--background_video, --mask_video)",
+            "mask_video" if background else "background_video",
         )
     if mode == "animate" and (background or mask):
-        raise WanjaxError("a background and a mask video are for replace mode (--mode replace)")
+        raise FlagError(
+            "a background and a mask video are for replace mode (--mode replace)",
+            "background_video" if background else "mask_video",
+        )
 
 
 def read_inputs(

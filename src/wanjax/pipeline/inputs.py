@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from wanjax.errors import WanjaxError
+from wanjax.errors import FlagError, WanjaxError
 from wanjax.models.config import TransformerConfig
 from wanjax.models.dit import WanTransformer
 from wanjax.sampling.guidance import ImageConditioning
@@ -21,30 +21,36 @@ def check_image_input(
     first-last-frame model; none for text-to-video; a first frame or none for a text-and-image model
     (``expand_timesteps``, Wan 2.2 TI2V)."""
     if last_image and not image:
-        raise WanjaxError("a last image needs a first one: give --image too")
+        raise FlagError("a last image needs a first one: give --image too", "image")
     if expand_timesteps:
         if last_image:
-            raise WanjaxError(f"{source} (Wan 2.2 TI2V) takes a first frame only; leave --last_image out")
+            raise FlagError(
+                f"{source} (Wan 2.2 TI2V) takes a first frame only; leave --last_image out", "last_image"
+            )
         return
     if cfg.image_to_video and not image:
-        raise WanjaxError(
+        raise FlagError(
             f"{source} is an image-to-video model: give the first frame with --image FILE "
-            "(Python: pipe(prompt, image=...))"
+            "(Python: pipe(prompt, image=...))",
+            "image",
         )
     if image and not cfg.image_to_video:
-        raise WanjaxError(
+        raise FlagError(
             f"{source} is a text-to-video model: it takes no image; leave --image out or use an "
-            "image-to-video model (e.g. Wan-AI/Wan2.1-I2V-14B-480P-Diffusers)"
+            "image-to-video model (e.g. Wan-AI/Wan2.1-I2V-14B-480P-Diffusers)",
+            "image",
         )
     if cfg.first_last_frame and image and not last_image:
-        raise WanjaxError(
+        raise FlagError(
             f"{source} is a first-last-frame model: give the last frame too with --last_image FILE "
-            "(Python: last_image=...)"
+            "(Python: last_image=...)",
+            "last_image",
         )
     if last_image and cfg.image_tokens and not cfg.first_last_frame:  # its image tokens are one image's
-        raise WanjaxError(
+        raise FlagError(
             f"{source} takes a first frame only (not a first-last-frame model, e.g. "
-            "Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers); leave --last_image out"
+            "Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers); leave --last_image out",
+            "last_image",
         )
 
 

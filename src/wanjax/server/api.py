@@ -175,6 +175,15 @@ def job_params(
     return params, uploads
 
 
+def animate_values(defaults: Defaults) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """An Animate model's values in ``GET /v1/server``: the segments' defaults, and the values
+    ``mode`` and ``prev_segment_conditioning_frames`` take (the first mode the default)."""
+    from wanjax.pipeline.animate import MODES, PREV_SEGMENT_FRAMES
+
+    segments = {name: getattr(defaults, name) for name in ANIMATE_VALUES[1:]}
+    return segments, {"mode": list(MODES), "prev_segment_conditioning_frames": list(PREV_SEGMENT_FRAMES)}
+
+
 def remix_body(source: Job, body: Any, video: bytes) -> dict[str, Any]:
     """The create body of a remix of the completed job ``source`` (OpenAI's ``POST
     /v1/videos/{id}/remix``): its video (``video``, the mp4's bytes) re-made with the new ``prompt``
@@ -319,7 +328,7 @@ def shown(text: str) -> str:
 def check_limits(params: Mapping[str, Any], limits: Limits) -> None:
     """The server's limits on frames, pixels per frame (once the size is known) and steps (400 naming
     the limit)."""
-    frames, steps = params["frames"], params["num_inference_steps"]
+    frames, steps = params["frames"] or 0, params["num_inference_steps"]  # None: the pose video's, unread
     pixels = 0 if params["width"] is None else params["width"] * params["height"]
     if frames > limits.max_frames and "seconds" in params:  # in the field the client sent
         fps = params["fps"]
@@ -408,10 +417,16 @@ def api_message(message: str, paths: Mapping[str, Any] | None = None) -> str:
     return REPEATED_FIELD.sub(r"\1", FLAG.sub(rename, message))  # "--image PATH" read "image image"
 
 
-def message_param(message: str) -> str | None:
-    """The field a message (:func:`api_message`) starts with, if any: its ``param``."""
-    first = message.split(maxsplit=1)[0].rstrip(":,") if message else ""  # "mode, pose_video, ...": mode
-    return "size" if first in ("height", "width") else first if first in FIELDS else None
+def message_param(message: str, flag: str | None = None) -> str | None:
+    """The field a refusal is about, its ``param``: the one ``flag`` (a check's
+    :class:`~wanjax.errors.FlagError`'s) stands for, else the one the message (:func:`api_message`)
+    starts with, if any."""
+    first = message.split(maxsplit=1)[0].rstrip(":,") if message else ""  # "pose_video: ...": pose_video
+    for name in (flag, first):
+        field = {"height": "size", "width": "size", "reference_image": REFERENCES}.get(name or "", name)
+        if field in FIELDS:
+            return field
+    return None
 
 
 def video_object(job: Job, model: str) -> dict[str, Any]:

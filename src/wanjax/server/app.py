@@ -41,7 +41,16 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wanjax.server import json_text
-from wanjax.server.api import ApiError, Limits, as_sent, form_body, remix_body, video_object
+from wanjax.server.api import (
+    INPUT_NAMES,
+    ApiError,
+    Limits,
+    animate_values,
+    as_sent,
+    form_body,
+    remix_body,
+    video_object,
+)
 from wanjax.server.engine import Engine
 from wanjax.server.loras import lora_group
 from wanjax.server.store import COMPLETED, IN_PROGRESS, QUEUED, Job, JobStore, QueueFull
@@ -108,20 +117,24 @@ def create_app(engine: Engine, store: JobStore, worker: Worker, api_key: str | N
 
     async def server_info(request: Request) -> Response:
         d = engine.defaults
+        animate = engine.pipe.components.transformer_config.animate  # frames: the pose video's
+        segments, choices = animate_values(d) if animate else ({}, {})
         return JSONResponse(
             {
                 "object": "server",
                 "model": engine.model,
                 "defaults": {
                     "size": f"{d.width}x{d.height}",
-                    "frames": d.frames,
+                    "frames": None if animate else d.frames,
                     "fps": d.fps,
                     "num_inference_steps": d.num_inference_steps,
                     "guidance_scale": d.guidance_scale,
                     "seed": d.seed,
                     "negative_prompt": "",
+                    **segments,
                 },
                 "inputs": engine.image_inputs(),
+                "choices": choices,
                 "smoke_model": engine.pipe.components.source.is_demo,
                 "size_presets": engine.size_presets(),
                 "limits": {
@@ -386,7 +399,8 @@ async def form_items(request: Request, body: bytes) -> list[tuple[str, str | byt
         yield body
 
     try:
-        form = await StrictParser(request.headers, chunks(), max_files=4, max_fields=32).parse()
+        files = len(INPUT_NAMES)  # as many as a job holds: e.g. Animate's character and four videos
+        form = await StrictParser(request.headers, chunks(), max_files=files, max_fields=32).parse()
     except MultiPartException as e:
         raise ApiError(400, f"the multipart body cannot be read: {e.message}") from None
     return [

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from wanjax.errors import WanjaxError, one_line
+from wanjax.errors import FlagError, WanjaxError, one_line
 from wanjax.io.atomic import atomic_path
 from wanjax.io.video import write_mp4
 from wanjax.io.video_reader import read_frames
@@ -123,6 +123,8 @@ class Engine:
         params, images = job_params(
             body, self.defaults, self.pipe.components.geometry.temporal, self.model, v2v
         )
+        if self.pipe.components.transformer_config.animate and not {"frames", "seconds"} & set(body):
+            params["frames"] = None  # generate's: the pose video's, known once it is read
         check_limits(params, self.limits)  # before anything sized by them is built
         self.check_prompts(params)
         self.check_loras(params)
@@ -130,14 +132,34 @@ class Engine:
             with atomic_path(self.input_files(job_id)[name]) as tmp:
                 tmp.write_bytes(data)
         try:
-            video = self.work(job_id, params).video  # the size an image's aspect decides
-            params.update(height=video["height"], width=video["width"])
+            if params["frames"] is None and params["pose_video"]:
+                self.check_pose_frames(job_id, params)
+            video = self.work(job_id, params).video
+            left = [name for name in ("height", "width", "frames") if params[name] is None]
+            params.update({name: video[name] for name in left})  # an image's aspect, a pose video's frames
             check_limits(params, self.limits)
             self.check_memory(params)
         except ApiError:
             self.remove_files(job_id)
             raise
         return params
+
+    def check_pose_frames(self, job_id: str, params: Mapping[str, Any]) -> None:
+        """An Animate job without ``frames`` (its pose video's, as ``generate``'s) is within the
+        server's limit of frames: ApiError 400 naming the pose video otherwise (read up to one frame
+        past the limit; a file that is no video is left to the checks)."""
+        limit, fps = self.limits.max_frames, params["fps"]
+        try:
+            frames = len(read_frames(self.input_files(job_id)["pose_video"], fps, limit + 1))
+        except (WanjaxError, OSError):
+            return
+        if frames > limit:
+            raise ApiError(
+                400,
+                f"pose_video gives more than {limit} frames at {fps:g} fps, over this server's limit of "
+                f"{limit}: send frames (at most {limit}: the pose video's first frames) or a shorter pose video",
+                param="pose_video",
+            )
 
     def image_inputs(self) -> dict[str, str]:
         """Whether the model's jobs take each upload field (``image``, ``last_image``, a ``video`` to
@@ -338,7 +360,8 @@ class Engine:
                 raise unreadable from None
             named = {**inputs, **{f"the job's {kind}": path for kind, path in files.items()}}
             message = api_message(one_line(e), named)
-            raise ApiError(400, message, param=message_param(message)) from None
+            flag = e.flag if isinstance(e, FlagError) else None
+            raise ApiError(400, message, param=message_param(message, flag)) from None
 
     def unreadable_upload(self, message: str, job_id: str, params: Mapping[str, Any]) -> ApiError | None:
         """The API's one sentence for the upload a failed check's ``message`` names when it is no file
