@@ -2,8 +2,8 @@
 float reference, the scan over stacked quantised layers, sharded loading, and float8 checkpoints
 (``F8_E4M3`` safetensors files) read and loaded.
 
-The README states the velocity bounds measured on the 1.3B dimensions (int8 ≤ 2e-2, fp8 ≤ 7e-2; see
-``benchmarks/quantization_error.py``). Here: per matmul, relative error vs the float kernel ≤ 1e-2
+docs/design.md gives the velocity errors measured on the 1.3B dimensions
+(``benchmarks/quantization_error.py``). Here: per matmul, relative error vs the float kernel ≤ 1e-2
 (int8) and ≤ 4e-2 (fp8, weight-only); the tiny DiT's velocity vs bf16 ≤ 2e-2 (int8) and ≤ 5e-2 (fp8;
 7e-2 multiplied in fp8).
 """
