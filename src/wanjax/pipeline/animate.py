@@ -50,6 +50,7 @@ __all__ = [
     "animate",
     "check_inputs",
     "decode_segment",
+    "decode_segments",
     "denoise_segment",
     "join_segments",
     "pad_frames",
@@ -397,6 +398,12 @@ def join_segments(decoded: Sequence[np.ndarray], segments: Segments) -> np.ndarr
     kept = [frames if k == 0 else frames[:, :, segments.overlap :] for k, frames in enumerate(decoded)]
     video = np.concatenate(kept, axis=2)[:, :, : segments.frames]
     return to_host(to_uint8(jnp.asarray(video).transpose(0, 2, 3, 4, 1)))
+
+
+def decode_segments(parts: Any, segments: Segments, latents: Sequence[Any]) -> np.ndarray:
+    """The video, ``uint8 [B, N, H, W, 3]``, of the segments' ``latents`` (``wanjax decode``): each
+    decoded and the segments joined, as the run itself does."""
+    return join_segments([decode_segment(parts, x) for x in latents], segments)
 
 
 def animate(
