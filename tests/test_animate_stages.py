@@ -107,6 +107,10 @@ def test_denoise_refuses_a_stage_directory_of_another_model(encoded, capsys, tmp
     assert main(["encode", "--model", "demo", "--prompt", "x", "--output_dir", str(plain), "--quiet"]) == 0
     line = one_line(capsys, ["denoise", "--input_dir", str(plain), "--model", "demo-animate", "--quiet"])
     assert f"no {stages.ANIMATE_FILE}, and demo-animate is an Animate model; run `wanjax encode" in line
+    line = one_line(capsys, ["denoise", "--input_dir", str(plain), "--vae_dtype", "bfloat16", "--quiet"])
+    assert (
+        "the VAE flags are for an Animate model's denoise" in line and "give them to `wanjax decode`" in line
+    )
     save_file({"latents": np.zeros((1, 16, 3, 4, 6), np.float32)}, str(tmp_path / "short.safetensors"))
     argv = ["denoise", "--input_dir", str(encoded), "--init_latents", str(tmp_path / "short.safetensors")]
     line = one_line(capsys, [*argv, "--quiet"])
@@ -116,3 +120,22 @@ def test_denoise_refuses_a_stage_directory_of_another_model(encoded, capsys, tmp
     )
     assert "leave --init_latents out" in line
     assert not (encoded / stages.LATENTS_FILE).exists()
+
+
+@pytest.mark.slow
+def test_the_python_stages_are_the_call(files):
+    """``prepare_animate`` (beside ``encode_prompt``), ``denoise_segments``, ``decode_segments``: the
+    frames ``pipe(...)`` makes, bit for bit (replace mode)."""
+    from wanjax import WanPipeline
+
+    pipe = WanPipeline.from_pretrained("demo-animate", dtype="float32", jax_cache_dir=False)
+    videos = {"pose_video": str(files["pose"]), "face_video": str(files["face"])}
+    videos.update(background_video=str(files["background"]), mask_video=str(files["mask"]))
+    values = dict(height=32, width=48, num_inference_steps=2, seed=5, mode="replace")
+    whole = pipe("a dancer", image=str(files["image"]), **videos, **values, progress=False).frames
+    pos, neg = pipe.encode_prompt("a dancer")
+    inputs = pipe.prepare_animate(str(files["image"]), **videos, **values)
+    denoised = pipe.denoise_segments(pos, neg, inputs, **values, progress=False)
+    assert len(denoised) == inputs.videos.segments.count == 2
+    frames = pipe.decode_segments(inputs.videos.segments, [d.latents for d in denoised])
+    np.testing.assert_array_equal(frames, whole)

@@ -20,6 +20,7 @@ from wanjax.jobs.checks import (
     check_output_paths,
     resolve_video,
 )
+from wanjax.jobs.groups import VaeFlags
 from wanjax.jobs.opening import begin, files_record, mesh_request, model_label, open_pipeline, stage_files
 from wanjax.jobs.record import finish, make_report, recorded
 from wanjax.jobs.requests import DenoiseRequest
@@ -55,6 +56,13 @@ def denoise(request: DenoiseRequest) -> RunReport:
     pipe = open_pipeline(request, mesh, fsdp, model=model, dtype=dtype, revision=revision, files=files)
     cfg = pipe.components.sources.check(("transformer",))["transformer"]
     animate = stage_animate(pipe, cfg, directory)
+    vae_flags = [f"--{k}" for k, v in dataclasses.asdict(request.vae).items() if v != getattr(VaeFlags(), k)]
+    if animate is None and vae_flags:
+        raise WanjaxError(
+            f"{', '.join(vae_flags)}: the VAE flags are for an Animate model's denoise (its VAE decodes each "
+            f"segment's last frames); {model_label(pipe.components.source)} denoises without the VAE: give "
+            "them to `wanjax decode`"
+        )
     control = stage_vace(pipe, cfg, directory)
     references = int(earlier.get("reference_frames", 0))
     if pos.shape[2] != cfg.text_dim:

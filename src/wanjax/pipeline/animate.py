@@ -55,6 +55,7 @@ __all__ = [
     "join_segments",
     "pad_frames",
     "prepare_conditioning",
+    "prepare_inputs",
     "reference_frame",
     "run_segments",
 ]
@@ -400,6 +401,29 @@ def join_segments(decoded: Sequence[np.ndarray], segments: Segments) -> np.ndarr
     return to_host(to_uint8(jnp.asarray(video).transpose(0, 2, 3, 4, 1)))
 
 
+def prepare_inputs(
+    pipe: Any,
+    o: RunOptions,
+    image: ImageInput,
+    pose_video: VideoInput,
+    face_video: VideoInput | None,
+    background_video: VideoInput | None = None,
+    mask_video: VideoInput | None = None,
+) -> AnimateConditioning:
+    """The inputs read (``o``: filled options; the video's frames the pose video's, or its first
+    ``o.num_frames``), cut into segments and prepared (:func:`prepare_conditioning`): the encode
+    stage's work; WanjaxError naming a missing or unreadable input."""
+    parts = pipe.components
+    mode = o.mode or MODES[0]
+    frames = read_inputs(pose_video, face_video, background_video, mask_video, mode, o.num_frames, o.fps)
+    segments = Segments.of(
+        len(frames[0]), o.segment_frame_length, o.prev_segment_conditioning_frames, parts.geometry.temporal
+    )
+    height, width = o.height or parts.defaults.height, o.width or parts.defaults.width
+    parts.geometry.check(height, width, segments.length)
+    return prepare_conditioning(parts, open_image(image), frames, height, width, segments)
+
+
 def decode_segments(parts: Any, segments: Segments, latents: Sequence[Any]) -> np.ndarray:
     """The video, ``uint8 [B, N, H, W, 3]``, of the segments' ``latents`` (``wanjax decode``): each
     decoded and the segments joined, as the run itself does."""
@@ -422,18 +446,12 @@ def animate(
 ) -> Video:
     """An Animate model's run (see the module docstring); ``o`` filled with the model's defaults.
     Returns the frames ``uint8 [B, N, H, W, 3]`` (``N``: the pose video's frames) and the last
-    segment's denoising. The three stages run the same pieces: :func:`prepare_conditioning`,
-    :func:`run_segments`, :func:`decode_segment` and :func:`join_segments`."""
+    segment's denoising. The three stages run the same pieces: :func:`prepare_inputs` (the jobs:
+    :func:`prepare_conditioning`), :func:`run_segments` and :func:`decode_segments`."""
     parts = pipe.components
-    mode = o.mode or MODES[0]
-    frames = read_inputs(pose_video, face_video, background_video, mask_video, mode, o.num_frames, o.fps)
-    segments = Segments.of(
-        len(frames[0]), o.segment_frame_length, o.prev_segment_conditioning_frames, parts.geometry.temporal
-    )
-    image = open_image(image)
-    height, width = o.height or parts.defaults.height, o.width or parts.defaults.width
-    parts.geometry.check(height, width, segments.length)
     parts.timings.clear()
+    conditioning = prepare_inputs(pipe, o, image, pose_video, face_video, background_video, mask_video)
+    segments, (height, width) = conditioning.videos.segments, conditioning.videos.size
     pos, neg = pipe.encode_prompt(prompt, negative_prompt, o.max_sequence_length)
     batch = pos.shape[0]
     shape = segment_latent_shape(parts.geometry, batch, height, width, segments)
@@ -442,7 +460,6 @@ def animate(
             f"latents {tuple(latents.shape)} do not match {batch} prompt(s) at {width}x{height} in segments of "
             f"{segments.length} frames (expected {shape}: a latent frame more, the reference's)"
         )
-    conditioning = prepare_conditioning(parts, image, frames, height, width, segments)
     run = RunOptions.of(o, {"height": height, "width": width})
     done = list(run_segments(pipe, conditioning, pos, neg, run, latents, on_step, progress))
     decoded = [frames for _, frames in done]
