@@ -139,3 +139,22 @@ def test_the_python_stages_are_the_call(files):
     assert len(denoised) == inputs.videos.segments.count == 2
     frames = pipe.decode_segments(inputs.videos.segments, [d.latents for d in denoised])
     np.testing.assert_array_equal(frames, whole)
+
+
+def test_damaged_animate_stage_files_are_one_line_errors(encoded, capsys, tmp_path):
+    """A ``stage1_animate`` whose videos do not cover the segments' frames, and segment latents that
+    do not split into their segments: one line naming the stage to re-run."""
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    d = tmp_path / "damaged"
+    shutil.copytree(encoded, d)
+    tensors = load_file(str(d / stages.ANIMATE_FILE))
+    save_file({**tensors, "pose_video": tensors["pose_video"][:, :5]}, str(d / stages.ANIMATE_FILE))
+    line = one_line(capsys, ["denoise", "--input_dir", str(d), "--quiet"])
+    assert f"{stages.ANIMATE_FILE}: its videos" in line and "re-run `wanjax encode`" in line
+    latents = np.zeros((1, 16, 7, 4, 6), np.float32)
+    save_file({"latents": latents, "segments": np.asarray([12, 9, 1])}, str(d / stages.LATENTS_FILE))
+    line = one_line(capsys, ["decode", "--input_dir", str(d), "--quiet"])
+    assert "do not split into 2 segments; re-run `wanjax denoise`" in line
