@@ -11,6 +11,7 @@ from helpers.animate_inputs import write_animate_inputs
 from safetensors.numpy import save_file
 
 from wanjax.cli.main import main
+from wanjax.io.checkpoint import open_safetensors
 from wanjax.pipeline import stages
 
 SIZE = ("--height", "32", "--width", "48")
@@ -73,11 +74,19 @@ def test_the_three_stages_are_generate(files, mode, tmp_path):
     np.testing.assert_array_equal(ours, expected)
 
 
-def test_encode_stores_the_animate_inputs(encoded):
-    """What no segment changes: the pixels over the frames the segments cover, the character's states
-    and reference latents, the segments; no background or mask in animate mode."""
+def test_encode_stores_the_animate_inputs(encoded, files):
+    """What no segment changes: the prepared frames over the frames the segments cover (stored as
+    uint8, read back to the prepared float32 bits), the character's states and reference latents,
+    the segments; no background or mask in animate mode."""
+    from wanjax.pipeline.animate import prepare_videos, read_inputs
+
+    assert open_safetensors(encoded / stages.ANIMATE_FILE)["pose_video"].array().dtype == np.uint8
     conditioning = stages.load_animate(encoded)
     videos = conditioning.videos
+    read = read_inputs(str(files["pose"]), str(files["face"]), None, None, "animate", None, 16.0)
+    prepared = prepare_videos(read, 32, 48, videos.face.shape[2], videos.segments)
+    np.testing.assert_array_equal(videos.pose, prepared.pose)
+    np.testing.assert_array_equal(videos.face, prepared.face)
     assert (videos.segments.frames, videos.segments.length, videos.segments.overlap) == (12, 9, 1)
     assert videos.pose.shape == (3, 17, 32, 48) and videos.face.shape[:2] == (3, 17)
     assert videos.background is None and videos.mask is None
@@ -158,3 +167,16 @@ def test_damaged_animate_stage_files_are_one_line_errors(encoded, capsys, tmp_pa
     save_file({"latents": latents, "segments": np.asarray([12, 9, 1])}, str(d / stages.LATENTS_FILE))
     line = one_line(capsys, ["decode", "--input_dir", str(d), "--quiet"])
     assert "do not split into 2 segments; re-run `wanjax denoise`" in line
+
+
+def test_the_stored_pixels_read_back_to_the_same_bits():
+    """Every uint8 value: the frames' ``[-1, 1]`` and the mask's ``[0, 1]`` float32 values go to the
+    stored pixels and back unchanged."""
+    from wanjax.pipeline.animate import mask_pixels, mask_values
+    from wanjax.pipeline.conditioning import signed_pixels, uint8_pixels
+
+    every = np.arange(256, dtype=np.uint8)
+    for to_float, to_pixels in ((signed_pixels, uint8_pixels), (mask_values, mask_pixels)):
+        values = to_float(every)
+        np.testing.assert_array_equal(to_pixels(values), every)
+        assert to_float(to_pixels(values)).tobytes() == values.tobytes()

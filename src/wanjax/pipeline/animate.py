@@ -34,7 +34,7 @@ from wanjax.models.dit import AnimateControl
 from wanjax.models.image_processor import ImageInput
 from wanjax.models.vae.postprocess import to_uint8
 from wanjax.parallel.layouts import to_host
-from wanjax.pipeline.conditioning import encode_video, open_image, video_frame
+from wanjax.pipeline.conditioning import encode_video, open_image, signed_pixels, video_frame
 from wanjax.pipeline.options import RunOptions
 from wanjax.pipeline.results import Video
 from wanjax.pipeline.video_input import VideoInput, video_frames
@@ -129,14 +129,23 @@ def reference_frame(image: Image.Image, height: int, width: int) -> np.ndarray:
     resized = image.resize((src_w, src_h), resample=Image.Resampling.LANCZOS)
     canvas = Image.new("RGB", (width, height), color=0)
     canvas.paste(resized, box=(width // 2 - src_w // 2, height // 2 - src_h // 2))
-    pixels = np.asarray(canvas).astype(np.float32) / np.float32(255.0)
-    return (np.float32(2.0) * pixels - np.float32(1.0)).transpose(2, 0, 1)
+    return signed_pixels(np.asarray(canvas)).transpose(2, 0, 1)
 
 
 def mask_frame(image: Image.Image, height: int, width: int) -> np.ndarray:
     """diffusers' mask processor: Lanczos-resized to ``width x height``, then gray, in [0, 1], ``[1, H, W]``."""
     resized = image.resize((width, height), resample=Image.Resampling.LANCZOS).convert("L")
-    return (np.asarray(resized).astype(np.float32) / np.float32(255.0))[None]
+    return mask_values(np.asarray(resized))[None]
+
+
+def mask_values(pixels: np.ndarray) -> np.ndarray:
+    """A gray mask's uint8 pixels as float32 in [0, 1]."""
+    return pixels.astype(np.float32) / np.float32(255.0)
+
+
+def mask_pixels(mask: np.ndarray) -> np.ndarray:
+    """The uint8 pixels :func:`mask_values` made ``mask`` from (its exact inverse)."""
+    return np.rint(mask.astype(np.float32) * np.float32(255.0)).astype(np.uint8)
 
 
 @dataclasses.dataclass(frozen=True)

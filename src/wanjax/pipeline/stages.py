@@ -16,8 +16,9 @@ A stage directory holds, with the reference's key names and layouts (so diffuser
   ``control_scale`` (one per vace layer); the config's ``reference_frames`` is ``R`` (the decode drops them);
 * ``stage1_animate.safetensors`` (an Animate model): what no segment changes
   (:class:`~wanjax.pipeline.animate.AnimateConditioning`): the prepared ``pose_video``,
-  ``face_video`` (and replace mode's ``background_video``, ``mask_video``) pixels, channels first,
-  over the frames the segments cover; the character's ``image_embeds``; ``reference_latents``
+  ``face_video`` (and replace mode's ``background_video``, ``mask_video``) frames, channels first,
+  over the frames the segments cover, as the uint8 pixels they were made from (a quarter of the
+  float32 values' bytes; read back to the same bits); the character's ``image_embeds``; ``reference_latents``
   ``[1, 4 + z, 1, H/8, W/8]``; ``segments`` (int64: the pose video's frames, a segment's frames,
   the frames each repeats);
 * ``stage2_latents.safetensors``: ``latents``, float32 ``[B, 16, T', H/8, W/8]``, the transformer's
@@ -46,7 +47,8 @@ from wanjax.errors import NumericalError, WanjaxError
 from wanjax.io.atomic import atomic_path, write_text
 from wanjax.io.checkpoint import open_safetensors
 from wanjax.models.dit import VaceControl
-from wanjax.pipeline.animate import AnimateConditioning, AnimateVideos, Segments
+from wanjax.pipeline.animate import AnimateConditioning, AnimateVideos, Segments, mask_pixels, mask_values
+from wanjax.pipeline.conditioning import signed_pixels, uint8_pixels
 from wanjax.sampling.guidance import ImageConditioning
 
 EMBEDDINGS_FILE = "stage1_embeddings.safetensors"
@@ -210,6 +212,8 @@ def load_vace(directory: str | Path) -> VaceControl | None:
 
 
 _ANIMATE_VIDEOS = ("pose_video", "face_video", "background_video", "mask_video")
+_SIGNED = (uint8_pixels, signed_pixels)  # float32 -> the uint8 pixels stored, and back, bit for bit
+_PIXELS = {**dict.fromkeys(_ANIMATE_VIDEOS[:3], _SIGNED), "mask_video": (mask_pixels, mask_values)}
 
 
 def _segments_tensor(segments: Segments) -> np.ndarray:
@@ -233,7 +237,7 @@ def save_animate(directory: str | Path, conditioning: AnimateConditioning | None
         return path
     v = conditioning.videos
     videos = dict(zip(_ANIMATE_VIDEOS, (v.pose, v.face, v.background, v.mask), strict=True))
-    tensors = {k: np.asarray(a, np.float32) for k, a in videos.items() if a is not None}
+    tensors = {k: _PIXELS[k][0](a) for k, a in videos.items() if a is not None}
     tensors["image_embeds"] = np.asarray(conditioning.image_embeds)  # its dtype kept, bf16 included
     tensors["reference_latents"] = np.asarray(conditioning.reference, np.float32)
     return _save(path, {**tensors, "segments": _segments_tensor(v.segments)})
@@ -266,7 +270,9 @@ def load_animate(directory: str | Path) -> AnimateConditioning | None:
         )
     for name, array in found.items():
         check_finite(path, name, array)
-    f32 = {k: found[k].astype(np.float32) for k in given}
+    if any(found[k].dtype != np.uint8 for k in given):
+        raise WanjaxError(f"{path}: its videos must be uint8 pixels; re-run `wanjax encode`")
+    f32 = {k: _PIXELS[k][1](found[k]) for k in given}
     videos = AnimateVideos(
         segments, f32["pose_video"], f32["face_video"], f32.get("background_video"), f32.get("mask_video")
     )
