@@ -180,3 +180,12 @@ def test_the_stored_pixels_read_back_to_the_same_bits():
         values = to_float(every)
         np.testing.assert_array_equal(to_pixels(values), every)
         assert to_float(to_pixels(values)).tobytes() == values.tobytes()
+
+
+def test_the_python_stages_are_for_an_animate_model(files):
+    from wanjax import WanPipeline
+    from wanjax.errors import WanjaxError
+
+    pipe = WanPipeline.from_pretrained("demo", dtype="float32", jax_cache_dir=False)
+    with pytest.raises(WanjaxError, match="is not an Animate model"):
+        pipe.prepare_animate(str(files["image"]), str(files["pose"]), str(files["face"]))

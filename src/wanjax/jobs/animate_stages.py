@@ -15,7 +15,13 @@ import numpy as np
 
 from wanjax.errors import WanjaxError
 from wanjax.jobs import preflight as validation
-from wanjax.jobs.animate import animate_options, animate_video, check_init, open_animate_inputs
+from wanjax.jobs.animate import (
+    VIDEO_FLAGS,
+    animate_options,
+    animate_video,
+    check_init,
+    open_animate_inputs,
+)
 from wanjax.jobs.checks import (
     check_attention,
     check_cache,
@@ -89,7 +95,7 @@ def encode_animate(request: EncodeRequest, pipe: WanPipeline, mesh: Any, start: 
             "mode": inputs.mode,
             **{
                 name: str(Path(path).resolve())
-                for name in ("pose_video", "face_video", "background_video", "mask_video")
+                for name in VIDEO_FLAGS
                 if (path := getattr(flags, name)) is not None
             },
             "segment_frame_length": segments.length,

@@ -53,10 +53,8 @@ def decode(request: DecodeRequest) -> RunReport:
         )
     check_devices(mesh, None)
     segmented = stages.load_segments(latents_path, latents)  # an Animate run's segments
-    if segmented is None:
-        latents = latents[
-            :, :, int(earlier.get("reference_frames", 0)) :
-        ]  # a VACE run's references: not video
+    if segmented is None:  # a VACE run's references: not video
+        latents = latents[:, :, int(earlier.get("reference_frames", 0)) :]
         size = pipe.components.geometry.video_size(latents.shape)
     else:  # each segment's first latent frame is the reference's: not video
         segments, parts = segmented

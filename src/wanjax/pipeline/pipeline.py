@@ -434,8 +434,9 @@ class WanPipeline:
             self._animate_options(RunOptions.of(options, values)), {"height": height, "width": width}
         )
         if latents is not None:
+            batch = prompt_embeds.shape[0]
             shape = segment_latent_shape(
-                self.components.geometry, latents.shape[0], height, width, conditioning.videos.segments
+                self.components.geometry, batch, height, width, conditioning.videos.segments
             )
             if tuple(latents.shape) != shape:
                 raise WanjaxError(f"latents {tuple(latents.shape)}: the first segment takes {shape}")
@@ -449,7 +450,12 @@ class WanPipeline:
         return decode_segments(self.components, segments, latents)
 
     def _animate_options(self, o: RunOptions) -> RunOptions:
-        """``o`` filled with the model's defaults but ``num_frames`` (left out: the pose video's)."""
+        """``o`` filled with the model's defaults but ``num_frames`` (left out: the pose video's);
+        WanjaxError on a model that is not an Animate model."""
+        if not self.components.transformer_config.animate:
+            raise WanjaxError(
+                f"{self.components.path} is not an Animate model (prepare_animate, denoise_segments)"
+            )
         return dataclasses.replace(o.filled(self.components.defaults), num_frames=o.num_frames)
 
     def extend(self, prompt: Prompt, video: VideoInput | None = None, **kwargs: Any) -> Extension:
