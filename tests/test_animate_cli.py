@@ -8,32 +8,20 @@ import json
 
 import numpy as np
 import pytest
+from helpers.animate_inputs import FPS, FRAMES, write_animate_inputs
 from safetensors.numpy import save_file
 
 from wanjax import WanPipeline
 from wanjax.cli.main import main
-from wanjax.io.video import write_mp4
 from wanjax.io.video_reader import read_frames
 
-HEIGHT, WIDTH, FRAMES, FPS = 32, 48, 12, 16.0
+HEIGHT, WIDTH = 32, 48
 RUN = ("--height", HEIGHT, "--width", WIDTH, "--num_inference_steps", 2, "--dtype", "float32")
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory, demo_env):
-    folder = tmp_path_factory.mktemp("animate_inputs")
-    rng = np.random.default_rng(0)
-    paths = {}
-    for name, shape in (("pose", (40, 56)), ("face", (24, 24)), ("background", (40, 56)), ("mask", (40, 56))):
-        frames = rng.integers(0, 256, (FRAMES, *shape, 3), dtype=np.uint8)
-        paths[name] = write_mp4(frames, folder / f"{name}.mp4", fps=FPS)
-    from PIL import Image
-
-    paths["image"] = folder / "character.png"
-    Image.fromarray(rng.integers(0, 256, (37, 53, 3), dtype=np.uint8)).save(paths["image"])
-    paths["text"] = folder / "notes.txt"
-    paths["text"].write_text("not a video")
-    return paths
+    return write_animate_inputs(tmp_path_factory.mktemp("animate_inputs"))
 
 
 def generate(*args):
@@ -106,13 +94,6 @@ def test_bad_inputs_are_one_line_errors(files, capsys, demo_env):
     code = main(["generate", "--model", "demo", "--prompt", "x", "--pose_video", str(files["pose"])])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "are for an Animate model" in err
-
-
-def test_the_stages_refuse_an_animate_model(files, capsys, demo_env, tmp_path):
-    """The segments interleave denoising and decoding: encode says to use generate, in one line."""
-    code = main(["encode", "--model", "demo-animate", "--prompt", "x", "--output_dir", str(tmp_path / "s")])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1 and "run it with `wanjax generate`" in err[0], err
 
 
 def test_a_cache_diffusers_cannot_hook_is_refused_on_an_animate_model(files, capsys, demo_env):

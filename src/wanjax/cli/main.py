@@ -59,7 +59,10 @@ def subcommands() -> dict[str, Subcommand]:
             "stage 1: prompt -> stage1_embeddings.safetensors", EncodeRequest, commands.cmd_encode
         ),
         "denoise": Subcommand(
-            "stage 2: embeddings -> stage2_latents.safetensors", DenoiseRequest, commands.cmd_denoise
+            "stage 2: embeddings -> stage2_latents.safetensors (an Animate model's denoise also loads the "
+            "VAE: each segment is conditioned on the last decoded frames of the one before)",
+            DenoiseRequest,
+            commands.cmd_denoise,
         ),
         "decode": Subcommand(
             "stage 3: stage2_latents.safetensors -> mp4", DecodeRequest, commands.cmd_decode

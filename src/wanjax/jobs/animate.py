@@ -1,6 +1,7 @@
-"""``generate`` on a Wan 2.2 Animate model: its flags (:class:`~wanjax.jobs.animate_flags.AnimateFlags`)
-checked and its videos read before any work (one-line errors naming the flag), then the run
-(:func:`wanjax.pipeline.animate.animate`, segment by segment)."""
+"""``generate`` (and ``encode``) on a Wan 2.2 Animate model: its flags
+(:class:`~wanjax.jobs.animate_flags.AnimateFlags`) checked and its videos read before any work
+(one-line errors naming the flag), then the run (:func:`wanjax.pipeline.animate.animate`, segment by
+segment); the stages run its pieces (:mod:`wanjax.jobs.animate_stages`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from wanjax.errors import FlagError, WanjaxError
 from wanjax.jobs.opening import defaults_of, model_label
-from wanjax.pipeline.animate import ALL_FRAMES, Segments, animate, check_inputs
+from wanjax.pipeline.animate import ALL_FRAMES, Segments, animate, check_inputs, segment_latent_shape
 from wanjax.pipeline.components import IMAGE_COMPONENTS
 from wanjax.pipeline.options import RunOptions
 from wanjax.pipeline.results import Video
@@ -21,13 +22,10 @@ if TYPE_CHECKING:
     import numpy as np
     from PIL import Image
 
-    from wanjax.jobs.requests import GenerateRequest
+    from wanjax.jobs.cache_flags import CacheFlags
+    from wanjax.jobs.requests import InputsRequest
     from wanjax.pipeline.pipeline import WanPipeline
 
-ANIMATE_STAGES = (
-    "an Animate model makes its video in segments, each decoded before the next is denoised: run it with "
-    "`wanjax generate` (the three stages do not run it yet)"
-)
 VIDEO_FLAGS = ("pose_video", "face_video", "background_video", "mask_video")
 
 
@@ -43,7 +41,7 @@ class AnimateInputs:
 
 def open_animate_inputs(
     pipe: WanPipeline,
-    request: GenerateRequest,
+    request: InputsRequest,
     cfg: Any,
     fps: float,
     init: np.ndarray | None,
@@ -105,24 +103,45 @@ def open_animate_inputs(
         flag = e.flag if e.flag in given or not given else given[0]  # the model's two go together
         raise FlagError(f"--segment_frame_length/--prev_segment_conditioning_frames: {e}", flag) from None
     if init is not None:
-        check_init(pipe, request, init, segments)
+        d = defaults_of(pipe)
+        size = (request.video.height or d.height, request.video.width or d.width)
+        check_init(pipe, init, init.shape[0], *size, segments)
     return AnimateInputs(mode, tuple(videos), segments)
 
 
-def check_init(pipe: WanPipeline, request: GenerateRequest, init: np.ndarray, segments: Segments) -> None:
-    """``--init_latents``: the first segment's noise, a latent frame more than a segment's (the
-    reference's), at the video's size."""
-    geometry, d = pipe.components.geometry, defaults_of(pipe)
-    height, width = request.video.height or d.height, request.video.width or d.width
-    expected = geometry.latent_shape(init.shape[0], height, width, segments.length + geometry.temporal)
+def check_init(
+    pipe: WanPipeline, init: np.ndarray, batch: int, height: int, width: int, segments: Segments
+) -> None:
+    """``--init_latents``: the first segment's noise for ``batch`` videos, a latent frame more than a
+    segment's (the reference's), at the video's size."""
+    expected = segment_latent_shape(pipe.components.geometry, batch, height, width, segments)
     if tuple(init.shape) != expected:
         raise WanjaxError(
             f"--init_latents {tuple(init.shape)}: an Animate run's first segment at {width}x{height} takes "
-            f"{expected} (a segment's {segments.length} frames' latent frames and the reference's)"
+            f"{expected} (a segment's {segments.length} frames' latent frames and the reference's); "
+            "give latents of that shape or leave --init_latents out"
         )
 
 
-def animate_video(pipe: WanPipeline, request: GenerateRequest, inputs: AnimateInputs) -> dict[str, int]:
+def animate_options(
+    pipe: WanPipeline, params: dict[str, Any], seed: int | None, cache: CacheFlags, **values: Any
+) -> RunOptions:
+    """The options an Animate run's segments are denoised with (``generate``'s and ``denoise``'s):
+    the sampling ``params``, ``seed`` (with ``--init_latents``, the later segments' noise), the step
+    cache and ``values`` (the size, the segments...), the model's defaults for the rest."""
+    options = RunOptions(
+        num_inference_steps=params["num_inference_steps"],
+        guidance_scale=params["guidance_scale"],
+        flow_shift=params["flow_shift"],
+        scheduler=params["scheduler"],
+        seed=params["seed"] if params["seed"] is not None else seed,
+        cache=cache.config(),
+        **values,
+    )
+    return dataclasses.replace(options.filled(defaults_of(pipe)), num_frames=None)  # the videos' frames
+
+
+def animate_video(pipe: WanPipeline, request: InputsRequest, inputs: AnimateInputs) -> dict[str, int]:
     """The video's size (flags, else the model's) and frames (the pose video's)."""
     d = defaults_of(pipe)
     return {
@@ -140,23 +159,19 @@ def run_animate(
     """A checked Animate ``generate`` (``work``: its :class:`~wanjax.jobs.generate.GenerateWork`)."""
     inputs, params, video = work.animate, work.params, work.video
     flags = work.request.animate
-    seed = params["seed"] if params["seed"] is not None else work.request.sampling.seed
-    options = RunOptions(
+    options = animate_options(
+        pipe,
+        params,
+        work.request.sampling.seed,
+        work.request.cache,
         height=video["height"],
         width=video["width"],
-        num_inference_steps=params["num_inference_steps"],
-        guidance_scale=params["guidance_scale"],
-        flow_shift=params["flow_shift"],
-        scheduler=params["scheduler"],
-        seed=seed,
-        cache=work.request.cache.config(),
         fps=work.fps,
         max_sequence_length=work.request.text.max_sequence_length,
         mode=inputs.mode,
         segment_frame_length=flags.segment_frame_length,
         prev_segment_conditioning_frames=flags.prev_segment_conditioning_frames,
     )
-    options = dataclasses.replace(options.filled(defaults_of(pipe)), num_frames=None)  # the videos' frames
     report("encode", 0)
     return animate(
         pipe,

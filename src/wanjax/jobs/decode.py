@@ -1,5 +1,5 @@
 """The ``decode`` job, stage 3: a stage directory's latents -> mp4 (and raw frames, previews), the
-video's record beside it."""
+video's record beside it; an Animate run's segments each decoded and joined as ``generate`` joins them."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from wanjax.jobs.requests import DecodeRequest
 from wanjax.jobs.status import Status, headline
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline import stages
+from wanjax.pipeline.animate import decode_segments
 from wanjax.runtime.timing import RunReport
 
 
@@ -51,8 +52,13 @@ def decode(request: DecodeRequest) -> RunReport:
             f"{model_label(pipe.components.source)} decodes {vae_cfg.z_dim}; they come from another model"
         )
     check_devices(mesh, None)
-    latents = latents[:, :, int(earlier.get("reference_frames", 0)) :]  # a VACE run's references: not video
-    size = pipe.components.geometry.video_size(latents.shape)
+    segmented = stages.load_segments(latents_path, latents)  # an Animate run's segments
+    if segmented is None:  # a VACE run's references: not video
+        latents = latents[:, :, int(earlier.get("reference_frames", 0)) :]
+        size = pipe.components.geometry.video_size(latents.shape)
+    else:  # each segment's first latent frame is the reference's: not video
+        segments, parts = segmented
+        size = {**pipe.components.geometry.video_size(parts[0][:, :, 1:].shape), "frames": segments.frames}
     given = dataclasses.asdict(request.video)
     for key in ("height", "width", "frames"):
         if given[key] is not None and given[key] != size[key]:
@@ -64,9 +70,11 @@ def decode(request: DecodeRequest) -> RunReport:
     with Status.for_terminal("decode", 0, request.common.quiet, frames=latents.shape[2]) as status:
         status.header(f"{headline(model_label(pipe.components.source), batch, size)}, from {latents_path}")
         status("decode", 0)
-        frames = pipe.decode(
-            latents, on_frames=(lambda done: status("decode", done)) if status.in_place else None
-        )
+        if segmented is None:
+            on_frames = (lambda done: status("decode", done)) if status.in_place else None
+            frames = pipe.decode(latents, on_frames=on_frames)
+        else:
+            frames = decode_segments(pipe.components, *segmented)
         fps = request.video.fps or earlier.get("fps") or defaults_of(pipe).fps
         described = {**earlier, **size, "fps": fps}
         status("write", 0)

@@ -1,5 +1,6 @@
 """The ``denoise`` job, stage 2: a stage directory's embeddings (and image conditioning, or a source
-video's latents) + noise or given latents -> ``stage2_latents.safetensors``."""
+video's latents) + noise or given latents -> ``stage2_latents.safetensors``; an Animate model's
+segments, its VAE loaded too (:mod:`wanjax.jobs.animate_stages`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 
 from wanjax.errors import WanjaxError
 from wanjax.jobs import preflight as validation
-from wanjax.jobs.animate import ANIMATE_STAGES
+from wanjax.jobs.animate_stages import denoise_animate, stage_animate
 from wanjax.jobs.checks import (
     check_attention,
     check_cache,
@@ -19,6 +20,7 @@ from wanjax.jobs.checks import (
     check_output_paths,
     resolve_video,
 )
+from wanjax.jobs.groups import VaeFlags
 from wanjax.jobs.opening import begin, files_record, mesh_request, model_label, open_pipeline, stage_files
 from wanjax.jobs.record import finish, make_report, recorded
 from wanjax.jobs.requests import DenoiseRequest
@@ -53,8 +55,14 @@ def denoise(request: DenoiseRequest) -> RunReport:
     files = stage_files(request.files, earlier)
     pipe = open_pipeline(request, mesh, fsdp, model=model, dtype=dtype, revision=revision, files=files)
     cfg = pipe.components.sources.check(("transformer",))["transformer"]
-    if cfg.animate:
-        raise WanjaxError(ANIMATE_STAGES)
+    animate = stage_animate(pipe, cfg, directory)
+    vae_flags = [f"--{k}" for k, v in dataclasses.asdict(request.vae).items() if v != getattr(VaeFlags(), k)]
+    if animate is None and vae_flags:
+        raise WanjaxError(
+            f"{', '.join(vae_flags)}: the VAE flags are for an Animate model's denoise (its VAE decodes each "
+            f"segment's last frames); {model_label(pipe.components.source)} denoises without the VAE: give "
+            "them to `wanjax decode`"
+        )
     control = stage_vace(pipe, cfg, directory)
     references = int(earlier.get("reference_frames", 0))
     if pos.shape[2] != cfg.text_dim:
@@ -65,6 +73,15 @@ def denoise(request: DenoiseRequest) -> RunReport:
         )
     init_name = request.sampling.init_latents
     init = stages.load_latents(init_name) if init_name else None
+    if animate is not None:  # in segments, the VAE decoding each one's last frames for the next
+        record = {
+            "model": model_label(pipe.components.source),
+            "revision": revision or request.common.revision,
+            "dtype": pipe.components.settings.dtype.name,
+            **files_record(files),
+        }
+        args = (directory, config, (pos, neg), init, animate, mesh, start, record)
+        return denoise_animate(request, pipe, cfg, *args)
     batch = pos.shape[0]
     video = resolve_video(pipe, given, earlier, init, batch, init_name, None, references)
     latent_shape = pipe.components.geometry.latent_shape(batch, **video_args(video))

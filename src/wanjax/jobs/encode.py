@@ -1,6 +1,7 @@
 """The ``encode`` job, stage 1: prompts -> ``stage1_embeddings.safetensors`` (and, with an image, its
 conditioning -> ``stage1_image.safetensors``; with a video to re-make, its latents ->
-``stage1_video.safetensors``) in a stage directory (:mod:`wanjax.pipeline.stages`)."""
+``stage1_video.safetensors``; an Animate model's inputs -> ``stage1_animate.safetensors``:
+:mod:`wanjax.jobs.animate_stages`) in a stage directory (:mod:`wanjax.pipeline.stages`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from wanjax.errors import WanjaxError
-from wanjax.jobs.animate import ANIMATE_STAGES
+from wanjax.jobs.animate import open_animate_inputs
+from wanjax.jobs.animate_stages import encode_animate
 from wanjax.jobs.checks import (
     check_devices,
     check_output_paths,
@@ -47,13 +49,14 @@ def encode(request: EncodeRequest) -> RunReport:
     pipe = open_pipeline(request, mesh, fsdp)
     pipe.components.sources.check(("tokenizer", "text_encoder"))
     cfg = pipe.components.transformer_config
-    if cfg.animate:
-        raise WanjaxError(ANIMATE_STAGES)
     if request.vace.extending or request.vace.overlap is not None:
         raise WanjaxError(
             "--extend, --clips and --overlap make a long video in `wanjax generate`; the stages make one clip"
         )
+    if cfg.animate:
+        return encode_animate(request, pipe, mesh, start)
     fps = request.video.fps or defaults_of(pipe).fps
+    open_animate_inputs(pipe, request, cfg, fps, None)  # none given: not an Animate model
     source = open_source_video(
         pipe, request.source, pipe.components.transformer_config, fps, request.video.frames
     )
@@ -114,6 +117,7 @@ def encode(request: EncodeRequest) -> RunReport:
             stages.save_image_conditioning(out, conditioning)
             stages.save_video_latents(out, video_latents)
             stages.save_vace(out, control)
+            stages.save_animate(out, None)
         params = {
             "model": model_label(pipe.components.source),
             "revision": request.common.revision,

@@ -80,7 +80,8 @@ class Request:
 @dataclasses.dataclass(frozen=True)
 class InputsRequest(Request):
     """The flags of a command that takes a run's inputs: the model and its dtypes, the prompts, the
-    images, a source or control video and the video's size (``generate`` and ``encode``)."""
+    images, a source or control video, the video's size and an Animate model's videos (``generate``
+    and ``encode``)."""
 
     common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
     dtype: str | None = dtype_flag()
@@ -90,6 +91,7 @@ class InputsRequest(Request):
     source: SourceVideoFlags = dataclasses.field(default_factory=SourceVideoFlags)
     vace: VaceFlags = dataclasses.field(default_factory=VaceFlags)
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
+    animate: AnimateFlags = dataclasses.field(default_factory=AnimateFlags)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +99,6 @@ class GenerateRequest(InputsRequest):
     """``wanjax generate``: prompt to mp4 in one run."""
 
     command: ClassVar[str] = "generate"
-    animate: AnimateFlags = dataclasses.field(default_factory=AnimateFlags)
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
     vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
@@ -133,6 +134,7 @@ class DenoiseRequest(Request):
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
     attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
+    vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)  # an Animate model's: decodes each segment
     input_dir: str = stage_dir_flag()
     files: ComponentFileFlags = dataclasses.field(default_factory=ComponentFileFlags)
     adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)

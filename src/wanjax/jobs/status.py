@@ -30,6 +30,7 @@ ENCODE_WORK = {
     "image": "the image's conditioning: the image encoder and the VAE encoder",
     "video": "the video to re-make: the VAE encoder",
     "vace": "the VACE control (video, mask, reference images): the VAE encoder",
+    "animate": "an Animate model's inputs: the videos prepared, the character's image encoder and VAE encoder",
     "write": "the stage files",
 }
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax.numpy as jnp
@@ -37,22 +37,31 @@ from wanjax.models.dit import AnimateControl
 from wanjax.models.image_processor import ImageInput
 from wanjax.models.vae.postprocess import to_uint8
 from wanjax.parallel.layouts import to_host
-from wanjax.pipeline.conditioning import encode_video, open_image, video_frame
+from wanjax.pipeline.conditioning import encode_video, open_image, signed_pixels, video_frame
 from wanjax.pipeline.options import RunOptions
 from wanjax.pipeline.results import Video
 from wanjax.pipeline.video_input import VideoInput, video_frames
-from wanjax.sampling.cache.step_cache import CacheReport
+from wanjax.sampling.cache.step_cache import CacheCarry, CacheReport
 from wanjax.sampling.guidance import ImageConditioning
+from wanjax.sampling.results import Denoised
 
 __all__ = [
     "ALL_FRAMES",
     "MODES",
+    "AnimateConditioning",
     "AnimateVideos",
     "Segments",
     "animate",
     "check_inputs",
+    "decode_segment",
+    "decode_segments",
+    "denoise_segment",
+    "join_segments",
     "pad_frames",
+    "prepare_conditioning",
+    "prepare_inputs",
     "reference_frame",
+    "run_segments",
 ]
 
 MODES = ("animate", "replace")
@@ -128,28 +137,52 @@ def reference_frame(image: Image.Image, height: int, width: int) -> np.ndarray:
     resized = image.resize((src_w, src_h), resample=Image.Resampling.LANCZOS)
     canvas = Image.new("RGB", (width, height), color=0)
     canvas.paste(resized, box=(width // 2 - src_w // 2, height // 2 - src_h // 2))
-    pixels = np.asarray(canvas).astype(np.float32) / np.float32(255.0)
-    return (np.float32(2.0) * pixels - np.float32(1.0)).transpose(2, 0, 1)
+    return signed_pixels(np.asarray(canvas)).transpose(2, 0, 1)
 
 
 def mask_frame(image: Image.Image, height: int, width: int) -> np.ndarray:
     """diffusers' mask processor: Lanczos-resized to ``width x height``, then gray, in [0, 1], ``[1, H, W]``."""
     resized = image.resize((width, height), resample=Image.Resampling.LANCZOS).convert("L")
-    return (np.asarray(resized).astype(np.float32) / np.float32(255.0))[None]
+    return mask_values(np.asarray(resized))[None]
+
+
+def mask_values(pixels: np.ndarray) -> np.ndarray:
+    """A gray mask's uint8 pixels as float32 in [0, 1]."""
+    return pixels.astype(np.float32) / np.float32(255.0)
+
+
+def mask_pixels(mask: np.ndarray) -> np.ndarray:
+    """The uint8 pixels :func:`mask_values` made ``mask`` from (its exact inverse)."""
+    return np.rint(mask.astype(np.float32) * np.float32(255.0)).astype(np.uint8)
 
 
 @dataclasses.dataclass(frozen=True)
 class AnimateVideos:
     """The prepared pixels (float32, channels first, time second): the pose ``[3, N, H, W]`` and face
     ``[3, N, s, s]`` videos, replace mode's background ``[3, N, H, W]`` and mask ``[1, N, H, W]``
-    (``N``: the frames the segments cover), and the reference frame ``[3, H, W]``."""
+    (``N``: the frames the segments cover)."""
 
     segments: Segments
-    reference: np.ndarray
     pose: np.ndarray
     face: np.ndarray
     background: np.ndarray | None = None
     mask: np.ndarray | None = None
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """The video's ``(height, width)``."""
+        return int(self.pose.shape[2]), int(self.pose.shape[3])
+
+
+@dataclasses.dataclass(frozen=True)
+class AnimateConditioning:
+    """What every segment reads and none changes: the prepared ``videos``, the character's CLIP
+    states ``image_embeds [1, L, D]`` and ``reference [1, temporal + z, 1, h, w]`` (a mask of ones
+    and the reference frame's latents). ``wanjax encode`` stores it (``stage1_animate``)."""
+
+    videos: AnimateVideos
+    image_embeds: Any
+    reference: np.ndarray
 
 
 def check_inputs(mode: str, face: bool, background: bool, mask: bool) -> None:
@@ -195,7 +228,6 @@ def read_inputs(
 
 
 def prepare_videos(
-    image: Image.Image,
     frames: tuple[list[Image.Image], ...],
     height: int,
     width: int,
@@ -212,7 +244,6 @@ def prepare_videos(
 
     return AnimateVideos(
         segments,
-        reference_frame(image, height, width),
         stacked(pose, height, width),
         stacked(face, face_size, face_size),
         None if background is None else stacked(background, height, width),
@@ -246,7 +277,7 @@ def segment_conditioning(
     starting at ``start`` (``previous``: the last segment's decoded frames ``(B, 3, S, H, W)``)."""
     s = videos.segments
     end = start + s.length
-    _, height, width = videos.reference.shape
+    height, width = videos.size
     if previous is not None:
         first = previous[:, :, -s.overlap :]
     elif videos.background is not None:
@@ -271,6 +302,168 @@ def segment_conditioning(
     return np.concatenate([mask, latents], axis=1)
 
 
+def segment_latent_shape(geometry: Any, batch: int, height: int, width: int, segments: Segments) -> tuple:
+    """A segment's latents: a segment's latent frames and one more, the reference's, first."""
+    return geometry.latent_shape(batch, height, width, segments.length + geometry.temporal)
+
+
+def prepare_conditioning(
+    parts: Any,
+    image: Image.Image,
+    frames: tuple[list[Image.Image] | None, ...],
+    height: int,
+    width: int,
+    segments: Segments,
+) -> AnimateConditioning:
+    """The videos prepared, the character's CLIP states and its reference latents (the encode stage:
+    what no segment changes). ``parts``: the pipeline's ``Components``."""
+    cfg, temporal = parts.transformer_config, parts.geometry.temporal
+    assert cfg.motion_encoder_size is not None
+    videos = prepare_videos(frames, height, width, cfg.motion_encoder_size, segments)
+    parts.enter("encode")
+    with parts.stage_timing("encode").running():
+        states = parts.image_encoder.encode_images([image])
+        reference = encode_video(
+            parts.vae, reference_frame(image, height, width)[None, :, None], parts.video_placement()
+        )
+        ones = np.ones((1, temporal, *reference.shape[2:]), np.float32)
+    return AnimateConditioning(videos, to_host(states), np.concatenate([ones, reference], axis=1))
+
+
+def denoise_segment(
+    pipe: Any,
+    conditioning: AnimateConditioning,
+    k: int,
+    prompt_embeds: Any,
+    negative_prompt_embeds: Any,
+    noise: Any,
+    previous: np.ndarray | None,
+    run: RunOptions,
+    on_step: Callable[[int], None] | None = None,
+    progress: bool = True,
+    cache_carry: CacheCarry | None = None,
+) -> Denoised:
+    """Segment ``k`` denoised from ``noise``, conditioned on its pose latents (VAE-encoded here), its
+    face frames, the reference and the last decoded frames of segment ``k - 1`` (``previous``);
+    ``cache_carry``: the step cache's state at the end of segment ``k - 1``, which it continues."""
+    parts = pipe.components
+    videos, temporal = conditioning.videos, parts.geometry.temporal
+    segments = videos.segments
+    start = k * segments.step
+    window = slice(start, start + segments.length)
+    vae, place = parts.vae, parts.video_placement()
+
+    def encode(video: np.ndarray) -> np.ndarray:
+        parts.enter("encode")
+        with parts.stage_timing("encode").running():
+            return encode_video(vae, video, place)
+
+    pose = encode(videos.pose[None, :, window])
+    cond = segment_conditioning(encode, videos, start, previous, temporal)
+    reference = conditioning.reference
+    cond = np.concatenate([np.broadcast_to(reference, (cond.shape[0], *reference.shape[1:])), cond], axis=2)
+    motion = AnimateControl(jnp.asarray(pose), jnp.asarray(videos.face[None, :, window]))
+    image = ImageConditioning(jnp.asarray(cond[:1]), conditioning.image_embeds, motion=motion)
+    image = image.repeat(noise.shape[0])
+    if cond.shape[0] > 1:  # each video's own previous frames
+        image = dataclasses.replace(image, latents=jnp.asarray(cond))
+    return pipe.denoise(
+        prompt_embeds,
+        negative_prompt_embeds,
+        noise,
+        options=run,
+        image=image,
+        on_step=on_step,
+        progress=progress,
+        cache_carry=cache_carry,
+    )
+
+
+def decode_segment(parts: Any, latents: Any) -> np.ndarray:
+    """A segment's frames, float32 ``(B, 3, S, H, W)`` in [-1, 1]: its latents, the reference's frame
+    dropped, decoded."""
+    parts.enter("decode")
+    vae = parts.vae
+    with parts.stage_timing("decode").running():
+        vae_latents = vae.denormalize_latents(jnp.asarray(latents)[:, :, 1:])
+        return to_host(vae.decode(parts.video_placement()(np.asarray(vae_latents)))).astype(np.float32)
+
+
+def run_segments(
+    pipe: Any,
+    conditioning: AnimateConditioning,
+    prompt_embeds: Any,
+    negative_prompt_embeds: Any,
+    run: RunOptions,
+    latents: Any = None,
+    on_step: Callable[[int], None] | None = None,
+    progress: bool = True,
+    decode_last: bool = True,
+) -> Iterator[tuple[Denoised, np.ndarray | None]]:
+    """Each segment in turn: its denoising and its decoded frames (:func:`decode_segment`; the last
+    segment's only with ``decode_last``). The first starts from ``latents`` (None: the seed's noise),
+    segment ``k`` from the seed's ``k``-th stream; ``run``: the filled options, the size included."""
+    segments = conditioning.videos.segments
+    height, width = conditioning.videos.size
+    batch = prompt_embeds.shape[0]
+    previous, carry = None, None
+    for k in range(segments.count):
+        noise = latents
+        if k > 0 or latents is None:
+            frames = segments.length + pipe.components.geometry.temporal
+            noise = pipe.prepare_latents(batch, height, width, frames, run.seed, segment=k)
+        args = (prompt_embeds, negative_prompt_embeds, noise, previous, run, on_step, progress)
+        denoised = denoise_segment(pipe, conditioning, k, *args, cache_carry=carry)
+        carry = denoised.cache_carry
+        last = k == segments.count - 1
+        previous = decode_segment(pipe.components, denoised.latents) if decode_last or not last else None
+        yield denoised, previous
+
+
+def joined(denoised: Sequence[Denoised]) -> Denoised:
+    """The segments' denoising as one: the last segment's, with every segment's cache report in turn."""
+    reports = [d.cache_report for d in denoised]
+    report = None if reports[-1] is None else CacheReport.joined(reports)
+    return dataclasses.replace(denoised[-1], cache_report=report, cache_carry=None)
+
+
+def join_segments(decoded: Sequence[np.ndarray], segments: Segments) -> np.ndarray:
+    """The video, ``uint8 [B, N, H, W, 3]``: the segments' frames, each after the first without the
+    frames it repeats, cut to the pose video's ``N``."""
+    kept = [frames if k == 0 else frames[:, :, segments.overlap :] for k, frames in enumerate(decoded)]
+    video = np.concatenate(kept, axis=2)[:, :, : segments.frames]
+    return to_host(to_uint8(jnp.asarray(video).transpose(0, 2, 3, 4, 1)))
+
+
+def prepare_inputs(
+    pipe: Any,
+    o: RunOptions,
+    image: ImageInput,
+    pose_video: VideoInput,
+    face_video: VideoInput | None,
+    background_video: VideoInput | None = None,
+    mask_video: VideoInput | None = None,
+) -> AnimateConditioning:
+    """The inputs read (``o``: filled options; the video's frames the pose video's, or its first
+    ``o.num_frames``), cut into segments and prepared (:func:`prepare_conditioning`): the encode
+    stage's work; WanjaxError naming a missing or unreadable input."""
+    parts = pipe.components
+    mode = o.mode or MODES[0]
+    frames = read_inputs(pose_video, face_video, background_video, mask_video, mode, o.num_frames, o.fps)
+    segments = Segments.of(
+        len(frames[0]), o.segment_frame_length, o.prev_segment_conditioning_frames, parts.geometry.temporal
+    )
+    height, width = o.height or parts.defaults.height, o.width or parts.defaults.width
+    parts.geometry.check(height, width, segments.length)
+    return prepare_conditioning(parts, open_image(image), frames, height, width, segments)
+
+
+def decode_segments(parts: Any, segments: Segments, latents: Sequence[Any]) -> np.ndarray:
+    """The video, ``uint8 [B, N, H, W, 3]``, of the segments' ``latents`` (``wanjax decode``): each
+    decoded and the segments joined, as the run itself does."""
+    return join_segments([decode_segment(parts, x) for x in latents], segments)
+
+
 def animate(
     pipe: Any,  # a WanPipeline of an Animate model (the pipeline module imports this one)
     prompt: str | Sequence[str],
@@ -287,79 +480,21 @@ def animate(
 ) -> Video:
     """An Animate model's run (see the module docstring); ``o`` filled with the model's defaults.
     Returns the frames ``uint8 [B, N, H, W, 3]`` (``N``: the pose video's frames) and the last
-    segment's denoising."""
+    segment's denoising. The three stages run the same pieces: :func:`prepare_inputs` (the jobs:
+    :func:`prepare_conditioning`), :func:`run_segments` and :func:`decode_segments`."""
     parts = pipe.components
-    cfg, temporal = parts.transformer_config, parts.geometry.temporal
-    mode = o.mode or MODES[0]
-    frames = read_inputs(pose_video, face_video, background_video, mask_video, mode, o.num_frames, o.fps)
-    segments = Segments.of(
-        len(frames[0]), o.segment_frame_length, o.prev_segment_conditioning_frames, temporal
-    )
-    image = open_image(image)
-    height, width = o.height or parts.defaults.height, o.width or parts.defaults.width
-    parts.geometry.check(height, width, segments.length)
     parts.timings.clear()
+    conditioning = prepare_inputs(pipe, o, image, pose_video, face_video, background_video, mask_video)
+    segments, (height, width) = conditioning.videos.segments, conditioning.videos.size
     pos, neg = pipe.encode_prompt(prompt, negative_prompt, o.max_sequence_length)
     batch = pos.shape[0]
-    shape = parts.geometry.latent_shape(batch, height, width, segments.length + temporal)
+    shape = segment_latent_shape(parts.geometry, batch, height, width, segments)
     if latents is not None and tuple(latents.shape) != shape:
         raise WanjaxError(
             f"latents {tuple(latents.shape)} do not match {batch} prompt(s) at {width}x{height} in segments of "
             f"{segments.length} frames (expected {shape}: a latent frame more, the reference's)"
         )
-    assert cfg.motion_encoder_size is not None
-    videos = prepare_videos(image, frames, height, width, cfg.motion_encoder_size, segments)
-    parts.enter("encode")
-    vae, place = parts.vae, parts.video_placement()
-    with parts.stage_timing("encode").running():
-        states = parts.image_encoder.encode_images([image])
-        reference = encode_video(vae, videos.reference[None, :, None], place)
-        ones = np.ones((1, temporal, *reference.shape[2:]), np.float32)
-        reference = np.concatenate([ones, reference], axis=1)
-
-    def encode(video: np.ndarray) -> np.ndarray:
-        parts.enter("encode")
-        with parts.stage_timing("encode").running():
-            return encode_video(vae, video, place)
-
-    outputs, previous, denoised, reports = [], None, None, []
     run = RunOptions.of(o, {"height": height, "width": width})
-    for k in range(segments.count):
-        start = k * segments.step
-        window = slice(start, start + segments.length)
-        noise = (
-            latents
-            if k == 0 and latents is not None
-            else pipe.prepare_latents(batch, height, width, segments.length + temporal, run.seed, segment=k)
-        )
-        pose = encode(videos.pose[None, :, window])
-        cond = segment_conditioning(encode, videos, start, previous, temporal)
-        cond = np.concatenate(
-            [np.broadcast_to(reference, (cond.shape[0], *reference.shape[1:])), cond], axis=2
-        )
-        motion = AnimateControl(jnp.asarray(pose), jnp.asarray(videos.face[None, :, window]))
-        conditioning = ImageConditioning(jnp.asarray(cond[:1]), states, motion=motion).repeat(batch)
-        if cond.shape[0] > 1:  # each video's own previous frames
-            conditioning = dataclasses.replace(conditioning, latents=jnp.asarray(cond))
-        denoised = pipe.denoise(
-            pos,
-            neg,
-            noise,
-            options=run,
-            image=conditioning,
-            on_step=on_step,
-            progress=progress,
-            cache_carry=None if denoised is None else denoised.cache_carry,
-        )
-        reports.append(denoised.cache_report)
-        parts.enter("decode")
-        with parts.stage_timing("decode").running():
-            vae_latents = vae.denormalize_latents(denoised.latents[:, :, 1:])
-            previous = to_host(vae.decode(place(np.asarray(vae_latents)))).astype(np.float32)
-        outputs.append(previous if k == 0 else previous[:, :, segments.overlap :])
-    video = np.concatenate(outputs, axis=2)[:, :, : segments.frames]
-    frames_out = to_host(to_uint8(jnp.asarray(video).transpose(0, 2, 3, 4, 1)))
-    assert denoised is not None
-    report = None if reports[-1] is None else CacheReport.joined(reports)
-    denoised = dataclasses.replace(denoised, cache_report=report, cache_carry=None)
-    return Video(frames_out, denoised, pipe.timings_so_far())
+    done = list(run_segments(pipe, conditioning, pos, neg, run, latents, on_step, progress))
+    decoded = [frames for _, frames in done]
+    return Video(join_segments(decoded, segments), joined([d for d, _ in done]), pipe.timings_so_far())

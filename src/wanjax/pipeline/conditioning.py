@@ -83,8 +83,19 @@ def video_frame(image: ImageInput, height: int, width: int) -> np.ndarray:
     converted to RGB as Pillow converts (transparency dropped), Lanczos-resized to exactly that size,
     as diffusers' ``VideoProcessor``."""
     resized = open_image(image).convert("RGB").resize((width, height), resample=Image.Resampling.LANCZOS)
-    pixels = np.asarray(resized).astype(np.float32) / np.float32(255.0)
-    return (np.float32(2.0) * pixels - np.float32(1.0)).transpose(2, 0, 1)
+    return signed_pixels(np.asarray(resized)).transpose(2, 0, 1)
+
+
+def signed_pixels(pixels: np.ndarray) -> np.ndarray:
+    """uint8 pixels as float32 in [-1, 1], ``2 * p / 255 - 1`` (diffusers' processors)."""
+    unit = pixels.astype(np.float32) / np.float32(255.0)
+    return np.float32(2.0) * unit - np.float32(1.0)
+
+
+def uint8_pixels(signed: np.ndarray) -> np.ndarray:
+    """The uint8 pixels :func:`signed_pixels` made ``signed`` from (its exact inverse: 255 values
+    2/255 apart)."""
+    return np.rint((signed.astype(np.float32) + np.float32(1.0)) * np.float32(127.5)).astype(np.uint8)
 
 
 def condition_mask(num_frames: int, temporal: int, latent_hw: tuple[int, int], last: bool) -> np.ndarray:

@@ -33,7 +33,15 @@ from wanjax.models.dit import VaceControl
 from wanjax.models.image_processor import ImageInput
 from wanjax.parallel.layouts import to_host
 from wanjax.pipeline import preparation
-from wanjax.pipeline.animate import animate
+from wanjax.pipeline.animate import (
+    AnimateConditioning,
+    Segments,
+    animate,
+    decode_segments,
+    prepare_inputs,
+    run_segments,
+    segment_latent_shape,
+)
 from wanjax.pipeline.conditioning import open_image
 from wanjax.pipeline.extension import Extension, extend
 from wanjax.pipeline.hub import resolve_model
@@ -323,7 +331,7 @@ class WanPipeline:
                 raise WanjaxError(
                     "an Animate model needs a character image and a pose video (image=, pose_video=)"
                 )
-            filled = dataclasses.replace(o.filled(parts.defaults), num_frames=o.num_frames)
+            filled = self._animate_options(o)
             videos = (pose_video, face_video, background_video, mask_video)
             return animate(self, prompt, negative_prompt, filled, image, *videos, latents, progress, on_step)
         if any(v is not None for v in (pose_video, face_video, background_video, mask_video)):
@@ -388,6 +396,71 @@ class WanPipeline:
         )
         frames_out = self.decode(denoised.latents[:, :, references:], progress)
         return Video(frames_out, denoised, self.timings_so_far())
+
+    # ------------------------------------------------------------------------------------------
+    # An Animate model's stages (:mod:`~wanjax.pipeline.animate`): what ``__call__`` runs, in parts
+
+    def prepare_animate(
+        self,
+        image: ImageInput,
+        pose_video: VideoInput,
+        face_video: VideoInput | None,
+        background_video: VideoInput | None = None,
+        mask_video: VideoInput | None = None,
+        *,
+        options: RunOptions | None = None,
+        **values: Any,
+    ) -> AnimateConditioning:
+        """An Animate model's inputs beside :meth:`encode_prompt` (stage 1): the videos read and
+        prepared, the character's CLIP states and reference latents, the segments (``options`` and
+        ``values`` as :meth:`__call__`'s: the size, ``mode``, ``fps``, ``num_frames``, the segments)."""
+        o = self._animate_options(RunOptions.of(options, values))
+        videos = (pose_video, face_video, background_video, mask_video)
+        return prepare_inputs(self, o, image, *videos)
+
+    def denoise_segments(
+        self,
+        prompt_embeds: jax.Array | np.ndarray,
+        negative_prompt_embeds: jax.Array | np.ndarray | None,
+        conditioning: AnimateConditioning,
+        latents: jax.Array | np.ndarray | None = None,
+        *,
+        options: RunOptions | None = None,
+        on_step: Callable[[int], None] | None = None,
+        progress: bool = True,
+        **values: Any,
+    ) -> list[Denoised]:
+        """Each segment of an Animate run denoised in turn (stage 2), each conditioned on the last
+        frames of the one before, decoded here by the VAE; ``latents``: the first segment's noise
+        (left out: the seed's). Their latents are what :meth:`decode_segments` takes."""
+        height, width = conditioning.videos.size
+        run = RunOptions.of(
+            self._animate_options(RunOptions.of(options, values)), {"height": height, "width": width}
+        )
+        if latents is not None:
+            batch = prompt_embeds.shape[0]
+            shape = segment_latent_shape(
+                self.components.geometry, batch, height, width, conditioning.videos.segments
+            )
+            if tuple(latents.shape) != shape:
+                raise WanjaxError(f"latents {tuple(latents.shape)}: the first segment takes {shape}")
+        pos, neg = prompt_embeds, negative_prompt_embeds
+        segments = run_segments(self, conditioning, pos, neg, run, latents, on_step, progress, False)
+        return [denoised for denoised, _ in segments]
+
+    def decode_segments(self, segments: Segments, latents: Sequence[jax.Array | np.ndarray]) -> np.ndarray:
+        """An Animate run's video (stage 3), ``uint8 [B, N, H, W, 3]``: each segment's latents decoded,
+        the frames a segment repeats dropped, cut to the pose video's frames."""
+        return decode_segments(self.components, segments, latents)
+
+    def _animate_options(self, o: RunOptions) -> RunOptions:
+        """``o`` filled with the model's defaults but ``num_frames`` (left out: the pose video's);
+        WanjaxError on a model that is not an Animate model."""
+        if not self.components.transformer_config.animate:
+            raise WanjaxError(
+                f"{self.components.path} is not an Animate model (prepare_animate, denoise_segments)"
+            )
+        return dataclasses.replace(o.filled(self.components.defaults), num_frames=o.num_frames)
 
     def extend(self, prompt: Prompt, video: VideoInput | None = None, **kwargs: Any) -> Extension:
         """A VACE model's long video: ``video`` continued clip by clip (:func:`wanjax.pipeline.extension.extend`)."""

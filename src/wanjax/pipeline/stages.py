@@ -14,8 +14,17 @@ A stage directory holds, with the reference's key names and layouts (so diffuser
 * ``stage1_vace.safetensors`` (a VACE model): ``control_latents``, float32 ``[1, 96, T' + R, H/8, W/8]``
   (the control video's encodings, its folded mask, ``R`` reference images' latent frames first) and
   ``control_scale`` (one per vace layer); the config's ``reference_frames`` is ``R`` (the decode drops them);
+* ``stage1_animate.safetensors`` (an Animate model): what no segment changes
+  (:class:`~wanjax.pipeline.animate.AnimateConditioning`): the prepared ``pose_video``,
+  ``face_video`` (and replace mode's ``background_video``, ``mask_video``) frames, channels first,
+  over the frames the segments cover, as the uint8 pixels they were made from (a quarter of the
+  float32 values' bytes; read back to the same bits); the character's ``image_embeds``; ``reference_latents``
+  ``[1, 4 + z, 1, H/8, W/8]``; ``segments`` (int64: the pose video's frames, a segment's frames,
+  the frames each repeats);
 * ``stage2_latents.safetensors``: ``latents``, float32 ``[B, 16, T', H/8, W/8]``, the transformer's
-  normalised latents (diffusers' ``output_type="latent"``);
+  normalised latents (diffusers' ``output_type="latent"``); an Animate model's: every segment's
+  latents (the reference's latent frame first in each) one after the other in time, and its
+  ``segments``, which the decode splits them by;
 * ``generation_config.json``: every parameter (latest values, flat), the model and the wanjax
   version, plus under ``stages`` what each stage was given. Re-running a stage drops the entries of
   the stages after it.
@@ -38,12 +47,15 @@ from wanjax.errors import NumericalError, WanjaxError
 from wanjax.io.atomic import atomic_path, write_text
 from wanjax.io.checkpoint import open_safetensors
 from wanjax.models.dit import VaceControl
+from wanjax.pipeline.animate import AnimateConditioning, AnimateVideos, Segments, mask_pixels, mask_values
+from wanjax.pipeline.conditioning import signed_pixels, uint8_pixels
 from wanjax.sampling.guidance import ImageConditioning
 
 EMBEDDINGS_FILE = "stage1_embeddings.safetensors"
 IMAGE_FILE = "stage1_image.safetensors"
 VIDEO_FILE = "stage1_video.safetensors"
 VACE_FILE = "stage1_vace.safetensors"
+ANIMATE_FILE = "stage1_animate.safetensors"
 LATENTS_FILE = "stage2_latents.safetensors"
 CONFIG_FILE = "generation_config.json"
 STAGES = ("encode", "denoise", "decode")
@@ -54,6 +66,7 @@ _PRODUCED_BY = {
     IMAGE_FILE: "encode --image IMAGE --output_dir",
     VIDEO_FILE: "encode --video VIDEO --output_dir",
     VACE_FILE: "encode --model VACE_MODEL --output_dir",
+    ANIMATE_FILE: "encode --model ANIMATE_MODEL --image IMAGE --pose_video POSE --face_video FACE --output_dir",
     LATENTS_FILE: "denoise --input_dir",
 }
 
@@ -196,6 +209,96 @@ def load_vace(directory: str | Path) -> VaceControl | None:
     for name, array in found.items():
         check_finite(path, name, array)
     return VaceControl(latents.astype(np.float32), scale.astype(np.float32))
+
+
+_ANIMATE_VIDEOS = ("pose_video", "face_video", "background_video", "mask_video")
+_SIGNED = (uint8_pixels, signed_pixels)  # float32 -> the uint8 pixels stored, and back, bit for bit
+_PIXELS = {**dict.fromkeys(_ANIMATE_VIDEOS[:3], _SIGNED), "mask_video": (mask_pixels, mask_values)}
+
+
+def _segments_tensor(segments: Segments) -> np.ndarray:
+    return np.asarray([segments.frames, segments.length, segments.overlap], np.int64)
+
+
+def _segments_of(path: Path, array: np.ndarray) -> Segments:
+    if array.shape != (3,) or not np.issubdtype(array.dtype, np.integer) or (array <= 0).any():
+        raise WanjaxError(
+            f"{path}: segments {array.tolist()} must be 3 positive integers; re-run `wanjax encode`"
+        )
+    frames, length, overlap = (int(v) for v in array)
+    return Segments(frames, length, overlap)
+
+
+def save_animate(directory: str | Path, conditioning: AnimateConditioning | None) -> Path:
+    """Write ``stage1_animate.safetensors`` (an Animate model's inputs); with None, remove a stale one."""
+    path = Path(directory) / ANIMATE_FILE
+    if conditioning is None:
+        path.unlink(missing_ok=True)
+        return path
+    v = conditioning.videos
+    videos = dict(zip(_ANIMATE_VIDEOS, (v.pose, v.face, v.background, v.mask), strict=True))
+    tensors = {k: _PIXELS[k][0](a) for k, a in videos.items() if a is not None}
+    tensors["image_embeds"] = np.asarray(conditioning.image_embeds)  # its dtype kept, bf16 included
+    tensors["reference_latents"] = np.asarray(conditioning.reference, np.float32)
+    return _save(path, {**tensors, "segments": _segments_tensor(v.segments)})
+
+
+def load_animate(directory: str | Path) -> AnimateConditioning | None:
+    """A stage directory's Animate inputs (checked: shapes that fit together, finite), None when it
+    has none."""
+    path = Path(directory) / ANIMATE_FILE
+    if not path.exists():
+        return None
+    held = set(open_safetensors(path))
+    given = tuple(k for k in _ANIMATE_VIDEOS if k in held)
+    found = _read(
+        path, ("pose_video", "face_video", "image_embeds", "reference_latents", "segments", *given[2:])
+    )
+    segments = _segments_of(path, found["segments"])
+    pose, face = found["pose_video"], found["face_video"]
+    reference, embeds = found["reference_latents"], found["image_embeds"]
+    frames = segments.covered
+    fits = (
+        pose.ndim == 4 and pose.shape[:2] == (3, frames) and face.ndim == 4 and face.shape[:2] == (3, frames)
+    )
+    fits = fits and reference.ndim == 5 and reference.shape[0] == 1 and embeds.ndim == 3
+    fits = fits and all(found[k].shape[1:] == (frames, *pose.shape[2:]) for k in given[2:])
+    if not fits or len(given) == 3:
+        raise WanjaxError(
+            f"{path}: its videos, reference_latents {reference.shape} and image_embeds {embeds.shape} do not fit "
+            f"{frames} frames; re-run `wanjax encode`"
+        )
+    for name, array in found.items():
+        check_finite(path, name, array)
+    if any(found[k].dtype != np.uint8 for k in given):
+        raise WanjaxError(f"{path}: its videos must be uint8 pixels; re-run `wanjax encode`")
+    f32 = {k: _PIXELS[k][1](found[k]) for k in given}
+    videos = AnimateVideos(
+        segments, f32["pose_video"], f32["face_video"], f32.get("background_video"), f32.get("mask_video")
+    )
+    return AnimateConditioning(videos, embeds, reference.astype(np.float32))
+
+
+def save_segment_latents(path: str | Path, latents: list[Any], segments: Segments) -> Path:
+    """Write an Animate run's segments' latents (each ``[B, z, T' + 1, h, w]``) one after the other in
+    time, with the ``segments`` they are split by."""
+    joined = np.concatenate([np.asarray(x, np.float32) for x in latents], axis=2)
+    return _save(Path(path), {"latents": joined, "segments": _segments_tensor(segments)})
+
+
+def load_segments(path: str | Path, latents: np.ndarray) -> tuple[Segments, list[np.ndarray]] | None:
+    """An Animate run's latents file (:func:`save_segment_latents`): its segments and each one's
+    latents; None for one video's latents."""
+    path = Path(path)
+    if "segments" not in open_safetensors(path):
+        return None
+    segments = _segments_of(path, _read(path, ("segments",))["segments"])
+    if latents.shape[2] % segments.count:
+        raise WanjaxError(
+            f"{path}: latents {list(latents.shape)} do not split into {segments.count} segments; re-run "
+            "`wanjax denoise`"
+        )
+    return segments, np.split(latents, segments.count, axis=2)
 
 
 def save_latents(path: str | Path, latents: Any) -> Path:
