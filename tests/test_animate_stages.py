@@ -5,6 +5,8 @@ starting latents that do not fit are one-line errors naming the fix, before any 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from helpers.animate_inputs import write_animate_inputs
@@ -47,25 +49,44 @@ def one_line(capsys, argv: list[str]) -> str:
     return err[0]
 
 
+TAYLORSEER = (
+    "--cache",
+    "taylorseer",
+    "--cache_option",
+    "use_lite_mode=true",
+    "--cache_option",
+    "cache_interval=2",
+)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["animate", "replace"])
-def test_the_three_stages_are_generate(files, mode, tmp_path):
+@pytest.mark.parametrize(
+    ("mode", "cache"),
+    [("animate", ()), ("replace", ()), ("animate", TAYLORSEER)],
+    ids=["animate", "replace", "taylorseer"],
+)
+def test_the_three_stages_are_generate(files, mode, cache, tmp_path):
     """Two segments (the second conditioned on the first's decoded frames), the first from
-    ``--init_latents`` in animate mode: ``encode | denoise | decode`` writes ``generate``'s frames."""
+    ``--init_latents`` in animate mode: ``encode | denoise | decode`` writes ``generate``'s frames;
+    with TaylorSeer, denoise carries its state from segment to segment as generate does."""
     init = []
     if mode == "animate":  # [1, 16, (9 frames' 3 latent frames) + the reference's, 32/8, 48/8]
         noise = np.random.default_rng(1).standard_normal((1, 16, 4, 4, 6)).astype(np.float32)
         save_file({"latents": noise}, str(tmp_path / "noise.safetensors"))
         init = ["--init_latents", str(tmp_path / "noise.safetensors")]
     made = tmp_path / "generate.npy"
-    argv = [*MODEL, *inputs(files, mode), *SIZE, *SAMPLING, *init]
+    argv = [*MODEL, *inputs(files, mode), *SIZE, *SAMPLING, *init, *cache]
     out = ["--output_video", str(tmp_path / "g.mp4"), "--frames_out", str(made)]
     assert main(["generate", *argv, *out]) == 0
     d = tmp_path / "stages"
     assert main(["encode", *MODEL, *inputs(files, mode), *SIZE, "--output_dir", str(d)]) == 0
     videos = stages.load_animate(d).videos
     assert videos.segments.count == 2 and (videos.mask is not None) == (mode == "replace")
-    assert main(["denoise", "--input_dir", str(d), "--quiet", *SAMPLING, *init]) == 0
+    assert main(["denoise", "--input_dir", str(d), "--quiet", *SAMPLING, *init, *cache]) == 0
+    if cache:  # hook calls 0..3 over the two segments; the first 3 compute (disable_cache_before_step),
+        # so only a state carried into the second segment predicts its last step
+        record = json.loads((tmp_path / "g.json").read_text())["cache"]
+        assert record["branches"]["cond"]["skipped"] == [3]
     latents = stages.load_latents(d / stages.LATENTS_FILE)
     assert latents.shape == (1, 16, 8, 4, 6)  # two segments of 4 latent frames
     assert main(["decode", "--input_dir", str(d), "--frames_out", str(d / "f.npy"), "--quiet"]) == 0
