@@ -242,7 +242,11 @@ def test_the_relighting_lora_layout_matches_diffusers(animate, tmp_path):
     folder = tmp_path / "relighting_lora"
     folder.mkdir()
     save_file(
-        {f"base_model.model.{m}.lora_{n}.weight": f for m, ab in factors.items() for n, f in zip("AB", ab)},
+        {
+            f"base_model.model.{m}.lora_{n}.weight": f
+            for m, ab in factors.items()
+            for n, f in zip("AB", ab, strict=True)
+        },
         str(folder / "adapter_model.safetensors"),
     )
     config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": sorted(factors)}
