@@ -49,6 +49,7 @@ __all__ = [
     "check_inputs",
     "pad_frames",
     "reference_frame",
+    "segment_length",
 ]
 
 MODES = ("animate", "replace")
@@ -85,7 +86,7 @@ class Segments:
         conditioning-frame count it refuses, or a segment no longer than it."""
         if overlap not in PREV_SEGMENT_FRAMES:
             raise WanjaxError(f"prev_segment_conditioning_frames must be 1 or 5, got {overlap}")
-        length = max(length // temporal * temporal + 1 if length % temporal != 1 else length, 1)
+        length = segment_length(length, temporal)
         if length - overlap <= overlap:  # diffusers' segments would run past the covered frames
             raise WanjaxError(
                 f"segment_frame_length {length} must be more than twice prev_segment_conditioning_frames "
@@ -94,6 +95,11 @@ class Segments:
         if frames <= overlap:
             raise WanjaxError(f"the pose video needs more than {overlap} frames, got {frames}")
         return cls(frames, length, overlap)
+
+
+def segment_length(length: int, temporal: int) -> int:
+    """diffusers' ``segment_frame_length`` as it runs: rounded down to ``temporal * n + 1`` (at least 1)."""
+    return max(length // temporal * temporal + 1 if length % temporal != 1 else length, 1)
 
 
 def pad_frames(frames: Sequence[Any], count: int) -> list[Any]:
