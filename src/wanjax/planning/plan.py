@@ -5,7 +5,8 @@ or with ``--weights_dtype int8|fp8`` each quantisable leaf (:mod:`wanjax.io.quan
 element plus a float32 scale per output channel, sharded as the kernel's output axis. Activations: an
 analytic estimate of each stage's largest live set per device (DiT block under the token layout, text
 encoder layer, VAE decoder at full resolution plus its causal cache under spatial sharding; with
-8-bit weights, plus one layer's kernels dequantised to the model dtype).
+8-bit weights, plus one layer's kernels dequantised to the model dtype). An Animate run is planned by
+one segment and its step's reference frame, face pixels and face encoders (:mod:`wanjax.planning.animate`).
 
 Where the weights are while each stage runs depends on ``--offload``:
 
