@@ -234,8 +234,8 @@ def plan(
     rows = batch * (2 if cfg else 1)
     v = model.vae
     if t.animate:  # one segment at a time, its step a latent frame longer (the reference's)
-        length = segment_frame_length or model.segment_frame_length or frames
-        frames = segment_length(length, v.temporal_factor)
+        segment = segment_frame_length or model.segment_frame_length or frames
+        frames = segment_length(segment, v.temporal_factor)
         latent_t = animate.step_latent_frames(frames, v.temporal_factor)
     else:
         latent_t = (frames - 1) // v.temporal_factor + 1
@@ -267,13 +267,9 @@ def plan(
         * cache_bytes(t, rows, max_sequence_length, image_tokens(model), act)
         // (shards(layout.batch) * shards(layout.heads))
     )
-    throughout = (
-        tokens * d * (2 * act + 2 * 4)  # residual + normed input, float32 norm / modulation temporaries
-        + len(t.vace_layers or ())
-        * tokens
-        * d
-        * act  # VACE: every control block's hint, kept through the blocks
-    )
+    # the residual and the normed input, float32 norm / modulation temporaries; VACE: every control
+    # block's hint, kept through the blocks
+    throughout = tokens * d * (2 * act + 2 * 4) + len(t.vace_layers or ()) * tokens * d * act
     attention = (
         tokens * heads_local * t.attention_head_dim * act * 2  # q, attention output
         + kv_tokens * heads_local * t.attention_head_dim * act * 2
