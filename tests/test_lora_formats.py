@@ -351,7 +351,7 @@ def test_peft_save_pretrained_of_the_original_model(tmp_path):
     ``base_model.model.blocks...`` keys, ``adapter_config.json`` beside them): each delta is diffusers'
     for the same factors under ``diffusion_model.`` (its converter's names), times the config's
     ``lora_alpha / r``; without a config, times 1; a folder is read by PEFT's file name; per-module
-    patterns over the original names are refused in one line."""
+    patterns over the original names, and diffusers' names under the prefix, are refused in one line."""
     gen = torch.Generator().manual_seed(12)
     factors: dict = {}
     for i in range(2):
@@ -376,3 +376,8 @@ def test_peft_save_pretrained_of_the_original_model(tmp_path):
     with pytest.raises(CheckpointError, match="rank_pattern") as excinfo:
         read_lora(folder)
     one_line(excinfo)
+    # diffusers' names under PEFT's prefix: no layout diffusers reads; refused naming the file's key
+    other = tmp_path / "other.safetensors"
+    save_file({"base_model.model.blocks.0.attn1.to_q.lora_A.weight": rand(gen, 4, 24)}, other)
+    with pytest.raises(CheckpointError, match=r"'base_model\.model\.blocks\.0\.attn1\.to_q\.lora_A\.weight'"):
+        read_lora(other)

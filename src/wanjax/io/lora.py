@@ -19,7 +19,7 @@ The layouts are those ``WanLoraLoaderMixin.lora_state_dict`` / ``load_lora_weigh
   ``base_model.model.blocks.0.self_attn.q.lora_A.weight``, as Wan 2.2 Animate's ``relighting_lora/``
   (every Linear of the blocks, the face adapters left out). diffusers 0.42 loads no such keys; the
   names are converted as ``wan-original``'s, the scale is the config's ``lora_alpha / r`` (1 without
-  a config). Keys of diffusers' names under that prefix read as ``diffusers``'s.
+  a config).
 - ``diffusers``: PEFT keys ``transformer.blocks.0.attn1.to_q.lora_A.weight`` / ``lora_B.weight``
   (``lora_B.bias``), with PEFT's ``LoraConfig`` in the header's ``lora_adapter_metadata`` when diffusers
   wrote the file. Keys of other components (``text_encoder.``...) are ignored, as Wan's
@@ -385,9 +385,6 @@ def _peft_model_file(path: Path, tensors: dict[str, np.ndarray]) -> LoraFile:
     config = None
     if config_path.is_file():
         config = parse_json_object(config_path.read_bytes(), str(config_path), CheckpointError)
-    if not any(re.match(r"blocks\.\d+\.(self_attn|cross_attn|ffn\.\d)\.", k) for k in state):
-        state, config, ignored = _diffusers_keys(path, state, config)  # diffusers' names
-        return _lora_file(path, "diffusers", state, config, None, ignored)
     if config is not None and (
         config.get("use_dora") or config.get("rank_pattern") or config.get("alpha_pattern")
     ):
@@ -395,7 +392,10 @@ def _peft_model_file(path: Path, tensors: dict[str, np.ndarray]) -> LoraFile:
             f"{config_path}: DoRA or per-module rank_pattern / alpha_pattern over the original Wan names; "
             "wanjax reads a plain LoRA of one r and lora_alpha"
         )
-    state, _, ignored = _convert_wan(path, {f"diffusion_model.{k}": v for k, v in state.items()})
+    try:
+        state, _, ignored = _convert_wan(path, {f"diffusion_model.{k}": v for k, v in state.items()})
+    except CheckpointError as e:  # the keys as the file names them
+        raise CheckpointError(str(e).replace("diffusion_model.", _PEFT_PREFIX)) from None
     return _lora_file(path, "peft-wan", state, config, None, ignored)
 
 
