@@ -143,8 +143,8 @@ def test_config_fields_are_checked_and_kept_out_of_plain_configs():
 
 
 def test_a_lora_reaches_the_blocks_and_the_face_adapters(animate, tmp_path):
-    """A LoRA in diffusers' layout on a block and on a face adapter (as the Animate relighting LoRA
-    names its modules): each kernel moves by ``weight x B @ A``."""
+    """A LoRA in diffusers' layout on a block and on a face adapter (diffusers' names for an Animate
+    model's modules): each kernel moves by ``weight x B @ A``."""
     from safetensors.numpy import save_file
 
     root, _, _ = animate
