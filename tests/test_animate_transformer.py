@@ -143,8 +143,8 @@ def test_config_fields_are_checked_and_kept_out_of_plain_configs():
 
 
 def test_a_lora_reaches_the_blocks_and_the_face_adapters(animate, tmp_path):
-    """A LoRA in diffusers' layout on a block and on a face adapter (as the Animate relighting LoRA
-    names its modules): each kernel moves by ``weight x B @ A``."""
+    """A LoRA in diffusers' layout on a block and on a face adapter (diffusers' names for an Animate
+    model's modules): each kernel moves by ``weight x B @ A``."""
     from safetensors.numpy import save_file
 
     root, _, _ = animate
@@ -200,3 +200,70 @@ def test_int8_weights_are_close_to_bf16(animate):
     reference = ours_output(bf16, inputs).astype(np.float32)
     error = relative_error(ours_output(int8, inputs).astype(np.float32), reference)
     assert 1e-4 < error < 2e-2  # tests/test_quant.py's bound for the DiT
+
+
+# The relighting LoRA's modules: every Linear of the blocks but the modulation (original names ->
+# diffusers' WanAnimateTransformer3DModel's), the face adapters left out
+RELIGHTING = {
+    **{f"self_attn.{o}": f"attn1.{c}" for o, c in (("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"))},
+    **{f"cross_attn.{o}": f"attn2.{c}" for o, c in (("q", "to_q"), ("k", "to_k"), ("v", "to_v"), ("o", "to_out.0"))},
+    "cross_attn.k_img": "attn2.add_k_proj",
+    "cross_attn.v_img": "attn2.add_v_proj",
+    "ffn.0": "ffn.net.0.proj",
+    "ffn.2": "ffn.net.2",
+}  # fmt: skip
+
+
+def test_the_relighting_lora_layout_matches_diffusers(animate, tmp_path):
+    """Wan 2.2 Animate's ``relighting_lora/``: PEFT's ``save_pretrained`` of the original model
+    (``base_model.model.blocks.N.self_attn.q.lora_A.weight``..., ``r`` and ``lora_alpha`` in
+    ``adapter_config.json`` beside it). diffusers reads no ``base_model.model.`` keys, so its side is
+    the same factors under the prefix its own converter takes (``diffusion_model.``, the config's
+    alpha as its ``.alpha`` keys), loaded by ``load_lora_adapter``; wanjax reads the folder itself."""
+    import copy
+    import json
+
+    from diffusers.loaders.lora_conversion_utils import _convert_non_diffusers_wan_lora_to_diffusers
+    from safetensors.numpy import save_file
+
+    from wanjax.io.lora import read_lora
+
+    root, model, inputs = animate
+    rank, alpha = 4, 8.0
+    rng = np.random.default_rng(11)
+    factors = {}
+    for i in range(ANIMATE["num_layers"]):
+        for theirs, ours in RELIGHTING.items():
+            out_dim, in_dim = model.get_submodule(f"blocks.{i}.{ours}").weight.shape
+            factors[f"blocks.{i}.{theirs}"] = (
+                rng.standard_normal((rank, in_dim), np.float32) / np.sqrt(in_dim),
+                rng.standard_normal((out_dim, rank), np.float32) * 0.1,
+            )
+    folder = tmp_path / "relighting_lora"
+    folder.mkdir()
+    save_file(
+        {
+            f"base_model.model.{m}.lora_{n}.weight": f
+            for m, ab in factors.items()
+            for n, f in zip("AB", ab, strict=True)
+        },
+        str(folder / "adapter_model.safetensors"),
+    )
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": alpha, "target_modules": sorted(factors)}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+
+    original = {}
+    for m, (a, b) in factors.items():
+        original |= {f"diffusion_model.{m}.lora_A.weight": torch.from_numpy(a)}
+        original |= {f"diffusion_model.{m}.lora_B.weight": torch.from_numpy(b)}
+        original |= {f"diffusion_model.{m}.alpha": torch.tensor(alpha)}
+    with_lora = copy.deepcopy(model)
+    with_lora.load_lora_adapter(_convert_non_diffusers_wan_lora_to_diffusers(original), prefix="transformer")
+    expected = reference(with_lora, inputs)
+    assert relative_error(expected, reference(model, inputs)) > 1e-2  # the LoRA moves the output
+
+    lora = read_lora(folder)
+    assert lora.format == "peft-wan" and len(lora.updates) == len(factors) and lora.alphas == {alpha}
+    ours = wanjax.load_transformer(root, dtype="float32")
+    ours.set_loras([(folder, 1.0)])
+    assert relative_error(ours_output(ours, inputs), expected) <= 1e-5

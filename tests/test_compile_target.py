@@ -433,3 +433,33 @@ def test_a_w8a8_step_multiplies_int8_by_int8_on_a_tpu():
     assert steps["auto"].int8_products == 8 * variant.transformer.num_layers
     assert 0 < steps["auto"].int8_flops_per_chip < steps["auto"].flops_per_chip
     assert steps["bfloat16"].int8_products == 0
+
+
+def test_an_animate_steps_flops_are_the_analytic_count_with_the_reference_frame():
+    """demo-animate on one chip, a segment of its 9 frames (3 latent frames and the reference's,
+    whatever the run's frames): the analytic count is over the step's own latents, the reference's
+    frame included; the counted step is that plus one face adapter per layer without one (the HLO
+    walk counts the ``lax.cond``'s adapter branch at every layer of the scan; it runs after every
+    second), less the motion encoder's taps on padding (the analytic count has every tap of its
+    padded convolutions; the walk, as XLA's cost analysis, only those on input): under a tenth of
+    the motion encoder's count on the 16x16 demo faces."""
+    import dataclasses
+
+    from wanjax.tools.flops import animate_flops, dit_step_flops
+
+    variant = registry()["demo-animate"]
+    run = RunSpec(variant, 64, 64, 5, parse_mesh("dp=1,sp=1,tp=1"), attention="splash_exp2")
+    assert run.step_frames == 9 and run.latents_shape[2] == 3
+    step = compile_run(run, SLICES["v6e-1"], only=["step"]).programs[0]
+    cfg, shape = variant.transformer, (*run.latents_shape[:2], 4, *run.latents_shape[3:])
+    image_len = variant.image_encoder.num_positions
+    assert (
+        step.analytic_flops
+        == dit_step_flops(cfg, shape, run.max_sequence_length, True, image_len, True).total
+    )
+    every_block = dataclasses.replace(cfg, inject_face_latents_blocks=1)
+    adapters = animate_flops(every_block, shape, 2).total - animate_flops(cfg, shape, 2).total
+    no_adapters = dataclasses.replace(cfg, inject_face_latents_blocks=cfg.num_layers + 1)  # none counted
+    motion = animate_flops(no_adapters, shape, 2).total
+    padding = step.analytic_flops + adapters - step.flops_per_chip
+    assert 0 < padding < motion / 10

@@ -344,3 +344,40 @@ def test_unknown_wan_module(tmp_path):
     ) as excinfo:
         read_lora(tmp_path / "lora.safetensors")
     one_line(excinfo)
+
+
+def test_peft_save_pretrained_of_the_original_model(tmp_path):
+    """Wan 2.2 Animate's ``relighting_lora/`` layout (PEFT ``save_pretrained`` of the original model:
+    ``base_model.model.blocks...`` keys, ``adapter_config.json`` beside them): each delta is diffusers'
+    for the same factors under ``diffusion_model.`` (its converter's names), times the config's
+    ``lora_alpha / r``; without a config, times 1; a folder is read by PEFT's file name; per-module
+    patterns over the original names, and diffusers' names under the prefix, are refused in one line."""
+    gen = torch.Generator().manual_seed(12)
+    factors: dict = {}
+    for i in range(2):
+        for module, shape in {**WAN_BLOCK, **WAN_I2V}.items():
+            add_factors(factors, gen, f"blocks.{i}.{module}", shape, 4, names=("lora_A", "lora_B"))
+    save_file({f"diffusion_model.{k}": v for k, v in factors.items()}, tmp_path / "reference.safetensors")
+    expected = diffusers_deltas(tmp_path / "reference.safetensors", config=I2V)
+    folder = tmp_path / "relighting_lora"
+    folder.mkdir()
+    save_file({f"base_model.model.{k}": v for k, v in factors.items()}, folder / "adapter_model.safetensors")
+
+    lora = read_lora(folder)
+    assert lora.format == "peft-wan" and lora.alphas is None
+    assert_matches_diffusers(lora, expected)
+    (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 2}))
+    lora = read_lora(folder / "adapter_model.safetensors")
+    assert lora.alphas == {2.0}
+    halved = {m: {k: v / 2 for k, v in parts.items()} for m, parts in expected.items()}
+    assert_matches_diffusers(lora, halved)
+    config = {"peft_type": "LORA", "r": 4, "lora_alpha": 4, "rank_pattern": {"ffn.0": 8}}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="rank_pattern") as excinfo:
+        read_lora(folder)
+    one_line(excinfo)
+    # diffusers' names under PEFT's prefix: no layout diffusers reads; refused naming the file's key
+    other = tmp_path / "other.safetensors"
+    save_file({"base_model.model.blocks.0.attn1.to_q.lora_A.weight": rand(gen, 4, 24)}, other)
+    with pytest.raises(CheckpointError, match=r"'base_model\.model\.blocks\.0\.attn1\.to_q\.lora_A\.weight'"):
+        read_lora(other)

@@ -483,3 +483,30 @@ def test_a_vace_model_adds_its_control_blocks_weights_and_hints():
         streamed = plan(model_configs("VACE-14B"), mesh, offload=offload, **video).stages["denoise"]
         plain_streamed = plan(model_configs("14B"), mesh, offload=offload, **video).stages["denoise"]
         assert streamed.weights - plain_streamed.weights == vace.weights - plain.weights
+
+
+def test_an_animate_run_is_planned_by_one_segment_and_its_reference_frame(capsys):
+    """Animate-14B makes its video 77 frames at a time (its default ``segment_frame_length``), each
+    step over a latent frame more (the reference's): 20 + 1 latent frames, whatever ``--frames``; the
+    step holds the face video's pixels besides what an image-to-video 14B step of 21 latent frames
+    holds, the same blocks over the same tokens."""
+    from wanjax.models.animate import abstract_control
+
+    mesh = parse_mesh("dp=2,sp=1,tp=4")
+    video = dict(height=720, width=1280, device_memory=32 * GiB)
+    animate = model_configs("Animate-14B")
+    plans = [plan(animate, mesh, frames=frames, **video) for frames in (17, 77, 161)]
+    assert [p.latent_frames for p in plans] == [21, 21, 21]
+    for p in plans[1:]:
+        assert {n: s.activations for n, s in p.stages.items()} == {
+            n: s.activations for n, s in plans[0].stages.items()
+        }
+    i2v = plan(model_configs("I2V-14B"), mesh, frames=81, **video)  # 21 latent frames
+    assert i2v.latent_frames == 21 and i2v.layout == plans[0].layout
+    face = abstract_control(animate.transformer, 77, (20, 90, 160)).face_pixels  # the step's input
+    extra = plans[0].stages["denoise"].activations - i2v.stages["denoise"].activations
+    assert extra == face.size * face.dtype.itemsize
+    # a segment length given: rounded down to 4n + 1 as the pipeline does (46 -> 45: 12 + 1 frames)
+    assert plan(animate, mesh, frames=161, segment_frame_length=46, **video).latent_frames == 13
+    assert main(["plan", "--model", "Animate-14B", "--mesh", "dp=2,sp=1,tp=4", "--frames", "300"]) == 0
+    assert "Animate-14B: 1280x720" in capsys.readouterr().out

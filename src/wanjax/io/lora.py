@@ -14,6 +14,12 @@ The layouts are those ``WanLoraLoaderMixin.lora_state_dict`` / ``load_lora_weigh
 - ``musubi`` (any key starts with ``lora_unet_``): musubi-tuner's
   ``lora_unet_blocks_0_self_attn_q.{lora_down.weight,lora_up.weight,alpha}``; as in diffusers every block
   must hold all its attention and FFN projections, each with an alpha.
+- ``peft-wan`` (any key starts with ``base_model.model.``): PEFT's ``save_pretrained`` of the original
+  Wan model (``adapter_model.safetensors``, its ``LoraConfig`` in ``adapter_config.json`` beside it),
+  ``base_model.model.blocks.0.self_attn.q.lora_A.weight``, as Wan 2.2 Animate's ``relighting_lora/``
+  (every Linear of the blocks, the face adapters left out). diffusers 0.42 loads no such keys; the
+  names are converted as ``wan-original``'s, the scale is the config's ``lora_alpha / r`` (1 without
+  a config).
 - ``diffusers``: PEFT keys ``transformer.blocks.0.attn1.to_q.lora_A.weight`` / ``lora_B.weight``
   (``lora_B.bias``), with PEFT's ``LoraConfig`` in the header's ``lora_adapter_metadata`` when diffusers
   wrote the file. Keys of other components (``text_encoder.``...) are ignored, as Wan's
@@ -47,6 +53,9 @@ from wanjax.errors import CheckpointError, parse_json_object
 from wanjax.io.checkpoint import _PICKLE_SUFFIXES, open_safetensors
 
 LORA_WEIGHT_NAME = "pytorch_lora_weights.safetensors"  # what diffusers looks for in a directory
+PEFT_WEIGHT_NAME = "adapter_model.safetensors"  # PEFT's save_pretrained: the weights ...
+PEFT_CONFIG_NAME = "adapter_config.json"  # ... and their LoraConfig
+_PEFT_PREFIX = "base_model.model."
 _METADATA_KEY = "lora_adapter_metadata"
 
 # The Linear layers of diffusers' WanTransformer3DModel that a LoRA may target.
@@ -105,7 +114,7 @@ class LoraFile:
     """A LoRA file read for the Wan transformer: its updates keyed by diffusers module name."""
 
     path: Path
-    format: str  # "diffusers", "wan-original", "lightx2v" or "musubi"
+    format: str  # "diffusers", "wan-original", "lightx2v", "musubi" or "peft-wan"
     updates: dict[str, LoraUpdate]
     ranks: set[int]
     alphas: set[float] | None  # None: the file gives none (diffusers then uses alpha = rank)
@@ -125,7 +134,8 @@ def read_lora(path: str | Path) -> LoraFile:
     """
     path = Path(path)
     if path.is_dir():
-        path = path / LORA_WEIGHT_NAME
+        peft = (path / PEFT_WEIGHT_NAME).is_file() and not (path / LORA_WEIGHT_NAME).is_file()
+        path = path / (PEFT_WEIGHT_NAME if peft else LORA_WEIGHT_NAME)
     pickled = CheckpointError(
         f"{path}: a pickle file; wanjax reads LoRAs from safetensors only (convert a trusted file with "
         "safetensors.torch.save_file(torch.load(path), 'lora.safetensors'))"
@@ -148,6 +158,8 @@ def read_lora(path: str | Path) -> LoraFile:
         lightx2v = any(k.endswith((".diff", ".diff_b", ".diff_m")) for k in tensors)
         state, alphas, ignored = _convert_wan(path, tensors)
         return _lora_file(path, "lightx2v" if lightx2v else "wan-original", state, None, alphas, ignored)
+    if any(k.startswith(_PEFT_PREFIX) for k in tensors):
+        return _peft_model_file(path, tensors)
     if any(k.startswith("lora_unet_") for k in tensors):
         state, alphas = _convert_musubi(path, tensors)
         return _lora_file(path, "musubi", state, None, alphas, [])
@@ -360,6 +372,31 @@ def _diffusers_keys(
         ignored += [k for k in state if k.endswith(".lora_B.bias")]  # PEFT has no bias to load them into
         state = {k: v for k, v in state.items() if not k.endswith(".lora_B.bias")}
     return state, metadata, ignored
+
+
+def _peft_model_file(path: Path, tensors: dict[str, np.ndarray]) -> LoraFile:
+    """A PEFT ``save_pretrained`` adapter of the whole model (``base_model.model.`` keys), its
+    ``LoraConfig`` read from ``adapter_config.json`` beside the file (see the module docstring)."""
+    outside = next((k for k in tensors if not k.startswith(_PEFT_PREFIX)), None)
+    if outside is not None:
+        raise _unrecognised(path, outside, 0, len(tensors), f"outside {_PEFT_PREFIX}*")
+    state = {k.removeprefix(_PEFT_PREFIX): v for k, v in tensors.items()}
+    config_path = path.parent / PEFT_CONFIG_NAME
+    config = None
+    if config_path.is_file():
+        config = parse_json_object(config_path.read_bytes(), str(config_path), CheckpointError)
+    if config is not None and (
+        config.get("use_dora") or config.get("rank_pattern") or config.get("alpha_pattern")
+    ):
+        raise CheckpointError(
+            f"{config_path}: DoRA or per-module rank_pattern / alpha_pattern over the original Wan names; "
+            "wanjax reads a plain LoRA of one r and lora_alpha"
+        )
+    try:
+        state, _, ignored = _convert_wan(path, {f"diffusion_model.{k}": v for k, v in state.items()})
+    except CheckpointError as e:  # the keys as the file names them
+        raise CheckpointError(str(e).replace("diffusion_model.", _PEFT_PREFIX)) from None
+    return _lora_file(path, "peft-wan", state, config, None, ignored)
 
 
 def _pattern_key(patterns: dict, module: str) -> str:

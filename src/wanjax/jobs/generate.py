@@ -82,13 +82,13 @@ def fits_memory_here(pipe: WanPipeline, work: GenerateWork) -> None:
     """WanjaxError in one line when ``plan`` says the checked run cannot fit the memory here, naming a
     flag that makes it fit (:func:`~wanjax.planning.run_memory.check_fits`). A CPU's devices share one
     RAM: the whole run's bytes count; an accelerator's: one device's share on the run's mesh."""
-    request, frames = work.request, work.video["frames"]
-    if work.animate is not None:  # a segment's latents at a time, a latent frame more (the reference's)
-        frames = work.animate.segments.length + pipe.components.geometry.temporal
+    request = work.request
     arguments: dict[str, Any] = {
         "height": work.video["height"],
         "width": work.video["width"],
-        "frames": frames,
+        "frames": work.video["frames"],
+        # an Animate run: one segment at a time (plan adds the reference's latent frame)
+        "segment_frame_length": None if work.animate is None else work.animate.segments.length,
         "dtype": pipe.components.settings.dtype.name,
         "vae_dtype": pipe.components.settings.vae_dtype.name,
         "batch": work.batch,

@@ -62,6 +62,7 @@ __all__ = [
     "prepare_inputs",
     "reference_frame",
     "run_segments",
+    "segment_length",
 ]
 
 MODES = ("animate", "replace")
@@ -101,7 +102,7 @@ class Segments:
                 f"prev_segment_conditioning_frames must be 1 or 5, got {overlap}",
                 "prev_segment_conditioning_frames",
             )
-        length = max(length // temporal * temporal + 1 if length % temporal != 1 else length, 1)
+        length = segment_length(length, temporal)
         if length - overlap <= overlap:  # diffusers' segments would run past the covered frames
             raise FlagError(
                 f"segment_frame_length {length} must be more than twice prev_segment_conditioning_frames "
@@ -111,6 +112,11 @@ class Segments:
         if frames <= overlap:
             raise FlagError(f"the pose video needs more than {overlap} frames, got {frames}", "pose_video")
         return cls(frames, length, overlap)
+
+
+def segment_length(length: int, temporal: int) -> int:
+    """diffusers' ``segment_frame_length`` as it runs: rounded down to ``temporal * n + 1`` (at least 1)."""
+    return max(length // temporal * temporal + 1 if length % temporal != 1 else length, 1)
 
 
 def pad_frames(frames: Sequence[Any], count: int) -> list[Any]:

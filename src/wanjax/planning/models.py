@@ -14,7 +14,7 @@ from wanjax.models import vae
 from wanjax.models.clip_vision import IMAGE_ENCODER, CLIPVisionConfig
 from wanjax.models.config import TransformerConfig
 from wanjax.models.dit import TRANSFORMER
-from wanjax.models.registry import CLIP_VIT_H_14, UMT5_XXL, WAN21_VAE, registry
+from wanjax.models.registry import CLIP_VIT_H_14, UMT5_XXL, WAN21_VAE, defaults_for, registry
 from wanjax.models.umt5 import TEXT_ENCODER, UMT5Config
 from wanjax.models.vae.config import VAEConfig
 from wanjax.pipeline.demo import demo_text_encoder_config
@@ -29,6 +29,8 @@ class Model:
     image_encoder: CLIPVisionConfig | None = None  # image-to-video models with a CLIP encoder
     experts: int = 1  # Wan 2.2 A14B: two transformers of this config
     image: bool = False  # an image-to-video model: the VAE encodes its conditioning in the encode stage
+    # an Animate model: the frames of the segments its run is made in (its variant's default)
+    segment_frame_length: int | None = None
     # per component file given in GGUF: the type of each leaf ``--weights_dtype gguf`` keeps (by key path)
     gguf: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
 
@@ -70,7 +72,8 @@ def _model_configs(model: str) -> Model:
     if model in presets:
         v = presets[model]
         text = v.text_encoder or demo_text_encoder_config()  # None: a demo's, sized to its vocabulary
-        return Model(v.transformer, text, v.vae, v.image_encoder, v.experts, v.image)
+        segments = v.defaults.segment_frame_length if v.transformer.animate else None
+        return Model(v.transformer, text, v.vae, v.image_encoder, v.experts, v.image, segments)
     root = Path(model)
     if not (root / TRANSFORMER.folder / TRANSFORMER.config_file).is_file():
         raise WanjaxError(
@@ -91,4 +94,5 @@ def _model_configs(model: str) -> Model:
         read(IMAGE_ENCODER, CLIP_VIT_H_14) if transformer.image_tokens else None,
         2 if index is not None and index.boundary_ratio is not None else 1,
         transformer.image_to_video or (index is not None and index.expand_timesteps),
+        defaults_for(transformer).segment_frame_length if transformer.animate else None,
     )

@@ -5,7 +5,8 @@ or with ``--weights_dtype int8|fp8`` each quantisable leaf (:mod:`wanjax.io.quan
 element plus a float32 scale per output channel, sharded as the kernel's output axis. Activations: an
 analytic estimate of each stage's largest live set per device (DiT block under the token layout, text
 encoder layer, VAE decoder at full resolution plus its causal cache under spatial sharding; with
-8-bit weights, plus one layer's kernels dequantised to the model dtype).
+8-bit weights, plus one layer's kernels dequantised to the model dtype). An Animate run is planned by
+one segment and its step's reference frame, face pixels and face encoders (:mod:`wanjax.planning.animate`).
 
 Where the weights are while each stage runs depends on ``--offload``:
 
@@ -51,6 +52,8 @@ from wanjax.parallel.attention import sequence_mode
 from wanjax.parallel.layouts import TokenLayout, strip_count, token_layout
 from wanjax.parallel.mesh import MeshSpec
 from wanjax.parallel.rules import per_device_param_bytes
+from wanjax.pipeline.animate import segment_length
+from wanjax.planning import animate
 from wanjax.planning.models import Model
 from wanjax.planning.weights import WeightBytes, copied_stack_bytes, transformer_bytes, weight_bytes
 from wanjax.sampling.context_cache import cache_bytes, default_on
@@ -89,6 +92,7 @@ class Plan:
     weights_dtype: str = UNQUANTIZED
     experts: int = 1
     shared: int = 0  # bytes in more than one stage's ``stored``: an image model's VAE (add_image_stage)
+    latent_frames: int = 0  # the DiT step's latent frames (an Animate segment's and its reference's)
 
     def host_note(self, stage: str) -> str:
         """What of ``stage``'s component waits in host memory while it runs."""
@@ -187,11 +191,14 @@ def plan(
     weights_dtype: str = UNQUANTIZED,
     lanes: int | None = None,
     copies_stacks: bool | None = None,
+    segment_frame_length: int | None = None,
 ) -> Plan:
     """The plan of one run on ``mesh``; ``offload`` (:data:`OFFLOAD_MODES`) and ``weights_dtype``
     (:data:`~wanjax.io.quantizable.WEIGHTS_DTYPES`) as the flags of those names; ``lanes`` and
     ``copies_stacks``: the target's (:attr:`~wanjax.target.Target.lanes`,
-    :attr:`~wanjax.target.Target.copies_16bit_stacks`; the devices built for when not given)."""
+    :attr:`~wanjax.target.Target.copies_16bit_stacks`; the devices built for when not given). An
+    Animate model's run is sized by one segment of ``segment_frame_length`` frames (the model's
+    default when not given; :mod:`wanjax.planning.animate`), whatever ``frames``."""
     offload = parse_offload(offload, "--offload")
     weights_storage(weights_dtype, "--weights_dtype")
     target = current_target()
@@ -225,9 +232,14 @@ def plan(
 
     # DiT: one block's live set per device.
     rows = batch * (2 if cfg else 1)
-    latent_t = (frames - 1) // 4 + 1
-    pt, ph, pw = t.patch_size
     v = model.vae
+    if t.animate:  # one segment at a time, its step a latent frame longer (the reference's)
+        segment = segment_frame_length or model.segment_frame_length or frames
+        frames = segment_length(segment, v.temporal_factor)
+        latent_t = animate.step_latent_frames(frames, v.temporal_factor)
+    else:
+        latent_t = (frames - 1) // v.temporal_factor + 1
+    pt, ph, pw = t.patch_size
     f = v.spatial_factor  # video pixels per latent (16 for the Wan 2.2 VAE)
     length = (latent_t // pt) * (height // f // ph) * (width // f // pw)
     layout = token_layout(sizes, rows, length, t.num_attention_heads)
@@ -243,29 +255,32 @@ def plan(
     gathered = sequence_mode(layout, sizes, t.num_attention_heads) == "allgather"
     kv_tokens = (rows // shards(layout.batch)) * length if gathered else tokens
     d = t.inner_dim
-    # A block's live set: what lives through the whole block, plus the larger of its two phases
-    # (the attention's buffers are dead before the FFN's hidden is made).
-    throughout = (
-        tokens * d * (2 * act + 2 * 4)  # residual + normed input, float32 norm / modulation temporaries
-        + 4 * rows * v.z_dim * latent_t * (height // f) * (width // f) * 4  # scheduler state (replicated)
+    # A block's live set: what lives through the whole step (its inputs and state), what lives
+    # through the whole block, plus the larger of its two phases (the attention's buffers are dead
+    # before the FFN's hidden is made).
+    held = (
+        4 * rows * v.z_dim * latent_t * (height // f) * (width // f) * 4  # scheduler state (replicated)
         + d_bytes.dequantized_layer  # 8-bit weights: one layer's kernels dequantised for its matmuls
         + copied  # v7x's copy of the stacked 16-bit kernels
-        + len(t.vace_layers or ())
-        * tokens
-        * d
-        * act  # VACE: every control block's hint, kept through the blocks
         # the text K/V cache (every block's keys and values of the prompts), split as its reads
         + default_on(offload)
         * cache_bytes(t, rows, max_sequence_length, image_tokens(model), act)
         // (shards(layout.batch) * shards(layout.heads))
     )
+    # the residual and the normed input, float32 norm / modulation temporaries; VACE: every control
+    # block's hint, kept through the blocks
+    throughout = tokens * d * (2 * act + 2 * 4) + len(t.vace_layers or ()) * tokens * d * act
     attention = (
         tokens * heads_local * t.attention_head_dim * act * 2  # q, attention output
         + kv_tokens * heads_local * t.attention_head_dim * act * 2
         + (rows // shards(layout.batch)) * heads_local * ATTENTION_BLOCK[0] * ATTENTION_BLOCK[1] * 4
     )
     ffn = tokens * ffn_local * (4 + act)  # the FFN's float32 first product and its GELU
-    dit_act = throughout + max(attention, ffn)
+    motion = 0  # Animate: its face pixels through the step; the face encoders' phase before the blocks
+    if t.animate:
+        held += animate.face_input(t, batch, frames)
+        motion = animate.motion_phase(t, rows, frames, act, lanes)
+    dit_act = held + max(throughout + max(attention, ffn), motion)
 
     # Text encoder: one layer on 2 * batch prompts.
     te = model.text_encoder
@@ -300,7 +315,7 @@ def plan(
         shared = add_image_stage(
             stages, model, sizes, mesh, (height, width, frames), vae_dtype, v_weights, lanes
         )
-    return Plan(mesh, stages, device_memory, layout, offload, weights_dtype, model.experts, shared)
+    return Plan(mesh, stages, device_memory, layout, offload, weights_dtype, model.experts, shared, latent_t)
 
 
 def clip_activations(clip: CLIPVisionConfig, images: int) -> int:

@@ -300,6 +300,7 @@ class Engine:
             height=params["height"],
             width=params["width"],
             frames=params["frames"],
+            segment_frame_length=params.get("segment_frame_length"),  # an Animate job's (plan's default)
             device_memory=self.device_memory,
             dtype=self.pipe.components.settings.dtype.name,
             vae_dtype=self.pipe.components.settings.vae_dtype.name,

@@ -48,6 +48,7 @@ from wanjax.models.w8a8 import int8_matmuls
 from wanjax.parallel.layouts import spatial_sharding
 from wanjax.parallel.mesh import MeshSpec, make_mesh
 from wanjax.parallel.rules import param_sharding, replicated
+from wanjax.pipeline.animate import segment_length
 from wanjax.pipeline.demo import demo_text_encoder_config
 from wanjax.runtime.jax_cache import persistent_cache_off
 from wanjax.runtime.libtpu import compiler_environment, installed
@@ -120,10 +121,20 @@ class RunSpec:
     sparse: RadialAttention | None = None  # radial attention: its sparse step compiled too (step_sparse)
 
     @property
-    def latents_shape(self) -> tuple[int, int, int, int, int]:
-        """The run's latents ``(1, z, T', H/8, W/8)``."""
+    def step_frames(self) -> int:
+        """The frames one program makes: ``frames``; an Animate variant's, one segment's (its default
+        ``segment_frame_length``, rounded as the pipeline does), whatever the video's length."""
         v = self.variant
-        frames = (self.frames - 1) // v.vae.temporal_factor + 1
+        if not v.transformer.animate:
+            return self.frames
+        return segment_length(v.defaults.segment_frame_length, v.vae.temporal_factor)
+
+    @property
+    def latents_shape(self) -> tuple[int, int, int, int, int]:
+        """The run's latents ``(1, z, T', H/8, W/8)`` (an Animate variant's: one segment's, without the
+        reference's frame)."""
+        v = self.variant
+        frames = (self.step_frames - 1) // v.vae.temporal_factor + 1
         return (
             1,
             v.vae.z_dim,
@@ -334,7 +345,7 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
         v.vae, None, vae_dtype, params_like=like["decoder"], encoder_params=None, encoder_like=like["encoder"]
     )
     if v.image:
-        frames = 1 if v.expand_timesteps else run.frames
+        frames = 1 if v.expand_timesteps else run.step_frames
         video = in_strips((1, 3, frames, run.height, run.width))
         yield Program(
             "vae_encode",
@@ -360,7 +371,7 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
             image = ImageConditioning(
                 condition,
                 states,
-                motion=abstract_control(tcfg, run.frames, (geometry_t, h, w)) if tcfg.animate else None,
+                motion=abstract_control(tcfg, run.step_frames, (geometry_t, h, w)) if tcfg.animate else None,
             )
 
     int8 = int8_matmuls(run.activations_dtype, run.weights_dtype, target)
@@ -380,7 +391,8 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
     uncond = text if run.guidance else None
     text_len, rows = run.max_sequence_length, latents_shape[0] * (2 if run.guidance else 1)
     cached = sampler.context_cache
-    step_flops = dit_step_flops(tcfg, latents_shape, text_len, run.guidance, image_len, context_cached=cached)
+    # the step's work over its own latents (an Animate step's: the reference's latent frame too)
+    step_flops = dit_step_flops(tcfg, step_shape, text_len, run.guidance, image_len, context_cached=cached)
     kv_flops = context_kv_flops(tcfg, rows, text_len, image_len).total
     for k, suffix in enumerate(suffixes):
         weights = weights_per_chip(t_params[k])
@@ -398,7 +410,7 @@ def run_programs(run: RunSpec, target: Target) -> Iterator[Program]:
             yield Program(f"text_kv{suffix}", lower_kv, "denoise", "xla", weights, kv_flops, component)
         yield Program(f"step{suffix}", lower, "denoise", backend, weights, step_flops.total, component)
         if run.sparse is not None:
-            flops = sparse_step_flops(tcfg, latents_shape, step_flops, run.sparse, run.guidance).total
+            flops = sparse_step_flops(tcfg, step_shape, step_flops, run.sparse, run.guidance).total
             lower = functools.partial(sampler.lower, *inputs, **options, sparse=run.sparse)
             yield Program(f"step_sparse{suffix}", lower, "denoise", backend, weights, flops, component)
 
