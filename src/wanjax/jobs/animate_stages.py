@@ -33,9 +33,9 @@ from wanjax.jobs.checks import (
     prompt_list,
 )
 from wanjax.jobs.opening import defaults_of, files_record, model_label
-from wanjax.jobs.record import finish, image_record, make_report, recorded
+from wanjax.jobs.record import finish, finish_denoise, image_record, make_report, prompt_record, recorded
 from wanjax.jobs.requests import DenoiseRequest, EncodeRequest
-from wanjax.jobs.sampling import cache_outputs, sampling_params, steps_run
+from wanjax.jobs.sampling import sampling_params, steps_run
 from wanjax.jobs.status import ENCODE_WORK, Status, headline
 from wanjax.parallel.layouts import to_host
 from wanjax.parallel.multihost import is_primary
@@ -85,12 +85,7 @@ def encode_animate(request: EncodeRequest, pipe: WanPipeline, mesh: Any, start: 
                 stale(out, None)
         flags = request.animate
         params = {
-            "model": model_label(pipe.components.source),
-            "revision": request.common.revision,
-            "dtype": pipe.components.settings.text_encoder_dtype.name,
-            "prompt": prompts[0] if len(prompts) == 1 else prompts,
-            "negative_prompt": negative,
-            "max_sequence_length": length,
+            **prompt_record(pipe, request, prompts, negative, length),
             **image_record(request.images),
             "mode": inputs.mode,
             **{
@@ -182,9 +177,5 @@ def denoise_animate(
             stages.save_segment_latents(path, latents, segments)
         fps = {"fps": request.video.fps} if request.video.fps else {}
         entry = {**record, **video, **fps, **params, **recorded(request)}
-        if is_primary():
-            stages.write_config(directory, stages.record_stage(config, "denoise", entry))
-        report = make_report("denoise", pipe, {"batch": batch, **video}, {"latents": str(path)}, denoised)
-        report.extra["sampling"] = params
-        cache_outputs(report, denoised, request.cache)
-        return finish(report, request, start)
+        shape = {"batch": batch, **video}
+        return finish_denoise(request, pipe, config, entry, params, path, denoised, shape, start)

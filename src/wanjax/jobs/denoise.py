@@ -22,9 +22,9 @@ from wanjax.jobs.checks import (
 )
 from wanjax.jobs.groups import VaeFlags
 from wanjax.jobs.opening import begin, files_record, mesh_request, model_label, open_pipeline, stage_files
-from wanjax.jobs.record import finish, make_report, recorded
+from wanjax.jobs.record import finish_denoise, recorded
 from wanjax.jobs.requests import DenoiseRequest
-from wanjax.jobs.sampling import cache_outputs, denoise_latents, sampling_params, steps_run, video_args
+from wanjax.jobs.sampling import denoise_latents, sampling_params, steps_run, video_args
 from wanjax.jobs.status import Status, headline
 from wanjax.models.config import TransformerConfig
 from wanjax.parallel.layouts import to_host
@@ -142,12 +142,8 @@ def denoise(request: DenoiseRequest) -> RunReport:
             **files_record(files),
             **recorded(request),
         }
-        if is_primary():
-            stages.write_config(directory, stages.record_stage(config, "denoise", entry))
-        report = make_report("denoise", pipe, {"batch": batch, **video}, {"latents": str(path)}, denoised)
-        report.extra["sampling"] = params
-        cache_outputs(report, denoised, request.cache)
-        return finish(report, request, start)
+        shape = {"batch": batch, **video}
+        return finish_denoise(request, pipe, config, entry, params, path, denoised, shape, start)
 
 
 def stage_vace(pipe: WanPipeline, cfg: TransformerConfig, directory: Path) -> VaceControl | None:

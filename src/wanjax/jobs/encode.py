@@ -22,7 +22,15 @@ from wanjax.jobs.checks import (
     resolve_video,
 )
 from wanjax.jobs.opening import begin, defaults_of, files_record, mesh_request, model_label, open_pipeline
-from wanjax.jobs.record import finish, image_record, make_report, recorded, source_record, vace_record
+from wanjax.jobs.record import (
+    finish,
+    image_record,
+    make_report,
+    prompt_record,
+    recorded,
+    source_record,
+    vace_record,
+)
 from wanjax.jobs.requests import EncodeRequest
 from wanjax.jobs.sampling import video_args
 from wanjax.jobs.status import ENCODE_WORK, Status
@@ -119,12 +127,7 @@ def encode(request: EncodeRequest) -> RunReport:
             stages.save_vace(out, control)
             stages.save_animate(out, None)
         params = {
-            "model": model_label(pipe.components.source),
-            "revision": request.common.revision,
-            "dtype": pipe.components.settings.text_encoder_dtype.name,
-            "prompt": prompts[0] if len(prompts) == 1 else prompts,
-            "negative_prompt": negative,
-            "max_sequence_length": length,
+            **prompt_record(pipe, request, prompts, negative, length),
             **(image_record(request.images) if image is not None else {}),
             **(source_record(request.source) if source is not None else {}),
             **(vace_record(request.vace) if vace is not None else {}),

@@ -10,7 +10,8 @@ from typing import Any
 
 from wanjax.jobs.groups import ImageFlags, SourceVideoFlags, VaceFlags
 from wanjax.jobs.opening import model_label
-from wanjax.jobs.requests import PipelineRequest
+from wanjax.jobs.requests import DenoiseRequest, PipelineRequest
+from wanjax.jobs.sampling import cache_outputs
 from wanjax.models.w8a8 import activations_name
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline import stages
@@ -41,6 +42,41 @@ def vace_record(flags: VaceFlags) -> dict[str, Any]:
         "mask": None if flags.mask is None else str(Path(flags.mask).resolve()),
         "reference_images": [str(Path(p).resolve()) for p in flags.reference_image],
     }
+
+
+def prompt_record(
+    pipe: WanPipeline, request: PipelineRequest, prompts: list[str], negative: Any, length: int
+) -> dict[str, Any]:
+    """What the encode stage's entry says of its model and prompts."""
+    return {
+        "model": model_label(pipe.components.source),
+        "revision": request.common.revision,
+        "dtype": pipe.components.settings.text_encoder_dtype.name,
+        "prompt": prompts[0] if len(prompts) == 1 else prompts,
+        "negative_prompt": negative,
+        "max_sequence_length": length,
+    }
+
+
+def finish_denoise(
+    request: DenoiseRequest,
+    pipe: WanPipeline,
+    config: dict[str, Any],
+    entry: dict[str, Any],
+    params: dict[str, Any],
+    latents: Path,
+    denoised: Denoised,
+    shape: dict[str, Any],
+    start: float,
+) -> RunReport:
+    """The denoise stage's end: its ``entry`` in the stage directory's config (process 0), and the
+    run's report with the sampling ``params`` and the step cache's decisions."""
+    if is_primary():
+        stages.write_config(latents.parent, stages.record_stage(config, "denoise", entry))
+    report = make_report("denoise", pipe, shape, {"latents": str(latents)}, denoised)
+    report.extra["sampling"] = params
+    cache_outputs(report, denoised, request.cache)
+    return finish(report, request, start)
 
 
 def recorded(request: PipelineRequest) -> dict[str, Any]:
