@@ -509,4 +509,23 @@ def test_an_animate_run_is_planned_by_one_segment_and_its_reference_frame(capsys
     # a segment length given: rounded down to 4n + 1 as the pipeline does (46 -> 45: 12 + 1 frames)
     assert plan(animate, mesh, frames=161, segment_frame_length=46, **video).latent_frames == 13
     assert main(["plan", "--model", "Animate-14B", "--mesh", "dp=2,sp=1,tp=4", "--frames", "300"]) == 0
-    assert "Animate-14B: 1280x720" in capsys.readouterr().out
+    assert "Animate-14B: 1280x720, segments of 77 frames," in capsys.readouterr().out
+    flags = ["plan", "--model", "Animate-14B", "--mesh", "dp=2,sp=1,tp=4", "--segment_frame_length", "46"]
+    assert main(flags) == 0
+    out = capsys.readouterr().out
+    shorter = plan(animate, mesh, frames=81, segment_frame_length=45, **video).on_device("denoise")
+    assert "segments of 45 frames," in out and f"on device {shorter / GiB:7.2f} GiB" in out
+    assert main(["plan", "--model", "14B", "--segment_frame_length", "45"]) == 2
+    assert "--segment_frame_length is for an Animate model; 14B is not one" in capsys.readouterr().err
+
+
+def test_the_compiled_animate_step_is_one_segment():
+    """``plan --compile``'s programs make one segment: ``--segment_frame_length`` (rounded to 4n+1),
+    else the variant's, whatever the video's frames."""
+    from wanjax.models.registry import registry
+    from wanjax.tools.compile_target import RunSpec
+
+    run = RunSpec(registry()["Animate-14B"], 720, 1280, 300, parse_mesh("dp=2,sp=1,tp=4"))
+    assert run.step_frames == 77 and run.latents_shape[2] == 20
+    run = dataclasses.replace(run, segment_frame_length=46)
+    assert run.step_frames == 45 and run.latents_shape[2] == 12

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from wanjax.errors import CheckpointError, WanjaxError
 from wanjax.io.weights_file import FORMATS
+from wanjax.jobs.animate_flags import segment_frame_length_flag
 from wanjax.jobs.cache_flags import CacheFlags
 from wanjax.jobs.flags import library, option
 from wanjax.jobs.groups import (
@@ -53,14 +54,13 @@ class PlanRequest(Request):
         "--transformer file's variant)",
         values=_variants,
     )
-    mesh: str | None = option(
-        None, help="dp=2,sp=1,tp=4 (default: every mesh of --num_devices, best one named)"
-    )
+    mesh: str | None = option(help="dp=2,sp=1,tp=4 (default: every mesh of --num_devices, best one named)")
     num_devices: int | None = option(help="devices (default: the mesh's size, else those visible)")
     device_memory: str = option("32GiB", help="memory per device (default {default}, a TPU v6e chip)")
     height: int = option(720, help="pixels (default {default})")
     width: int = option(1280, help="pixels (default {default})")
-    frames: int = option(81, help="frames (default {default})")
+    frames: int = option(81, help="frames (default {default}; an Animate model's run: one segment's)")
+    segment_frame_length: int | None = segment_frame_length_flag()
     dtype: str = option(DEFAULT_DTYPE, help="transformer / text encoder dtype (default {default})")
     vae_dtype: str = option(VaeFlags.vae_dtype, help="VAE dtype (default {default})")
     use_fsdp: bool = use_fsdp_flag()
@@ -315,13 +315,17 @@ def cmd_plan(request: PlanRequest) -> int:
         )
     size = dict(height=request.height, width=request.width, frames=request.frames)
     kwargs = dict(**size, device_memory=memory, dtype=request.dtype, vae_dtype=request.vae_dtype)
+    segment = _segment(request, model)
+    if segment is not None:
+        kwargs["segment_frame_length"] = segment
     if target is not None:
         kwargs["lanes"] = target.lanes  # the slice's memory layout, not this host's
         kwargs["copies_stacks"] = target.copies_16bit_stacks
     offload, weights = request.memory.offload, request.memory.weights_dtype
     mode = dict(offload=offload, weights_dtype=weights)
+    length = f"{request.frames} frames" if segment is None else f"segments of {segment} frames"
     print(
-        f"{request.model}: {request.width}x{request.height}, {request.frames} frames, "
+        f"{request.model}: {request.width}x{request.height}, {length}, "
         f"{count} device{'s' if count != 1 else ''}, "
         f"--offload {offload} --weights_dtype {weights}{_matmuls(request, target)}"
     )
@@ -362,6 +366,20 @@ def cmd_plan(request: PlanRequest) -> int:
         on = "" if requested else f" --mesh {cheapest.mesh.flag}"
         print(f"hint: the cheapest mode that fits: {cheapest.mode}{on} (peak {cheapest.peak / GiB:.2f} GiB)")
     return 1
+
+
+def _segment(request: PlanRequest, model: Any) -> int | None:
+    """An Animate model's segment as its run makes it (``--segment_frame_length``, else the model's,
+    rounded to ``4n+1``); None for another model, which takes no segment length."""
+    from wanjax.pipeline.animate import segment_length
+
+    if not model.transformer.animate:
+        if request.segment_frame_length is not None:
+            raise WanjaxError(f"--segment_frame_length is for an Animate model; {request.model} is not one")
+        return None
+    return segment_length(
+        request.segment_frame_length or model.segment_frame_length, model.vae.temporal_factor
+    )
 
 
 def _matmuls(request: PlanRequest, target: Any) -> str:
@@ -431,6 +449,7 @@ def _compile(
         gguf=gguf,
         cache=request.cache.config(),
         sparse=request.attention.sparse(),
+        segment_frame_length=request.segment_frame_length,
     )
     only = None if request.programs is None else request.programs.split(",")  # checked by compile_run
     report = compile_run(run, tpu, planned, only, on_line=lambda line: print(line, flush=True))

@@ -4,7 +4,7 @@ mask videos and the segments, by diffusers' ``WanAnimatePipeline``'s names."""
 from __future__ import annotations
 
 import dataclasses
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from wanjax.jobs.flags import library, option
 
@@ -12,6 +12,14 @@ _animate_modes = library("wanjax.pipeline.animate", "MODES")
 
 
 _prev_segment_frames = library("wanjax.pipeline.animate", "PREV_SEGMENT_FRAMES")
+
+
+def segment_frame_length_flag() -> Any:
+    """``--segment_frame_length`` (``generate``'s and ``plan``'s)."""
+    return option(
+        help="Animate: frames made per segment, 4n+1 (default {ref.segment_frame_length}; demo "
+        "{demo.segment_frame_length})",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,16 +38,11 @@ class AnimateFlags:
         "first --frames)",
     )
     face_video: str | None = option(help="Animate: the face video, frame for frame with the pose video")
-    background_video: str | None = option(
-        None, help="Animate, replace mode: the video whose person is replaced"
-    )
+    background_video: str | None = option(help="Animate, replace mode: the video whose person is replaced")
     mask_video: str | None = option(
-        None, help="Animate, replace mode: white where the character goes, black where the background stays"
+        help="Animate, replace mode: white where the character goes, black where the background stays"
     )
-    segment_frame_length: int | None = option(
-        help="Animate: frames made per segment, 4n+1 (default {ref.segment_frame_length}; demo "
-        "{demo.segment_frame_length})",
-    )
+    segment_frame_length: int | None = segment_frame_length_flag()
     prev_segment_conditioning_frames: int | None = option(
         help="Animate: the last frames of a segment the next one continues from (default "
         "{ref.prev_segment_conditioning_frames})",

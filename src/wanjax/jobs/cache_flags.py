@@ -47,7 +47,7 @@ class CacheFlags:
         values=_cache_defaults,
     )
     cache_max_skip: int | None = option(
-        None, help="magcache: skips in a row at most (default {mag[max_skip_steps]})", values=_cache_defaults
+        help="magcache: skips in a row at most (default {mag[max_skip_steps]})", values=_cache_defaults
     )
     cache_retention: float | None = option(
         help="magcache: fraction of the first steps that always compute (default {mag[retention_ratio]})",

@@ -111,9 +111,7 @@ class ParallelFlags:
     """Devices and processes: ``--mesh`` or the reference's aliases; multi-process set-up."""
 
     title: ClassVar[str] = "devices and processes"
-    mesh: str | None = option(
-        None, help="dp=2,sp=1,tp=4 (order = device order), or auto (default with > 1 device)"
-    )
+    mesh: str | None = option(help="dp=2,sp=1,tp=4 (order = device order), or auto (default with > 1 device)")
     use_dp: bool = option(False, help="alias: dp=2 (the CFG pair), the rest on tp")
     sp_num: int | None = option(help="alias: sequence-parallel shards (sp=N)")
     use_fsdp: bool = use_fsdp_flag()
@@ -211,7 +209,7 @@ class VaceFlags:
         "before the video's (dropped from the result); repeatable",
     )
     conditioning_scale: float | None = option(
-        None, help="VACE: the control's weight (default {ref.conditioning_scale})"
+        help="VACE: the control's weight (default {ref.conditioning_scale})"
     )
     extend: str | None = option(
         help="VACE: a video to continue (any file PyAV reads, at --fps): --clips clips of --frames frames, "
@@ -274,7 +272,7 @@ class SamplingFlags:
         values=_sampling_defaults,
     )
     init_latents: str | None = option(
-        None, help="start from this noise (safetensors, key 'latents') instead of --seed"
+        help="start from this noise (safetensors, key 'latents') instead of --seed"
     )
     strength: float | None = option(
         help="video to video: how much of the video is re-made, over 0 to 1: the last "

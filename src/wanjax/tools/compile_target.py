@@ -119,15 +119,18 @@ class RunSpec:
     max_sequence_length: int = TEXT_LENGTH
     cache: CacheConfig | None = None  # a step cache: the step is the program that policy runs
     sparse: RadialAttention | None = None  # radial attention: its sparse step compiled too (step_sparse)
+    segment_frame_length: int | None = None  # an Animate variant's segment (None: its default)
 
     @property
     def step_frames(self) -> int:
-        """The frames one program makes: ``frames``; an Animate variant's, one segment's (its default
-        ``segment_frame_length``, rounded as the pipeline does), whatever the video's length."""
+        """The frames one program makes: ``frames``; an Animate variant's, one segment's
+        (``segment_frame_length``, else its default, rounded as the pipeline does), whatever the
+        video's length."""
         v = self.variant
         if not v.transformer.animate:
             return self.frames
-        return segment_length(v.defaults.segment_frame_length, v.vae.temporal_factor)
+        length = self.segment_frame_length or v.defaults.segment_frame_length
+        return segment_length(length, v.vae.temporal_factor)
 
     @property
     def latents_shape(self) -> tuple[int, int, int, int, int]:

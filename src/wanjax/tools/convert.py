@@ -50,7 +50,7 @@ class ConvertRequest(Request):
     command: ClassVar[str] = "convert"
     output: str = option(help="the diffusers-layout directory to write (must not exist)", positional=True)
     model: str | None = option(
-        None, help="base model whose other components (and configs) the output gets (default: none)"
+        help="base model whose other components (and configs) the output gets (default: none)"
     )
     dtype: str = option(
         "bfloat16", help="dtype of the written tensors (default {default}; float32 keeps every value)"

@@ -172,7 +172,7 @@ class TuneRequest:
     repeats: int = option(3, help="timed calls per candidate, median kept (default {default})")
     quick: bool = option(False, help="a smaller candidate grid")
     tune_file: Path | None = option(
-        None, help="cache file (default {file})", values=lambda: {"file": tuning.tune_file()}
+        help="cache file (default {file})", values=lambda: {"file": tuning.tune_file()}
     )
     allow_interpret: bool = option(False, help="allow interpret mode off TPU (testing)")
     compile: str | None = option(
