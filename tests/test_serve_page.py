@@ -335,6 +335,7 @@ def test_an_animate_page_uploads_the_character_and_its_videos(browser, demo_env,
         assert field("size").get_attribute("value") == info["defaults"]["size"]  # not the character's aspect
         mode.select_by_value("replace")
         assert field("background_video_label").is_displayed() and field("mask_video_label").is_displayed()
+        assert field("hint_mask_video").text == "required in replace mode"  # not the API's "optional"
         mode.select_by_value("animate")
         assert not field("background_video_label").is_displayed()
 
