@@ -5,17 +5,25 @@ read and checked."""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 from helpers.compare import relative_error
 from helpers.models import TINY_DIT, original_animate_state, randomize_
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import wanjax
 from wanjax.errors import ConfigError
+from wanjax.models.animate import face_adapter
 from wanjax.models.config import TransformerConfig
 from wanjax.models.dit import AnimateControl
+from wanjax.models.settings import RunSettings
+from wanjax.parallel.layouts import frame_layout, token_layout
+from wanjax.parallel.mesh import make_mesh, parse_mesh
+from wanjax.parallel.rules import num_shards
 
 # A tiny Animate model: two face adapters (after blocks 0 and 2), a 16x16 motion encoder (two
 # residual blocks), the image tokens of an image-to-video model.
@@ -267,3 +275,41 @@ def test_the_relighting_lora_layout_matches_diffusers(animate, tmp_path):
     ours = wanjax.load_transformer(root, dtype="float32")
     ours.set_loras([(folder, 1.0)])
     assert relative_error(ours_output(ours, inputs), expected) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "mesh, frames",
+    [("dp=2,sp=1,tp=4", 4), ("dp=2,sp=2,tp=2", 4), ("dp=1,sp=8,tp=1", 4), ("dp=2,sp=2,tp=2", 3)],
+)
+def test_the_face_adapter_on_a_mesh_keeps_its_heads_split(mesh, frames):
+    """On 8 devices, the weights and tokens laid out as the DiT's, the face adapter equals one
+    device's (3 frames: rows ``sp`` cannot split, computed on each of its devices); where ``tp``
+    splits the heads each device's temporaries stay about one token array of the frames it attends
+    (its per-frame attention's queries with all heads on every device made them three to five)."""
+    heads, head_dim, batch, frame_tokens, face_tokens = 8, 16, 2, 256, 3
+    cfg = TransformerConfig(num_attention_heads=heads, attention_head_dim=head_dim)
+    d, rng = heads * head_dim, np.random.default_rng(0)
+    params = {
+        name: {"kernel": rng.normal(size=(d, d)) / np.sqrt(d), "bias": rng.normal(size=(d,))}
+        for name in ("to_q", "to_k", "to_v", "to_out")
+    }
+    params |= {name: {"scale": rng.normal(size=(head_dim,))} for name in ("norm_q", "norm_k")}
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
+    x = jnp.asarray(rng.normal(size=(batch, frames * frame_tokens, d)), jnp.float32)
+    face = jnp.asarray(rng.normal(size=(batch, frames, face_tokens, d)), jnp.float32)
+    alone = face_adapter(params, x, face, cfg, RunSettings())
+
+    device_mesh = make_mesh(parse_mesh(mesh))
+    sizes = dict(device_mesh.shape)
+    layout = token_layout(sizes, batch, x.shape[1], heads)
+    column = {"kernel": P(None, "tp"), "bias": P("tp")}
+    specs = {"to_q": column, "to_k": column, "to_v": column, "to_out": {"kernel": P("tp", None), "bias": P()}}
+    specs |= {"norm_q": {"scale": P()}, "norm_k": {"scale": P()}}
+    put = lambda a, spec: jax.device_put(a, NamedSharding(device_mesh, spec))  # noqa: E731
+    args = (jax.tree.map(put, params, specs), put(x, layout.tokens()), put(face, P(layout.tokens()[0])))
+    settings = RunSettings(mesh=device_mesh)
+    compiled = jax.jit(lambda p, x, f: face_adapter(p, x, f, cfg, settings)).lower(*args).compile()
+    assert relative_error(np.asarray(compiled(*args)), np.asarray(alone)) <= 1e-6
+    if layout.heads:  # the tokens of the frames a device attends, all features
+        local_tokens = x.nbytes // num_shards(P(frame_layout(layout, sizes, batch * frames).batch), sizes)
+        assert compiled.memory_analysis().temp_size_in_bytes <= 1.5 * local_tokens

@@ -24,7 +24,7 @@ from wanjax.errors import WanjaxError
 from wanjax.models import dit, umt5
 from wanjax.models.registry import transformer_preset
 from wanjax.parallel.attention import sequence_mode
-from wanjax.parallel.layouts import token_layout
+from wanjax.parallel.layouts import frame_layout, token_layout
 from wanjax.parallel.mesh import auto_mesh, mesh_spec_from_flags, parse_mesh
 from wanjax.parallel.rules import partition_spec, per_device_param_bytes
 
@@ -109,6 +109,22 @@ def test_token_layouts_of_the_test_meshes(mesh, layout, mode):
     got = token_layout(sizes, batch=2, length=16, heads=12)
     assert (got.batch, got.seq, got.heads) == layout
     assert sequence_mode(got, sizes, 12) == mode
+
+
+@pytest.mark.parametrize(
+    "mesh, rows, batch_axes",
+    [
+        ("dp=2,sp=1,tp=4", 42, ("dp",)),  # the 14B's CFG pair of 21 frames: the heads stay on tp
+        ("dp=2,sp=2,tp=2", 4, ("dp", "sp")),  # two frames per row of the batch: sp splits whole frames
+        ("dp=2,sp=2,tp=2", 6, ("dp",)),  # three: sp cannot, and computes redundantly
+        ("dp=1,sp=8,tp=1", 8, ("sp",)),
+    ],
+)
+def test_per_frame_attention_splits_rows_and_keeps_the_heads(mesh, rows, batch_axes):
+    sizes = parse_mesh(mesh).sizes
+    tokens = token_layout(sizes, batch=2, length=rows * 16, heads=8)
+    got = frame_layout(tokens, sizes, rows)
+    assert (got.batch, got.seq, got.heads) == (batch_axes, (), tokens.heads)
 
 
 def test_14b_weights_are_sharded_not_replicated():

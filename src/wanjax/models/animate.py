@@ -32,6 +32,8 @@ from wanjax.models.config import TransformerConfig
 from wanjax.models.dit_embed import patchify
 from wanjax.models.layers import Params, layer_norm, linear, matmul, rms_norm, silu
 from wanjax.models.settings import RunSettings
+from wanjax.parallel.attention import sharded_attention
+from wanjax.parallel.layouts import frame_layout, token_layout
 
 __all__ = [
     "AnimateControl",
@@ -285,8 +287,24 @@ def face_adapter(
     v = linear(fn, p["to_v"], precision=precision).reshape(b, t * n, heads, hd)
     q = q.reshape(b * t, length // t, heads, hd)
     k, v = k.reshape(b * t, n, heads, hd), v.reshape(b * t, n, heads, hd)
-    out = attention(q, k, v, backend="xla", precision=precision)
+    out = _frame_attention(q, k, v, b, length, heads, settings)
     return linear(out.reshape(b, length, d), p["to_out"], precision=precision)
+
+
+def _frame_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, batch: int, length: int, heads: int, settings: RunSettings
+) -> jax.Array:
+    """Each row (a latent frame) of ``q (B*T, L/T, H, D)`` attending to its ``k``, ``v``; on a mesh
+    under ``shard_map`` with the heads split as the DiT's attention splits them
+    (:func:`~wanjax.parallel.layouts.frame_layout`)."""
+    mesh, precision = settings.mesh, settings.precision
+    if mesh is None:
+        return attention(q, k, v, backend="xla", precision=precision)
+    sizes = dict(mesh.shape)
+    layout = frame_layout(token_layout(sizes, batch, length, heads), sizes, q.shape[0])
+    return sharded_attention(
+        q, k, v, mesh=mesh, layout=layout, self_attention=False, backend="xla", precision=precision
+    )
 
 
 def face_layers(cfg: TransformerConfig) -> tuple[np.ndarray, np.ndarray]:

@@ -76,6 +76,19 @@ def token_layout(sizes: dict[str, int], batch: int, length: int, heads: int) -> 
     return TokenLayout(batch_axes, tuple(seq), head_axes)
 
 
+def frame_layout(layout: TokenLayout, sizes: dict[str, int], rows: int) -> TokenLayout:
+    """The layout of per-frame attention ``(B*T, L/T, H, D)`` (each latent frame's tokens as one row)
+    from the tokens' ``layout``: the heads as the tokens', the rows over the batch axes, then over the
+    sequence axes while they divide the ``rows`` (the token split of whole frames); a sequence axis
+    that does not computes redundantly. Attention would merge rows and heads into one dimension,
+    which XLA's partitioner cannot split over both: under ``shard_map`` each device keeps its heads."""
+    batch = list(layout.batch)
+    for a in layout.seq:
+        if rows % (math.prod(sizes[s] for s in batch) * sizes[a]) == 0:
+            batch.append(a)
+    return TokenLayout(tuple(batch), (), layout.heads)
+
+
 def params_mesh(tree: Any) -> Mesh | None:
     """The mesh a params tree is laid out on (its first named sharding's); None off any mesh."""
     for leaf in jax.tree.leaves(tree):
