@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers.compare import relative_error
 from helpers.pipelines import NEGATIVE, PROMPT
-from test_animate_pipeline import HEIGHT, SEGMENT, WIDTH, animate_setup, diffusers_run
+from test_animate_pipeline import HEIGHT, SEGMENT, WIDTH, animate_setup, diffusers_run, our_run
 from test_animate_transformer import ANIMATE
 
 from wanjax import CacheConfig, WanPipeline
@@ -52,22 +52,7 @@ def test_taylorseer_on_animate_equals_diffusers(animate, monkeypatch):
     frames_ref, latents_ref, computed = diffusers_run(
         reference, inputs, "animate", *noises, monkeypatch, steps=STEPS, cache=config
     )
-    out = pipe(
-        PROMPT,
-        NEGATIVE,
-        **videos,
-        mode="animate",
-        height=HEIGHT,
-        width=WIDTH,
-        segment_frame_length=SEGMENT,
-        prev_segment_conditioning_frames=1,
-        num_inference_steps=STEPS,
-        guidance_scale=5.0,
-        seed=11,
-        latents=np.asarray(first),
-        progress=False,
-        cache=CacheConfig("taylorseer", options=TAYLOR),
-    )
+    out = our_run(pipe, videos, "animate", first, STEPS, cache=CacheConfig("taylorseer", options=TAYLOR))
     expected = [True, False, True, False, True, False]
     assert computed == {"cond": expected, "uncond": expected}
     assert out.denoised.cache_report.computed == computed

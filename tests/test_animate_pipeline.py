@@ -74,6 +74,27 @@ def animate(tmp_path_factory, tokenizer_dir):
     return animate_setup(tmp_path_factory, tokenizer_dir)
 
 
+def our_run(pipe, videos, mode, first, steps=STEPS, **options):
+    """wanjax's run of ``pipe`` at this module's shape and values (guidance 5, seed 11), the first
+    segment from ``first``."""
+    return pipe(
+        PROMPT,
+        NEGATIVE,
+        **videos,
+        mode=mode,
+        height=HEIGHT,
+        width=WIDTH,
+        segment_frame_length=SEGMENT,
+        prev_segment_conditioning_frames=1,
+        num_inference_steps=steps,
+        guidance_scale=5.0,
+        seed=11,
+        latents=np.asarray(first),
+        progress=False,
+        **options,
+    )
+
+
 def diffusers_run(pipe, inputs, mode, first_noise, second_noise, monkeypatch, steps=STEPS, cache=None):
     """diffusers' run: its frames (uint8), the last segment's last latents and, with a ``cache``
     config enabled on its transformer, each step's per-branch decisions (every segment's in turn);
@@ -142,21 +163,7 @@ def test_animate_equals_diffusers(animate, mode, monkeypatch):
         if mode == "replace"
         else {k: v for k, v in inputs.items() if "background" not in k and "mask" not in k}
     )
-    out = pipe(
-        PROMPT,
-        NEGATIVE,
-        **videos,
-        mode=mode,
-        height=HEIGHT,
-        width=WIDTH,
-        segment_frame_length=SEGMENT,
-        prev_segment_conditioning_frames=1,
-        num_inference_steps=STEPS,
-        guidance_scale=5.0,
-        seed=11,
-        latents=np.asarray(first),
-        progress=False,
-    )
+    out = our_run(pipe, videos, mode, first)
     assert out.frames.shape == frames_ref.shape == (1, POSE_FRAMES, HEIGHT, WIDTH, 3)
     error = relative_error(out.denoised.latents, latents_ref)
     levels = int(np.abs(out.frames.astype(np.int16) - frames_ref).max())
