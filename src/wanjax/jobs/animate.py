@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from wanjax.errors import FlagError, WanjaxError
 from wanjax.jobs.opening import defaults_of, model_label
-from wanjax.pipeline.animate import ALL_FRAMES, Segments, animate, check_inputs, segment_latent_shape
+from wanjax.pipeline.animate import (
+    ALL_FRAMES,
+    AnimateSources,
+    Segments,
+    animate,
+    check_inputs,
+    segment_latent_shape,
+)
 from wanjax.pipeline.components import IMAGE_COMPONENTS
 from wanjax.pipeline.options import RunOptions
 from wanjax.pipeline.results import Video
@@ -178,8 +185,7 @@ def run_animate(
         work.prompts,
         [work.negative] * len(work.prompts),
         options,
-        work.image,
-        *inputs.videos,
+        AnimateSources(work.image, *inputs.videos),
         latents=work.init,
         progress=False,
         on_step=lambda done: report("denoise", done),

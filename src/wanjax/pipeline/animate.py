@@ -49,6 +49,7 @@ __all__ = [
     "ALL_FRAMES",
     "MODES",
     "AnimateConditioning",
+    "AnimateSources",
     "AnimateVideos",
     "Segments",
     "animate",
@@ -441,27 +442,35 @@ def join_segments(decoded: Sequence[np.ndarray], segments: Segments) -> np.ndarr
     return to_host(to_uint8(jnp.asarray(video).transpose(0, 2, 3, 4, 1)))
 
 
-def prepare_inputs(
-    pipe: Any,
-    o: RunOptions,
-    image: ImageInput,
-    pose_video: VideoInput,
-    face_video: VideoInput | None,
-    background_video: VideoInput | None = None,
-    mask_video: VideoInput | None = None,
-) -> AnimateConditioning:
+@dataclasses.dataclass(frozen=True)
+class AnimateSources:
+    """An Animate run's inputs as given: the character image and the pose, face, background and mask
+    videos (files, images or frames; None: not given)."""
+
+    image: ImageInput
+    pose_video: VideoInput
+    face_video: VideoInput | None
+    background_video: VideoInput | None = None
+    mask_video: VideoInput | None = None
+
+    @property
+    def videos(self) -> tuple[VideoInput | None, ...]:
+        return self.pose_video, self.face_video, self.background_video, self.mask_video
+
+
+def prepare_inputs(pipe: Any, o: RunOptions, given: AnimateSources) -> AnimateConditioning:
     """The inputs read (``o``: filled options; the video's frames the pose video's, or its first
     ``o.num_frames``), cut into segments and prepared (:func:`prepare_conditioning`): the encode
     stage's work; WanjaxError naming a missing or unreadable input."""
     parts = pipe.components
     mode = o.mode or MODES[0]
-    frames = read_inputs(pose_video, face_video, background_video, mask_video, mode, o.num_frames, o.fps)
+    frames = read_inputs(*given.videos, mode, o.num_frames, o.fps)
     segments = Segments.of(
         len(frames[0]), o.segment_frame_length, o.prev_segment_conditioning_frames, parts.geometry.temporal
     )
     height, width = o.height or parts.defaults.height, o.width or parts.defaults.width
     parts.geometry.check(height, width, segments.length)
-    return prepare_conditioning(parts, open_image(image), frames, height, width, segments)
+    return prepare_conditioning(parts, open_image(given.image), frames, height, width, segments)
 
 
 def decode_segments(parts: Any, segments: Segments, latents: Sequence[Any]) -> np.ndarray:
@@ -475,11 +484,7 @@ def animate(
     prompt: str | Sequence[str],
     negative_prompt: str | Sequence[str] | None,
     o: RunOptions,
-    image: ImageInput,
-    pose_video: VideoInput,
-    face_video: VideoInput | None,
-    background_video: VideoInput | None = None,
-    mask_video: VideoInput | None = None,
+    given: AnimateSources,
     latents: Any = None,
     progress: bool = True,
     on_step: Callable[[int], None] | None = None,
@@ -490,7 +495,7 @@ def animate(
     :func:`prepare_conditioning`), :func:`run_segments` and :func:`decode_segments`."""
     parts = pipe.components
     parts.timings.clear()
-    conditioning = prepare_inputs(pipe, o, image, pose_video, face_video, background_video, mask_video)
+    conditioning = prepare_inputs(pipe, o, given)
     segments, (height, width) = conditioning.videos.segments, conditioning.videos.size
     pos, neg = pipe.encode_prompt(prompt, negative_prompt, o.max_sequence_length)
     batch = pos.shape[0]

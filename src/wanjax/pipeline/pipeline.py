@@ -35,6 +35,7 @@ from wanjax.parallel.layouts import to_host
 from wanjax.pipeline import preparation
 from wanjax.pipeline.animate import (
     AnimateConditioning,
+    AnimateSources,
     Segments,
     animate,
     decode_segments,
@@ -332,8 +333,8 @@ class WanPipeline:
                     "an Animate model needs a character image and a pose video (image=, pose_video=)"
                 )
             filled = self._animate_options(o)
-            videos = (pose_video, face_video, background_video, mask_video)
-            return animate(self, prompt, negative_prompt, filled, image, *videos, latents, progress, on_step)
+            given = AnimateSources(image, pose_video, face_video, background_video, mask_video)
+            return animate(self, prompt, negative_prompt, filled, given, latents, progress, on_step)
         if any(v is not None for v in (pose_video, face_video, background_video, mask_video)):
             raise WanjaxError("pose, face, background and mask videos are for an Animate model")
         vace_model, frames = parts.transformer_config.vace, None
@@ -415,8 +416,9 @@ class WanPipeline:
         prepared, the character's CLIP states and reference latents, the segments (``options`` and
         ``values`` as :meth:`__call__`'s: the size, ``mode``, ``fps``, ``num_frames``, the segments)."""
         o = self._animate_options(RunOptions.of(options, values))
-        videos = (pose_video, face_video, background_video, mask_video)
-        return prepare_inputs(self, o, image, *videos)
+        return prepare_inputs(
+            self, o, AnimateSources(image, pose_video, face_video, background_video, mask_video)
+        )
 
     def denoise_segments(
         self,
