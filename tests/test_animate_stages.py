@@ -61,25 +61,27 @@ TAYLORSEER = (
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("mode", "cache"),
-    [("animate", ()), ("replace", ()), ("animate", TAYLORSEER)],
-    ids=["animate", "replace", "taylorseer"],
+    ("mode", "cache", "prompts"),
+    [("animate", (), 1), ("replace", (), 2), ("animate", TAYLORSEER, 1)],
+    ids=["animate", "replace-two-prompts", "taylorseer"],
 )
-def test_the_three_stages_are_generate(files, mode, cache, tmp_path):
+def test_the_three_stages_are_generate(files, mode, cache, prompts, tmp_path):
     """Two segments (the second conditioned on the first's decoded frames), the first from
-    ``--init_latents`` in animate mode: ``encode | denoise | decode`` writes ``generate``'s frames;
-    with TaylorSeer, denoise carries its state from segment to segment as generate does."""
+    ``--init_latents`` in animate mode, two prompts (a video each) in replace mode: ``encode | denoise |
+    decode`` writes ``generate``'s frames; with TaylorSeer, denoise carries its state from segment to
+    segment as generate does."""
     init = []
     if mode == "animate":  # [1, 16, (9 frames' 3 latent frames) + the reference's, 32/8, 48/8]
         noise = np.random.default_rng(1).standard_normal((1, 16, 4, 4, 6)).astype(np.float32)
         save_file({"latents": noise}, str(tmp_path / "noise.safetensors"))
         init = ["--init_latents", str(tmp_path / "noise.safetensors")]
     made = tmp_path / "generate.npy"
-    argv = [*MODEL, *inputs(files, mode), *SIZE, *SAMPLING, *init, *cache]
+    given = [*inputs(files, mode), *["--prompt", "a robot"] * (prompts - 1)]  # one video per prompt
+    argv = [*MODEL, *given, *SIZE, *SAMPLING, *init, *cache]
     out = ["--output_video", str(tmp_path / "g.mp4"), "--frames_out", str(made)]
     assert main(["generate", *argv, *out]) == 0
     d = tmp_path / "stages"
-    assert main(["encode", *MODEL, *inputs(files, mode), *SIZE, "--output_dir", str(d)]) == 0
+    assert main(["encode", *MODEL, *given, *SIZE, "--output_dir", str(d)]) == 0
     videos = stages.load_animate(d).videos
     assert videos.segments.count == 2 and (videos.mask is not None) == (mode == "replace")
     assert main(["denoise", "--input_dir", str(d), "--quiet", *SAMPLING, *init, *cache]) == 0
@@ -88,10 +90,10 @@ def test_the_three_stages_are_generate(files, mode, cache, tmp_path):
         record = json.loads((tmp_path / "g.json").read_text())["cache"]
         assert record["branches"]["cond"]["skipped"] == [3]
     latents = stages.load_latents(d / stages.LATENTS_FILE)
-    assert latents.shape == (1, 16, 8, 4, 6)  # two segments of 4 latent frames
+    assert latents.shape == (prompts, 16, 8, 4, 6)  # two segments of 4 latent frames
     assert main(["decode", "--input_dir", str(d), "--frames_out", str(d / "f.npy"), "--quiet"]) == 0
     ours, expected = np.load(d / "f.npy"), np.load(made)
-    assert ours.shape == (1, 12, 32, 48, 3)
+    assert ours.shape == (prompts, 12, 32, 48, 3)
     np.testing.assert_array_equal(ours, expected)
 
 
