@@ -212,3 +212,18 @@ def test_the_python_stages_are_for_an_animate_model(files):
     pipe = WanPipeline.from_pretrained("demo", dtype="float32", jax_cache_dir=False)
     with pytest.raises(WanjaxError, match="is not an Animate model"):
         pipe.prepare_animate(str(files["image"]), str(files["pose"]), str(files["face"]))
+
+
+def test_decode_takes_the_vae_denoise_conditioned_with(encoded, capsys, tmp_path):
+    """An Animate denoise decodes each segment's last frames with its VAE flags; decode with others
+    would not make generate's video: one line naming the flag to give, nothing written."""
+    import shutil
+
+    d = tmp_path / "stage"
+    shutil.copytree(encoded, d)
+    assert main(["denoise", "--input_dir", str(d), "--quiet", *SAMPLING, "--vae_dtype", "bfloat16"]) == 0
+    line = one_line(capsys, ["decode", "--input_dir", str(d), "--quiet", "--frames_out", str(d / "f.npy")])
+    assert "--vae_dtype float32 differs from the VAE `wanjax denoise` decoded" in line
+    assert "give --vae_dtype bfloat16 so the video is generate's" in line and not (d / "f.npy").exists()
+    assert main(["decode", "--input_dir", str(d), "--quiet", "--vae_dtype", "bfloat16", "--frames_out", str(d / "f.npy")]) == 0  # fmt: skip
+    assert np.load(d / "f.npy").shape == (1, 12, 32, 48, 3)

@@ -32,6 +32,7 @@ from wanjax.jobs.checks import (
     open_vace_inputs,
     prompt_list,
 )
+from wanjax.jobs.groups import VaeFlags
 from wanjax.jobs.opening import defaults_of, files_record, model_label
 from wanjax.jobs.record import finish, finish_denoise, image_record, make_report, prompt_record, recorded
 from wanjax.jobs.requests import DenoiseRequest, EncodeRequest
@@ -124,6 +125,27 @@ def stage_animate(pipe: WanPipeline, cfg: Any, directory: Path) -> AnimateCondit
     return stages.load_animate(directory) if cfg.animate else None
 
 
+SEGMENT_VAE_FLAGS = ("vae_dtype", "vae_weights_dtype", "vae_precision", "vae_tiling")  # change its frames
+
+
+def vae_record(flags: VaeFlags) -> dict[str, Any]:
+    """The VAE flags an Animate denoise decoded each segment's last frames with (None included)."""
+    return {key: getattr(flags, key) for key in SEGMENT_VAE_FLAGS}
+
+
+def check_segment_vae(flags: VaeFlags, earlier: dict[str, Any], where: Path) -> None:
+    """``decode`` of an Animate run decodes with the VAE settings ``denoise`` conditioned the segments
+    with (``generate``'s frames then); WanjaxError naming the flag to give otherwise."""
+    for key in SEGMENT_VAE_FLAGS:
+        given, recorded = getattr(flags, key), earlier.get(key)
+        if given != recorded:
+            fix = f"give --{key} {recorded}" if recorded is not None else f"leave --{key} out"
+            raise WanjaxError(
+                f"--{key} {given} differs from the VAE `wanjax denoise` decoded the segments' last frames with "
+                f"({key} {recorded}, {where / stages.CONFIG_FILE}); {fix} so the video is generate's"
+            )
+
+
 def denoise_animate(
     request: DenoiseRequest,
     pipe: WanPipeline,
@@ -176,6 +198,6 @@ def denoise_animate(
         if is_primary():
             stages.save_segment_latents(path, latents, segments)
         fps = {"fps": request.video.fps} if request.video.fps else {}
-        entry = {**record, **video, **fps, **params, **recorded(request)}
+        entry = {**record, **video, **fps, **params, **vae_record(request.vae), **recorded(request)}
         shape = {"batch": batch, **video}
         return finish_denoise(request, pipe, config, entry, params, path, denoised, shape, start)

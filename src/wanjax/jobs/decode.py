@@ -7,6 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from wanjax.errors import WanjaxError
+from wanjax.jobs.animate_stages import check_segment_vae
 from wanjax.jobs.checks import check_devices, check_output_paths, check_vae_tiling
 from wanjax.jobs.opening import (
     begin,
@@ -39,6 +40,9 @@ def decode(request: DecodeRequest) -> RunReport:
     check_output_paths(request, **{"--input_dir": directory / stages.CONFIG_FILE, "--metrics_json": record})
     stages.check_video_flags(config, "decode", {"fps": request.video.fps}, directory)
     earlier = {k: v for k, (v, _) in stages.upstream(config, "decode").items()}
+    segmented = stages.load_segments(latents_path, latents)  # an Animate run's segments
+    if segmented is not None:
+        check_segment_vae(request.vae, earlier, directory)
     mesh, fsdp = mesh_request(request.parallel)
     model = request.common.model or earlier.get("model")
     revision = None if request.common.model else earlier.get("revision")
@@ -52,7 +56,6 @@ def decode(request: DecodeRequest) -> RunReport:
             f"{model_label(pipe.components.source)} decodes {vae_cfg.z_dim}; they come from another model"
         )
     check_devices(mesh, None)
-    segmented = stages.load_segments(latents_path, latents)  # an Animate run's segments
     if segmented is None:  # a VACE run's references: not video
         latents = latents[:, :, int(earlier.get("reference_frames", 0)) :]
         size = pipe.components.geometry.video_size(latents.shape)
