@@ -14,6 +14,7 @@ from wanjax.errors import FlagError, WanjaxError
 from wanjax.jobs.opening import defaults_of, model_label
 from wanjax.pipeline.animate import (
     ALL_FRAMES,
+    VIDEO_INPUTS,
     AnimateSources,
     Segments,
     animate,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from wanjax.jobs.requests import InputsRequest
     from wanjax.pipeline.pipeline import WanPipeline
 
-VIDEO_FLAGS = ("pose_video", "face_video", "background_video", "mask_video")
+VIDEO_FLAGS = VIDEO_INPUTS  # the flags are diffusers' names
 
 
 @dataclasses.dataclass(frozen=True)

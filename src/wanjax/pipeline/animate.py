@@ -48,6 +48,7 @@ from wanjax.sampling.results import Denoised
 __all__ = [
     "ALL_FRAMES",
     "MODES",
+    "VIDEO_INPUTS",
     "AnimateConditioning",
     "AnimateSources",
     "AnimateVideos",
@@ -69,6 +70,7 @@ __all__ = [
 MODES = ("animate", "replace")
 PREV_SEGMENT_FRAMES = (1, 5)  # the conditioning frames diffusers allows
 ALL_FRAMES = sys.maxsize  # read a file to its end
+VIDEO_INPUTS = ("pose_video", "face_video", "background_video", "mask_video")  # diffusers' names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +316,18 @@ def segment_latent_shape(geometry: Any, batch: int, height: int, width: int, seg
     return geometry.latent_shape(batch, height, width, segments.length + geometry.temporal)
 
 
+def check_first_latents(
+    geometry: Any, latents: Any, batch: int, height: int, width: int, segments: Segments
+) -> None:
+    """WanjaxError unless ``latents`` (the first segment's noise) have a segment's shape."""
+    shape = segment_latent_shape(geometry, batch, height, width, segments)
+    if tuple(latents.shape) != shape:
+        raise WanjaxError(
+            f"latents {tuple(latents.shape)} do not match {batch} prompt(s) at {width}x{height} in segments of "
+            f"{segments.length} frames (expected {shape}: a latent frame more, the reference's)"
+        )
+
+
 def prepare_conditioning(
     parts: Any,
     image: Image.Image,
@@ -498,13 +512,8 @@ def animate(
     conditioning = prepare_inputs(pipe, o, given)
     segments, (height, width) = conditioning.videos.segments, conditioning.videos.size
     pos, neg = pipe.encode_prompt(prompt, negative_prompt, o.max_sequence_length)
-    batch = pos.shape[0]
-    shape = segment_latent_shape(parts.geometry, batch, height, width, segments)
-    if latents is not None and tuple(latents.shape) != shape:
-        raise WanjaxError(
-            f"latents {tuple(latents.shape)} do not match {batch} prompt(s) at {width}x{height} in segments of "
-            f"{segments.length} frames (expected {shape}: a latent frame more, the reference's)"
-        )
+    if latents is not None:
+        check_first_latents(parts.geometry, latents, pos.shape[0], height, width, segments)
     run = RunOptions.of(o, {"height": height, "width": width})
     done = list(run_segments(pipe, conditioning, pos, neg, run, latents, on_step, progress))
     decoded = [frames for _, frames in done]

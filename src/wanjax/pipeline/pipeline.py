@@ -38,10 +38,10 @@ from wanjax.pipeline.animate import (
     AnimateSources,
     Segments,
     animate,
+    check_first_latents,
     decode_segments,
     prepare_inputs,
     run_segments,
-    segment_latent_shape,
 )
 from wanjax.pipeline.conditioning import open_image
 from wanjax.pipeline.extension import Extension, extend
@@ -440,12 +440,10 @@ class WanPipeline:
             self._animate_options(RunOptions.of(options, values)), {"height": height, "width": width}
         )
         if latents is not None:
-            batch = prompt_embeds.shape[0]
-            shape = segment_latent_shape(
-                self.components.geometry, batch, height, width, conditioning.videos.segments
+            segments = conditioning.videos.segments
+            check_first_latents(
+                self.components.geometry, latents, prompt_embeds.shape[0], height, width, segments
             )
-            if tuple(latents.shape) != shape:
-                raise WanjaxError(f"latents {tuple(latents.shape)}: the first segment takes {shape}")
         pos, neg = prompt_embeds, negative_prompt_embeds
         segments = run_segments(self, conditioning, pos, neg, run, latents, on_step, progress, False)
         return [denoised for denoised, _ in segments]

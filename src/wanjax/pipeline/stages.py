@@ -47,7 +47,14 @@ from wanjax.errors import NumericalError, WanjaxError
 from wanjax.io.atomic import atomic_path, write_text
 from wanjax.io.checkpoint import open_safetensors
 from wanjax.models.dit import VaceControl
-from wanjax.pipeline.animate import AnimateConditioning, AnimateVideos, Segments, mask_pixels, mask_values
+from wanjax.pipeline.animate import (
+    VIDEO_INPUTS,
+    AnimateConditioning,
+    AnimateVideos,
+    Segments,
+    mask_pixels,
+    mask_values,
+)
 from wanjax.pipeline.conditioning import signed_pixels, uint8_pixels
 from wanjax.sampling.guidance import ImageConditioning
 
@@ -211,9 +218,8 @@ def load_vace(directory: str | Path) -> VaceControl | None:
     return VaceControl(latents.astype(np.float32), scale.astype(np.float32))
 
 
-_ANIMATE_VIDEOS = ("pose_video", "face_video", "background_video", "mask_video")
 _SIGNED = (uint8_pixels, signed_pixels)  # float32 -> the uint8 pixels stored, and back, bit for bit
-_PIXELS = {**dict.fromkeys(_ANIMATE_VIDEOS[:3], _SIGNED), "mask_video": (mask_pixels, mask_values)}
+_PIXELS = {**dict.fromkeys(VIDEO_INPUTS[:3], _SIGNED), "mask_video": (mask_pixels, mask_values)}
 
 
 def _segments_tensor(segments: Segments) -> np.ndarray:
@@ -236,7 +242,7 @@ def save_animate(directory: str | Path, conditioning: AnimateConditioning | None
         path.unlink(missing_ok=True)
         return path
     v = conditioning.videos
-    videos = dict(zip(_ANIMATE_VIDEOS, (v.pose, v.face, v.background, v.mask), strict=True))
+    videos = dict(zip(VIDEO_INPUTS, (v.pose, v.face, v.background, v.mask), strict=True))
     tensors = {k: _PIXELS[k][0](a) for k, a in videos.items() if a is not None}
     tensors["image_embeds"] = np.asarray(conditioning.image_embeds)  # its dtype kept, bf16 included
     tensors["reference_latents"] = np.asarray(conditioning.reference, np.float32)
@@ -250,7 +256,7 @@ def load_animate(directory: str | Path) -> AnimateConditioning | None:
     if not path.exists():
         return None
     held = set(open_safetensors(path))
-    given = tuple(k for k in _ANIMATE_VIDEOS if k in held)
+    given = tuple(k for k in VIDEO_INPUTS if k in held)
     found = _read(
         path, ("pose_video", "face_video", "image_embeds", "reference_latents", "segments", *given[2:])
     )
