@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from helpers.compare import relative_error
+from helpers.lora import save_factors
 from helpers.models import TINY_DIT, original_animate_state, randomize_
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -153,7 +154,6 @@ def test_config_fields_are_checked_and_kept_out_of_plain_configs():
 def test_a_lora_reaches_the_blocks_and_the_face_adapters(animate, tmp_path):
     """A LoRA in diffusers' layout on a block and on a face adapter (diffusers' names for an Animate
     model's modules): each kernel moves by ``weight x B @ A``."""
-    from safetensors.numpy import save_file
 
     root, _, _ = animate
     rng = np.random.default_rng(4)
@@ -166,12 +166,7 @@ def test_a_lora_reaches_the_blocks_and_the_face_adapters(animate, tmp_path):
         m: (rng.standard_normal((rank, d), np.float32), rng.standard_normal((d, rank), np.float32))
         for m in modules
     }
-    tensors = {
-        f"transformer.{m}.lora_{n}.weight": f
-        for m, (a, b) in factors.items()
-        for n, f in (("A", a), ("B", b))
-    }
-    save_file(tensors, str(tmp_path / "lora.safetensors"))
+    save_factors(tmp_path / "lora.safetensors", factors)
     model = wanjax.load_transformer(root, dtype="float32")
 
     def kernel(module):

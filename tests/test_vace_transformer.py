@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import pytest
 import torch
 from helpers.compare import relative_error
+from helpers.lora import save_factors
 from helpers.models import TINY_DIT, randomize_
 
 import wanjax
@@ -92,7 +93,6 @@ def test_a_lora_reaches_the_control_blocks_too(vace, tmp_path):
     """A LoRA in diffusers' layout on a main block and on a control block: each kernel moves by
     ``weight x B @ A`` (the loader maps the control blocks' names as any block's)."""
     import numpy as np
-    from safetensors.numpy import save_file
 
     root, _, _ = vace
     rng = np.random.default_rng(4)
@@ -103,12 +103,7 @@ def test_a_lora_reaches_the_control_blocks_too(vace, tmp_path):
             rng.standard_normal((rank, d), np.float32),
             rng.standard_normal((d, rank), np.float32),
         )
-    tensors = {
-        f"transformer.{m}.lora_{n}.weight": f
-        for m, (a, b) in factors.items()
-        for n, f in (("A", a), ("B", b))
-    }
-    save_file(tensors, str(tmp_path / "lora.safetensors"))
+    save_factors(tmp_path / "lora.safetensors", factors)
     model = wanjax.load_transformer(root, dtype="float32")
     before = {
         "blocks.1.attn1.to_q": np.asarray(model.params["blocks"]["attn1"]["to_q"]["kernel"][1]),

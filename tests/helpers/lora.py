@@ -110,3 +110,15 @@ def diffusers_lora_for(cfg, path, seed: int, rank: int = 4, std: float = 0.3) ->
             state[f"{key}.lora_A.weight"] = (rng.standard_normal((rank, inp)) * std).astype(np.float32)
             state[f"{key}.lora_B.weight"] = (rng.standard_normal((out, rank)) * std).astype(np.float32)
     save_numpy(state, str(path))
+
+
+def save_factors(path, factors: dict) -> None:
+    """``{module: (A, B)}`` written as diffusers' ``transformer.MODULE.lora_A/B.weight`` file."""
+    from safetensors.numpy import save_file
+
+    tensors = {
+        f"transformer.{m}.lora_{n}.weight": f
+        for m, (a, b) in factors.items()
+        for n, f in (("A", a), ("B", b))
+    }
+    save_file(tensors, str(path))
