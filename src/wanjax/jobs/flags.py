@@ -132,19 +132,25 @@ def _options(cls: type, title: str | None) -> Iterator[tuple[Option, str | None]
 
 
 def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
-    """The flags of request class ``cls`` added to ``parser``: each group's under its title. A class
-    may reword a flag's help for its command (``flag_help``, by flag name) and leave a group's flag
-    out (``flag_omit``: the field keeps its default)."""
+    """The flags of request class ``cls`` added to ``parser``: each group's under its title, the
+    titled sections in the order of ``cls.help_sections`` (group classes; others after them, as they
+    come). A class may reword a flag's help for its command (``flag_help``, by flag name) and leave a
+    group's flag out (``flag_omit``: the field keeps its default)."""
     overrides: Mapping[str, str] = getattr(cls, "flag_help", {})
     omitted: Container[str] = getattr(cls, "flag_omit", ())
-    sections: dict[str, Any] = {}
+    sections: dict[str, list[Option]] = {}
     for opt, title in options(cls):
         if opt.name in omitted:
             continue
-        where = parser if title is None else sections.get(title)
-        if where is None:
-            where = sections[title] = parser.add_argument_group(title)
-        _add(where, opt, overrides.get(opt.name))
+        if title is None:
+            _add(parser, opt, overrides.get(opt.name))
+        else:
+            sections.setdefault(title, []).append(opt)
+    order = [group.title for group in getattr(cls, "help_sections", ())]
+    for title in sorted(sections, key=lambda t: order.index(t) if t in order else len(order)):
+        section = parser.add_argument_group(title)
+        for opt in sections[title]:
+            _add(section, opt, overrides.get(opt.name))
 
 
 def argparse_default(default: Any) -> Any:

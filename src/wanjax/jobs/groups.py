@@ -414,6 +414,7 @@ class ComponentFileFlags:
     """Components read from single files (``--transformer FILE``, ...) over ``--model``, which supplies
     the rest; without ``--model``, the transformer file's variant (the model registry's) does."""
 
+    title: ClassVar[str] = "components from single files"
     transformer: str | None = _component_file("transformer (the high-noise expert of Wan 2.2 A14B)")
     transformer_2: str | None = _component_file("low-noise expert of a two-expert model")
     vae: str | None = _component_file("VAE")
@@ -430,6 +431,7 @@ class LoraFlags:
     """LoRA adapters merged into the transformer, ``--lora PATH[:WEIGHT]``, and into a two-expert
     model's low-noise expert, ``--lora_2 PATH[:WEIGHT]``; both repeatable."""
 
+    title: ClassVar[str] = "LoRA"
     lora: tuple[str, ...] = option(
         (),
         repeat=True,

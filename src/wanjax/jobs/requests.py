@@ -62,6 +62,19 @@ class Request:
     """Base of the requests: fields named as flags, checked once, recorded as flags."""
 
     command: ClassVar[str]
+    help_sections: ClassVar[tuple[type, ...]] = (
+        ImageFlags,
+        SourceVideoFlags,
+        VaceFlags,
+        AnimateFlags,
+        AttentionFlags,
+        VaeFlags,
+        ComponentFileFlags,
+        LoraFlags,
+        CacheFlags,
+        MemoryFlags,
+        ParallelFlags,
+    )  # the order of the titled groups in --help (:func:`~wanjax.jobs.flags.add_flags`)
 
     def check(self) -> None:
         """The values are valid (WanjaxError naming the flag otherwise): :func:`check_flags`."""
@@ -78,14 +91,34 @@ class Request:
 
 
 @dataclasses.dataclass(frozen=True)
-class InputsRequest(Request):
-    """The flags of a command that takes a run's inputs: the model and its dtypes, the prompts, the
-    images, a source or control video, the video's size and an Animate model's videos (``generate``
-    and ``encode``)."""
+class ModelRequest(Request):
+    """The flags of a command that loads a model's transformer or text encoder: the model and their
+    dtypes."""
 
     common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
     dtype: str | None = dtype_flag()
     precision: str | None = precision_flag()
+
+
+@dataclasses.dataclass(frozen=True)
+class RunRequest(ModelRequest):
+    """The flags of a command that runs the transformer (``generate``, ``denoise``, ``serve``): its
+    attention, the VAE, component files, LoRA, step cache, memory and devices."""
+
+    attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
+    vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)  # denoise: an Animate model's segments
+    files: ComponentFileFlags = dataclasses.field(default_factory=ComponentFileFlags)
+    adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)
+    cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
+    memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
+    parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
+
+
+@dataclasses.dataclass(frozen=True)
+class InputsRequest(ModelRequest):
+    """The flags of a command that takes a run's inputs: the prompts, the images, a source or control
+    video, the video's size and an Animate model's videos (``generate`` and ``encode``)."""
+
     text: PromptFlags = dataclasses.field(default_factory=PromptFlags)
     images: ImageFlags = dataclasses.field(default_factory=ImageFlags)
     source: SourceVideoFlags = dataclasses.field(default_factory=SourceVideoFlags)
@@ -95,19 +128,12 @@ class InputsRequest(Request):
 
 
 @dataclasses.dataclass(frozen=True)
-class GenerateRequest(InputsRequest):
+class GenerateRequest(InputsRequest, RunRequest):
     """``wanjax generate``: prompt to mp4 in one run."""
 
     command: ClassVar[str] = "generate"
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
-    attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
-    vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
     outputs: OutputFlags = dataclasses.field(default_factory=OutputFlags)
-    files: ComponentFileFlags = dataclasses.field(default_factory=ComponentFileFlags)
-    adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)
-    cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
-    memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
-    parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,24 +149,14 @@ class EncodeRequest(InputsRequest):
 
 
 @dataclasses.dataclass(frozen=True)
-class DenoiseRequest(Request):
+class DenoiseRequest(RunRequest):
     """``wanjax denoise``: the stage directory's embeddings to its latents."""
 
     command: ClassVar[str] = "denoise"
     flag_help: ClassVar[dict[str, str]] = {"model": LATER_MODEL_HELP}
-    common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
-    dtype: str | None = dtype_flag()
-    precision: str | None = precision_flag()
     video: VideoFlags = dataclasses.field(default_factory=VideoFlags)
     sampling: SamplingFlags = dataclasses.field(default_factory=SamplingFlags)
-    attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
-    vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)  # an Animate model's: decodes each segment
     input_dir: str = stage_dir_flag()
-    files: ComponentFileFlags = dataclasses.field(default_factory=ComponentFileFlags)
-    adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)
-    cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
-    memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
-    parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
 
 
 @dataclasses.dataclass(frozen=True)

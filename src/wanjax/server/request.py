@@ -9,18 +9,7 @@ from typing import ClassVar
 from wanjax.errors import WanjaxError
 from wanjax.jobs.cache_flags import CacheFlags
 from wanjax.jobs.flags import option
-from wanjax.jobs.groups import (
-    AttentionFlags,
-    CommonFlags,
-    ComponentFileFlags,
-    LoraFlags,
-    MemoryFlags,
-    ParallelFlags,
-    VaeFlags,
-    dtype_flag,
-    precision_flag,
-)
-from wanjax.jobs.requests import GenerateRequest, Request
+from wanjax.jobs.requests import GenerateRequest, RunRequest
 from wanjax.server.store import DEFAULT_LEASE, check_store_flag
 
 # the default request body limit: every model takes an upload (an image, a video to re-make or a control)
@@ -86,22 +75,12 @@ class ServerFlags:
 
 
 @dataclasses.dataclass(frozen=True)
-class ServeRequest(Request):
+class ServeRequest(RunRequest):
     """``wanjax serve``: one process (per host) holding the model, generating the videos HTTP clients
     ask for; every flag but the server's applies to each job as to ``wanjax generate``."""
 
     command: ClassVar[str] = "serve"
     flag_omit: ClassVar[frozenset[str]] = frozenset({"metrics_json"})  # a server writes no run's metrics
-    common: CommonFlags = dataclasses.field(default_factory=CommonFlags)
-    dtype: str | None = dtype_flag()
-    precision: str | None = precision_flag()
-    attention: AttentionFlags = dataclasses.field(default_factory=AttentionFlags)
-    vae: VaeFlags = dataclasses.field(default_factory=VaeFlags)
-    files: ComponentFileFlags = dataclasses.field(default_factory=ComponentFileFlags)
-    adapters: LoraFlags = dataclasses.field(default_factory=LoraFlags)
-    cache: CacheFlags = dataclasses.field(default_factory=CacheFlags)
-    memory: MemoryFlags = dataclasses.field(default_factory=MemoryFlags)
-    parallel: ParallelFlags = dataclasses.field(default_factory=ParallelFlags)
     server: ServerFlags = dataclasses.field(default_factory=ServerFlags)
 
     def check(self) -> None:
