@@ -91,3 +91,19 @@ def test_a_field_without_a_flag_declaration_is_refused():
 
     with pytest.raises(TypeError, match=r"Undeclared\.size"):
         add_flags(argparse.ArgumentParser(), Undeclared)
+
+
+def test_help_sections_follow_the_declared_order():
+    """The titled groups of every command's --help stand in ``Request.help_sections``' order, however
+    its request composes them (generate inherits the transformer's groups before its inputs)."""
+    from wanjax.jobs.requests import Request
+
+    order = [group.title for group in Request.help_sections]
+    parser = build_parser(subcommands())
+    for name in ("generate", "encode", "denoise", "decode", "serve", "plan"):
+        titles = [group.title for group in parser._subcommands.choices[name]._action_groups]
+        declared = [title for title in titles if title in order]
+        assert declared == sorted(declared, key=order.index), name
+    generate = parser._subcommands.choices["generate"]
+    lora = next(action for action in generate._actions if action.dest == "lora")
+    assert lora in next(g for g in generate._action_groups if g.title == "LoRA")._group_actions
