@@ -23,7 +23,6 @@ from wanjax.tools.flops import (
     context_kv_flops,
     dit_forward_flops,
     dit_step_flops,
-    skipped_step_flops,
     umt5_flops,
     vae_decode_flops,
 )
@@ -207,13 +206,13 @@ def test_a_skipped_steps_count_is_the_step_without_its_blocks():
     shape = (1, 4, 2, 4, 6)
     for cfg in (DIT, dataclasses.replace(DIT, vace_layers=(0, 2), vace_in_channels=10)):
         for cached in (False, True):
-            skip = skipped_step_flops(cfg, shape, 7, context_cached=cached)
+            skip = dit_step_flops(cfg, shape, 7, context_cached=cached, skipped_by="magcache")
             bare = dataclasses.replace(cfg, num_layers=0)
             assert skip == dit_step_flops(bare, shape, 7, context_cached=cached)
             one = dataclasses.replace(cfg, num_layers=1)
-            first = skipped_step_flops(cfg, shape, 7, context_cached=cached, policy="firstblock")
+            first = dit_step_flops(cfg, shape, 7, context_cached=cached, skipped_by="firstblock")
             assert first == dit_step_flops(one, shape, 7, context_cached=cached)
-    assert skipped_step_flops(DIT, shape, 7, policy="taylorseer").total == 0
+    assert dit_step_flops(DIT, shape, 7, skipped_by="taylorseer").total == 0
 
 
 def test_clip_vision_count_equals_traced_matmuls():

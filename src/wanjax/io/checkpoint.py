@@ -333,6 +333,20 @@ def stacked(name_template: str, num_layers: int, shape: tuple[int, ...], **kwarg
     return LeafSource(names, shape, stacked=True, **kwargs)
 
 
+def stacked_linear(
+    name: str, num_layers: int, n_in: int, n_out: int, axes: tuple[str | None, str | None], bias: bool = True
+) -> dict[str, LeafSource]:
+    """A linear layer stacked over layers from names like ``blocks.{i}.attn1.to_q``: its ``.weight``
+    as an ``(n_in, n_out)`` kernel with logical ``axes`` and, with ``bias``, its ``.bias`` (split like
+    the output)."""
+    kernel = stacked(
+        f"{name}.weight", num_layers, (n_out, n_in), layout=linear_kernel, axes=("layers", *axes)
+    )
+    if not bias:
+        return {"kernel": kernel}
+    return {"kernel": kernel, "bias": stacked(f"{name}.bias", num_layers, (n_out,), axes=("layers", axes[1]))}
+
+
 def leaf_dtype(source: LeafSource, dtype: np.dtype) -> np.dtype:
     low_precision = np.dtype(dtype).itemsize < 4
     return np.dtype(np.float32) if source.keep_fp32 and low_precision else np.dtype(dtype)

@@ -110,8 +110,6 @@ def denoise(request: DenoiseRequest) -> RunReport:
     steps = steps_run(params)
     with Status.for_terminal("denoise", steps, request.common.quiet) as status:
         status.header(headline(model_label(pipe.components.source), batch, video, steps))
-        status("denoise", 0)
-        on_step = lambda done: status("denoise", done)  # noqa: E731
         denoised = denoise_latents(
             pipe,
             pos,
@@ -120,7 +118,7 @@ def denoise(request: DenoiseRequest) -> RunReport:
             params,
             request.cache,
             conditioning,
-            on_step,
+            status,
             progress=False,
             video_latents=source,
             vace=control,

@@ -300,8 +300,6 @@ def run_generate(
         else:  # each item from its own seed's noise, as when it runs alone
             items = [pipe.prepare_latents(1, height, width, noised, seed=seed) for seed in work.seeds]
             latents = jnp.concatenate(items)
-    report("denoise", 0)
-    on_step = lambda done: report("denoise", done)  # noqa: E731
     denoised = denoise_latents(
         pipe,
         pos,
@@ -310,7 +308,7 @@ def run_generate(
         work.params,
         work.request.cache,
         conditioning,
-        on_step,
+        report,
         on_progress is None,
         video_latents=source,
         vace=vace,

@@ -99,15 +99,20 @@ def denoise_latents(
     params: Mapping[str, Any],
     cache: CacheFlags,
     image: ImageConditioning | None = None,
-    on_step: Callable[[int], None] | None = None,
+    report: Callable[[str, int], None] | None = None,
     progress: bool = True,
     video_latents: Any = None,
     vace: Any = None,
     sparse: RadialAttention | None = None,
 ) -> Denoised:
     """The pipeline's denoise with these parameters, step cache and image conditioning, or a source
-    video's latents (``progress``: its bar on a terminal); with ``--cache_calibrate`` the measured MagCache ratios are written there
-    (process 0, atomically)."""
+    video's latents; ``report`` is told ``("denoise", steps done)`` from 0 (``progress``: a bar on a
+    terminal); with ``--cache_calibrate`` the measured MagCache ratios are written there (process 0,
+    atomically)."""
+    on_step = None
+    if report is not None:
+        report("denoise", 0)
+        on_step = lambda done: report("denoise", done)  # noqa: E731
     out = pipe.denoise(
         pos,
         neg,

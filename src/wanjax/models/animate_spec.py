@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 
-from wanjax.io.checkpoint import REPLICATED, LeafSource, Transpose, linear_kernel, stacked
+from wanjax.io.checkpoint import REPLICATED, LeafSource, Transpose, linear_kernel, stacked, stacked_linear
 from wanjax.models.config import TransformerConfig
 from wanjax.models.layers import Params
 
@@ -91,12 +91,7 @@ def _face_adapters(cfg: TransformerConfig) -> Params:
     hd = cfg.attention_head_dim
 
     def lin(part: str, axes: tuple[str | None, str | None]) -> Params:
-        return {
-            "kernel": stacked(
-                f"face_adapter.{{i}}.{part}.weight", n, (d, d), layout=linear_kernel, axes=("layers", *axes)
-            ),
-            "bias": stacked(f"face_adapter.{{i}}.{part}.bias", n, (d,), axes=("layers", axes[1])),
-        }
+        return stacked_linear(f"face_adapter.{{i}}.{part}", n, d, d, axes)
 
     def norm(part: str) -> Params:
         return {"scale": stacked(f"face_adapter.{{i}}.{part}.weight", n, (hd,), axes=("layers", None))}

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wanjax.errors import ConfigError, WanjaxError
-from wanjax.io.checkpoint import REPLICATED, LeafSource, ShardingFn, linear_kernel, stacked
+from wanjax.io.checkpoint import REPLICATED, LeafSource, ShardingFn, stacked, stacked_linear
 from wanjax.io.component import Component
 from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models.config import TRANSFORMERS_GENERIC_FIELDS, ComponentConfig, parse_dtype
@@ -146,12 +146,7 @@ def checkpoint_spec(cfg: CLIPVisionConfig, prefix: str = PREFIX) -> Params:
     layer = f"{prefix}encoder.layers.{{i}}"
 
     def lin(name: str, n_in: int, n_out: int, axes: tuple[str, str]) -> Params:
-        return {
-            "kernel": stacked(
-                f"{layer}.{name}.weight", n, (n_out, n_in), layout=linear_kernel, axes=("layers", *axes)
-            ),
-            "bias": stacked(f"{layer}.{name}.bias", n, (n_out,), axes=("layers", axes[1])),
-        }
+        return stacked_linear(f"{layer}.{name}", n, n_in, n_out, axes)
 
     def norm(name: str) -> Params:
         return {

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from wanjax.io.checkpoint import REPLICATED, Axes, LeafSource, linear_kernel, stacked
+from wanjax.io.checkpoint import REPLICATED, Axes, LeafSource, linear_kernel, stacked, stacked_linear
 from wanjax.io.component import Component
 from wanjax.models.animate_spec import animate_spec
 from wanjax.models.config import TransformerConfig
@@ -53,16 +53,7 @@ def _blocks_spec(cfg: TransformerConfig, prefix: str, n: int, out_projection: bo
     keep = {"keep_fp32": True}
 
     def block_lin(name: str, n_in: int, n_out: int, axes: tuple[str | None, str | None]) -> Params:
-        return {
-            "kernel": stacked(
-                f"{prefix}.{{i}}.{name}.weight",
-                n,
-                (n_out, n_in),
-                layout=linear_kernel,
-                axes=("layers", *axes),
-            ),
-            "bias": stacked(f"{prefix}.{{i}}.{name}.bias", n, (n_out,), axes=("layers", axes[1])),
-        }
+        return stacked_linear(f"{prefix}.{{i}}.{name}", n, n_in, n_out, axes)
 
     def block_vec(name: str, axis: str, **kw: Any) -> LeafSource:
         return stacked(f"{prefix}.{{i}}.{name}", n, (d,), axes=("layers", axis), **kw)

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from wanjax.errors import CheckpointError, ConfigError, WanjaxError
-from wanjax.io.checkpoint import REPLICATED, LeafSource, ShardingFn, linear_kernel, stacked
+from wanjax.io.checkpoint import REPLICATED, LeafSource, ShardingFn, stacked, stacked_linear
 from wanjax.io.component import Component
 from wanjax.kernels.precision import Precision, resolve_precision
 from wanjax.models import offload as placement
@@ -137,15 +137,7 @@ def checkpoint_spec(cfg: UMT5Config, embedding: str = "shared.weight") -> Params
     n, d, inner, ff = cfg.num_layers, cfg.d_model, cfg.inner_dim, cfg.d_ff
 
     def lin(name: str, n_in: int, n_out: int, axes: tuple[str, str]) -> Params:
-        return {
-            "kernel": stacked(
-                f"encoder.block.{{i}}.{name}.weight",
-                n,
-                (n_out, n_in),
-                layout=linear_kernel,
-                axes=("layers", *axes),
-            )
-        }
+        return stacked_linear(f"encoder.block.{{i}}.{name}", n, n_in, n_out, axes, bias=False)
 
     def norm(name: str) -> Params:
         return {"scale": stacked(f"encoder.block.{{i}}.{name}.weight", n, (d,), axes=("layers", "embed"))}

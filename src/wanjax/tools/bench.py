@@ -92,7 +92,6 @@ from wanjax.tools.flops import (
     clip_vision_flops,
     context_kv_flops,
     dit_step_flops,
-    skipped_step_flops,
     sparse_step_flops,
     umt5_flops,
     vae_decode_flops,
@@ -320,8 +319,8 @@ def bench_denoise(cfg: BenchConfig) -> StageResult:
     if report is not None:  # what the loop ran: whole steps where a branch computed, the rest skipped
         steps = len(next(iter(report.computed.values())))
         computed = report.evaluations // len(report.computed)
-        skip = skipped_step_flops(
-            tcfg, shape, text_len, guided, image_len, sampler.context_cache, report.cache.policy
+        skip = dit_step_flops(
+            tcfg, shape, text_len, guided, image_len, sampler.context_cache, skipped_by=report.cache.policy
         )
         cache["tflop_per_loop"] = (computed * flops.total + (steps - computed) * skip.total) / 1e12
     return StageResult(

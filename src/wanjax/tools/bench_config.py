@@ -124,6 +124,19 @@ class BenchConfig:
         return (1, self.vae.z_dim, (self.frames - 1) // 4 + 1, self.height // f, self.width // f)
 
 
+# StageResult's optional fields the summary writes as they are, when set: (field, JSON key), in key order.
+_SUMMARY_KEYS: tuple[tuple[str, str], ...] = (
+    ("weights_bytes", "weights_bytes"),
+    ("text_kv", "text_kv"),
+    ("to_device_s", "weights_to_device_s"),
+    ("effective_step_s", "s_per_step_effective"),
+    ("cache", "cache"),
+    ("tflop_known", "tflop_clip"),
+    ("expert_steps", "expert_steps"),
+    ("sparse", "sparse_attention"),
+)
+
+
 @dataclasses.dataclass
 class StageResult:
     """Timings of one stage: warm-up (compile + first run) and steady runs, in seconds."""
@@ -157,22 +170,9 @@ class StageResult:
         }
         if self.weights is not None:
             out["random_weights"], out["random_weights_s"] = self.weights
-        if self.weights_bytes is not None:
-            out["weights_bytes"] = self.weights_bytes
-        if self.text_kv is not None:
-            out["text_kv"] = self.text_kv
-        if self.to_device_s is not None:
-            out["weights_to_device_s"] = self.to_device_s
-        if self.effective_step_s is not None:
-            out["s_per_step_effective"] = self.effective_step_s
-        if self.cache is not None:
-            out["cache"] = self.cache
-        if self.tflop_known is not None:
-            out["tflop_clip"] = self.tflop_known
-        if self.expert_steps is not None:
-            out["expert_steps"] = self.expert_steps
-        if self.sparse is not None:
-            out["sparse_attention"] = self.sparse
+        for field, key in _SUMMARY_KEYS:
+            if (value := getattr(self, field)) is not None:
+                out[key] = value
         if self.per_step is not None:
             out["s_per_step_median"] = statistics.median(self.per_step) if self.per_step else float("nan")
             out["s_per_step_spread"] = [min(self.per_step, default=0.0), max(self.per_step, default=0.0)]

@@ -166,29 +166,6 @@ def block_flops(cfg: TransformerConfig, tokens: int, b: int, text_len: int, imag
     return Flops(linear, attention)
 
 
-def skipped_step_flops(
-    cfg: TransformerConfig,
-    latent_shape: Sequence[int],
-    text_len: int = TEXT_LENGTH,
-    guidance: bool = True,
-    image_len: int = 0,
-    context_cached: bool = False,
-    policy: str = "magcache",
-) -> Flops:
-    """What a step still runs when a step cache skips its blocks (:func:`dit_step_flops` less them):
-    the embeddings, the output projection and a VACE model's control blocks; First-Block Cache its
-    first block too; a step TaylorSeer predicts runs nothing."""
-    if policy == "taylorseer":
-        return Flops()
-    b = latent_shape[0] * (2 if guidance else 1)
-    block = block_flops(cfg, dit_tokens(cfg, latent_shape), b, text_len, image_len)
-    if context_cached:  # the block's keys and values of the context come from the cache
-        block -= Flops(_block_context_kv_flops(cfg, b, text_len, image_len), 0)
-    kept = 1 if policy == "firstblock" else 0
-    full = dit_step_flops(cfg, latent_shape, text_len, guidance, image_len, context_cached)
-    return full - block * (cfg.num_layers - kept)
-
-
 def context_kv_flops(
     cfg: TransformerConfig, rows: int, text_len: int = TEXT_LENGTH, image_len: int = 0
 ) -> Flops:
@@ -225,12 +202,25 @@ def dit_step_flops(
     guidance: bool = True,
     image_len: int = 0,
     context_cached: bool = False,
+    skipped_by: str | None = None,
 ) -> Flops:
     """One denoising step: the forward over the batch, twice the batch with classifier-free guidance
     (the scheduler update is a handful of elementwise operations); ``context_cached``: reading the
-    text K/V cache (:func:`context_kv_flops`, once per run) instead of projecting the context."""
+    text K/V cache (:func:`context_kv_flops`, once per run) instead of projecting the context.
+    ``skipped_by``: a step whose blocks that step-cache policy skips, which still runs the
+    embeddings, the output projection and a VACE model's control blocks (First-Block Cache its first
+    block too; a step TaylorSeer predicts runs nothing)."""
+    if skipped_by == "taylorseer":
+        return Flops()
     batch = latent_shape[0] * (2 if guidance else 1)
-    return dit_forward_flops(cfg, latent_shape, text_len, batch, image_len, context_cached)
+    full = dit_forward_flops(cfg, latent_shape, text_len, batch, image_len, context_cached)
+    if skipped_by is None:
+        return full
+    block = block_flops(cfg, dit_tokens(cfg, latent_shape), batch, text_len, image_len)
+    if context_cached:  # the block's keys and values of the context come from the cache
+        block -= Flops(_block_context_kv_flops(cfg, batch, text_len, image_len), 0)
+    kept = 1 if skipped_by == "firstblock" else 0
+    return full - block * (cfg.num_layers - kept)
 
 
 def clip_vision_flops(cfg: CLIPVisionConfig, images: int) -> Flops:

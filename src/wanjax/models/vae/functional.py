@@ -6,6 +6,7 @@ made from the video before the encoder and undone after the decoder (per chunk, 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -28,6 +29,7 @@ from wanjax.models.vae.scan import (
     decode_latents,
     decode_next,
     encode_frames,
+    uncounted,
     zero_cache,
 )
 from wanjax.models.vae.tiling import Tiling, decode_frames_tiled
@@ -58,11 +60,10 @@ def _decode_any(
     """Channel-last VAE latents -> ``finish(frames)`` (time on ``time_axis``), tiled when ``tiling``
     applies to this size, and the count of non-finite values in the frames before ``finish``."""
     finish_patches = _finish_patches(cfg, finish)
+    decode_z = functools.partial(decode_frames, params, cfg, nm=nm, chunk=chunk, frames=frames)
     if tiling is None or not tiling.applies(cfg, z.shape[2], z.shape[3]):
-        return decode_frames(
-            params, cfg, z, finish_patches, nm=nm, chunk=chunk, frames=frames, time_axis=time_axis
-        )
-    video = decode_frames_tiled(params, cfg, z, nm=nm, chunk=chunk, frames=frames, tiling=tiling)
+        return decode_z(z, finish_patches, time_axis=time_axis)
+    video = decode_frames_tiled(lambda tile: decode_z(tile, uncounted)[0], cfg, z, tiling)
     out, counts = finish_patches(video)
     return out, jnp.sum(counts, dtype=jnp.int32)
 

@@ -4,16 +4,14 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from wanjax.errors import ConfigError
-from wanjax.models.layers import Params
 from wanjax.models.vae.config import VAEConfig
-from wanjax.models.vae.ops import Numerics
-from wanjax.models.vae.scan import decode_frames, uncounted
 
 __all__ = ["Tiling", "decode_frames_tiled"]
 
@@ -81,18 +79,11 @@ def _blend(before: jax.Array, tile: jax.Array, axis: int, extent: int) -> jax.Ar
 
 
 def decode_frames_tiled(
-    params: Params,
-    cfg: VAEConfig,
-    vae_latents: jax.Array,
-    *,
-    nm: Numerics,
-    chunk: int | None,
-    frames: int,
-    tiling: Tiling,
+    decode_tile: Callable[[jax.Array], jax.Array], cfg: VAEConfig, vae_latents: jax.Array, tiling: Tiling
 ) -> jax.Array:
-    """:func:`decode_frames` (unclamped float frames, patches for the Wan 2.2 VAE) through
-    :class:`Tiling`. Tiles of one shape run one after another under ``lax.map``, so each tile shape
-    is compiled once."""
+    """``decode_tile`` (channel-last latents -> unclamped float frames, patches for the Wan 2.2 VAE,
+    time on axis 1: :func:`~wanjax.models.vae.scan.decode_frames`) through :class:`Tiling`. Tiles
+    of one shape run one after another under ``lax.map``, so each tile shape is compiled once."""
     h, w = vae_latents.shape[2:4]
     scale = cfg.resampling_factor  # decoder output pixels (patches) per latent
     tiling = Tiling(tiling.size // cfg.patch, tiling.stride // cfg.patch)  # in the decoder's pixels
@@ -104,9 +95,7 @@ def decode_frames_tiled(
     decoded: dict[tuple[int, int], jax.Array] = {}
     for (th, tw), starts in groups.items():
         tiles = jnp.stack([vae_latents[:, :, i : i + th, j : j + tw] for i, j in starts])
-        outs = jax.lax.map(
-            lambda z: decode_frames(params, cfg, z, uncounted, nm=nm, chunk=chunk, frames=frames)[0], tiles
-        )
+        outs = jax.lax.map(decode_tile, tiles)
         decoded.update({start: outs[n] for n, start in enumerate(starts)})
     blend = tiling.size - tiling.stride
     rows = []
