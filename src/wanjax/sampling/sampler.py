@@ -143,9 +143,9 @@ class Sampler:
             params, state, index, cond, uncond, guidance, image, kv, cache_state, schedule, threshold, first
         ):
             timestep = scheduler.model_timestep(index)
-            inputs = guided_batch(model, state.sample, timestep, cond, uncond, image)
+            inputs = guided_batch(model, state.sample, timestep, cond, uncond, image, kv)
             velocity, cache_state, computed, ratios = cached_forward(
-                model, params, *inputs, cache, cache_state, index, schedule[index], threshold, first, kv
+                model, params, inputs, cache, cache_state, index, schedule[index], threshold, first
             )
             velocity = guide(model, velocity, state.sample.shape[0], guidance)
             state = scheduler.step(state, velocity, index)[0]
