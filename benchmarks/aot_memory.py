@@ -69,7 +69,7 @@ from wanjax.parallel.mesh import make_mesh, parse_mesh  # noqa: E402
 from wanjax.parallel.rules import param_sharding, replicated  # noqa: E402
 from wanjax.planning.models import model_configs  # noqa: E402
 from wanjax.planning.plan import HEADROOM, plan  # noqa: E402
-from wanjax.sampling.sampler import Sampler  # noqa: E402
+from wanjax.sampling.sampler import Sampler, StepSpec  # noqa: E402
 from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler  # noqa: E402
 
 
@@ -168,10 +168,10 @@ def dit_step(
         jax.eval_shape(scheduler.init_state, jax.ShapeDtypeStruct(latent_shape, jnp.float32)),
     )
     text = sds((latent_shape[0], text_len, cfg.text_dim), dt)
-    args = (params, state, sds((), jnp.int32), text, text, sds((), jnp.float32), None)
+    args = (params, state, sds((), jnp.int32), text, text, sds((), jnp.float32), None, None)  # no K/V cache
     start = time.perf_counter()
     try:
-        compiled = Sampler(model)._program(scheduler, args)
+        compiled = Sampler(model)._program(StepSpec(scheduler), args)
     finally:
         dit.scan_layers = saved
     seconds = time.perf_counter() - start

@@ -49,7 +49,7 @@ from wanjax.models.config import parse_dtype
 from wanjax.models.dit import WanTransformer, checkpoint_spec
 from wanjax.models.registry import transformer_preset
 from wanjax.models.settings import RunSettings
-from wanjax.sampling.sampler import Sampler
+from wanjax.sampling.sampler import Sampler, StepSpec
 from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 from wanjax.tools.flops import Flops, dit_step_flops
 
@@ -118,12 +118,13 @@ def counting_variant() -> Iterator[None]:
 
 
 def step_args(model: WanTransformer, scheduler, latent_shape, text_len: int, params: Any) -> tuple:
-    """``(params, state, index, cond, uncond, guidance)`` as the sampler passes them (abstract ok)."""
+    """``(params, state, index, cond, uncond, guidance, image, kv)`` as the sampler passes them
+    (abstract ok)."""
     latents = jax.ShapeDtypeStruct(latent_shape, jnp.float32)
     state = jax.eval_shape(scheduler.init_state, latents)
     text = jax.ShapeDtypeStruct((latent_shape[0], text_len, model.cfg.text_dim), model.dtype)
     scalar_i, scalar_f = jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((), jnp.float32)
-    return params, state, scalar_i, text, text, scalar_f, None  # no image conditioning
+    return params, state, scalar_i, text, text, scalar_f, None, None  # no image conditioning, no K/V cache
 
 
 def compile_step(
@@ -136,8 +137,8 @@ def compile_step(
     args = step_args(model, scheduler, latent_shape, text_len, model.params)
     if counted:
         with counting_variant():
-            return Sampler(model)._program(scheduler, args)
-    return Sampler(model)._program(scheduler, args)
+            return Sampler(model)._program(StepSpec(scheduler), args)
+    return Sampler(model)._program(StepSpec(scheduler), args)
 
 
 def measure(compiled: jax.stages.Compiled) -> dict[str, Any]:

@@ -16,8 +16,9 @@ import jax
 import jax.numpy as jnp
 
 from wanjax.io.checkpoint import abstract_params
-from wanjax.models.dit import checkpoint_spec, forward
+from wanjax.models.dit import DitInputs, checkpoint_spec, forward
 from wanjax.models.registry import transformer_preset
+from wanjax.models.settings import RunSettings
 
 
 def compile_seconds(num_layers: int, dtype: jnp.dtype) -> float:
@@ -27,9 +28,9 @@ def compile_seconds(num_layers: int, dtype: jnp.dtype) -> float:
     timestep = jax.ShapeDtypeStruct((1,), jnp.int32)
     text = jax.ShapeDtypeStruct((1, 512, 4096), dtype)
     # A fresh function object each time, so nothing is served from the in-memory cache.
-    fn = jax.jit(lambda p, x, t, c: forward(p, cfg, x, t, c, dtype=dtype))
+    fn = jax.jit(lambda p, i: forward(p, cfg, i, settings=RunSettings(dtype)))
     start = time.perf_counter()
-    fn.lower(params, latents, timestep, text).compile()
+    fn.lower(params, DitInputs(latents, timestep, text)).compile()
     return time.perf_counter() - start
 
 

@@ -366,12 +366,14 @@ def child_dit(c: Child) -> None:
         import jax.numpy as jnp
 
         import wanjax
+        from wanjax.models.dit import DitInputs
 
         backend = "xla" if "attention xla" in c.case else "auto"
         if c.side == "wanjax bf16 gemm":
             gemm_in_activation_dtype()
         model = wanjax.load_transformer(root, dtype="bfloat16", attention_backend=backend)
-        args = (model.params, jnp.asarray(latents), jnp.asarray(timestep, jnp.int32), jnp.asarray(text))
+        inputs = DitInputs(jnp.asarray(latents), jnp.asarray(timestep, jnp.int32), jnp.asarray(text))
+        args = (model.params, inputs)
         start = time.perf_counter()
         compiled = jax.jit(model.apply).lower(*args).compile()
         c.record["compile_s"] = time.perf_counter() - start

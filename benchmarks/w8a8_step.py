@@ -42,19 +42,19 @@ def main() -> None:
     shape = cfg.latent_shape()
     latents = jax.random.normal(jax.random.key(2), (2, *shape[1:]), jnp.float32)
     text = jax.random.normal(jax.random.key(3), (2, cfg.max_sequence_length, tcfg.text_dim), dtype)
-    timestep = jnp.array([999.0, 999.0])
+    inputs = dit.DitInputs(latents, jnp.array([999.0, 999.0]), text)
     steps = {}
     for name, (weights, int8) in MODES.items():
         params, _ = bench_params(cfg, dit.checkpoint_spec(tcfg), dtype, None, weights)
         model = dit.WanTransformer(tcfg, params, RunSettings(dtype, int8_matmuls=int8))
         forward = jax.jit(model.apply)
-        jax.block_until_ready(forward(params, latents, timestep, text))  # compile, warm up
+        jax.block_until_ready(forward(params, inputs))  # compile, warm up
         steps[name] = (forward, params)
     times: dict[str, list[float]] = {name: [] for name in MODES}
     for _ in range(args.repeats):
         for name, (forward, params) in steps.items():
             start = time.perf_counter()
-            jax.block_until_ready(forward(params, latents, timestep, text))
+            jax.block_until_ready(forward(params, inputs))
             times[name].append(time.perf_counter() - start)
     base = statistics.median(times["bf16"])
     print(

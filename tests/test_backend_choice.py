@@ -295,13 +295,8 @@ def dit_calls(dtype) -> set[AttentionShape]:
     latents = jax.ShapeDtypeStruct((2, 16, 3, 16, 16), jnp.float32)
     timestep = jax.ShapeDtypeStruct((2,), jnp.float32)
     text = jax.ShapeDtypeStruct((2, 512, cfg.text_dim), jnp.float32)
-    return attention_calls(
-        lambda p, x, t, e: dit.forward(p, cfg, x, t, e, settings=RunSettings(dtype)),
-        params,
-        latents,
-        timestep,
-        text,
-    )
+    inputs = dit.DitInputs(latents, timestep, text)
+    return attention_calls(lambda p, i: dit.forward(p, cfg, i, settings=RunSettings(dtype)), params, inputs)
 
 
 def test_dit_calls_run_on_cudnn_on_a_gpu_in_bfloat16():

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from wanjax.io.checkpoint import abstract_params
-from wanjax.models.dit import checkpoint_spec, forward
+from wanjax.models.dit import DitInputs, checkpoint_spec, forward
 from wanjax.models.registry import transformer_preset
 from wanjax.models.settings import RunSettings
 
@@ -21,7 +21,8 @@ def lowered_ops(num_layers: int) -> list[str]:
     timestep = jax.ShapeDtypeStruct((1,), jnp.int32)
     text = jax.ShapeDtypeStruct((1, 512, 4096), jnp.bfloat16)
     fn = jax.jit(forward, static_argnames=("cfg", "settings"))
-    text_ir = fn.lower(params, cfg, latents, timestep, text, settings=RunSettings(jnp.bfloat16)).as_text()
+    inputs = DitInputs(latents, timestep, text)
+    text_ir = fn.lower(params, cfg, inputs, settings=RunSettings(jnp.bfloat16)).as_text()
     return re.findall(r"= (?:\"?)([a-z_]+\.[a-z_]+)", text_ir)
 
 

@@ -79,20 +79,22 @@ DIT = TransformerConfig(
 XLA_ATTENTION = RunSettings(attention="xla")
 
 
+def _forward_jaxpr(cfg, params, inputs):
+    """The jaxpr of the DiT's forward (attention ``xla``) for these abstract inputs."""
+    return jax.make_jaxpr(lambda p, i: dit.forward(p, cfg, i, settings=XLA_ATTENTION))(params, inputs).jaxpr
+
+
 @pytest.mark.parametrize("latent_shape", [(1, 4, 1, 4, 6), (2, 4, 3, 6, 4)])
 def test_dit_forward_count_equals_traced_matmuls(latent_shape):
     params = abstract_params(dit.checkpoint_spec(DIT), jnp.float32)
     text_len = 7
 
-    def fn(p, x, t, c):
-        return dit.forward(p, DIT, x, t, c, settings=XLA_ATTENTION)
-
-    args = (
+    inputs = dit.DitInputs(
         jax.ShapeDtypeStruct(latent_shape, jnp.float32),
         jax.ShapeDtypeStruct(latent_shape[:1], jnp.float32),
         jax.ShapeDtypeStruct((latent_shape[0], text_len, DIT.text_dim), jnp.float32),
     )
-    traced = traced_matmul_flops(jax.make_jaxpr(fn)(params, *args).jaxpr)
+    traced = traced_matmul_flops(_forward_jaxpr(DIT, params, inputs))
     assert dit_forward_flops(DIT, latent_shape, text_len).total == traced
 
 
@@ -109,16 +111,13 @@ def test_image_to_video_dit_count_equals_traced_matmuls(images):
     params = abstract_params(dit.checkpoint_spec(cfg), jnp.float32)
     latent_shape, text_len = (2, 12, 2, 4, 6), 7
 
-    def fn(p, x, t, c, i):
-        return dit.forward(p, cfg, x, t, c, settings=XLA_ATTENTION, image_embeds=i)
-
-    args = (
+    inputs = dit.DitInputs(
         jax.ShapeDtypeStruct(latent_shape, jnp.float32),
         jax.ShapeDtypeStruct(latent_shape[:1], jnp.float32),
         jax.ShapeDtypeStruct((2, text_len, cfg.text_dim), jnp.float32),
         jax.ShapeDtypeStruct((2 * images, tokens, cfg.image_dim), jnp.float32),
     )
-    traced = traced_matmul_flops(jax.make_jaxpr(fn)(params, *args).jaxpr)
+    traced = traced_matmul_flops(_forward_jaxpr(cfg, params, inputs))
     assert dit_forward_flops(cfg, latent_shape, text_len, image_len=images * tokens).total == traced
 
 
@@ -128,16 +127,13 @@ def test_vace_dit_count_equals_traced_matmuls():
     params = abstract_params(dit.checkpoint_spec(cfg), jnp.float32)
     latent_shape, text_len = (2, 4, 2, 4, 6), 7
 
-    def fn(p, x, t, c, control):
-        return dit.forward(p, cfg, x, t, c, settings=XLA_ATTENTION, control=dit.VaceControl(control))
-
-    args = (
+    inputs = dit.DitInputs(
         jax.ShapeDtypeStruct(latent_shape, jnp.float32),
         jax.ShapeDtypeStruct(latent_shape[:1], jnp.float32),
         jax.ShapeDtypeStruct((2, text_len, cfg.text_dim), jnp.float32),
-        jax.ShapeDtypeStruct((2, 10, *latent_shape[2:]), jnp.float32),
+        control=dit.VaceControl(jax.ShapeDtypeStruct((2, 10, *latent_shape[2:]), jnp.float32)),
     )
-    traced = traced_matmul_flops(jax.make_jaxpr(fn)(params, *args).jaxpr)
+    traced = traced_matmul_flops(_forward_jaxpr(cfg, params, inputs))
     assert (
         dit_forward_flops(cfg, latent_shape, text_len).total
         == traced
@@ -158,19 +154,17 @@ def test_animate_dit_count_equals_traced_matmuls():
     params = abstract_params(dit.checkpoint_spec(cfg), jnp.float32)
     latent_shape, text_len, tokens = (2, 12, 3, 4, 6), 7, 5
 
-    def fn(p, x, t, c, i, pose, face):
-        control = dit.AnimateControl(pose, face)
-        return dit.forward(p, cfg, x, t, c, settings=XLA_ATTENTION, image_embeds=i, control=control)
-
-    args = (
+    inputs = dit.DitInputs(
         jax.ShapeDtypeStruct(latent_shape, jnp.float32),
         jax.ShapeDtypeStruct(latent_shape[:1], jnp.float32),
         jax.ShapeDtypeStruct((2, text_len, cfg.text_dim), jnp.float32),
         jax.ShapeDtypeStruct((2, tokens, cfg.image_dim), jnp.float32),
-        jax.ShapeDtypeStruct((2, 4, 2, 4, 6), jnp.float32),
-        jax.ShapeDtypeStruct((2, 3, 5, 16, 16), jnp.float32),
+        dit.AnimateControl(
+            jax.ShapeDtypeStruct((2, 4, 2, 4, 6), jnp.float32),
+            jax.ShapeDtypeStruct((2, 3, 5, 16, 16), jnp.float32),
+        ),
     )
-    traced = traced_matmul_flops(jax.make_jaxpr(fn)(params, *args).jaxpr)
+    traced = traced_matmul_flops(_forward_jaxpr(cfg, params, inputs))
     plain = dataclasses.replace(cfg, **{k: None for k in ANIMATE_FIELDS})
     assert (
         dit_forward_flops(cfg, latent_shape, text_len, image_len=tokens).total

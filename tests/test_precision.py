@@ -190,7 +190,7 @@ def test_transformer_matmuls_follow_the_setting(precision):
     model = dit.WanTransformer(cfg, params, RunSettings(jnp.float32, precision))
     assert model.settings.precision == precision
     lowered = model._forward.lower(
-        params, jnp.zeros((1, 16, 1, 4, 4)), jnp.zeros((1,)), jnp.zeros((1, 5, 32))
+        params, dit.DitInputs(jnp.zeros((1, 16, 1, 4, 4)), jnp.zeros((1,)), jnp.zeros((1, 5, 32)))
     )
     ops = hlo_ops(lowered)
     assert len(ops) >= 14  # embedders, q/k/v/out and the scores/values of both attentions, FFN, proj_out
@@ -245,7 +245,7 @@ def test_sixteen_bit_operands_carry_no_precision():
     params = random_params(dit.checkpoint_spec(cfg), jnp.bfloat16)
     model = dit.WanTransformer(cfg, params, RunSettings(jnp.bfloat16, "highest"))
     lowered = model._forward.lower(
-        params, jnp.zeros((1, 16, 1, 4, 4)), jnp.zeros((1,)), jnp.zeros((1, 5, 32))
+        params, dit.DitInputs(jnp.zeros((1, 16, 1, 4, 4)), jnp.zeros((1,)), jnp.zeros((1, 5, 32)))
     )
     bf16 = [op for op in hlo_ops(lowered) if op.lhs == "bf16"]
     assert len(bf16) > 10 and {op.precision for op in bf16} == {"DEFAULT"}

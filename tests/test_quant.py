@@ -247,7 +247,7 @@ def test_tiny_dit_multiplying_in_fp8_where_native(tiny_bf16_velocity, monkeypatc
     params = random_params(dit.checkpoint_spec(cfg), jnp.bfloat16, build=leaf_builder("fp8"))
     model = dit.WanTransformer(cfg, params, RunSettings(jnp.bfloat16))
     inputs = _dit_inputs(cfg)
-    dots = _dots(jax.make_jaxpr(model.apply)(params, *inputs).jaxpr)
+    dots = _dots(jax.make_jaxpr(model.apply)(params, dit.DitInputs(*inputs)).jaxpr)
     fp8 = ("float8_e4m3fn", "float8_e4m3fn")
     assert sum(d == fp8 for within, d in dots if "scan" in within) == 10  # the blocks' kernels
     assert sum(d == fp8 for within, d in dots if "scan" not in within) == 4  # time_proj, text, proj_out

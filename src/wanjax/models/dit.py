@@ -1,6 +1,6 @@
 """The Wan 2.1 diffusion transformer (``WanTransformer3DModel``) as pure functions.
 
-``forward(params, cfg, latents, timestep, prompt_embeds, settings=...)`` maps diffusers-layout
+``forward(params, cfg, inputs, settings=...)`` maps the :class:`DitInputs`' diffusers-layout
 latents ``(B, C, T, H, W)`` to the flow-matching velocity of the same shape, run as the static
 :class:`~wanjax.models.settings.RunSettings` say. Inside, tokens are ``(B, L, D)`` with
 ``L = T/pt * H/ph * W/pw`` in row-major (frame, row, column) order; their embedding and the blocks'
@@ -40,6 +40,7 @@ from wanjax.models.dit_control import AnimateControl as AnimateControl  # re-exp
 from wanjax.models.dit_control import Control, after_blocks, embed_control
 from wanjax.models.dit_control import VaceControl as VaceControl
 from wanjax.models.dit_embed import Conditioning, embed, embed_time, token_pins, unpatchify
+from wanjax.models.dit_inputs import DitInputs as DitInputs  # re-exported: the forward's inputs
 from wanjax.models.dit_spec import TRANSFORMER as TRANSFORMER  # re-exported: the component
 from wanjax.models.dit_spec import TRANSFORMER_2 as TRANSFORMER_2
 from wanjax.models.dit_spec import checkpoint_spec as checkpoint_spec
@@ -122,21 +123,12 @@ def project(
 
 
 def forward(
-    params: Params,
-    cfg: TransformerConfig,
-    latents: jax.Array,
-    timestep: jax.Array,
-    prompt_embeds: jax.Array,
-    *,
-    settings: RunSettings = DEFAULT_SETTINGS,
-    image_embeds: jax.Array | None = None,
-    control: Control | None = None,
-    kv: dict[str, ContextKV] | None = None,
+    params: Params, cfg: TransformerConfig, inputs: DitInputs, *, settings: RunSettings = DEFAULT_SETTINGS
 ) -> jax.Array:
-    """Velocity prediction for ``latents (B, C, T, H, W)``, ``timestep (B,)``, ``prompt_embeds (B, L, text_dim)``
-    (and an image-to-video model's ``image_embeds (B, Li, image_dim)``; a VACE model's ``control``,
-    :class:`VaceControl`, an Animate model's :class:`AnimateControl`): :func:`embed_inputs`, :func:`run_blocks`, :func:`project`, all
-    run as ``settings`` says (static under ``jit``).
+    """Velocity prediction for the :class:`DitInputs` (``latents (B, C, T, H, W)``, ``timestep (B,)``,
+    ``prompt_embeds (B, L, text_dim)``; an image-to-video model's image states, a VACE model's or an
+    Animate model's control, the text K/V cache): :func:`embed_inputs`, :func:`run_blocks`,
+    :func:`project`, all run as ``settings`` says (static under ``jit``).
 
     Activations run in ``settings.dtype``; the result is returned in it as the reference does. Under
     ``settings.mesh`` the tokens are split as :func:`wanjax.parallel.layouts.token_layout` says (batch
@@ -145,35 +137,24 @@ def forward(
     weights are brought to the device inside the loop (:func:`~wanjax.models.offload.stream_layers`);
     the other modes run the resident scan. The numerics are the same either way.
     """
-    x, cond = embed_inputs(
-        params, cfg, latents, timestep, prompt_embeds, settings=settings, image_embeds=image_embeds,
-        control=control, kv=kv,
-    )  # fmt: skip
+    x, cond = embed_inputs(params, cfg, inputs, settings=settings)
     x = run_blocks(params, cfg, x, cond, settings=settings)
     return project(params, cfg, x, cond, settings=settings)
 
 
 def embed_inputs(
-    params: Params,
-    cfg: TransformerConfig,
-    latents: jax.Array,
-    timestep: jax.Array,
-    prompt_embeds: jax.Array,
-    *,
-    settings: RunSettings = DEFAULT_SETTINGS,
-    image_embeds: jax.Array | None = None,
-    control: Control | None = None,
-    kv: dict[str, ContextKV] | None = None,
+    params: Params, cfg: TransformerConfig, inputs: DitInputs, *, settings: RunSettings = DEFAULT_SETTINGS
 ) -> tuple[jax.Array, Conditioning]:
-    """:func:`~wanjax.models.dit_embed.embed`, and a VACE model's hints or an Animate model's pose and
-    face (:func:`~wanjax.models.dit_control.embed_control`); ``kv``: the run's :func:`context_kv`,
-    which the blocks then read (the context's projection left unused, so the compiler drops it)."""
-    x, cond = embed(
-        params, cfg, latents, timestep, prompt_embeds, settings=settings, image_embeds=image_embeds
-    )
-    if kv is not None:
-        cond = dataclasses.replace(cond, context_kv=kv)
-    return embed_control(params, cfg, x, cond, control, tuple(latents.shape), settings)
+    """The tokens entering the first block and the blocks' conditioning:
+    :func:`~wanjax.models.dit_embed.embed`, and a VACE model's hints or an Animate model's pose and
+    face (:func:`~wanjax.models.dit_control.embed_control`); with the inputs' ``kv`` (the run's
+    :func:`context_kv`) the blocks read it (the context's projection left unused, so the compiler
+    drops it)."""
+    latents, text, image = inputs.latents, inputs.prompt_embeds, inputs.image_embeds
+    x, cond = embed(params, cfg, latents, inputs.timestep, text, settings=settings, image_embeds=image)
+    if inputs.kv is not None:
+        cond = dataclasses.replace(cond, context_kv=inputs.kv)
+    return embed_control(params, cfg, x, cond, inputs.control, tuple(latents.shape), settings)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,45 +200,17 @@ class WanTransformer:
         timestep = jnp.asarray(timestep)
         if timestep.ndim < 2:  # a scalar or one per sample; (B, F): one per latent frame
             timestep = jnp.broadcast_to(timestep, (latents.shape[0],))
-        return self._forward(self.params, latents, timestep, prompt_embeds, image_embeds, control)
+        return self._forward(self.params, DitInputs(latents, timestep, prompt_embeds, image_embeds, control))
 
-    def apply(
-        self,
-        params: Params,
-        latents: jax.Array,
-        timestep: jax.Array,
-        prompt_embeds: jax.Array,
-        image_embeds: jax.Array | None = None,
-        control: Control | None = None,
-        kv: dict[str, ContextKV] | None = None,
-    ) -> jax.Array:
+    def apply(self, params: Params, inputs: DitInputs) -> jax.Array:
         """The forward (:func:`forward`: :meth:`embed`, :meth:`blocks`, :meth:`project`) for use inside a
         caller's ``jit``; pass ``params`` as a traced argument there."""
-        x, cond = self.embed(params, latents, timestep, prompt_embeds, image_embeds, control, kv)
+        x, cond = self.embed(params, inputs)
         return self.project(params, self.blocks(params, x, cond), cond)
 
-    def embed(
-        self,
-        params: Params,
-        latents: jax.Array,
-        timestep: jax.Array,
-        prompt_embeds: jax.Array,
-        image_embeds: jax.Array | None = None,
-        control: Control | None = None,
-        kv: dict[str, ContextKV] | None = None,
-    ) -> tuple[jax.Array, Conditioning]:
+    def embed(self, params: Params, inputs: DitInputs) -> tuple[jax.Array, Conditioning]:
         """:func:`embed_inputs` with this model's settings (inside a caller's ``jit``, like :meth:`apply`)."""
-        return embed_inputs(
-            params,
-            self.cfg,
-            latents,
-            timestep,
-            prompt_embeds,
-            settings=self.settings,
-            image_embeds=image_embeds,
-            control=control,
-            kv=kv,
-        )
+        return embed_inputs(params, self.cfg, inputs, settings=self.settings)
 
     def context_kv(
         self, params: Params, prompt_embeds: jax.Array, image_embeds: jax.Array | None = None

@@ -67,10 +67,6 @@ def context_kv(
     from step to step, so a run computes these once and passes them as the conditioning's
     ``context_kv``; the blocks then compute exactly what they would have projected."""
     context, image_context = embed_context(params, cfg, prompt_embeds, settings, image_embeds)
-    if settings.mesh is not None:  # laid out as the step's own context is (embed)
-        spec = _layout(settings.mesh, context.shape[0], cfg.num_attention_heads).context()
-        context = constrain(context, settings.mesh, spec)
-        image_context = None if image_context is None else constrain(image_context, settings.mesh, spec)
     out = {"blocks": _stacked_kv(params["blocks"], cfg, context, image_context, settings, True)}
     if cfg.vace:
         out["vace_blocks"] = _stacked_kv(params["vace_blocks"], cfg, context, image_context, settings, False)

@@ -128,8 +128,6 @@ def embed(
         )
     temb, time_mod = embed_time(params, cfg, timestep, settings)
     context, image_context = embed_context(params, cfg, prompt_embeds, settings, image_embeds)
-    context = pin(context, "context")
-    image_context = None if image_context is None else pin(image_context, "context")
     rope = rope_tables(grid, cfg.attention_head_dim, cfg.rope_max_seq_len)
     return x, Conditioning(context, time_mod, temb, rope, grid, image_context)
 
@@ -142,18 +140,21 @@ def embed_context(
     image_embeds: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """The text embedder's ``context (B, Lc, D)`` and an image-to-video model's embedded image tokens
-    (:func:`embed_image`; None for another model)."""
+    (:func:`embed_image`; None for another model), under the settings' mesh laid out as the blocks
+    read them (the rows split as the tokens', the rest whole)."""
 
     def lin(x: jax.Array, p: Params) -> jax.Array:
         return linear(x, p, precision=settings.precision)
 
+    _, pin = token_pins(settings.mesh, prompt_embeds.shape[0], 1, cfg.num_attention_heads)
     tx = params["text_embedder"]
     context = lin(gelu_tanh(lin(prompt_embeds.astype(settings.dtype), tx["linear_1"])), tx["linear_2"])
     if not cfg.image_tokens:
-        return context, None
+        return pin(context, "context"), None
     if image_embeds is None:
         raise ConfigError("an image-to-video transformer needs image_embeds (the image encoder's states)")
-    return context, embed_image(params["image_embedder"], cfg, image_embeds, settings)
+    image_context = embed_image(params["image_embedder"], cfg, image_embeds, settings)
+    return pin(context, "context"), pin(image_context, "context")
 
 
 def embed_time(

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from wanjax.models.dit import AnimateControl, VaceControl, WanTransformer
+from wanjax.models.dit import AnimateControl, DitInputs, VaceControl, WanTransformer
 from wanjax.models.layers import Params
 from wanjax.sampling.context_cache import ContextCache, guided_context
 
@@ -79,12 +79,13 @@ def guided_batch(
     prompt_embeds: jax.Array,
     negative_prompt_embeds: jax.Array | None,
     image: StepConditioning | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None, VaceControl | AnimateControl | None]:
+    kv: ContextCache | None = None,
+) -> DitInputs:
     """The transformer's inputs for one step: the conditional rows, then (guided) the unconditional
     ones; with ``image``, its latents joined to the noisy ones and its states for every row; with a
     VACE model's control, its latents for every row; an Animate model's motion, its pose for every row
-    and its face for the conditional ones, all ``-1`` for the others (``(x, times, text, image
-    states, control)``)."""
+    and its face for the conditional ones, all ``-1`` for the others; ``kv``: the run's text K/V cache
+    of these rows (:mod:`~wanjax.sampling.context_cache`), or None."""
     batch = latents.shape[0]
     times = jnp.full((batch,), timestep)
     control: VaceControl | AnimateControl | None = None
@@ -102,7 +103,7 @@ def guided_batch(
     x = x.astype(model.dtype)
     embeds, images = guided_context(model, prompt_embeds, negative_prompt_embeds, image)
     if negative_prompt_embeds is None:
-        return x, times, embeds, images, control
+        return DitInputs(x, times, embeds, images, control, kv)
     if isinstance(control, VaceControl):
         control = VaceControl(jnp.concatenate([control.latents, control.latents]), control.scale)
     elif control is not None:
@@ -111,7 +112,7 @@ def guided_batch(
             jnp.concatenate([control.pose_latents, control.pose_latents]),
             jnp.concatenate([face, face * 0 - 1]),
         )
-    return jnp.concatenate([x, x]), jnp.concatenate([times, times]), embeds, images, control
+    return DitInputs(jnp.concatenate([x, x]), jnp.concatenate([times, times]), embeds, images, control, kv)
 
 
 def guide(
@@ -147,8 +148,8 @@ def guided_velocity(
     (:mod:`~wanjax.sampling.context_cache`), per video when they run one after another."""
 
     def forward(x: jax.Array, cond: jax.Array, uncond: jax.Array | None, image: Any, kv: Any) -> jax.Array:
-        inputs = guided_batch(model, x, timestep, cond, uncond, image)
-        return guide(model, model.apply(params, *inputs, kv=kv), x.shape[0], guidance_scale)
+        inputs = guided_batch(model, x, timestep, cond, uncond, image, kv)
+        return guide(model, model.apply(params, inputs), x.shape[0], guidance_scale)
 
     if one_by_one(model, image):
 

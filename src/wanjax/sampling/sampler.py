@@ -82,33 +82,23 @@ class Sampler:
         self.context_cache = default_on(model.settings.offload) if context_cache is None else context_cache
         self._programs = ProgramCache()
 
-    def _program(
-        self,
-        scheduler: Scheduler,
-        args: tuple[Any, ...],
-        expert: int = 0,
-        sparse: RadialAttention | None = None,
-    ) -> jax.stages.Compiled:
-        key = (expert, *schedule_key(scheduler), signature(args))
-        if sparse is not None:  # a dense step's key (and program) stays today's
-            key = ("sparse", sparse, *key)
-        return self._programs.get(key, lambda: self._lower(scheduler, args, expert, sparse))
+    def _program(self, spec: StepSpec, args: tuple[Any, ...]) -> jax.stages.Compiled:
+        """The step program ``spec`` names for ``args``, compiled once per :meth:`StepSpec.key`."""
+        lower = self._lower if spec.cache is None else self._cached_lower
+        return self._programs.get(spec.key(args), lambda: lower(spec, args))
 
-    def _expert(self, expert: int, sparse: RadialAttention | None) -> WanTransformer:
-        """Expert ``expert``, or (``sparse``) the same weights running radial attention."""
-        model = self.experts[expert]
-        if sparse is None:
+    def _expert(self, spec: StepSpec) -> WanTransformer:
+        """The spec's expert, or (``sparse``) the same weights running radial attention."""
+        model = self.experts[spec.expert]
+        if spec.sparse is None:
             return model
-        return WanTransformer(model.cfg, model.params, dataclasses.replace(model.settings, sparse=sparse))
+        return WanTransformer(
+            model.cfg, model.params, dataclasses.replace(model.settings, sparse=spec.sparse)
+        )
 
-    def _lower(
-        self,
-        scheduler: Scheduler,
-        args: tuple[Any, ...],
-        expert: int = 0,
-        sparse: RadialAttention | None = None,
-    ) -> jax.stages.Lowered:
-        model = self._expert(expert, sparse)
+    def _lower(self, spec: StepSpec, args: tuple[Any, ...]) -> jax.stages.Lowered:
+        """The step program (without a step cache), lowered."""
+        model, scheduler = self._expert(spec), spec.scheduler
 
         def step(params, state, index, cond, uncond, guidance, image, kv):
             timestep = scheduler.model_timestep(index)
@@ -126,26 +116,20 @@ class Sampler:
         out = None if model.settings.mesh is None else replicated(model.settings.mesh)
         return jax.jit(step, out_shardings=out, keep_unused=True).lower(*args)
 
-    def _cached_lower(
-        self,
-        scheduler: Scheduler,
-        cache: StepCache,
-        args: tuple[Any, ...],
-        cache_sharding: Any,
-        expert: int = 0,
-        sparse: RadialAttention | None = None,
-    ) -> jax.stages.Lowered:
-        """The step program under a step cache, lowered: it also carries the cache state and returns
-        which branches computed (and, calibrating, their magnitude ratios)."""
-        model = self._expert(expert, sparse)
+    def _cached_lower(self, spec: StepSpec, args: tuple[Any, ...]) -> jax.stages.Lowered:
+        """The step program under the spec's step cache, lowered: it also carries the cache state
+        (``args``' after the step's own) and returns which branches computed (and, calibrating, their
+        magnitude ratios)."""
+        model, scheduler, cache = self._expert(spec), spec.scheduler, spec.cache
+        assert cache is not None
 
         def step(
             params, state, index, cond, uncond, guidance, image, kv, cache_state, schedule, threshold, first
         ):
             timestep = scheduler.model_timestep(index)
-            inputs = guided_batch(model, state.sample, timestep, cond, uncond, image)
+            inputs = guided_batch(model, state.sample, timestep, cond, uncond, image, kv)
             velocity, cache_state, computed, ratios = cached_forward(
-                model, params, *inputs, cache, cache_state, index, schedule[index], threshold, first, kv
+                model, params, inputs, cache, cache_state, index, schedule[index], threshold, first
             )
             velocity = guide(model, velocity, state.sample.shape[0], guidance)
             state = scheduler.step(state, velocity, index)[0]
@@ -154,6 +138,7 @@ class Sampler:
         out = None
         if model.settings.mesh is not None:
             rep = replicated(model.settings.mesh)
+            _, cache_sharding = self._cache_specs(cache, args[1].sample.shape, spec.expert)
             out = (rep, rep, cache_sharding, rep, rep)
         # keep_unused: each policy leaves one of schedule / threshold unread; kept, the program's
         # inputs stay the arguments (what memory_analysis' readers pair them with)
@@ -174,7 +159,7 @@ class Sampler:
         compiled now and kept (a later call with such inputs compiles nothing). ``.memory_analysis()``
         gives its memory."""
         scheduler, step_args, expert = self._abstract_step(*args, **kwargs)
-        return self._program(scheduler, step_args, expert)
+        return self._program(StepSpec(scheduler, expert), step_args)
 
     def lower(
         self,
@@ -193,10 +178,11 @@ class Sampler:
         steps = scheduler.num_inference_steps
         turns = [min(i, 1) for i in range(steps)] if two else None  # each expert's turn: shapes only
         step_cache = self._step_cache(cache, scheduler, uncond is not None, turns, image)
+        spec = StepSpec(scheduler, expert, sparse, step_cache)
         if step_cache is None:
-            return self._lower(scheduler, step_args, expert, sparse)
-        specs, sharding = self._cache_specs(step_cache, state.sample.shape, expert)
-        return self._cached_lower(scheduler, step_cache, step_args + specs, sharding, expert, sparse)
+            return self._lower(spec, step_args)
+        specs, _ = self._cache_specs(step_cache, state.sample.shape, expert)
+        return self._cached_lower(spec, step_args + specs)
 
     def _abstract_step(
         self,
@@ -394,18 +380,12 @@ class Sampler:
                 per_video = step_cache is None and one_by_one(self.experts[k], image)
                 kv = self._context_cache(k, params, cond, uncond, image, per_video)
                 args = (params, state, index0, cond, uncond, guidance[k], image, kv)
-                if step_cache is None:
-                    program = self._program(scheduler, args, k, step_sparse)
-                else:  # each expert starts from an empty cache, as diffusers' hook on each transformer
-                    if current is None or current[0] != k:
-                        extra, cache_sharding = self._cache_inputs(step_cache, latents, place, k, i)
-                        if cache_carry is not None and current is None:
-                            extra = (cache_carry.state, *extra[1:])
-                    key = ("cached", k, *step_cache.key, *schedule_key(scheduler), signature(args + extra))
-                    if step_sparse is not None:
-                        key = ("sparse", step_sparse, *key)
-                    lower = (scheduler, step_cache, args + extra, cache_sharding, k, step_sparse)
-                    program = self._programs.get(key, functools.partial(self._cached_lower, *lower))
+                # each expert starts from an empty cache, as diffusers' hook on each transformer
+                if step_cache is not None and (current is None or current[0] != k):
+                    extra = self._cache_inputs(step_cache, latents, place, k, i)
+                    if cache_carry is not None and current is None:
+                        extra = (cache_carry.state, *extra[1:])
+                program = self._program(StepSpec(scheduler, k, step_sparse, step_cache), args + extra)
                 times.compile += time.perf_counter() - start
                 current = (k, step_sparse)
             start = time.perf_counter()
@@ -519,17 +499,16 @@ class Sampler:
         place: Callable[[Any], Any],
         expert: int = 0,
         first: int = 0,
-    ) -> tuple[tuple[Any, ...], Any]:
+    ) -> tuple[Any, ...]:
         """The cached program's extra inputs for expert ``expert`` from step ``first`` on (zero cache
-        state, the MagCache schedule, the threshold, ``first``; :meth:`_cache_specs`) and the cache
-        state's sharding."""
-        (state, *_), sharding = self._cache_specs(cache, latents.shape, expert)
+        state, the MagCache schedule, the threshold, ``first``; :meth:`_cache_specs`)."""
+        (state, *_), _ = self._cache_specs(cache, latents.shape, expert)
         zeros = {
             name: jax.jit(functools.partial(jnp.zeros, s.shape, s.dtype), out_shardings=s.sharding)()
             for name, s in state.items()
         }
         schedule = place(jnp.asarray(cache.schedule))
-        return (zeros, schedule, place(jnp.float32(cache.threshold)), place(jnp.int32(first))), sharding
+        return zeros, schedule, place(jnp.float32(cache.threshold)), place(jnp.int32(first))
 
 
 def schedule_key(scheduler: Scheduler) -> tuple[Any, ...]:
@@ -537,6 +516,25 @@ def schedule_key(scheduler: Scheduler) -> tuple[Any, ...]:
     part-way warms up from its ``start``; a distilled model's own timesteps and sigmas)."""
     tables = tuple(np.asarray(scheduler.timesteps).tolist()), tuple(np.asarray(scheduler.sigmas).tolist())
     return scheduler.kind, scheduler.config, scheduler.num_inference_steps, scheduler.start, tables
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """Which step program a step runs: its scheduler's, expert ``expert``'s, dense or (``sparse``)
+    with radial attention, without or (``cache``) under a step cache."""
+
+    scheduler: Scheduler
+    expert: int = 0
+    sparse: RadialAttention | None = None
+    cache: StepCache | None = None
+
+    def key(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The program's key for the step's ``args`` (a cached step's: its cache inputs too); a dense
+        step's is the one it had before sparse steps existed."""
+        key = (self.expert, *schedule_key(self.scheduler), signature(args))
+        if self.cache is not None:
+            key = ("cached", self.expert, *self.cache.key, *key[1:])
+        return key if self.sparse is None else ("sparse", self.sparse, *key)
 
 
 def expert_schedule(scheduler: Scheduler, boundary_ratio: float | None) -> list[int]:
@@ -572,17 +570,7 @@ def cache_report(
     return CacheReport(cache, per_branch, ratios, saved)
 
 
-def denoise(
-    model: WanTransformer,
-    scheduler: Scheduler,
-    latents: jax.Array,
-    prompt_embeds: jax.Array,
-    negative_prompt_embeds: jax.Array | None = None,
-    guidance_scale: float = 5.0,
-    on_step: Callable[[int, float], None] | None = None,
-) -> Denoised:
-    """Run all scheduler steps from ``latents`` (float32 noise) (:meth:`Sampler.__call__`).
-
-    One-off form of :class:`Sampler` (keep a Sampler to reuse compiled programs across calls).
-    """
-    return Sampler(model)(scheduler, latents, prompt_embeds, negative_prompt_embeds, guidance_scale, on_step)
+def denoise(model: WanTransformer, *args: Any, **kwargs: Any) -> Denoised:
+    """One run of :meth:`Sampler.__call__` (its arguments: ``scheduler, latents, prompt_embeds, ...``)
+    by a fresh :class:`Sampler` (keep a Sampler to reuse compiled programs across calls)."""
+    return Sampler(model)(*args, **kwargs)

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from wanjax.models.dit import VaceControl, WanTransformer
+from wanjax.models.dit import DitInputs, WanTransformer
 from wanjax.models.layers import Params
 from wanjax.sampling.cache import seacache, taylorseer
 from wanjax.sampling.cache.step_cache import StepCache
@@ -73,33 +73,29 @@ def magnitude_ratio(residual: jax.Array, previous: jax.Array, branches: int) -> 
 def cached_forward(
     model: WanTransformer,
     params: Params,
-    latents: jax.Array,
-    timestep: jax.Array,
-    prompt_embeds: jax.Array,
-    image_embeds: jax.Array | None,
-    control: VaceControl | None,
+    inputs: DitInputs,
     cache: StepCache,
     state: CacheState,
     index: jax.Array,
     planned: jax.Array,
     threshold: jax.Array,
     start_index: jax.Array,
-    kv: Any = None,
 ) -> tuple[jax.Array, CacheState, jax.Array, jax.Array]:
-    """The velocity of the (guided) batch under ``cache``, with the new cache state, which branches
+    """The velocity of the (guided) batch's ``inputs`` (:func:`~wanjax.sampling.guidance.guided_batch`'s,
+    the run's text K/V cache in them or not) under ``cache``, with the new cache state, which branches
     computed (``bool (branches,)``) and, calibrating, each branch's magnitude ratio (else 1.0).
     ``planned``: MagCache's ``compute`` row for this step; ``threshold``: First-Block Cache's;
-    ``start_index``: the step ``state`` was new at (0; a second expert's first step), which computes;
-    ``kv``: the run's text K/V cache (:mod:`wanjax.sampling.context_cache`), or None."""
+    ``start_index``: the step ``state`` was new at (0; a second expert's first step), which computes."""
     branches = len(cache.branches)
     if cache.taylor is not None:
-        inputs = (latents, timestep, prompt_embeds, image_embeds, control, kv)
         return _taylor_forward(model, params, inputs, state, index, planned)
-    tokens, cond = model.embed(params, latents, timestep, prompt_embeds, image_embeds, control, kv)
+    tokens, cond = model.embed(params, inputs)
     rows = tokens.shape[0]
     out: CacheState = {}
     if cache.sea is not None:
-        return _sea_forward(model, params, latents, tokens, cond, cache, state, index, threshold, start_index)
+        return _sea_forward(
+            model, params, inputs.latents, tokens, cond, cache, state, index, threshold, start_index
+        )
     if cache.policy == "firstblock":
         base = model.blocks(params, tokens, cond, 0, 1)
         first = base - tokens
@@ -150,16 +146,16 @@ def _sea_forward(
 def _taylor_forward(
     model: WanTransformer,
     params: Params,
-    inputs: tuple[Any, ...],
+    inputs: DitInputs,
     state: CacheState,
     index: jax.Array,
     planned: jax.Array,
 ) -> tuple[jax.Array, CacheState, jax.Array, jax.Array]:
-    """TaylorSeer's step: the whole forward (of ``inputs``, :meth:`WanTransformer.apply`'s after the
-    params) and its factors updated, or their prediction alone."""
+    """TaylorSeer's step: the whole forward of ``inputs`` and its factors updated, or their prediction
+    alone."""
 
     def compute() -> tuple[jax.Array, CacheState]:
-        velocity = model.apply(params, *inputs)
+        velocity = model.apply(params, inputs)
         factors, orders, last = taylorseer.update(
             state["factors"], state["orders"], state["last"], velocity, index
         )
