@@ -29,7 +29,7 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 
 import wanjax
 from wanjax.errors import ConfigError
-from wanjax.sampling.sampler import denoise
+from wanjax.sampling.sampler import Sampler
 from wanjax.sampling.scheduler import SchedulerConfig, make_scheduler
 
 
@@ -156,7 +156,7 @@ def test_a_tiny_model_run_equals_the_authors_loop(tiny_transformer_dir, kind, st
     else:
         _, ref = turbodiffusion_rcm(latents.numpy(), model, draws, steps, 80.0, ode=kind == "rcm_ode")
     ours = wanjax.load_transformer(root, dtype="float32")
-    result = denoise(ours, scheduler, jnp.asarray(latents.numpy()), jnp.asarray(cond.numpy()), None, 1.0)
+    result = Sampler(ours)(scheduler, jnp.asarray(latents.numpy()), jnp.asarray(cond.numpy()), None, 1.0)
     err = np.linalg.norm(np.asarray(result.latents) - ref) / np.linalg.norm(ref)
     assert err <= 1e-5, err
 

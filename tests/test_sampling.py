@@ -9,7 +9,7 @@ import torch
 from diffusers import FlowMatchEulerDiscreteScheduler, UniPCMultistepScheduler
 
 import wanjax
-from wanjax.sampling.sampler import denoise
+from wanjax.sampling.sampler import Sampler
 
 
 def reference_loop(model, scheduler, latents, cond, uncond, guidance):
@@ -46,8 +46,7 @@ def test_denoise_matches_reference_loop(tmp_path, tiny_transformer_dir, kind, st
 
     ours_model = wanjax.load_transformer(root, dtype="float32")
     scheduler = wanjax.make_scheduler(tmp_path, steps, kind="auto")
-    result = denoise(
-        ours_model,
+    result = Sampler(ours_model)(
         scheduler,
         jnp.asarray(latents.numpy()),
         jnp.asarray(cond.numpy()),

@@ -58,7 +58,7 @@ from wanjax.sampling.guidance import (
 from wanjax.sampling.results import Denoised
 from wanjax.sampling.scheduler import Scheduler
 
-__all__ = ["Sampler", "denoise"]
+__all__ = ["Sampler"]
 
 
 class Sampler:
@@ -568,9 +568,3 @@ def cache_report(
         typical = statistics.median(full)
         saved = sum(max(0.0, typical - t) for i, t in enumerate(seconds) if not computed[i].any())
     return CacheReport(cache, per_branch, ratios, saved)
-
-
-def denoise(model: WanTransformer, *args: Any, **kwargs: Any) -> Denoised:
-    """One run of :meth:`Sampler.__call__` (its arguments: ``scheduler, latents, prompt_embeds, ...``)
-    by a fresh :class:`Sampler` (keep a Sampler to reuse compiled programs across calls)."""
-    return Sampler(model)(*args, **kwargs)
