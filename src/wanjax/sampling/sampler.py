@@ -529,8 +529,8 @@ class StepSpec:
     cache: StepCache | None = None
 
     def key(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The program's key for the step's ``args`` (a cached step's: its cache inputs too); a dense
-        step's is the one it had before sparse steps existed."""
+        """The program's key for the step's ``args`` (a cached step's: its cache inputs too; a sparse
+        step's: the dense step's key behind the radial settings)."""
         key = (self.expert, *schedule_key(self.scheduler), signature(args))
         if self.cache is not None:
             key = ("cached", self.expert, *self.cache.key, *key[1:])
