@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from wanjax.jobs.requests import InputsRequest
     from wanjax.pipeline.pipeline import WanPipeline
 
-VIDEO_FLAGS = VIDEO_INPUTS  # the flags are diffusers' names
-
 
 @dataclasses.dataclass(frozen=True)
 class AnimateInputs:
@@ -79,7 +77,7 @@ def open_animate_inputs(
     pipe.components.sources.check((*IMAGE_COMPONENTS, "vae"))
     asked = request.video.frames
     videos: list[list[Image.Image] | None] = []
-    for name in VIDEO_FLAGS:
+    for name in VIDEO_INPUTS:  # the flags are diffusers' names
         path = getattr(flags, name)
         if path is None:
             videos.append(None)
@@ -111,7 +109,6 @@ def open_animate_inputs(
         flag = e.flag if e.flag in given or not given else given[0]  # the model's two go together
         raise FlagError(f"--segment_frame_length/--prev_segment_conditioning_frames: {e}", flag) from None
     if init is not None:
-        d = defaults_of(pipe)
         size = (request.video.height or d.height, request.video.width or d.width)
         check_init(pipe, init, init.shape[0], *size, segments)
     return AnimateInputs(mode, tuple(videos), segments)

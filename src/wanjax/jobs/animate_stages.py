@@ -16,7 +16,6 @@ import numpy as np
 from wanjax.errors import WanjaxError
 from wanjax.jobs import preflight as validation
 from wanjax.jobs.animate import (
-    VIDEO_FLAGS,
     animate_options,
     animate_video,
     check_init,
@@ -41,7 +40,13 @@ from wanjax.jobs.status import ENCODE_WORK, Status, headline
 from wanjax.parallel.layouts import to_host
 from wanjax.parallel.multihost import is_primary
 from wanjax.pipeline import stages
-from wanjax.pipeline.animate import AnimateConditioning, joined, prepare_conditioning, run_segments
+from wanjax.pipeline.animate import (
+    VIDEO_INPUTS,
+    AnimateConditioning,
+    joined,
+    prepare_conditioning,
+    run_segments,
+)
 from wanjax.pipeline.pipeline import WanPipeline
 from wanjax.pipeline.prompts import negative_prompt
 from wanjax.runtime.timing import RunReport
@@ -91,7 +96,7 @@ def encode_animate(request: EncodeRequest, pipe: WanPipeline, mesh: Any, start: 
             "mode": inputs.mode,
             **{
                 name: str(Path(path).resolve())
-                for name in VIDEO_FLAGS
+                for name in VIDEO_INPUTS
                 if (path := getattr(flags, name)) is not None
             },
             "segment_frame_length": segments.length,

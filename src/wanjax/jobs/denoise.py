@@ -73,13 +73,13 @@ def denoise(request: DenoiseRequest) -> RunReport:
         )
     init_name = request.sampling.init_latents
     init = stages.load_latents(init_name) if init_name else None
+    identity = {
+        "model": model_label(pipe.components.source),
+        "revision": revision or request.common.revision,
+        "dtype": pipe.components.settings.dtype.name,
+    }
     if animate is not None:  # in segments, the VAE decoding each one's last frames for the next
-        record = {
-            "model": model_label(pipe.components.source),
-            "revision": revision or request.common.revision,
-            "dtype": pipe.components.settings.dtype.name,
-            **files_record(files),
-        }
+        record = {**identity, **files_record(files)}
         args = (directory, config, (pos, neg), init, animate, mesh, start, record)
         return denoise_animate(request, pipe, cfg, *args)
     batch = pos.shape[0]
@@ -131,9 +131,7 @@ def denoise(request: DenoiseRequest) -> RunReport:
             stages.save_latents(path, final)
         fps = request.video.fps
         entry = {
-            "model": model_label(pipe.components.source),
-            "revision": revision or request.common.revision,
-            "dtype": pipe.components.settings.dtype.name,
+            **identity,
             **video,
             **({"fps": fps} if fps else {}),
             **params,

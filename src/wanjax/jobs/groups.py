@@ -157,8 +157,8 @@ class VideoFlags:
     height: int | None = option(
         help="pixels, multiple of 16 (default {ref.height}; demo {demo.height})",
     )
-    width: int | None = option(None, help="pixels, multiple of 16 (default {ref.width}; demo {demo.width})")
-    frames: int | None = option(None, help="4n+1 frames (default {ref.frames}; demo {demo.frames})")
+    width: int | None = option(help="pixels, multiple of 16 (default {ref.width}; demo {demo.width})")
+    frames: int | None = option(help="4n+1 frames (default {ref.frames}; demo {demo.frames})")
     fps: float | None = option(help="mp4 frame rate (default {ref.fps})")
 
 
@@ -258,7 +258,7 @@ class SamplingFlags:
         help="two-expert models: the high-noise expert runs while timestep >= ratio x 1000 "
         "(default: the checkpoint's model_index.json)",
     )
-    seed: int | None = option(None, help="noise seed (default {ref.seed}; batch item i uses seed + i)")
+    seed: int | None = option(help="noise seed (default {ref.seed}; batch item i uses seed + i)")
     scheduler: str | None = option(
         choices=_scheduler_kinds,
         help="sampler (default auto: the checkpoint's scheduler config, UniPC for Wan 2.1; a FastWan "

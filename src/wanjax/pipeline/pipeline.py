@@ -445,8 +445,8 @@ class WanPipeline:
                 self.components.geometry, latents, prompt_embeds.shape[0], height, width, segments
             )
         pos, neg = prompt_embeds, negative_prompt_embeds
-        segments = run_segments(self, conditioning, pos, neg, run, latents, on_step, progress, False)
-        return [denoised for denoised, _ in segments]
+        runs = run_segments(self, conditioning, pos, neg, run, latents, on_step, progress, False)
+        return [denoised for denoised, _ in runs]
 
     def decode_segments(self, segments: Segments, latents: Sequence[jax.Array | np.ndarray]) -> np.ndarray:
         """An Animate run's video (stage 3), ``uint8 [B, N, H, W, 3]``: each segment's latents decoded,

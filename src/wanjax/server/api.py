@@ -18,11 +18,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from wanjax.io.video import fps_problem
-from wanjax.jobs.animate import VIDEO_FLAGS as ANIMATE_VIDEOS
 from wanjax.jobs.animate_flags import AnimateFlags
 from wanjax.jobs.groups import ImageFlags, LoraFlags, OutputFlags, SourceVideoFlags, VaceFlags, VideoFlags
 from wanjax.jobs.requests import GenerateRequest
 from wanjax.models.registry import Defaults
+from wanjax.pipeline.animate import VIDEO_INPUTS as ANIMATE_VIDEOS
 from wanjax.pipeline.options import RunOptions
 from wanjax.server.errors import ApiError
 from wanjax.server.loras import LORA_FIELDS, lora_entries
